@@ -1,0 +1,59 @@
+// Package idemretry makes "send it again" safe for payment-style HTTP
+// requests.
+//
+// A customer taps "Pay" twice; a phone loses signal after the server charged
+// the card but before the answer came back; an app is killed mid-request. In
+// each case the client must send the request again and the server must
+// perform it once. idemretry is the client half of the Idempotency-Key
+// protocol, as an http.RoundTripper: every logical action gets one UUIDv4 key,
+// written durably to a journal before the first attempt leaves the process,
+// and every retry — in another goroutine, or after a restart — carries the
+// same key. Retries use full-jitter exponential backoff, honour Retry-After up
+// to a cap, never start a wait that would end after the context's deadline,
+// and stop before the server forgets the key (the key window).
+//
+// Use it as an *http.Client:
+//
+//	client, err := idemretry.NewClient()
+//	if err != nil { ... }
+//	defer client.Close()
+//	ctx = idemretry.WithAction(ctx, "pay:order-A-1001")
+//	req, _ := http.NewRequestWithContext(ctx, "POST", url, body)
+//	resp, err := client.Do(req)
+//
+// or as the Transport of a client you already have (NewTransport). At
+// start-up, Journal.Unfinished lists the actions to resume or reconcile.
+package idemretry
+
+import (
+	"net/http"
+)
+
+// Client is an *http.Client whose Transport is an idemretry Transport. Use
+// it as any *http.Client; Close it when done to release its journal.
+type Client struct {
+	*http.Client
+	transport *Transport
+}
+
+// NewClient returns a Client that sends through http.DefaultTransport with
+// the given options. Unless WithJournal gives a journal, it opens the default
+// file journal (see NewTransport), which only one Client or process may hold
+// at a time. The returned Client is safe for concurrent use.
+func NewClient(opts ...Option) (*Client, error) {
+	t, err := NewTransport(nil, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Client: &http.Client{Transport: t}, transport: t}, nil
+}
+
+// Transport returns the Client's Transport.
+func (c *Client) Transport() *Transport { return c.transport }
+
+// Journal returns the journal that holds the Client's keys.
+func (c *Client) Journal() Journal { return c.transport.Journal() }
+
+// Close releases the Client's journal (if it opened it) and idle
+// connections. Do not use the Client after Close.
+func (c *Client) Close() error { return c.transport.Close() }

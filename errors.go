@@ -1,0 +1,90 @@
+package idemretry
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Errors returned by the Transport, wrapped; test them with errors.Is.
+var (
+	// ErrKeyWindowExpired: the action's key is older than the key window, so
+	// the server may have forgotten it. No request is sent with it and no new
+	// key is minted: reconcile the action, then Journal.Forget it.
+	ErrKeyWindowExpired = errors.New("idemretry: key window expired")
+	// ErrFingerprintMismatch: an action's id or key was reused for a request
+	// with a different method, URL or body. Nothing was sent.
+	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
+	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
+	// 255 characters, or has characters other than visible ASCII.
+	ErrInvalidKey = errors.New("idemretry: invalid idempotency key")
+	// ErrBodyTooLarge: a request body without GetBody is larger than the
+	// buffering limit (WithMaxBufferedBody), so it could not be resent
+	// intact. Nothing was sent. Set Request.GetBody to stream large bodies.
+	ErrBodyTooLarge = errors.New("idemretry: request body too large to buffer for retries")
+	// ErrAttemptsExhausted: every attempt failed with a transport error.
+	ErrAttemptsExhausted = errors.New("idemretry: attempts exhausted")
+	// ErrWaitExceedsDeadline: the next wait would end after the context's
+	// deadline, so the Transport returned at once instead of sleeping.
+	ErrWaitExceedsDeadline = errors.New("idemretry: next retry would miss the context deadline")
+	// ErrInvalidRequest: the request is nil or has no URL or host.
+	ErrInvalidRequest = errors.New("idemretry: invalid request")
+	// ErrInvalidOption: an Option was given a value it cannot use.
+	ErrInvalidOption = errors.New("idemretry: invalid option")
+)
+
+// ActionError reports an action whose attempts ended without a response to
+// return. It names the action, its key and how many attempts were sent, and
+// unwraps to both the reason the retries stopped (ErrAttemptsExhausted,
+// ErrKeyWindowExpired, ErrWaitExceedsDeadline, ErrFingerprintMismatch, ...)
+// and the last cause (a transport error, or the context's error).
+type ActionError struct {
+	Action   string // the action's id
+	Key      string // the Idempotency-Key its attempts carried
+	Attempts int    // attempts sent under Key, in all runs recorded
+	// Status is the last response's status, or 0 if none came back.
+	Status int
+	// MaybeProcessed is false only when no attempt can have reached the
+	// server (every one failed to connect). When true, the server may have
+	// performed the action: resend it with the same key (the journal keeps
+	// it) or reconcile; never with a new key.
+	MaybeProcessed bool
+	Reason         error // why the retries stopped; a sentinel of this package
+	Err            error // the last cause, or nil
+}
+
+func (e *ActionError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idemretry: action %q (key %s): %d attempt", e.Action, e.Key, e.Attempts)
+	if e.Attempts != 1 {
+		b.WriteByte('s')
+	}
+	if e.Status != 0 {
+		fmt.Fprintf(&b, ", last status %d", e.Status)
+	}
+	if e.Reason != nil {
+		b.WriteString(": ")
+		b.WriteString(strings.TrimPrefix(e.Reason.Error(), "idemretry: "))
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns Reason and Err, for errors.Is and errors.As.
+func (e *ActionError) Unwrap() []error {
+	var out []error
+	if e.Reason != nil {
+		out = append(out, e.Reason)
+	}
+	if e.Err != nil {
+		out = append(out, e.Err)
+	}
+	return out
+}
+
+// ErrKeyConflict: the request carries an Idempotency-Key other than the one
+// the journal holds for its action id. Nothing was sent.
+var ErrKeyConflict = errors.New("idemretry: request key differs from the action's key")

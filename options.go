@@ -1,0 +1,191 @@
+package idemretry
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Defaults of the Transport's options. Each one is documented where it is set.
+const (
+	// DefaultKeyWindow is how long a server keeps an Idempotency-Key: Stripe
+	// prunes keys once they are at least 24 hours old. Match it to your
+	// server's documented retention with WithKeyWindow.
+	DefaultKeyWindow = 24 * time.Hour
+	// DefaultMaxRetryAfter caps how long the Transport honours a Retry-After
+	// header. A longer Retry-After ends the retries at once and the response
+	// is returned to the caller.
+	DefaultMaxRetryAfter = 30 * time.Second
+	// DefaultMaxBufferedBody is how much of a request body without GetBody
+	// the Transport buffers in memory to be able to resend it. A larger body
+	// is refused with ErrBodyTooLarge; set Request.GetBody to stream it.
+	DefaultMaxBufferedBody = 1 << 20
+	// DefaultMaxDrain is how much of a discarded response body is read
+	// before it is closed, so that its connection can be reused.
+	DefaultMaxDrain = 64 << 10
+	// DefaultKeyHeader is the header that carries the key.
+	DefaultKeyHeader = "Idempotency-Key"
+)
+
+// DefaultKeyedMethods are the methods that get an Idempotency-Key unless
+// WithKeyedMethods says otherwise. Other methods are retried under the same
+// policy without a key: GET, HEAD, OPTIONS, PUT and DELETE are idempotent by
+// definition.
+var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
+
+// An Option configures a Transport (and a Client). Options apply in order;
+// a later one overrides an earlier one.
+type Option func(*config)
+
+type config struct {
+	journal        Journal
+	journalDir     string
+	journalOpts    []JournalOption
+	newBackOff     func() backoff.BackOff
+	maxRetries     int
+	policy         RetryPolicy
+	maxRetryAfter  time.Duration
+	keyWindow      time.Duration
+	clock          Clock
+	keyed          map[string]bool
+	quoted         bool
+	header         string
+	onRetry        func(RetryEvent)
+	maxBuffered    int64
+	maxDrain       int64
+	newKey         func() (string, error)
+	memoryFallback bool
+}
+
+func defaultConfig() config {
+	c := config{
+		newBackOff:    func() backoff.BackOff { return NewFullJitter(DefaultBaseDelay, DefaultMaxDelay, nil) },
+		maxRetries:    DefaultMaxRetries,
+		policy:        DefaultRetryPolicy,
+		maxRetryAfter: DefaultMaxRetryAfter,
+		keyWindow:     DefaultKeyWindow,
+		clock:         systemClock{},
+		header:        DefaultKeyHeader,
+		maxBuffered:   DefaultMaxBufferedBody,
+		maxDrain:      DefaultMaxDrain,
+		newKey:        newUUIDKey,
+	}
+	WithKeyedMethods(DefaultKeyedMethods...)(&c)
+	return c
+}
+
+// WithJournal makes the Transport keep keys in j instead of the default file
+// journal. The caller keeps ownership: Transport.Close does not close j.
+func WithJournal(j Journal) Option { return func(c *config) { c.journal = j } }
+
+// WithJournalDir opens the default file journal in dir instead of the
+// per-user state directory (see DefaultJournalDir). Mobile apps pass their
+// private files directory. The Transport owns the journal it opens and
+// closes it in Transport.Close.
+func WithJournalDir(dir string, opts ...JournalOption) Option {
+	return func(c *config) { c.journalDir, c.journalOpts = dir, opts }
+}
+
+// WithBackOff sets how the Transport waits between attempts. newBackOff is
+// called once per RoundTrip, so stateful backoffs are never shared. If a
+// BackOff returns backoff.Stop, the retries end. The default is full jitter
+// with DefaultBaseDelay and DefaultMaxDelay.
+func WithBackOff(newBackOff func() backoff.BackOff) Option {
+	return func(c *config) { c.newBackOff = newBackOff }
+}
+
+// WithMaxRetries sets how many retries may follow the first attempt
+// (default DefaultMaxRetries). Zero disables retries but keeps the keys.
+func WithMaxRetries(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			n = 0
+		}
+		c.maxRetries = n
+	}
+}
+
+// WithRetryPolicy replaces DefaultRetryPolicy. A nil policy restores it.
+func WithRetryPolicy(p RetryPolicy) Option {
+	return func(c *config) {
+		if p == nil {
+			p = DefaultRetryPolicy
+		}
+		c.policy = p
+	}
+}
+
+// WithMaxRetryAfter caps how long a Retry-After header may make the
+// Transport wait (default DefaultMaxRetryAfter). A response asking for more
+// is returned to the caller at once.
+func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxRetryAfter = d } }
+
+// WithKeyWindow sets how long after its creation a key may still be sent
+// (default DefaultKeyWindow). Set it to your server's key retention, or less.
+func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
+
+// WithClock replaces the system clock, for tests and simulations. The
+// Transport reads the key window from it and waits on its timers. Context
+// deadlines are judged against its durations as if they were real time.
+func WithClock(clk Clock) Option {
+	return func(c *config) {
+		if clk == nil {
+			clk = systemClock{}
+		}
+		c.clock = clk
+	}
+}
+
+// WithKeyedMethods sets which methods carry an Idempotency-Key (default
+// DefaultKeyedMethods). Method names are matched case-sensitively, as
+// net/http does.
+func WithKeyedMethods(methods ...string) Option {
+	return func(c *config) {
+		c.keyed = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			c.keyed[m] = true
+		}
+	}
+}
+
+// WithQuotedKey sends keys in the IETF draft's Structured Field string form,
+// "8e03978e-...", instead of bare (Stripe's form, the default).
+func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
+
+// WithKeyHeader sets the header that carries the key (default
+// DefaultKeyHeader).
+func WithKeyHeader(name string) Option {
+	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
+}
+
+// WithOnRetry registers a function called before each wait, from the
+// goroutine running RoundTrip. It must not block for long.
+func WithOnRetry(f func(RetryEvent)) Option { return func(c *config) { c.onRetry = f } }
+
+// WithMaxBufferedBody sets how much of a request body without GetBody is
+// buffered to be resent (default DefaultMaxBufferedBody).
+func WithMaxBufferedBody(n int64) Option { return func(c *config) { c.maxBuffered = n } }
+
+// WithKeyGenerator replaces the UUIDv4 generator, for reproducible
+// simulations. gen must return keys of at most 255 visible ASCII characters
+// that are unique per action.
+func WithKeyGenerator(gen func() (string, error)) Option {
+	return func(c *config) {
+		if gen == nil {
+			gen = newUUIDKey
+		}
+		c.newKey = gen
+	}
+}
+
+// RetryEvent describes a retry about to happen, for WithOnRetry.
+type RetryEvent struct {
+	Action  string        // the action's id
+	Key     string        // the key every attempt carries
+	Attempt int           // the attempt that just failed, from 1
+	Wait    time.Duration // how long the Transport waits before the next one
+	Status  int           // the failed attempt's status, or 0 on a transport error
+	Err     error         // the failed attempt's transport error, or nil
+}

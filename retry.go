@@ -1,0 +1,127 @@
+package idemretry
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RetryPolicy decides whether an attempt's outcome is worth another attempt
+// with the same key. resp is nil when err is not. ctx is the request's
+// context. A policy must not read or close resp.Body; it must be safe for
+// concurrent use. Replace DefaultRetryPolicy with WithRetryPolicy.
+type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
+
+// DefaultRetryPolicy retries what can heal and nothing else:
+//
+//   - never once ctx is done: the caller's own cancellation or deadline;
+//   - transport errors (refused, reset, EOF, timeouts, HTTP/2 GOAWAY, ...),
+//     except those that cannot heal: certificate verification failures,
+//     and a TLS handshake with a server that does not speak TLS;
+//   - a response marked as a replay (Idempotent-Replayed: true) is final: the
+//     server stored that answer and will only replay it again;
+//   - Stripe-Should-Retry: true or false overrides the status rule;
+//   - 409, 429 and 5xx except 501 Not Implemented and 505 HTTP Version Not
+//     Supported are retried; every other status is final.
+func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) bool {
+	if ctx != nil && ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
+		return retryableError(err)
+	}
+	if resp == nil {
+		return false
+	}
+	if IsReplay(resp) {
+		return false
+	}
+	switch strings.ToLower(strings.TrimSpace(resp.Header.Get("Stripe-Should-Retry"))) {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	return RetryableStatus(resp.StatusCode)
+}
+
+// RetryableStatus reports whether DefaultRetryPolicy retries a response with
+// this status and no overriding header: 409, 429 and 5xx except 501 and 505.
+func RetryableStatus(code int) bool {
+	switch {
+	case code == http.StatusConflict, code == http.StatusTooManyRequests:
+		return true
+	case code == http.StatusNotImplemented, code == http.StatusHTTPVersionNotSupported:
+		return false
+	case code >= 500 && code <= 599:
+		return true
+	}
+	return false
+}
+
+// IsReplay reports whether the server says resp replays a stored answer to
+// an earlier request with the same key (the Idempotent-Replayed header).
+func IsReplay(resp *http.Response) bool {
+	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get("Idempotent-Replayed")), "true")
+}
+
+// retryableError reports whether a transport error may heal on its own.
+// Everything that reaches the network and fails is presumed to heal (a key
+// makes the resend safe); the exceptions are failures a resend repeats.
+func retryableError(err error) bool {
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		invalidCert      x509.CertificateInvalidError
+		verification     *tls.CertificateVerificationError
+		recordHeader     tls.RecordHeaderError
+	)
+	switch {
+	case errors.Is(err, context.Canceled),
+		errors.As(err, &unknownAuthority),
+		errors.As(err, &hostname),
+		errors.As(err, &invalidCert),
+		errors.As(err, &verification),
+		errors.As(err, &recordHeader):
+		return false
+	}
+	return true
+}
+
+// retryAfter returns the wait a 429 or 503 response asks for with its
+// Retry-After header, in delta-seconds or as an HTTP-date, and whether it
+// asked. A date in the past asks for no wait.
+func retryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
+	if resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
+		return 0, false
+	}
+	v := strings.TrimSpace(resp.Header.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		if secs > int64(maxDuration/time.Second) {
+			return maxDuration, true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	d := t.Sub(now)
+	if d < 0 {
+		d = 0
+	}
+	return d, true
+}
+
+const maxDuration = time.Duration(1<<63 - 1)

@@ -1,0 +1,408 @@
+package idemretry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemretry/idemretry/internal/actionlock"
+)
+
+// Transport is an http.RoundTripper that retries requests safely. Each
+// request with a keyed method (POST and PATCH by default) belongs to a
+// logical action and carries that action's Idempotency-Key on every attempt;
+// the key is durable in the Journal before the first attempt leaves the
+// process. Other methods are retried under the same policy without a key.
+//
+// How one RoundTrip goes: resolve the action (WithAction's id; else the
+// caller's own Idempotency-Key header; else a fingerprint of method, URL and
+// body, matched against unfinished actions only), reserve its key, then
+// attempt, classify the outcome with the RetryPolicy, and either return or
+// wait (full jitter, or a longer Retry-After up to its cap) and go again. No
+// wait starts that would end after the context's deadline or the key window.
+//
+// The caller's request is never modified. RoundTrip closes the request body,
+// as http.RoundTripper requires, and drains and closes every response it
+// discards; the caller closes the response it returns. A Transport is safe for
+// concurrent use; attempts of one action from several goroutines take turns,
+// so a double-click never races two requests under one key.
+type Transport struct {
+	base        http.RoundTripper
+	cfg         config
+	journal     Journal
+	ownsJournal bool
+	locks       actionlock.Set
+}
+
+// NewTransport returns a Transport that sends through base
+// (http.DefaultTransport if nil). Unless WithJournal gives one, it opens the
+// file journal in WithJournalDir's directory or DefaultJournalDir, owns it and
+// closes it in Close; opening fails with an error wrapping ErrJournalLocked
+// if another Transport or process holds that journal.
+func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	t := &Transport{base: base, cfg: cfg, journal: cfg.journal}
+	if t.journal == nil {
+		dir := cfg.journalDir
+		if dir == "" {
+			var err error
+			if dir, err = DefaultJournalDir(); err != nil {
+				return nil, fmt.Errorf("idemretry: default journal directory: %w", err)
+			}
+		}
+		j, err := OpenJournal(dir, cfg.journalOpts...)
+		if err != nil {
+			return nil, err
+		}
+		t.journal, t.ownsJournal = j, true
+	}
+	return t, nil
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.newBackOff == nil:
+		return fmt.Errorf("%w: nil backoff constructor", ErrInvalidOption)
+	case c.keyWindow <= 0:
+		return fmt.Errorf("%w: key window %v, want > 0", ErrInvalidOption, c.keyWindow)
+	case c.maxRetryAfter < 0:
+		return fmt.Errorf("%w: max Retry-After %v, want >= 0", ErrInvalidOption, c.maxRetryAfter)
+	case c.header == "":
+		return fmt.Errorf("%w: empty key header name", ErrInvalidOption)
+	case c.maxBuffered < 0:
+		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
+	}
+	return nil
+}
+
+// Journal returns the journal the Transport keeps keys in, for
+// reconciliation at start-up (Journal.Unfinished, Journal.Forget).
+func (t *Transport) Journal() Journal { return t.journal }
+
+// Close closes the journal if the Transport opened it, and the base
+// transport's idle connections. Requests in flight may fail afterwards.
+func (t *Transport) Close() error {
+	t.CloseIdleConnections()
+	if t.ownsJournal {
+		return t.journal.Close()
+	}
+	return nil
+}
+
+// CloseIdleConnections closes the base transport's idle connections, if it
+// can; http.Client.CloseIdleConnections calls it.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// RoundTrip implements http.RoundTripper. It returns a response or an error,
+// never both. A response is returned as soon as the RetryPolicy calls it
+// final, or, when the retries stop (attempts used up, a Retry-After beyond
+// its cap, a deadline the next wait would miss), the last response with its
+// body unread. Errors: before sending, ErrInvalidRequest, ErrInvalidKey,
+// ErrBodyTooLarge or a journal error; for an action, an *ActionError that
+// names it, its key and its attempts, and unwraps to the reason
+// (ErrKeyWindowExpired, ErrFingerprintMismatch, ErrAttemptsExhausted,
+// ErrWaitExceedsDeadline) and the last cause.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil || req.URL == nil || req.URL.Host == "" {
+		if req != nil && req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, fmt.Errorf("%w: nil request, URL or host", ErrInvalidRequest)
+	}
+	b, err := newBody(req, t.cfg.maxBuffered)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	if !t.cfg.keyed[method] {
+		return t.attempts(req, b, nil)
+	}
+	a, err := t.reserve(req, b)
+	if err != nil {
+		return nil, err
+	}
+	defer a.unlock()
+	return t.attempts(req, b, a)
+}
+
+// action is a reserved action during one RoundTrip.
+type action struct {
+	rec    Record // as the journal holds it
+	unlock func()
+}
+
+// reserve resolves req's action, takes its in-process turn and reserves its
+// key durably. It sends nothing.
+func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
+	ctx := req.Context()
+	r, err := b.reader()
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: request body: %w", err)
+	}
+	fp, err := fingerprint(req, r)
+	if r != nil {
+		r.Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: request body: %w", err)
+	}
+
+	var callerKey string
+	if vs := req.Header.Values(t.cfg.header); len(vs) > 1 {
+		return nil, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
+	} else if len(vs) == 1 {
+		if callerKey, err = parseKey(vs[0]); err != nil {
+			return nil, err
+		}
+	}
+	id, explicit := ActionFromContext(ctx)
+	mode := ReuseAny
+	switch {
+	case explicit:
+	case callerKey != "":
+		id = keyActionPrefix + callerKey
+	default:
+		id, mode = fingerprintActionID(fp), ReusePending
+	}
+	key := callerKey
+	if key == "" {
+		if key, err = t.cfg.newKey(); err != nil {
+			return nil, fmt.Errorf("idemretry: new key: %w", err)
+		}
+	}
+
+	unlock, err := t.locks.Lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	now := t.cfg.clock.Now()
+	rec, _, err := t.journal.Reserve(ctx, Record{
+		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: now, State: StatePending,
+	}, mode)
+	if err != nil {
+		unlock()
+		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, err)
+	}
+	fail := func(reason error) (*action, error) {
+		unlock()
+		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
+			MaybeProcessed: rec.Attempts > 0, Reason: reason}
+	}
+	switch {
+	case rec.Fingerprint != fp:
+		return fail(ErrFingerprintMismatch)
+	case callerKey != "" && rec.Key != callerKey:
+		return fail(ErrKeyConflict)
+	case rec.State == StateUnknown:
+		return fail(ErrKeyWindowExpired)
+	case t.windowEnds(rec, now, 0):
+		if rec.State == StatePending {
+			rec.State = StateUnknown
+			t.update(ctx, rec)
+		}
+		return fail(ErrKeyWindowExpired)
+	}
+	return &action{rec: rec, unlock: unlock}, nil
+}
+
+// windowEnds reports whether the key window of rec is over at now+d.
+func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
+	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
+}
+
+// update records rec's progress. A failed update is not reported to the
+// caller: the response in hand is still right, and a journal that lost the
+// update only causes one more attempt with the same key. A journal that
+// failed (for instance on fsync) refuses the next Reserve, and that is
+// reported.
+func (t *Transport) update(ctx context.Context, rec Record) {
+	_ = t.journal.Update(context.WithoutCancel(ctx), rec)
+}
+
+// attempts sends req until the policy calls an outcome final or the retries
+// stop. a is nil for methods that carry no key.
+func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Response, error) {
+	ctx := req.Context()
+	bo := t.cfg.newBackOff()
+	bo.Reset()
+	var (
+		actionID, key string
+		prior         int
+		sent          int
+		maybe         bool // an attempt may have reached the server
+	)
+	if a != nil {
+		actionID, key, prior = a.rec.ActionID, a.rec.Key, a.rec.Attempts
+	}
+	fail := func(status int, reason, cause error) error {
+		return &ActionError{Action: actionID, Key: key, Attempts: prior + sent, Status: status,
+			MaybeProcessed: maybe || (a != nil && prior > 0), Reason: reason, Err: cause}
+	}
+	// finish records where the action stands when RoundTrip returns.
+	finish := func(state State, status int) {
+		if a == nil {
+			return
+		}
+		rec := a.rec
+		rec.State, rec.Attempts, rec.Status = state, prior+sent, status
+		t.update(ctx, rec)
+	}
+
+	for retry := 0; ; retry++ {
+		out, err := t.newAttempt(req, b, key)
+		if err != nil {
+			finish(StatePending, 0)
+			return nil, fail(0, nil, err)
+		}
+		resp, err := t.base.RoundTrip(out)
+		sent++
+		if err == nil && resp == nil {
+			err = errors.New("idemretry: base RoundTripper returned neither response nor error")
+		}
+		if err != nil {
+			resp = nil
+		}
+		maybe = maybe || mayHaveReachedServer(err)
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+
+		if !t.cfg.policy(ctx, resp, err) {
+			if err != nil {
+				finish(StatePending, 0)
+				return nil, fail(0, nil, err)
+			}
+			finish(StateDone, status)
+			return resp, nil
+		}
+
+		// Retryable. stop ends the retries with what this attempt gave.
+		stop := func(reason error) (*http.Response, error) {
+			finish(StatePending, 0)
+			if resp != nil {
+				return resp, nil
+			}
+			return nil, fail(0, reason, err)
+		}
+		if retry >= t.cfg.maxRetries {
+			return stop(ErrAttemptsExhausted)
+		}
+		wait := bo.NextBackOff()
+		if wait == backoff.Stop {
+			return stop(ErrAttemptsExhausted)
+		}
+		now := t.cfg.clock.Now()
+		if ra, ok := retryAfter(resp, now); ok {
+			if ra > t.cfg.maxRetryAfter {
+				return stop(ErrAttemptsExhausted) // resp is non-nil here
+			}
+			wait = max(wait, ra)
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return stop(ErrWaitExceedsDeadline)
+		}
+		if a != nil && t.windowEnds(a.rec, now, wait) {
+			discard(resp, t.cfg.maxDrain)
+			finish(StateUnknown, 0)
+			return nil, fail(status, ErrKeyWindowExpired, err)
+		}
+		if t.cfg.onRetry != nil {
+			t.cfg.onRetry(RetryEvent{Action: actionID, Key: key, Attempt: prior + sent, Wait: wait, Status: status, Err: err})
+		}
+		discard(resp, t.cfg.maxDrain)
+		if a != nil && retry == 0 {
+			finish(StatePending, 0) // a crash during the waits keeps the attempt count
+		}
+		if err := t.sleep(ctx, wait); err != nil {
+			finish(StatePending, 0)
+			return nil, fail(status, nil, err)
+		}
+	}
+}
+
+// newAttempt clones req for one attempt, with a fresh body and the key.
+func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Request, error) {
+	r, err := b.next()
+	if err != nil {
+		return nil, fmt.Errorf("rewind request body: %w", err)
+	}
+	out := req.Clone(req.Context())
+	out.Body, out.GetBody = r, b.getBody
+	if key != "" {
+		out.Header.Set(t.cfg.header, formatKey(key, t.cfg.quoted))
+	}
+	return out, nil
+}
+
+// sleep waits d on the Transport's clock, or until ctx is done.
+func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := t.cfg.clock.NewTimer()
+	timer.Start(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// discard drains a response body up to limit bytes, so that its connection
+// can be reused, and closes it.
+func discard(resp *http.Response, limit int64) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, limit)
+	resp.Body.Close()
+}
+
+// mayHaveReachedServer is false only for errors raised before a connection
+// existed: failing to resolve or to connect. Anything later may have
+// delivered the request.
+func mayHaveReachedServer(err error) bool {
+	if err == nil {
+		return true
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return false
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return false
+	}
+	return true
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
