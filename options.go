@@ -56,7 +56,6 @@ type config struct {
 	maxBuffered    int64
 	maxDrain       int64
 	newKey         func() (string, error)
-	memoryFallback bool
 }
 
 func defaultConfig() config {

@@ -1,0 +1,94 @@
+package idemretry_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemretry/idemretry"
+)
+
+// A payment that meets two 503s and then succeeds: three attempts, one key.
+func Example() {
+	var mu sync.Mutex
+	keys := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys[r.Header.Get("Idempotency-Key")]++
+		n := keys[r.Header.Get("Idempotency-Key")]
+		mu.Unlock()
+		if n < 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"status":"paid"}`)
+	}))
+	defer srv.Close()
+
+	client, err := idemretry.NewClient(
+		idemretry.WithJournal(idemretry.NewMemoryJournal()), // the default is a file journal
+		idemretry.WithBackOff(func() backoff.BackOff { return idemretry.NewFullJitter(time.Millisecond, 10*time.Millisecond, nil) }),
+	)
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	ctx := idemretry.WithAction(context.Background(), "pay:order-A-1001")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":129900}`))
+	resp, err := client.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body))
+	for _, n := range keys {
+		fmt.Println("distinct keys: 1, attempts with it:", n)
+	}
+	// Output:
+	// 201 {"status":"paid"}
+	// distinct keys: 1, attempts with it: 3
+}
+
+// The ceilings of the default full-jitter backoff: each wait is drawn
+// uniformly below them, 15.5 s in the worst case.
+func ExampleNewFullJitter() {
+	b := idemretry.NewFullJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, maxRand{})
+	var total time.Duration
+	for retry := 1; retry <= idemretry.DefaultMaxRetries; retry++ {
+		w := b.NextBackOff().Round(time.Millisecond) // maxRand draws just below the ceiling
+		total += w
+		fmt.Printf("retry %d waits below %v\n", retry, w)
+	}
+	fmt.Println("worst case in all:", total)
+	// Output:
+	// retry 1 waits below 500ms
+	// retry 2 waits below 1s
+	// retry 3 waits below 2s
+	// retry 4 waits below 4s
+	// retry 5 waits below 8s
+	// worst case in all: 15.5s
+}
+
+// At start-up, list the actions a previous run left unfinished, to resume
+// them (same key) or reconcile them with the server.
+func ExampleJournal_unfinished() {
+	j := idemretry.NewMemoryJournal()
+	ctx := context.Background()
+	_, _, _ = j.Reserve(ctx, idemretry.Record{ActionID: "pay:order-9", Key: "k-9", State: idemretry.StatePending, Attempts: 2}, idemretry.ReuseAny)
+	unfinished, _ := j.Unfinished(ctx)
+	for _, r := range unfinished {
+		fmt.Println(r.ActionID, r.State, "attempts:", r.Attempts)
+	}
+	// Output:
+	// pay:order-9 pending attempts: 2
+}

@@ -1,0 +1,281 @@
+package idemretry_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// seen is one request as the test server received it.
+type seen struct {
+	Key      string
+	BodyHash [32]byte
+	Method   string
+}
+
+// payServer is a loopback server with Stripe's idempotency semantics: a new
+// key is processed once and its answer stored; a known key replays the
+// stored answer with Idempotent-Replayed: true. script, if set, can answer a
+// request itself (by its number, from 1) before the idempotency layer runs.
+type payServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	requests []seen
+	stored   map[string]storedAnswer
+	charges  int
+	// script answers request n (1-based) itself when it returns true.
+	script func(n int, w http.ResponseWriter, r *http.Request) bool
+	// commitThenDrop: process the charge, store the answer, then cut the
+	// connection without answering, for request numbers in this set.
+	commitThenDrop map[int]bool
+	// finalStatus is what a processed charge answers (default 201).
+	finalStatus int
+}
+
+type storedAnswer struct {
+	status int
+	body   string
+}
+
+func newPayServer(t *testing.T) *payServer {
+	t.Helper()
+	s := &payServer{stored: map[string]storedAnswer{}, commitThenDrop: map[int]bool{}, finalStatus: http.StatusCreated}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	s.mu.Lock()
+	s.requests = append(s.requests, seen{Key: key, BodyHash: sha256.Sum256(body), Method: r.Method})
+	n := len(s.requests)
+	script, drop := s.script, s.commitThenDrop[n]
+	s.mu.Unlock()
+
+	if script != nil && script(n, w, r) {
+		return
+	}
+	s.mu.Lock()
+	if a, ok := s.stored[key]; ok && key != "" {
+		s.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(a.status)
+		io.WriteString(w, a.body)
+		return
+	}
+	s.charges++
+	a := storedAnswer{status: s.finalStatus, body: `{"charge":"ch_1"}`}
+	if key != "" {
+		s.stored[key] = a
+	}
+	s.mu.Unlock()
+	if drop {
+		hijackAndClose(w)
+		return
+	}
+	w.WriteHeader(a.status)
+	io.WriteString(w, a.body)
+}
+
+// hijackAndClose cuts the connection without an answer: to the client it
+// looks exactly like a response lost on the way back.
+func hijackAndClose(w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err == nil {
+		conn.Close()
+	}
+}
+
+func (s *payServer) seen() []seen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]seen(nil), s.requests...)
+}
+
+func (s *payServer) chargeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.charges
+}
+
+func keysOf(reqs []seen) []string {
+	var out []string
+	for _, r := range reqs {
+		out = append(out, r.Key)
+	}
+	return out
+}
+
+// status answers a fixed status, optionally with headers.
+func status(code int, hdr ...string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		for i := 0; i+1 < len(hdr); i += 2 {
+			w.Header().Set(hdr[i], hdr[i+1])
+		}
+		w.WriteHeader(code)
+		io.WriteString(w, http.StatusText(code))
+	}
+}
+
+// scriptFirst answers the first len(answers) requests with answers, and lets
+// the idempotency layer answer the rest.
+func scriptFirst(answers ...func(w http.ResponseWriter)) func(int, http.ResponseWriter, *http.Request) bool {
+	return func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n <= len(answers) {
+			answers[n-1](w)
+			return true
+		}
+		return false
+	}
+}
+
+// fakeClock is a Clock whose timers fire at once and advance Now by the time
+// they were set for, recording every wait.
+type fakeClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	waits []time.Duration
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *fakeClock) Waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
+}
+
+func (c *fakeClock) NewTimer() backoff.Timer { return &fakeTimer{c: c} }
+
+type fakeTimer struct {
+	c  *fakeClock
+	ch chan time.Time
+}
+
+func (t *fakeTimer) Start(d time.Duration) {
+	t.c.mu.Lock()
+	t.c.waits = append(t.c.waits, d)
+	t.c.now = t.c.now.Add(d)
+	now := t.c.now
+	t.c.mu.Unlock()
+	t.ch = make(chan time.Time, 1)
+	t.ch <- now
+}
+func (t *fakeTimer) Stop()               {}
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+
+// constant is a backoff that always waits d.
+func constant(d time.Duration) func() backoff.BackOff {
+	return func() backoff.BackOff { return backoff.NewConstantBackOff(d) }
+}
+
+// newTestTransport returns a Transport over an in-memory journal with a fake
+// clock, and checks at cleanup that no goroutine of the package is left.
+func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transport, *idemretry.MemoryJournal, *fakeClock) {
+	t.Helper()
+	j := idemretry.NewMemoryJournal()
+	clk := newFakeClock()
+	base := &http.Transport{}
+	all := append([]idemretry.Option{idemretry.WithJournal(j), idemretry.WithClock(clk)}, opts...)
+	tr, err := idemretry.NewTransport(base, all...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, tr.Close())
+		base.CloseIdleConnections()
+		checkNoPackageGoroutines(t)
+	})
+	return tr, j, clk
+}
+
+// checkNoPackageGoroutines fails if a goroutine running the package's code
+// (other than tests) is still alive: RoundTrip must not leave any behind.
+func checkNoPackageGoroutines(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leaked []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "github.com/idemretry/idemretry.") &&
+				!strings.Contains(g, "_test.") && !strings.Contains(g, "testing.tRunner") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines left behind:\n%s", strings.Join(leaked, "\n\n"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	return req
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// onlyReader hides every method but Read, so net/http cannot rewind it.
+type onlyReader struct{ r io.Reader }
+
+func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
+
+// closeTracker records whether a body was closed.
+type closeTracker struct {
+	io.Reader
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *closeTracker) Close() error { c.mu.Lock(); c.closed = true; c.mu.Unlock(); return nil }
+func (c *closeTracker) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+var _ = bytes.NewReader
+
+func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }

@@ -1,0 +1,179 @@
+package idemretry_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// Every attempt carries the same bytes, with GetBody and without.
+func TestBodyIdenticalOnEveryAttempt(t *testing.T) {
+	payload := strings.Repeat(`{"line":"0123456789abcdef"}`, 2000)
+	want := sha256.Sum256([]byte(payload))
+	bodies := map[string]func() io.Reader{
+		"GetBody":  func() io.Reader { return strings.NewReader(payload) },
+		"buffered": func() io.Reader { return onlyReader{strings.NewReader(payload)} },
+	}
+	for name, mk := range bodies {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = scriptFirst(status(500), status(502), status(503))
+			tr, _, _ := newTestTransport(t)
+			req, err := http.NewRequest(http.MethodPost, srv.URL, mk())
+			require.NoError(t, err)
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			readAll(t, resp)
+			reqs := srv.seen()
+			require.Len(t, reqs, 4)
+			for _, r := range reqs {
+				assert.Equal(t, want, r.BodyHash)
+			}
+		})
+	}
+}
+
+// A body that cannot be rewound and is over the buffering limit is refused
+// before anything is sent, and closed.
+func TestNonRewindableBodyOverLimitRefused(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxBufferedBody(1024))
+	body := &closeTracker{Reader: bytes.NewReader(make([]byte, 1025))}
+	req, err := http.NewRequest(http.MethodPost, srv.URL, body)
+	require.NoError(t, err)
+	require.Nil(t, req.GetBody)
+	_, err = tr.RoundTrip(req)
+	require.ErrorIs(t, err, idemretry.ErrBodyTooLarge)
+	assert.Empty(t, srv.seen())
+	assert.True(t, body.isClosed())
+
+	// At the limit it is buffered and retried intact.
+	srv.script = scriptFirst(status(503))
+	body = &closeTracker{Reader: bytes.NewReader(make([]byte, 1024))}
+	req, err = http.NewRequest(http.MethodPost, srv.URL, body)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 2)
+	assert.True(t, body.isClosed())
+}
+
+// I6: the caller's request is left exactly as it was.
+func TestCallerRequestNotMutated(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	tr, _, _ := newTestTransport(t)
+	req := post(t, idemretry.WithAction(context.Background(), "pay:i6"), srv.URL, "abc")
+	req.Header.Set("X-Trace", "1")
+	before := req.Header.Clone()
+	getBody := req.GetBody
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, before, req.Header, "no key header added to the caller's request")
+	assert.NotNil(t, getBody)
+	rc, err := req.GetBody()
+	require.NoError(t, err)
+	b, _ := io.ReadAll(rc)
+	assert.Equal(t, "abc", string(b))
+}
+
+// I6: each response the Transport discards is drained and closed; the one
+// it returns is the caller's to close.
+func TestDiscardedResponsesClosed(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503), status(503))
+	rec := &recordingTransport{base: &http.Transport{}}
+	defer rec.base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(rec, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+		idemretry.WithClock(newFakeClock()))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	bodies := rec.all()
+	require.Len(t, bodies, 3)
+	assert.True(t, bodies[0].closed() && bodies[1].closed(), "discarded bodies are closed")
+	assert.True(t, bodies[0].drained() && bodies[1].drained(), "and drained, so the connection is reused")
+	assert.False(t, bodies[2].closed(), "the returned body is left to the caller")
+	readAll(t, resp)
+	assert.True(t, bodies[2].closed())
+	checkNoPackageGoroutines(t)
+}
+
+// recordingTransport wraps every response body to see what happens to it.
+type recordingTransport struct {
+	base   *http.Transport
+	mu     sync.Mutex
+	bodies []*watchedBody
+}
+
+func (r *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	w := &watchedBody{rc: resp.Body}
+	resp.Body = w
+	r.mu.Lock()
+	r.bodies = append(r.bodies, w)
+	r.mu.Unlock()
+	return resp, nil
+}
+
+func (r *recordingTransport) all() []*watchedBody {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*watchedBody(nil), r.bodies...)
+}
+
+type watchedBody struct {
+	rc       io.ReadCloser
+	mu       sync.Mutex
+	isClosed bool
+	sawEOF   bool
+}
+
+func (w *watchedBody) Read(p []byte) (int, error) {
+	n, err := w.rc.Read(p)
+	if err == io.EOF {
+		w.mu.Lock()
+		w.sawEOF = true
+		w.mu.Unlock()
+	}
+	return n, err
+}
+
+func (w *watchedBody) Close() error {
+	w.mu.Lock()
+	w.isClosed = true
+	w.mu.Unlock()
+	return w.rc.Close()
+}
+
+func (w *watchedBody) closed() bool  { w.mu.Lock(); defer w.mu.Unlock(); return w.isClosed }
+func (w *watchedBody) drained() bool { w.mu.Lock(); defer w.mu.Unlock(); return w.sawEOF }
+
+// Invalid requests get a typed error, never a panic.
+func TestInvalidRequests(t *testing.T) {
+	tr, _, _ := newTestTransport(t)
+	_, err := tr.RoundTrip(nil)
+	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
+	_, err = tr.RoundTrip(&http.Request{Method: http.MethodPost})
+	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
+	req, _ := http.NewRequest(http.MethodPost, "/relative", nil)
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithKeyWindow(0))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}

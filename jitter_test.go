@@ -1,0 +1,88 @@
+package idemretry_test
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/idemretry/idemretry"
+)
+
+// maxRand always draws the top of the range, to show each ceiling.
+type maxRand struct{}
+
+func (maxRand) Int64N(n int64) int64 { return n - 1 }
+
+func TestFullJitterCeilings(t *testing.T) {
+	b := idemretry.NewFullJitter(500*time.Millisecond, 8*time.Second, maxRand{})
+	var got []time.Duration
+	for range 7 {
+		got = append(got, b.NextBackOff()+1) // maxRand returns ceiling-1ns
+	}
+	want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second,
+		8 * time.Second, 8 * time.Second, 8 * time.Second}
+	assert.Equal(t, want, got, "n = 0 for the first retry; the cap applies after")
+	b.Reset()
+	assert.Equal(t, 500*time.Millisecond, b.NextBackOff()+1)
+}
+
+func TestJitterStaysInRange(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	base, cap := 10*time.Millisecond, 2*time.Second
+	full := idemretry.NewFullJitter(base, cap, r)
+	equal := idemretry.NewEqualJitter(base, cap, r)
+	decor := idemretry.NewDecorrelatedJitter(base, cap, r)
+	exp := idemretry.NewExponential(base, cap)
+	prev := base
+	for n := range 200 {
+		ceil := min(cap, base<<min(n, 20))
+		f, e, d, x := full.NextBackOff(), equal.NextBackOff(), decor.NextBackOff(), exp.NextBackOff()
+		assert.True(t, f >= 0 && f < ceil, "full %d: %v", n, f)
+		assert.True(t, e >= ceil/2 && e < ceil, "equal %d: %v", n, e)
+		assert.True(t, d >= base && d <= cap && d < 3*prev, "decorrelated %d: %v after %v", n, d, prev)
+		assert.Equal(t, ceil, x, "exponential %d", n)
+		prev = max(d, base)
+	}
+}
+
+// Full jitter spreads waits over the whole window: its mean is half the
+// ceiling, not the ceiling (that is what un-jittered exponential does).
+func TestFullJitterIsUniform(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	var sum time.Duration
+	const n = 20000
+	for range n {
+		sum += idemretry.NewFullJitter(time.Second, time.Second, r).NextBackOff()
+	}
+	mean := sum / n
+	assert.InDelta(t, float64(500*time.Millisecond), float64(mean), float64(15*time.Millisecond))
+}
+
+func TestJitterReproducibleWithSeed(t *testing.T) {
+	draw := func() []time.Duration {
+		b := idemretry.NewFullJitter(time.Millisecond, time.Second, rand.New(rand.NewPCG(42, 0)))
+		var out []time.Duration
+		for range 10 {
+			out = append(out, b.NextBackOff())
+		}
+		return out
+	}
+	assert.Equal(t, draw(), draw())
+}
+
+func TestBackoffsNeverOverflow(t *testing.T) {
+	for _, b := range []backoff.BackOff{
+		idemretry.NewFullJitter(time.Hour, 1<<62, nil),
+		idemretry.NewEqualJitter(time.Hour, 1<<62, nil),
+		idemretry.NewDecorrelatedJitter(time.Hour, 1<<62, nil),
+		idemretry.NewExponential(time.Hour, 1<<62),
+	} {
+		for range 100 {
+			d := b.NextBackOff()
+			assert.True(t, d >= 0 && d <= 1<<62, "%T: %v", b, d)
+		}
+	}
+}

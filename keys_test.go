@@ -1,0 +1,309 @@
+package idemretry_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// I1: the key is in the journal before the first attempt leaves the process.
+func TestKeyDurableBeforeFirstSend(t *testing.T) {
+	j := idemretry.NewMemoryJournal()
+	srv := newPayServer(t)
+	var inJournal []bool
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		un, err := j.Unfinished(context.Background())
+		require.NoError(t, err)
+		found := false
+		for _, rec := range un {
+			found = found || rec.Key == r.Header.Get("Idempotency-Key")
+		}
+		inJournal = append(inJournal, found)
+		return false
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:i1"), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, []bool{true}, inJournal)
+}
+
+// I1: a journal that cannot store the key stops the request before it is sent.
+func TestJournalFailureSendsNothing(t *testing.T) {
+	j := idemretry.NewMemoryJournal()
+	require.NoError(t, j.Close())
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrJournalClosed)
+	assert.Empty(t, srv.seen())
+}
+
+// I2: 100 goroutines sending the same action: the server sees one key and
+// charges once; the goroutines take turns instead of colliding (no 409s).
+func TestConcurrentSameActionOneKey(t *testing.T) {
+	srv := newPayServer(t)
+	inFlight := 0
+	var mu sync.Mutex
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		mu.Lock()
+		inFlight++
+		busy := inFlight > 1
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		if busy {
+			status(http.StatusConflict)(w)
+			return true
+		}
+		time.Sleep(time.Millisecond)
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	var wg sync.WaitGroup
+	statuses := make([]int, 100)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := idemretry.WithAction(context.Background(), "pay:double-click")
+			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+			if assert.NoError(t, err) {
+				statuses[i] = resp.StatusCode
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	reqs := srv.seen()
+	require.Len(t, reqs, 100, "one attempt each: no 409 from a race")
+	for _, r := range reqs {
+		require.Equal(t, reqs[0].Key, r.Key)
+	}
+	for _, s := range statuses {
+		assert.Equal(t, http.StatusCreated, s)
+	}
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// I2 across a restart: a new Transport over the same journal resends the
+// unfinished action with the same key.
+func TestSameKeyAfterRestart(t *testing.T) {
+	j := idemretry.NewMemoryJournal()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:restart")
+	_, err := first.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.Error(t, err, "the answer was lost")
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, "pay:restart", un[0].ActionID)
+
+	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	resp, err := second.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	assert.True(t, idemretry.IsReplay(resp))
+	readAll(t, resp)
+	reqs := srv.seen()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, reqs[0].Key, reqs[1].Key)
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// An explicit action keeps its key after it is done: a repeat is replayed.
+func TestExplicitActionKeepsKeyAfterDone(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:again")
+	for range 2 {
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	reqs := srv.seen()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, reqs[0].Key, reqs[1].Key)
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// Without an action id, the fingerprint finds an unfinished action (a resend
+// after a crash) but not a finished one (a deliberate repeat).
+func TestFingerprintMatchesPendingOnly(t *testing.T) {
+	j := idemretry.NewMemoryJournal()
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	resp, err := first.RoundTrip(post(t, context.Background(), srv.URL, "same"))
+	require.NoError(t, err)
+	require.Equal(t, 503, resp.StatusCode)
+	readAll(t, resp)
+
+	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	for range 2 {
+		resp, err = second.RoundTrip(post(t, context.Background(), srv.URL, "same"))
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, keys[0], keys[1], "the pending action was resumed with its key")
+	assert.NotEqual(t, keys[1], keys[2], "a repeat after completion is a new action")
+	assert.Equal(t, 2, srv.chargeCount())
+}
+
+// I8: an action id reused with another body is refused before sending.
+func TestFingerprintMismatchRefused(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:i8")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":100}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	_, err = tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":999}`))
+	require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "pay:i8", ae.Action)
+	assert.Equal(t, srv.seen()[0].Key, ae.Key)
+	assert.Len(t, srv.seen(), 1, "nothing was sent")
+}
+
+// A key the caller set is kept as is, bare or quoted; a bad one is refused.
+func TestCallerSuppliedKey(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, v := range []string{"order-77-attempt", `"order-77-attempt"`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", v)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	assert.Equal(t, []string{"order-77-attempt", "order-77-attempt"}, keysOf(srv.seen()))
+
+	for _, bad := range []string{strings.Repeat("k", 256), "has space", "caf\u00e9", `""`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", bad)
+		_, err := tr.RoundTrip(req)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidKey, bad)
+	}
+	assert.Len(t, srv.seen(), 2)
+}
+
+// The IETF draft's form: a quoted Structured Field string.
+func TestQuotedKeyOption(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithQuotedKey())
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	k := srv.seen()[0].Key
+	require.True(t, strings.HasPrefix(k, `"`) && strings.HasSuffix(k, `"`), k)
+	assert.NoError(t, uuidCheck(strings.Trim(k, `"`)))
+}
+
+// The key window: past it, no attempt is made with the key, no new key is
+// minted (I3), and the action is marked outcome-unknown.
+func TestKeyWindowExpired(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	tr, j, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:window")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	clk.Advance(idemretry.DefaultKeyWindow)
+	for range 2 { // the second time the journal already says unknown
+		_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+		var ae *idemretry.ActionError
+		require.ErrorAs(t, err, &ae)
+		assert.True(t, ae.MaybeProcessed)
+	}
+	// The same request without the action id is another action (named by its
+	// fingerprint), with a key of its own.
+	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.NotEqual(t, srv.seen()[0].Key, srv.seen()[1].Key)
+	assert.Len(t, srv.seen(), 2)
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, idemretry.StateUnknown, un[0].State)
+	assert.Equal(t, srv.seen()[0].Key, un[0].Key)
+}
+
+// I3 for fingerprint-identified actions: an unknown outcome is never resent
+// under a new key.
+func TestUnknownFingerprintActionNotRekeyed(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	tr, _, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	clk.Advance(idemretry.DefaultKeyWindow + time.Hour)
+	for range 2 {
+		_, err = tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
+		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	}
+	assert.Len(t, srv.seen(), 1)
+}
+
+// I5 for the key window: a wait that would cross it is not started.
+func TestNoWaitPastKeyWindow(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, j, clk := newTestTransport(t, idemretry.WithKeyWindow(time.Minute), idemretry.WithBackOff(constant(40*time.Second)))
+	ctx := idemretry.WithAction(context.Background(), "pay:near-window")
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	assert.Len(t, srv.seen(), 2, "one wait of 40 s fits in the minute, the second does not")
+	assert.Equal(t, []time.Duration{40 * time.Second}, clk.Waits())
+	un, _ := j.Unfinished(context.Background())
+	require.Len(t, un, 1)
+	assert.Equal(t, idemretry.StateUnknown, un[0].State)
+}
+
+// I3: once an action is outcome-unknown it stays so, even if the clock
+// jumps back or the window is widened: only the application's Forget, after
+// reconciling, lets the action id be used again.
+func TestUnknownSurvivesClockJumpBack(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	j := idemretry.NewMemoryJournal()
+	tr, _, clk := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithKeyWindow(time.Minute),
+		idemretry.WithBackOff(constant(50*time.Second)))
+	ctx := idemretry.WithAction(context.Background(), "pay:jump")
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	sent := len(srv.seen())
+
+	clk.Advance(-time.Hour)
+	wider, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithClock(clk))
+	_, err = wider.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	assert.Len(t, srv.seen(), sent, "nothing sent for an outcome-unknown action")
+
+	require.NoError(t, j.Forget(context.Background(), "pay:jump"))
+	srv.script = nil
+	resp, err := wider.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	reqs := srv.seen()
+	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key, "after Forget, a new key")
+}

@@ -1,0 +1,364 @@
+package idemretry_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// 503, 503, 201: three attempts, one key, and the journal says done.
+func TestRetriesUntilSuccessWithOneKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503), status(503))
+	tr, j, _ := newTestTransport(t)
+
+	ctx := idemretry.WithAction(context.Background(), "pay:order-1")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":100}`))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, `{"charge":"ch_1"}`, readAll(t, resp))
+
+	reqs := srv.seen()
+	require.Len(t, reqs, 3)
+	key := reqs[0].Key
+	require.NoError(t, uuidCheck(key))
+	assert.Equal(t, []string{key, key, key}, keysOf(reqs))
+	assert.Equal(t, 1, srv.chargeCount())
+
+	unfinished, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, unfinished, "a 201 is final: the action is done")
+}
+
+// The server charges, then the connection drops before the answer: the
+// retry carries the same key and gets the stored answer; one charge in all.
+func TestCommitThenDropIsChargedOnce(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	tr, _, _ := newTestTransport(t)
+
+	ctx := idemretry.WithAction(context.Background(), "pay:order-2")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":250}`))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.True(t, idemretry.IsReplay(resp), "the second answer is the stored one")
+	readAll(t, resp)
+
+	reqs := srv.seen()
+	require.GreaterOrEqual(t, len(reqs), 2)
+	for _, r := range reqs {
+		assert.Equal(t, reqs[0].Key, r.Key)
+	}
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+func TestStatusClassification(t *testing.T) {
+	cases := []struct {
+		status   int
+		attempts int // with two retries allowed
+	}{
+		{400, 1}, {401, 1}, {403, 1}, {404, 1}, {422, 1}, {501, 1}, {505, 1},
+		{409, 3}, {429, 3}, {500, 3}, {502, 3}, {503, 3}, {504, 3},
+	}
+	for _, c := range cases {
+		t.Run(strconv.Itoa(c.status), func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+				status(c.status)(w)
+				return true
+			}
+			tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(2))
+			resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+			require.NoError(t, err)
+			assert.Equal(t, c.status, resp.StatusCode)
+			assert.Equal(t, http.StatusText(c.status), readAll(t, resp), "the last response comes back readable")
+			assert.Len(t, srv.seen(), c.attempts)
+		})
+	}
+}
+
+func TestServerHintsOverrideStatus(t *testing.T) {
+	cases := []struct {
+		name     string
+		answer   func(http.ResponseWriter)
+		attempts int
+	}{
+		{"Stripe-Should-Retry false on 503", status(503, "Stripe-Should-Retry", "false"), 1},
+		{"Stripe-Should-Retry true on 400", status(400, "Stripe-Should-Retry", "true"), 3},
+		{"replayed 500 is final", status(500, "Idempotent-Replayed", "true"), 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { c.answer(w); return true }
+			tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(2))
+			resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+			require.NoError(t, err)
+			readAll(t, resp)
+			assert.Len(t, srv.seen(), c.attempts)
+		})
+	}
+}
+
+// Retry-After is honoured when longer than the jittered wait, in seconds and
+// as an HTTP-date.
+func TestRetryAfter(t *testing.T) {
+	clk := newFakeClock()
+	date := clk.Now().Add(7 * time.Second).UTC().Format(http.TimeFormat)
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(429, "Retry-After", "3"), status(503, "Retry-After", date))
+	tr, _, clk := newTestTransport(t, idemretry.WithBackOff(constant(time.Second)))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	// Retry-After: 3 waits 3 s; the date is 7 s after the start and the clock
+	// is then 3 s on, so 4 s. The constant backoff's 1 s is shorter both times.
+	assert.Equal(t, []time.Duration{3 * time.Second, 4 * time.Second}, clk.Waits())
+}
+
+// A Retry-After beyond the cap ends the retries at once: the caller gets the
+// response instead of a RoundTrip that sleeps for an hour.
+func TestRetryAfterBeyondCapReturnsAtOnce(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503, "Retry-After", "3600"))
+	tr, _, clk := newTestTransport(t, idemretry.WithMaxRetryAfter(time.Minute))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, "3600", resp.Header.Get("Retry-After"))
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 1)
+	assert.Empty(t, clk.Waits())
+}
+
+// A cancelled context during a wait returns promptly and leaves nothing
+// running (newTestTransport's cleanup checks goroutines).
+func TestCancelDuringWaitReturnsPromptly(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	j := idemretry.NewMemoryJournal()
+	base := &http.Transport{}
+	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:cancel"))
+	defer cancel()
+	var cancelledAt atomic.Int64
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithBackOff(constant(time.Hour)),
+		idemretry.WithOnRetry(func(idemretry.RetryEvent) {
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				cancelledAt.Store(time.Now().UnixNano())
+				cancel()
+			}()
+		}))
+	require.NoError(t, err)
+	t.Cleanup(func() { base.CloseIdleConnections(); checkNoPackageGoroutines(t) })
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	returned := time.Now()
+	require.Nil(t, resp)
+	require.ErrorIs(t, err, context.Canceled)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "pay:cancel", ae.Action)
+	assert.Equal(t, 1, ae.Attempts)
+	assert.Less(t, returned.Sub(time.Unix(0, cancelledAt.Load())), 50*time.Millisecond)
+
+	// The action stays pending with its key, for a later resend.
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, srv.seen()[0].Key, un[0].Key)
+}
+
+// I5: a wait that would end after the context's deadline is not started.
+func TestNoWaitPastDeadline(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, _, clk := newTestTransport(t, idemretry.WithBackOff(constant(time.Minute)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err, "a response is in hand: it is returned")
+	assert.Equal(t, 503, resp.StatusCode)
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 1)
+	assert.Empty(t, clk.Waits())
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+// I5 with a network error: the typed error says why it stopped.
+func TestNoWaitPastDeadlineNetworkError(t *testing.T) {
+	addr := closedAddr(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithBackOff(constant(time.Minute)))
+	ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:dl"), 30*time.Second)
+	defer cancel()
+	_, err := tr.RoundTrip(post(t, ctx, "http://"+addr, "x"))
+	require.ErrorIs(t, err, idemretry.ErrWaitExceedsDeadline)
+	assert.Empty(t, clk.Waits())
+}
+
+// Connection refused is retried; after the last attempt the error names the
+// action, the key and the attempts, says nothing can have been processed,
+// and unwraps to the network error.
+func TestNetworkErrorsRetriedThenTypedError(t *testing.T) {
+	addr := closedAddr(t)
+	tr, j, clk := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:refused")
+	_, err := tr.RoundTrip(post(t, ctx, "http://"+addr, "x"))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "pay:refused", ae.Action)
+	assert.Equal(t, idemretry.DefaultMaxRetries+1, ae.Attempts)
+	assert.False(t, ae.MaybeProcessed, "refused connections never reached a server")
+	assert.ErrorIs(t, err, idemretry.ErrAttemptsExhausted)
+	var opErr *net.OpError
+	assert.ErrorAs(t, err, &opErr)
+	assert.Contains(t, err.Error(), ae.Key)
+	assert.Len(t, clk.Waits(), idemretry.DefaultMaxRetries)
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, ae.Key, un[0].Key)
+	assert.Equal(t, idemretry.StatePending, un[0].State)
+	assert.Equal(t, idemretry.DefaultMaxRetries+1, un[0].Attempts)
+}
+
+// The full-jitter default draws every wait within its ceiling.
+func TestDefaultWaitsAreFullJitter(t *testing.T) {
+	addr := closedAddr(t)
+	tr, _, clk := newTestTransport(t)
+	_, err := tr.RoundTrip(post(t, context.Background(), "http://"+addr, "x"))
+	require.Error(t, err)
+	waits := clk.Waits()
+	require.Len(t, waits, 5)
+	ceil := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
+	for i, w := range waits {
+		assert.GreaterOrEqual(t, w, time.Duration(0))
+		assert.Less(t, w, ceil[i], "wait %d", i)
+	}
+}
+
+// A connection cut before any answer (nothing committed) is retried.
+func TestDroppedConnectionRetried(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			hijackAndClose(w)
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 201, resp.StatusCode)
+	readAll(t, resp)
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// Errors a resend repeats are not retried: a certificate nobody trusts.
+func TestCertificateErrorNotRetried(t *testing.T) {
+	var handshakes atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv.Config.ErrorLog = discardLogger()
+	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		handshakes.Add(1)
+		return nil, nil
+	}}
+	srv.StartTLS()
+	defer srv.Close()
+	tr, _, clk := newTestTransport(t)
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.Error(t, err)
+	var verr *tls.CertificateVerificationError
+	assert.ErrorAs(t, err, &verr)
+	assert.EqualValues(t, 1, handshakes.Load())
+	assert.Empty(t, clk.Waits())
+}
+
+// The caller's cancellation before sending is not retried either.
+func TestCallerCancellationNotRetried(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Empty(t, srv.seen())
+}
+
+// A BackOff that says Stop ends the retries.
+func TestBackOffStop(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(500)(w); return true }
+	tr, _, _ := newTestTransport(t, idemretry.WithBackOff(func() backoff.BackOff {
+		return backoff.WithMaxRetries(backoff.NewConstantBackOff(time.Millisecond), 1)
+	}))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 2)
+}
+
+// GET carries no key and is retried under the same policy.
+func TestIdempotentMethodsRetriedWithoutKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(502))
+	tr, j, _ := newTestTransport(t)
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	reqs := srv.seen()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, []string{"", ""}, keysOf(reqs))
+	un, _ := j.Unfinished(context.Background())
+	assert.Empty(t, un)
+}
+
+func TestOnRetryHook(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503), status(429))
+	var events []idemretry.RetryEvent
+	tr, _, _ := newTestTransport(t, idemretry.WithOnRetry(func(e idemretry.RetryEvent) { events = append(events, e) }))
+	ctx := idemretry.WithAction(context.Background(), "pay:hook")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Len(t, events, 2)
+	assert.Equal(t, 503, events[0].Status)
+	assert.Equal(t, 429, events[1].Status)
+	assert.Equal(t, []int{1, 2}, []int{events[0].Attempt, events[1].Attempt})
+	assert.Equal(t, srv.seen()[0].Key, events[0].Key)
+	assert.Equal(t, "pay:hook", events[1].Action)
+}
+
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func uuidCheck(s string) error {
+	if len(s) != 36 || s[14] != '4' {
+		return errors.New("not a UUIDv4: " + s)
+	}
+	return nil
+}
