@@ -40,22 +40,22 @@ var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 type Option func(*config)
 
 type config struct {
-	journal        Journal
-	journalDir     string
-	journalOpts    []JournalOption
-	newBackOff     func() backoff.BackOff
-	maxRetries     int
-	policy         RetryPolicy
-	maxRetryAfter  time.Duration
-	keyWindow      time.Duration
-	clock          Clock
-	keyed          map[string]bool
-	quoted         bool
-	header         string
-	onRetry        func(RetryEvent)
-	maxBuffered    int64
-	maxDrain       int64
-	newKey         func() (string, error)
+	journal       Journal
+	journalDir    string
+	journalOpts   []JournalOption
+	newBackOff    func() backoff.BackOff
+	maxRetries    int
+	policy        RetryPolicy
+	maxRetryAfter time.Duration
+	keyWindow     time.Duration
+	clock         Clock
+	keyed         map[string]bool
+	quoted        bool
+	header        string
+	onRetry       func(RetryEvent)
+	maxBuffered   int64
+	maxDrain      int64
+	newKey        func() (string, error)
 }
 
 func defaultConfig() config {
