@@ -1,6 +1,7 @@
 package idemretry
 
 import (
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -53,6 +54,7 @@ type config struct {
 	quoted        bool
 	header        string
 	onRetry       func(RetryEvent)
+	logger        *slog.Logger
 	maxBuffered   int64
 	maxDrain      int64
 	newKey        func() (string, error)
@@ -162,6 +164,11 @@ func WithKeyHeader(name string) Option {
 // WithOnRetry registers a function called before each wait, from the
 // goroutine running RoundTrip. It must not block for long.
 func WithOnRetry(f func(RetryEvent)) Option { return func(c *config) { c.onRetry = f } }
+
+// WithLogger makes the Transport log to l: each retry at Debug level, an
+// action that becomes outcome-unknown at Warn. Keys are logged; request
+// bodies and headers never are. The default logs nothing.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithMaxBufferedBody sets how much of a request body without GetBody is
 // buffered to be resent (default DefaultMaxBufferedBody).

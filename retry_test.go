@@ -1,9 +1,11 @@
 package idemretry_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -361,4 +363,20 @@ func uuidCheck(s string) error {
 		return errors.New("not a UUIDv4: " + s)
 	}
 	return nil
+}
+
+// WithLogger logs retries at Debug and an outcome-unknown action at Warn.
+func TestLogger(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, _, _ := newTestTransport(t, idemretry.WithLogger(logger), idemretry.WithKeyWindow(time.Minute),
+		idemretry.WithBackOff(constant(40*time.Second)))
+	_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:log"), srv.URL, "secret-body"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	out := buf.String()
+	assert.Contains(t, out, "level=DEBUG msg=\"idemretry: retrying\" action=pay:log")
+	assert.Contains(t, out, "level=WARN")
+	assert.NotContains(t, out, "secret-body")
 }

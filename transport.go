@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -225,6 +226,7 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		if rec.State == StatePending {
 			rec.State = StateUnknown
 			t.update(ctx, rec)
+			t.logUnknown(ctx, rec)
 		}
 		return fail(ErrKeyWindowExpired)
 	}
@@ -243,6 +245,14 @@ func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool 
 // reported.
 func (t *Transport) update(ctx context.Context, rec Record) {
 	_ = t.journal.Update(context.WithoutCancel(ctx), rec)
+}
+
+// logUnknown says that an action's outcome must now be reconciled by hand.
+func (t *Transport) logUnknown(ctx context.Context, rec Record) {
+	if t.cfg.logger != nil {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: key window ended, outcome unknown: reconcile the action",
+			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt))
+	}
 }
 
 // attempts sends req until the policy calls an outcome final or the retries
@@ -331,10 +341,17 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 		if a != nil && t.windowEnds(a.rec, now, wait) {
 			discard(resp, t.cfg.maxDrain)
 			finish(StateUnknown, 0)
+			t.logUnknown(ctx, a.rec)
 			return nil, fail(status, ErrKeyWindowExpired, err)
 		}
+		ev := RetryEvent{Action: actionID, Key: key, Attempt: prior + sent, Wait: wait, Status: status, Err: err}
 		if t.cfg.onRetry != nil {
-			t.cfg.onRetry(RetryEvent{Action: actionID, Key: key, Attempt: prior + sent, Wait: wait, Status: status, Err: err})
+			t.cfg.onRetry(ev)
+		}
+		if t.cfg.logger != nil {
+			t.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
+				slog.String("key", ev.Key), slog.Int("attempt", ev.Attempt), slog.Duration("wait", ev.Wait),
+				slog.Int("status", ev.Status), slog.Any("error", ev.Err))
 		}
 		discard(resp, t.cfg.maxDrain)
 		if a != nil && retry == 0 {
