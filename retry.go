@@ -93,10 +93,11 @@ func retryableError(err error) bool {
 	return true
 }
 
-// retryAfter returns the wait a 429 or 503 response asks for with its
-// Retry-After header, in delta-seconds or as an HTTP-date, and whether it
-// asked. A date in the past asks for no wait.
-func retryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
+// RetryAfter returns the wait a 429 or 503 response asks for with its
+// Retry-After header, in delta-seconds or as an HTTP-date relative to now,
+// and whether it asked. A date in the past asks for no wait; a malformed or
+// negative value, or another status, asks for nothing.
+func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 	if resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
 		return 0, false
 	}

@@ -329,7 +329,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 			return stop(ErrAttemptsExhausted)
 		}
 		now := t.cfg.clock.Now()
-		if ra, ok := retryAfter(resp, now); ok {
+		if ra, ok := RetryAfter(resp, now); ok {
 			if ra > t.cfg.maxRetryAfter {
 				return stop(ErrAttemptsExhausted) // resp is non-nil here
 			}
