@@ -105,7 +105,11 @@ func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && secs > 0 {
+		return maxDuration, true // more digits than int64: "a very long time"
+	}
+	if err == nil {
 		if secs < 0 {
 			return 0, false
 		}

@@ -380,3 +380,32 @@ func TestLogger(t *testing.T) {
 	assert.Contains(t, out, "level=WARN")
 	assert.NotContains(t, out, "secret-body")
 }
+
+func TestRetryAfterParsing(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	cases := []struct {
+		status int
+		value  string
+		want   time.Duration
+		ok     bool
+	}{
+		{429, "5", 5 * time.Second, true},
+		{503, " 0 ", 0, true},
+		{503, now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{503, now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{429, "99999999999999999999", 1<<63 - 1, true},
+		{429, "9223372036854775807", 1<<63 - 1, true},
+		{429, "-3", 0, false},
+		{429, "soon", 0, false},
+		{429, "", 0, false},
+		{500, "5", 0, false},
+	}
+	for _, c := range cases {
+		resp := &http.Response{StatusCode: c.status, Header: http.Header{"Retry-After": {c.value}}}
+		got, ok := idemretry.RetryAfter(resp, now)
+		assert.Equal(t, c.ok, ok, "%d %q", c.status, c.value)
+		assert.Equal(t, c.want, got, "%d %q", c.status, c.value)
+	}
+	_, ok := idemretry.RetryAfter(nil, now)
+	assert.False(t, ok)
+}
