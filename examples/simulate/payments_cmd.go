@@ -1,15 +1,158 @@
 package main
 
-// TEMPORARY stub, replaced by the payments scenario.
-
 import (
 	"context"
-	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idemretry/idemretry/examples/internal/payments"
 )
 
-func paymentsFlags(fs *flag.FlagSet) {}
+// paymentsOptions are the payments scenario's flags.
+type paymentsOptions struct {
+	clients, intents int
+	scale            float64
+	strategies       string
+	flavours         string
+	journals         string
+	matrix           bool
+}
 
+var payOpts paymentsOptions
+
+func paymentsFlags(fs *flag.FlagSet) {
+	def := payments.StormConfig(0)
+	fs.IntVar(&payOpts.clients, "pay-clients", def.Clients, "payments: client processes per run (size it up with this)")
+	fs.IntVar(&payOpts.intents, "pay-intents", def.Intents, "payments: payments each client makes, one after another")
+	fs.Float64Var(&payOpts.scale, "pay-scale", def.Scale, "payments: virtual time runs this many times faster than the wall clock; lower is slower and less noisy")
+	fs.StringVar(&payOpts.strategies, "pay-strategies", "all", "payments: backoff strategies, comma-separated (FullJitter,EqualJitter,Decorr,Exponential,None) or all")
+	fs.StringVar(&payOpts.flavours, "pay-flavours", "all", "payments: client flavours 1-4, comma-separated, or all")
+	fs.BoolVar(&payOpts.matrix, "pay-matrix", false, "payments: storm every flavour under every strategy (default: flavours 1-3 under the first strategy only, flavour 4 under all)")
+	fs.StringVar(&payOpts.journals, "pay-journals", "", "payments: keep flavour 4's file journals in a new directory under this one (default: a temporary directory, removed afterwards)")
+}
+
+// runPayments plays the storm phase (flavour 4 under every strategy, the
+// others under the first) and the restart phase (every flavour, first
+// strategy), prints both tables and draws flavour 4's request rate per
+// strategy.
 func runPayments(ctx context.Context, c common) error {
-	return errors.New("payments scenario not implemented yet")
+	strategies, err := payments.ParseStrategies(payOpts.strategies)
+	if err != nil {
+		return err
+	}
+	flavours, err := payments.ParseFlavours(payOpts.flavours)
+	if err != nil {
+		return err
+	}
+	// The real file journal on the real disk: each client process gets its
+	// own directory, fresh for this invocation (an old journal would hold
+	// keys for another server's URL), and keeps it across its restarts.
+	journals, err := os.MkdirTemp(payOpts.journals, "idemretry-payments-")
+	if err != nil {
+		return err
+	}
+	if payOpts.journals == "" {
+		defer os.RemoveAll(journals)
+	}
+
+	size := func(cfg payments.Config) payments.Config {
+		cfg.Clients, cfg.Intents, cfg.Scale = payOpts.clients, payOpts.intents, payOpts.scale
+		if cfg.Crashers > 0 { // the restart phase kills a fifth of the clients
+			cfg.Crashers = max(1, cfg.Clients/5)
+		}
+		return cfg
+	}
+	var storm, restart []payments.Config
+	for _, f := range flavours {
+		// The key handling, not the backoff, is what sets flavours 1-3 apart:
+		// one strategy each is enough unless asked for the full matrix.
+		ss := strategies
+		if f != payments.FileJournal && !payOpts.matrix {
+			ss = strategies[:1]
+		}
+		for _, s := range ss {
+			cfg := size(payments.StormConfig(c.Seed))
+			cfg.Flavour, cfg.Strategy = f, s
+			cfg.JournalDir = filepath.Join(journals, fmt.Sprintf("storm-%d-%s", f, s.Name))
+			storm = append(storm, cfg)
+		}
+		cfg := size(payments.RestartConfig(c.Seed))
+		cfg.Flavour, cfg.Strategy = f, strategies[0]
+		cfg.JournalDir = filepath.Join(journals, fmt.Sprintf("restart-%d", f))
+		restart = append(restart, cfg)
+	}
+
+	start := time.Now()
+	prog := newPaymentsProgress(c, len(storm)+len(restart))
+	run := func(cfgs []payments.Config) ([]*payments.Result, error) {
+		var out []*payments.Result
+		for _, cfg := range cfgs {
+			prog.describe(fmt.Sprintf("payments %s / %s", cfg.Flavour, cfg.Strategy.Name))
+			res, err := payments.Play(ctx, cfg)
+			if err != nil {
+				return nil, fmt.Errorf("payments %s / %s: %w", cfg.Flavour, cfg.Strategy.Name, err)
+			}
+			prog.add()
+			if res.Plays > 1 || res.Disturbed() {
+				fmt.Fprintf(c.Stderr, "payments %s / %s: the machine froze a play for more than %v of virtual time; played %d times (last play's longest freeze: %v)\n",
+					cfg.Flavour, cfg.Strategy.Name, res.StallLimit, res.Plays, res.Stall.Round(time.Millisecond))
+			}
+			out = append(out, res)
+		}
+		return out, nil
+	}
+	stormRes, err := run(storm)
+	if err != nil {
+		return err
+	}
+	restartRes, err := run(restart)
+	if err != nil {
+		return err
+	}
+	prog.finish(time.Since(start))
+
+	def := storm[0]
+	title := fmt.Sprintf("payments, storm: %d clients x %d payments; answers lost after commit (%.0f%%), charges slower than the client's %v timeout (%.0f%%), outage %v-%v (fast 503s) then %v warm-up, capacity %d (429 + Retry-After: 1)",
+		def.Clients, def.Intents, 100*def.DropRate, def.AttemptTimeout, 100*def.SlowRate,
+		def.Outage.Start, def.Outage.End, def.Outage.WarmUp, def.Capacity)
+	if err := payments.WriteTable(c.Stdout, title, stormRes); err != nil {
+		return err
+	}
+	rdef := restart[0]
+	fmt.Fprintln(c.Stdout)
+	title = fmt.Sprintf("payments, restart: no faults; %d clients killed once right after the server committed one of their payments, restarted %v later, re-issue what is unconfirmed (%s)",
+		rdef.Crashers, rdef.RestartDelay, rdef.Strategy.Name)
+	if err := payments.WriteTable(c.Stdout, title, restartRes); err != nil {
+		return err
+	}
+	for _, r := range restartRes {
+		if r.Flavour == payments.FileJournal {
+			fmt.Fprintf(c.Stdout, "flavour 4: its restarted processes found %d unfinished actions in their journals and resent them under their old keys.\n", r.Resumed)
+		}
+	}
+	fmt.Fprintf(c.Stdout, "All times are virtual (the clock runs %gx faster than the wall clock).\n", def.Scale)
+
+	var plotted []*payments.Result
+	for _, r := range stormRes {
+		if r.Flavour == payments.FileJournal {
+			plotted = append(plotted, r)
+		}
+	}
+	if len(plotted) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(c.OutDir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(c.OutDir, "payments_requests.png")
+	if err := payments.WritePlot(path, fmt.Sprintf(
+		"idemretry + file journal, requests per 10 ms reaching the server, by backoff strategy (red: outage, fast 503s; orange: warm-up, more than %d in flight shed with 503)",
+		def.WarmCapacity), plotted); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.Stdout, "Plot: %s\n", path)
+	return nil
 }

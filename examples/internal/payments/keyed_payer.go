@@ -1,0 +1,83 @@
+package payments
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemretry/idemretry"
+)
+
+// keyedPayer is flavours 3 and 4: the idemretry Transport, one action per
+// intent. They differ only in the journal: memory (3) or file (4).
+type keyedPayer struct {
+	base      *http.Transport
+	transport *idemretry.Transport
+	client    *http.Client
+	memory    *idemretry.MemoryJournal // flavour 3 only
+	url, name string
+}
+
+// newKeyedPayer starts one client process. For FileJournal, dir is the
+// process's journal directory, the same across its restarts.
+func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration) (*keyedPayer, error) {
+	p := &keyedPayer{base: newBase(clk, attemptTimeout), url: url + ChargesPath, name: name}
+	opts := []idemretry.Option{
+		idemretry.WithClock(clk),
+		idemretry.WithBackOff(func() backoff.BackOff { return s.New(r) }),
+	}
+	if f == MemoryKey {
+		p.memory = idemretry.NewMemoryJournal()
+		opts = append(opts, idemretry.WithJournal(p.memory))
+	} else {
+		// The Transport opens and owns the file journal; its expiry runs on
+		// the same virtual clock as the keys' creation times.
+		opts = append(opts, idemretry.WithJournalDir(dir, idemretry.WithJournalClock(clk.Now)))
+	}
+	t, err := idemretry.NewTransport(p.base, opts...)
+	if err != nil {
+		return nil, err
+	}
+	p.transport, p.client = t, &http.Client{Transport: t}
+	return p, nil
+}
+
+func (p *keyedPayer) pay(ctx context.Context, in *Intent) bool {
+	ctx = idemretry.WithAction(ctx, in.actionID())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(in.body))
+	if err != nil {
+		return false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(ClientHeader, p.name)
+	resp, err := p.client.Do(req)
+	ok := success(resp, err)
+	drain(resp)
+	return ok
+}
+
+// unfinished lists the actions the journal still holds as pending: after a
+// restart, what the process must resume.
+func (p *keyedPayer) unfinished(ctx context.Context) ([]idemretry.Record, error) {
+	return p.transport.Journal().Unfinished(ctx)
+}
+
+// crash lets go of everything without marking any action done. The file
+// journal is closed because a dying process releases its lock; the memory
+// journal simply vanishes with the process.
+func (p *keyedPayer) crash() {
+	p.transport.Close()
+	p.base.CloseIdleConnections()
+}
+
+func (p *keyedPayer) close() error {
+	err := p.transport.Close()
+	if p.memory != nil {
+		p.memory.Close()
+	}
+	p.base.CloseIdleConnections()
+	return err
+}
