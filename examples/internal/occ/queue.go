@@ -36,8 +36,8 @@ func (q *queue) reset() {
 
 func (q *queue) len() int { return len(q.ev) }
 
-func (q *queue) less(i, j int) bool {
-	a, b := &q.ev[i], &q.ev[j]
+// before is the heap's order: by time, then by scheduling order.
+func before(a, b *event) bool {
 	if a.at != b.at {
 		return a.at < b.at
 	}
@@ -52,35 +52,57 @@ func (q *queue) push(e event) {
 	i := len(q.ev) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if !q.less(i, p) {
+		if !before(&e, &q.ev[p]) {
 			break
 		}
-		q.ev[i], q.ev[p] = q.ev[p], q.ev[i]
+		q.ev[i] = q.ev[p]
 		i = p
 	}
+	q.ev[i] = e
 }
 
-// pop removes and returns the earliest event. The queue must not be empty.
-func (q *queue) pop() event {
-	top := q.ev[0]
+// top returns the earliest event without removing it. The queue must not
+// be empty.
+func (q *queue) top() event { return q.ev[0] }
+
+// pop removes the earliest event.
+func (q *queue) pop() {
 	last := len(q.ev) - 1
 	q.ev[0] = q.ev[last]
 	q.ev = q.ev[:last]
+	if last > 0 {
+		q.down()
+	}
+}
+
+// replaceTop removes the earliest event and schedules e, as pop then push
+// would, at half the cost: almost every event the model handles causes
+// exactly one more, and the heap is most of the model's time.
+func (q *queue) replaceTop(e event) {
+	e.seq = q.seq
+	q.seq++
+	q.ev[0] = e
+	q.down()
+}
+
+// down moves the top event down to its place.
+func (q *queue) down() {
+	n := len(q.ev)
+	e := q.ev[0]
 	i := 0
 	for {
-		l := 2*i + 1
-		if l >= last {
+		m := 2*i + 1
+		if m >= n {
 			break
 		}
-		m := l
-		if r := l + 1; r < last && q.less(r, l) {
+		if r := m + 1; r < n && before(&q.ev[r], &q.ev[m]) {
 			m = r
 		}
-		if !q.less(m, i) {
+		if !before(&q.ev[m], &e) {
 			break
 		}
-		q.ev[i], q.ev[m] = q.ev[m], q.ev[i]
+		q.ev[i] = q.ev[m]
 		i = m
 	}
-	return top
+	q.ev[i] = e
 }

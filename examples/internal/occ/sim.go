@@ -50,7 +50,7 @@ func (s *Sim) Run(n int, st Strategy, r *rand.Rand, onCall func(at float64)) Res
 	var version int64 // the row's version, held by the server
 	var res Result
 	for s.q.len() > 0 {
-		e := s.q.pop()
+		e := s.q.top()
 		next := event{client: e.client}
 		switch e.kind {
 		case readAtServer:
@@ -69,16 +69,18 @@ func (s *Sim) Run(n int, st Strategy, r *rand.Rand, onCall func(at float64)) Res
 			}
 		case writeAtClient:
 			if e.val == 1 {
-				// Done. Events pop in time order, so the last success
-				// popped is the completion time.
+				// Done. Events leave in time order, so the last success
+				// is the completion time.
 				res.Time = e.at
+				s.q.pop()
 				continue
 			}
 			// The retry's read leaves after the backoff and then travels.
 			wait := s.backoffs[e.client].NextBackOff()
 			next.at, next.kind = e.at+hop()+ms(wait), readAtServer
 		}
-		s.q.push(next)
+		// Every other event causes exactly one more for the same client.
+		s.q.replaceTop(next)
 	}
 	return res
 }
