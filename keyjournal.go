@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemretry/idemretry/internal/journal"
 )
 
 // Journal is where a Transport keeps each action's Idempotency-Key, so that
@@ -122,3 +124,39 @@ var (
 	// ErrActionNotFound: the journal holds no record of the action.
 	ErrActionNotFound = errors.New("idemretry: action not found in journal")
 )
+
+// Errors of the file journal (OpenJournal, FileJournal), wrapped; test them
+// with errors.Is.
+var (
+	// ErrJournalLocked: another owner, in this process or another one,
+	// holds the journal directory's lock. OpenJournal returns it at once,
+	// or after the wait set with WithJournalLockWait. A process that dies
+	// releases its lock, however it dies.
+	ErrJournalLocked = journal.ErrLocked
+	// ErrJournalCorrupt: acknowledged data or the file header is damaged.
+	// The error is a *CorruptionError naming the file and offset. Nothing
+	// was changed on disk. Reopen with WithJournalSalvage to skip the
+	// damaged frames (their records are lost and reported), or move the
+	// directory away to start afresh.
+	ErrJournalCorrupt = journal.ErrCorrupt
+	// ErrJournalIncompatible: the journal was written by an unknown major
+	// version of the format, or with the other WithHashedActionIDs setting.
+	ErrJournalIncompatible = journal.ErrIncompatible
+	// ErrJournalInvalidRecord: a record cannot be stored: an empty action id
+	// or one over MaxJournalActionID bytes, a key that is neither a UUID nor
+	// 1-255 visible ASCII characters, a state other than the three States,
+	// or a negative or out-of-range Attempts or Status.
+	ErrJournalInvalidRecord = journal.ErrInvalidRecord
+)
+
+// CorruptionError describes damage found when opening a file journal: Path
+// and Offset of the damaged range, its Length, the sequence numbers of the
+// frames lost in it (FirstLostSeq, LastLostSeq; both 0 for a damaged file
+// header) and a Reason. It matches ErrJournalCorrupt with errors.Is. It is
+// returned by OpenJournal, and listed in JournalRecovery.Salvaged for
+// ranges a salvage skipped.
+type CorruptionError = journal.CorruptionError
+
+// MaxJournalActionID is the longest action id, in bytes, that a FileJournal
+// stores (hashed ids are always 32 bytes).
+const MaxJournalActionID = journal.MaxIDLen

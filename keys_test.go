@@ -307,3 +307,35 @@ func TestUnknownSurvivesClockJumpBack(t *testing.T) {
 	reqs := srv.seen()
 	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key, "after Forget, a new key")
 }
+
+// The file journal the Transport opens keeps done records for the whole key
+// window, even one longer than the journal's default retention.
+func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
+	srv := newPayServer(t)
+	clk := newFakeClock()
+	dir := t.TempDir()
+	open := func() *idemretry.Transport {
+		tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir),
+			idemretry.WithClock(clk), idemretry.WithKeyWindow(96*time.Hour))
+		require.NoError(t, err)
+		return tr
+	}
+	ctx := idemretry.WithAction(context.Background(), "pay:long-window")
+	tr := open()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.NoError(t, tr.Close())
+
+	clk.Advance(idemretry.DefaultJournalRetention + 24*time.Hour) // past the journal's default, inside the window
+	tr = open()
+	defer tr.Close()
+	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	assert.True(t, idemretry.IsReplay(resp))
+	readAll(t, resp)
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 2)
+	assert.Equal(t, keys[0], keys[1])
+	assert.Equal(t, 1, srv.chargeCount())
+}

@@ -65,10 +65,18 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		if dir == "" {
 			var err error
 			if dir, err = DefaultJournalDir(); err != nil {
-				return nil, fmt.Errorf("idemretry: default journal directory: %w", err)
+				return nil, err
 			}
 		}
-		j, err := OpenJournal(dir, cfg.journalOpts...)
+		// Done records must outlive the key window, whatever its length, or
+		// a repeat within the window would get a new key; and expiry must
+		// read the same clock as the window. The caller's options come
+		// after, and win.
+		opts := append([]JournalOption{
+			WithJournalRetention(cfg.keyWindow + DefaultJournalGrace),
+			WithJournalClock(cfg.clock.Now),
+		}, cfg.journalOpts...)
+		j, err := OpenJournal(dir, opts...)
 		if err != nil {
 			return nil, err
 		}

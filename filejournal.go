@@ -1,0 +1,260 @@
+package idemretry
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/idemretry/idemretry/internal/journal"
+)
+
+// FileJournal is the file-backed Journal that NewClient and NewTransport use
+// by default. It keeps, per action, the action id (or its SHA-256, see
+// WithHashedActionIDs), the key (16 bytes for a UUID), the request
+// fingerprint, the creation time, the state, the attempt count and the final
+// status: about 80-95 bytes on disk and about 150 bytes of memory per
+// record. Never a body, a header or a credential.
+//
+// A record that Reserve creates is on disk, synced, when Reserve returns;
+// concurrent Reserves share one write and one sync (group commit). Updates
+// are written lazily: with the next Reserve or Forget, within
+// DefaultJournalFlushInterval, or at Close; losing one to a crash costs at
+// most one harmless retry under the same key.
+//
+// If a write or sync fails, the journal stops: every later call returns an
+// error wrapping ErrJournalClosed and the cause (a failed sync may have
+// lost data that no retry on the same file could confirm). Reopen it to
+// recover from what is on disk.
+//
+// A FileJournal is safe for concurrent use. Only one FileJournal can be open
+// on a directory at a time, in this process or any other: see
+// ErrJournalLocked. Close it when done; the Transport closes the journal it
+// opened itself.
+type FileJournal struct {
+	s        *journal.Store
+	dir      string
+	hashed   bool
+	recovery JournalRecovery
+}
+
+var _ Journal = (*FileJournal)(nil)
+
+// JournalRecovery says what OpenJournal found on disk and did about it.
+type JournalRecovery struct {
+	// Records is the number of live records loaded.
+	Records int
+	// TornTail: the journal ended in a partly written frame, left by a crash
+	// during a write. Its TornBytes bytes from TornOffset were copied to the
+	// file TornCopy and cut off. They held no acknowledged record: a
+	// record is acknowledged only after the sync that follows its write.
+	TornTail   bool
+	TornOffset int64
+	TornBytes  int64
+	TornCopy   string
+	// Salvaged lists the damaged ranges that WithJournalSalvage skipped:
+	// their records are lost. The damaged file was copied to CorruptCopy.
+	Salvaged    []*CorruptionError
+	CorruptCopy string
+	// AdoptedTemp: a compaction crashed after writing its complete output
+	// but before putting it in place; OpenJournal finished it. RemovedTemp:
+	// an incomplete or superseded compaction output was removed.
+	AdoptedTemp, RemovedTemp bool
+	// Compacted: OpenJournal rewrote the journal without its dead records.
+	Compacted bool
+}
+
+// OpenJournal opens the file journal in dir, creating the directory (mode
+// 0700) and its files (mode 0600) if needed, and recovers it: a torn tail
+// left by a crash is set aside and cut off (see FileJournal.Recovery).
+// The caller must Close the journal.
+//
+// Errors wrap ErrJournalLocked if another owner holds the directory (see
+// WithJournalLockWait); a *CorruptionError (ErrJournalCorrupt) if
+// acknowledged data is damaged, in which case nothing is changed on disk
+// (see WithJournalSalvage); ErrJournalIncompatible for a journal of an
+// unknown format version or the other WithHashedActionIDs setting; or the
+// file system's error.
+func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
+	c := defaultJournalConfig()
+	for _, o := range opts {
+		o(&c)
+	}
+	s, rep, err := journal.Open(dir, journal.Options{
+		Now:             c.now,
+		Retention:       c.retention,
+		LockWait:        c.lockWait,
+		HashedIDs:       c.hashed,
+		Salvage:         c.salvage,
+		FlushInterval:   c.flushEvery,
+		CompactMinBytes: c.compactMin,
+		ErrClosed:       ErrJournalClosed,
+		ErrNotFound:     ErrActionNotFound,
+		Hooks:           c.hooks,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: open journal %s: %w", dir, err)
+	}
+	return &FileJournal{s: s, dir: dir, hashed: c.hashed, recovery: JournalRecovery{
+		Records:     rep.Records,
+		TornTail:    rep.TornTail,
+		TornOffset:  rep.TornOffset,
+		TornBytes:   rep.TornBytes,
+		TornCopy:    rep.TornCopy,
+		Salvaged:    rep.Salvaged,
+		CorruptCopy: rep.CorruptCopy,
+		AdoptedTemp: rep.AdoptedTemp,
+		RemovedTemp: rep.RemovedTemp,
+		Compacted:   rep.Compacted,
+	}}, nil
+}
+
+// Dir returns the journal's directory.
+func (j *FileJournal) Dir() string { return j.dir }
+
+// Recovery returns what OpenJournal found and did.
+func (j *FileJournal) Recovery() JournalRecovery { return j.recovery }
+
+const hashedPrefix = "sha256:"
+
+// storedID is the id as the journal keys it.
+func (j *FileJournal) storedID(actionID string) string {
+	if !j.hashed {
+		return actionID
+	}
+	sum := sha256.Sum256([]byte(actionID))
+	return string(sum[:])
+}
+
+func toEntry(id string, rec Record) (journal.Entry, error) {
+	if rec.Attempts < 0 || int64(rec.Attempts) > math.MaxUint32 {
+		return journal.Entry{}, fmt.Errorf("%w: attempts %d", ErrJournalInvalidRecord, rec.Attempts)
+	}
+	if rec.Status < 0 || rec.Status > math.MaxUint16 {
+		return journal.Entry{}, fmt.Errorf("%w: status %d", ErrJournalInvalidRecord, rec.Status)
+	}
+	return journal.Entry{
+		ID:          id,
+		Key:         rec.Key,
+		Fingerprint: rec.Fingerprint,
+		CreatedMs:   rec.CreatedAt.UnixMilli(),
+		State:       uint8(rec.State),
+		Attempts:    uint32(rec.Attempts),
+		Status:      uint16(rec.Status),
+	}, nil
+}
+
+func fromEntry(actionID string, e journal.Entry) Record {
+	return Record{
+		ActionID:    actionID,
+		Key:         e.Key,
+		Fingerprint: e.Fingerprint,
+		CreatedAt:   time.UnixMilli(e.CreatedMs),
+		State:       State(e.State),
+		Attempts:    int(e.Attempts),
+		Status:      int(e.Status),
+	}
+}
+
+// Reserve implements Journal. A record it creates is synced to disk before
+// it returns; so is a returned record that another goroutine is still
+// creating (Reserve waits for it). A StateDone record older than the
+// retention (WithJournalRetention) counts as absent. CreatedAt is kept to
+// the millisecond. If ctx ends while Reserve waits for the sync, it returns
+// ctx's error; the record may still become durable, and a later Reserve
+// returns it.
+func (j *FileJournal) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Record, bool, error) {
+	e, err := toEntry(j.storedID(rec.ActionID), rec)
+	if err != nil {
+		return Record{}, false, err
+	}
+	got, created, err := j.s.Reserve(ctx, e, mode == ReusePending)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("idemretry: journal reserve %q: %w", rec.ActionID, err)
+	}
+	return fromEntry(rec.ActionID, got), created, nil
+}
+
+// Update implements Journal. The change is written lazily (see FileJournal);
+// Sync waits for it.
+func (j *FileJournal) Update(ctx context.Context, rec Record) error {
+	e, err := toEntry(j.storedID(rec.ActionID), rec)
+	if err != nil {
+		return err
+	}
+	if err := j.s.Update(e.ID, e.State, e.Attempts, e.Status); err != nil {
+		return fmt.Errorf("idemretry: journal update %q: %w", rec.ActionID, err)
+	}
+	return nil
+}
+
+// Unfinished implements Journal. With WithHashedActionIDs, each ActionID is
+// "sha256:" and the hex digest of the original id.
+func (j *FileJournal) Unfinished(ctx context.Context) ([]Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	es, err := j.s.Unfinished()
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: journal unfinished: %w", err)
+	}
+	out := make([]Record, len(es))
+	for i, e := range es {
+		id := e.ID
+		if j.hashed {
+			id = hashedPrefix + hex.EncodeToString([]byte(e.ID))
+		}
+		out[i] = fromEntry(id, e)
+	}
+	return out, nil
+}
+
+// Forget implements Journal: it returns once the removal is synced. With
+// WithHashedActionIDs it accepts the original id or the "sha256:..." form
+// that Unfinished returns.
+func (j *FileJournal) Forget(ctx context.Context, actionID string) error {
+	ids := []string{j.storedID(actionID)}
+	if h, ok := strings.CutPrefix(actionID, hashedPrefix); ok && j.hashed {
+		if sum, err := hex.DecodeString(h); err == nil && len(sum) == sha256.Size {
+			ids = append(ids, string(sum))
+		}
+	}
+	for _, id := range ids {
+		if err := j.s.Forget(ctx, id); err != nil {
+			return fmt.Errorf("idemretry: journal forget %q: %w", actionID, err)
+		}
+	}
+	return nil
+}
+
+// Sync waits until every Update made so far is on disk.
+func (j *FileJournal) Sync(ctx context.Context) error {
+	if err := j.s.Sync(ctx); err != nil {
+		return fmt.Errorf("idemretry: journal sync: %w", err)
+	}
+	return nil
+}
+
+// Compact rewrites the journal now, without its forgotten and expired
+// records (it also happens by itself when the file is mostly dead records,
+// and at OpenJournal). Reserves wait while it runs.
+func (j *FileJournal) Compact(ctx context.Context) error {
+	if err := j.s.Compact(ctx); err != nil {
+		return fmt.Errorf("idemretry: journal compact: %w", err)
+	}
+	return nil
+}
+
+// Close implements Journal: it writes and syncs pending updates, stops the
+// journal's goroutine, closes its file and releases its lock. It returns the
+// error of that last write, or the one that stopped the journal earlier.
+// Calling it again returns nil.
+func (j *FileJournal) Close() error {
+	if err := j.s.Close(); err != nil {
+		return fmt.Errorf("idemretry: journal close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+// Package journal is the file-backed key journal behind idemretry's
+// FileJournal: its on-disk format, recovery, group committer and compaction.
+//
+// # Layout
+//
+//	<dir>/LOCK          never renamed; locked (internal/lockfile) while open
+//	<dir>/journal       the active file
+//	<dir>/journal.tmp   exists only during a compaction
+//	<dir>/journal.torn.*     torn tails cut off by recovery (a few newest kept)
+//	<dir>/journal.corrupt.*  whole files set aside by a salvage (a few kept)
+//
+// # Format, version 1
+//
+// A 32-byte file header (magic, version, flags, a random 32-bit generation,
+// the sequence number of the first frame, a CRC32C of the header), then one
+// frame per group-commit batch:
+//
+//	masked CRC32C (4) | payload length (4) | sequence (8) | payload
+//
+// The CRC is Castagnoli, seeded with the file's generation (so a frame left
+// over from an older file never validates in a newer one) and covers length,
+// sequence and payload; it is masked as LevelDB does so that a CRC of data
+// holding CRCs is not degenerate. Sequences rise by one per frame and continue
+// across compactions. A payload is a record count then records (see
+// record.go): full-state upserts, deletes (Forget), the end of a compaction
+// snapshot (its record count and the clock), and the clock's high-water mark.
+// Replaying full-state upserts is idempotent, which lets a compaction
+// snapshot and later appends overlap harmlessly.
+//
+// # The rule recovery relies on
+//
+// The committer never writes frame s+1 before the sync of frame s returned.
+// So a damaged frame followed, anywhere later, by a valid frame with sequence
+// >= s+2 must have been synced and acknowledged: that is corruption of
+// acknowledged data, and opening fails with a *CorruptionError unless salvage
+// was asked for. A damaged frame with nothing valid after it is a torn tail
+// (a crash during its write): it is copied aside, cut off and synced. A
+// damaged final frame cannot be told from a torn write; like etcd, LevelDB,
+// RocksDB and SQLite, recovery treats it as torn. Its records were never
+// acknowledged, because acknowledgement follows the sync.
+//
+// # Where this departs from JOURNAL.md, and why
+//
+//   - Expiry drops only done records. Pending and unknown ones are kept until
+//     Forget: dropping one would let the transport mint a new key for an
+//     action whose outcome is unknown.
+//   - The clock's high-water mark is persisted (with batches and in
+//     snapshots), so a clock set back, even across a restart, revives no
+//     expired record.
+//   - A torn tail's bytes are copied aside, not the whole file: torn tails
+//     follow any crash during a write, and copying a large journal each time
+//     would be costly. A salvage copies the whole damaged file.
+//   - The end record holds the snapshot's record count and clock; its last
+//     sequence is implicit (the end record's own frame).
+//   - Open reads the whole file into memory to verify and replay it (about
+//     75 bytes per record: 75 MB for 1M records, for the duration of Open).
+//   - A batch larger than MaxPayload is written as several frames, each
+//     synced before the next is written, to keep the rule above.
+package journal

@@ -1,0 +1,270 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemretry/idemretry/internal/lockfile"
+)
+
+// Report says what Open found and did.
+type Report struct {
+	// Records is the number of live records loaded.
+	Records int
+	// TornTail: the file ended in a partly written frame (a crash during a
+	// write). TornBytes bytes from TornOffset were copied to TornCopy and cut
+	// off. They held no acknowledged record.
+	TornTail   bool
+	TornOffset int64
+	TornBytes  int64
+	TornCopy   string
+	// Salvaged lists the damaged ranges skipped because Options.Salvage was
+	// set; their records are lost. The damaged file was copied to
+	// CorruptCopy and the journal rewritten without them.
+	Salvaged    []*CorruptionError
+	CorruptCopy string
+	// AdoptedTemp: a compaction had completed journal.tmp but crashed
+	// before its rename; Open finished it. RemovedTemp: a leftover
+	// journal.tmp was removed (the journal itself was complete).
+	AdoptedTemp, RemovedTemp bool
+	// Compacted: Open rewrote the journal (it was mostly dead records,
+	// expired records, or salvaged).
+	Compacted bool
+}
+
+// Open opens (creating it if needed, with mode 0700) the journal in dir,
+// takes its lock, recovers the file and starts the committer. The caller
+// must Close the Store.
+//
+// Errors: one wrapping ErrLocked if another owner holds the lock after
+// Options.LockWait; a *CorruptionError (ErrCorrupt) for a damaged header or
+// damaged acknowledged frames without Options.Salvage; one wrapping
+// ErrIncompatible for an unknown format version or a HashedIDs mismatch.
+func Open(dir string, opts Options) (*Store, Report, error) {
+	if err := opts.fill(); err != nil {
+		return nil, Report{}, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, Report{}, fmt.Errorf("journal: %w", err)
+	}
+	lk, err := lockfile.Acquire(filepath.Join(dir, lockName), opts.LockWait)
+	if err != nil {
+		return nil, Report{}, err
+	}
+	s := &Store{
+		opts:      opts,
+		dir:       dir,
+		path:      filepath.Join(dir, journalName),
+		lock:      lk,
+		custom:    make(map[string]string),
+		inflight:  make(map[string]*batch),
+		cur:       newBatch(),
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		compactCh: make(chan chan error),
+	}
+	rep, err := s.recover()
+	if err == nil && s.poison != nil {
+		err = s.poison
+	}
+	if err != nil {
+		if s.f != nil {
+			_ = s.f.Close()
+		}
+		_ = lk.Release()
+		return nil, rep, err
+	}
+	rep.Records = len(s.m)
+	s.sizeSeen = s.size
+	go s.run()
+	return s, rep, nil
+}
+
+func (s *Store) recover() (Report, error) {
+	var rep Report
+	tmpPath := filepath.Join(s.dir, tmpName)
+	_, jerr := os.Stat(s.path)
+	missing := errors.Is(jerr, fs.ErrNotExist)
+	if jerr != nil && !missing {
+		return rep, fmt.Errorf("journal: %w", jerr)
+	}
+	tdata, terr := os.ReadFile(tmpPath)
+	switch {
+	case terr == nil && missing && snapshotComplete(tdata, tmpPath):
+		if err := os.Rename(tmpPath, s.path); err != nil {
+			return rep, fmt.Errorf("journal: adopt %s: %w", tmpPath, err)
+		}
+		if err := syncDir(s.dir); err != nil {
+			return rep, fmt.Errorf("journal: %w", err)
+		}
+		rep.AdoptedTemp, missing = true, false
+	case terr == nil:
+		if err := os.Remove(tmpPath); err != nil {
+			return rep, fmt.Errorf("journal: %w", err)
+		}
+		rep.RemovedTemp = true
+	case !errors.Is(terr, fs.ErrNotExist):
+		return rep, fmt.Errorf("journal: %w", terr)
+	}
+
+	s.m = make(map[string]slot)
+	if missing {
+		// A new journal is created like a compaction's output, so that a
+		// journal file, once it exists, always has a complete header.
+		s.nextSeq = 1
+		s.high = s.opts.Now().UnixMilli()
+		return rep, s.writeSnapshot(nil, s.high)
+	}
+
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return rep, fmt.Errorf("journal: %w", err)
+	}
+	s.m = make(map[string]slot, len(data)/96)
+	res, err := scan(data, s.path, s.opts.Salvage, s.applyFrame)
+	if err != nil {
+		return rep, err
+	}
+	if hashed := res.hdr.flags&flagHashedIDs != 0; hashed != s.opts.HashedIDs {
+		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", ErrIncompatible, s.path, hashed)
+	}
+	s.gen, s.nextSeq, s.size = res.hdr.gen, res.lastSeq+1, int64(res.end)
+	s.savedHigh = s.high
+
+	if res.torn {
+		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), int64(len(data)-res.end)
+		// Only the tail is copied aside, not the whole file as etcd does:
+		// torn tails follow every crash during a write, and the tail is
+		// all a post-mortem needs.
+		if rep.TornCopy, err = s.copyAside(tornPrefix, data[res.end:]); err != nil {
+			return rep, err
+		}
+		if err := truncate(s.path, int64(res.end)); err != nil {
+			return rep, fmt.Errorf("journal: cut torn tail: %w", err)
+		}
+	}
+	if len(res.salvaged) > 0 {
+		rep.Salvaged = res.salvaged
+		if rep.CorruptCopy, err = s.copyAside(corruptPref, data); err != nil {
+			return rep, err
+		}
+	}
+
+	if s.f, err = s.openActive(); err != nil {
+		return rep, fmt.Errorf("journal: %w", err)
+	}
+	now, dead := s.now(), 0
+	for id, sl := range s.m {
+		if s.expired(&sl, now) {
+			s.del(id)
+			dead++
+		}
+	}
+	switch {
+	case len(res.salvaged) > 0:
+		// The damage must not stay in the file, or every later open
+		// would need salvage again.
+		if err := s.compact(); err != nil {
+			return rep, err
+		}
+		rep.Compacted = true
+	case s.needsCompaction() || (dead > 0 && s.size > s.opts.CompactMinBytes):
+		// Optional: a failure before the rename leaves the journal as it
+		// was; one after it poisons the Store, which Open reports.
+		rep.Compacted = s.compact() == nil
+	}
+	return rep, nil
+}
+
+// applyFrame replays one frame into the index.
+func (s *Store) applyFrame(_ uint64, payload []byte) error {
+	return decodePayload(payload, func(o *op) error {
+		switch o.kind {
+		case opUpsert:
+			s.put(&o.r)
+			s.high = max(s.high, o.r.created)
+		case opDelete:
+			s.del(o.r.id)
+		case opEnd, opClock:
+			s.high = max(s.high, o.clock)
+		}
+		return nil
+	})
+}
+
+// snapshotComplete reports whether data is a whole compaction output: every
+// frame valid, ending with an end record that counts the records before it.
+func snapshotComplete(data []byte, path string) bool {
+	var n uint64
+	ended := false
+	res, err := scan(data, path, false, func(_ uint64, p []byte) error {
+		return decodePayload(p, func(o *op) error {
+			switch o.kind {
+			case opUpsert:
+				n++
+				ended = false
+			case opEnd:
+				ended = o.count == n
+			default:
+				ended = false
+			}
+			return nil
+		})
+	})
+	return err == nil && !res.torn && res.end == len(data) && ended
+}
+
+// copyAside writes data to a new file named prefix+time in the directory,
+// syncs it, and removes the oldest such copies beyond MaxAsideCopies.
+func (s *Store) copyAside(prefix string, data []byte) (string, error) {
+	name := filepath.Join(s.dir, prefix+time.Now().UTC().Format("20060102T150405.000000000"))
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("journal: copy aside: %w", err)
+	}
+	_, werr := f.Write(data)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return "", fmt.Errorf("journal: copy aside: %w", werr)
+	}
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return name, nil
+	}
+	var copies []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			copies = append(copies, e.Name())
+		}
+	}
+	slices.Sort(copies) // timestamps sort in time order
+	for len(copies) > s.opts.MaxAsideCopies {
+		_ = os.Remove(filepath.Join(s.dir, copies[0]))
+		copies = copies[1:]
+	}
+	return name, syncDir(s.dir)
+}
+
+func truncate(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if err == nil {
+		err = datasync(f)
+	}
+	return errors.Join(err, f.Close())
+}

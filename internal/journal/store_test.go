@@ -1,0 +1,323 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestReopenKeepsRecords(t *testing.T) {
+	base := runtime.NumGoroutine()
+	dir := t.TempDir()
+	s, rep := mustOpen(t, dir, testOpts())
+	assert.Equal(t, 0, rep.Records)
+	a := reserve(t, s, entry("a"))
+	custom := entry("b")
+	custom.Key = "order-42/attempt~1"
+	b := reserve(t, s, custom)
+	require.NoError(t, s.Update("a", StateDone, 3, 201))
+	require.NoError(t, s.Close())
+	waitGoroutines(t, base)
+
+	s, rep = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	assert.Equal(t, 2, rep.Records)
+	got, ok, err := s.Get("a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	a.State, a.Attempts, a.Status = StateDone, 3, 201
+	assert.Equal(t, a, got)
+	got, ok, _ = s.Get("b")
+	require.True(t, ok)
+	assert.Equal(t, b, got)
+	assert.Equal(t, "order-42/attempt~1", got.Key)
+
+	fi, err := os.Stat(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	if runtime.GOOS != "windows" {
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+		di, err := os.Stat(dir)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o700), di.Mode().Perm()&0o700)
+	}
+}
+
+func TestInvalidRecords(t *testing.T) {
+	s, _ := mustOpen(t, t.TempDir(), testOpts())
+	defer s.Close()
+	ctx := context.Background()
+	for name, e := range map[string]Entry{
+		"empty id":    {Key: newKey(), State: StatePending},
+		"long id":     {ID: string(make([]byte, MaxIDLen+1)), Key: newKey(), State: StatePending},
+		"empty key":   {ID: "x", State: StatePending},
+		"space key":   {ID: "x", Key: "a b", State: StatePending},
+		"long key":    {ID: "x", Key: string(make([]byte, 256)), State: StatePending},
+		"zero state":  {ID: "x", Key: newKey()},
+		"large state": {ID: "x", Key: newKey(), State: 9},
+	} {
+		_, _, err := s.Reserve(ctx, e, false)
+		assert.ErrorIs(t, err, ErrInvalidRecord, name)
+	}
+	// Uppercase UUIDs are valid keys, stored as strings so they read back
+	// unchanged.
+	e := entry("upper")
+	e.Key = "8E03978E-40D5-43E8-BC93-6894A57F9324"
+	assert.Equal(t, e.Key, reserve(t, s, e).Key)
+	assert.ErrorIs(t, s.Update("nope", StateDone, 1, 200), errTestNotFound)
+}
+
+func TestConcurrentReserveOneKey(t *testing.T) {
+	s, _ := mustOpen(t, t.TempDir(), testOpts())
+	defer s.Close()
+	var wg sync.WaitGroup
+	keys := make([]string, 100)
+	created := make([]bool, 100)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, c, err := s.Reserve(context.Background(), entry("same"), false)
+			assert.NoError(t, err)
+			keys[i], created[i] = got.Key, c
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for i := range keys {
+		assert.Equal(t, keys[0], keys[i])
+		if created[i] {
+			n++
+		}
+	}
+	assert.Equal(t, 1, n)
+}
+
+func TestGroupCommitManyCreators(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, testOpts())
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				_, _, err := s.Reserve(context.Background(), entry(fmt.Sprintf("g%d-%d", g, i)), false)
+				assert.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, s.Close())
+	data, err := os.ReadFile(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	frames := len(frameOffsets(t, data))
+	t.Logf("1280 records in %d frames", frames)
+	assert.Less(t, frames, 1280, "no batching happened")
+	s, rep := mustOpen(t, dir, testOpts())
+	defer s.Close()
+	assert.Equal(t, 1280, rep.Records)
+}
+
+func TestSecondOpenInProcessIsLocked(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, testOpts())
+	_, _, err := Open(dir, testOpts())
+	assert.ErrorIs(t, err, ErrLocked)
+	o := testOpts()
+	o.LockWait = 50 * time.Millisecond
+	start := time.Now()
+	_, _, err = Open(dir, o)
+	assert.ErrorIs(t, err, ErrLocked)
+	assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	require.NoError(t, s.Close())
+	s, _ = mustOpen(t, dir, testOpts())
+	require.NoError(t, s.Close())
+}
+
+func TestClosedStore(t *testing.T) {
+	s, _ := mustOpen(t, t.TempDir(), testOpts())
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	_, _, err := s.Reserve(context.Background(), entry("a"), false)
+	assert.ErrorIs(t, err, errTestClosed)
+	assert.ErrorIs(t, s.Update("a", StateDone, 1, 200), errTestClosed)
+	assert.ErrorIs(t, s.Forget(context.Background(), "a"), errTestClosed)
+	_, err = s.Unfinished()
+	assert.ErrorIs(t, err, errTestClosed)
+	assert.ErrorIs(t, s.Compact(context.Background()), errTestClosed)
+}
+
+func TestForgetAndUnfinishedOrder(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, testOpts())
+	now := time.Now().UnixMilli()
+	for i, id := range []string{"c", "a", "b", "d"} {
+		e := entry(id)
+		e.CreatedMs = now + int64(i%2) // c,b at now; a,d at now+1
+		reserve(t, s, e)
+	}
+	require.NoError(t, s.Update("d", StateDone, 1, 200))
+	require.NoError(t, s.Update("b", StateUnknown, 6, 0))
+	require.NoError(t, s.Forget(context.Background(), "c"))
+	require.NoError(t, s.Forget(context.Background(), "never"))
+	require.NoError(t, s.Close())
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	un, err := s.Unfinished()
+	require.NoError(t, err)
+	var ids []string
+	for _, e := range un {
+		ids = append(ids, e.ID)
+	}
+	assert.Equal(t, []string{"b", "a"}, ids)
+}
+
+func TestLazyUpdateFlushedByTimer(t *testing.T) {
+	dir := t.TempDir()
+	o := testOpts()
+	o.FlushInterval = 20 * time.Millisecond
+	s, _ := mustOpen(t, dir, o)
+	reserve(t, s, entry("a"))
+	before := s.Stats().FileBytes
+	require.NoError(t, s.Update("a", StateDone, 1, 200))
+	require.Eventually(t, func() bool { return s.Stats().FileBytes > before }, 2*time.Second, 5*time.Millisecond)
+	require.NoError(t, s.Close())
+}
+
+func TestCompactionShrinksAndKeeps(t *testing.T) {
+	dir := t.TempDir()
+	o := testOpts()
+	o.CompactMinBytes = 4096
+	s, _ := mustOpen(t, dir, o)
+	for i := range 20 {
+		reserve(t, s, entry(fmt.Sprintf("a%d", i)))
+	}
+	for round := range 100 {
+		for i := range 20 {
+			require.NoError(t, s.Update(fmt.Sprintf("a%d", i), StatePending, uint32(round), 0))
+		}
+		require.NoError(t, s.Sync(context.Background()))
+	}
+	st := s.Stats()
+	assert.Less(t, st.FileBytes, 3*st.LiveBytes+4096+1024, "automatic compaction did not run")
+	require.NoError(t, s.Close())
+	s, rep := mustOpen(t, dir, o)
+	defer s.Close()
+	assert.Equal(t, 20, rep.Records)
+	e, ok, _ := s.Get("a7")
+	require.True(t, ok)
+	assert.Equal(t, uint32(99), e.Attempts)
+}
+
+func TestSyncErrorPoisons(t *testing.T) { // T11
+	dir := t.TempDir()
+	errEIO := errors.New("injected EIO")
+	var fail sync.Map
+	o := testOpts()
+	o.Hooks = &Hooks{WrapFile: func(name string, f File) File { return &faultyFile{File: f, fail: &fail, name: name} }}
+	s, _ := mustOpen(t, dir, o)
+	a := reserve(t, s, entry("a"))
+	fail.Store("sync", errEIO)
+	_, _, err := s.Reserve(context.Background(), entry("b"), false)
+	require.ErrorIs(t, err, errEIO)
+	require.ErrorIs(t, err, errTestClosed)
+	fail.Delete("sync")
+	// The handle stays dead: no retry of fsync on the same descriptor.
+	_, _, err = s.Reserve(context.Background(), entry("c"), false)
+	require.ErrorIs(t, err, errTestClosed)
+	require.ErrorIs(t, err, errEIO)
+	_, _, err = s.Get("a")
+	require.ErrorIs(t, err, errTestClosed)
+	assert.Error(t, s.Close())
+
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	got, ok, err := s.Get("a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, a.Key, got.Key)
+	reserve(t, s, entry("d"))
+}
+
+func TestDiskFullMidFrame(t *testing.T) { // T12, write side
+	dir := t.TempDir()
+	var fail sync.Map
+	o := testOpts()
+	o.Hooks = &Hooks{WrapFile: func(name string, f File) File { return &faultyFile{File: f, fail: &fail, name: name} }}
+	s, _ := mustOpen(t, dir, o)
+	a := reserve(t, s, entry("a"))
+	fail.Store("short", true)
+	_, _, err := s.Reserve(context.Background(), entry("b"), false)
+	require.ErrorIs(t, err, errNoSpace)
+	assert.Error(t, s.Close())
+
+	s, rep := mustOpen(t, dir, testOpts())
+	defer s.Close()
+	assert.True(t, rep.TornTail)
+	got, ok, _ := s.Get("a")
+	require.True(t, ok)
+	assert.Equal(t, a.Key, got.Key)
+	_, ok, _ = s.Get("b")
+	assert.False(t, ok)
+}
+
+func TestDiskFullMidCompaction(t *testing.T) { // T12, compaction side
+	dir := t.TempDir()
+	var fail sync.Map
+	o := testOpts()
+	o.Hooks = &Hooks{WrapFile: func(name string, f File) File { return &faultyFile{File: f, fail: &fail, name: name} }}
+	s, _ := mustOpen(t, dir, o)
+	a := reserve(t, s, entry("a"))
+	fail.Store("short:"+tmpName, true)
+	err := s.Compact(context.Background())
+	require.ErrorIs(t, err, errNoSpace)
+	// A failure before the rename leaves the journal working.
+	fail.Delete("short:" + tmpName)
+	b := reserve(t, s, entry("b"))
+	require.NoError(t, s.Close())
+	_, err = os.Stat(filepath.Join(dir, tmpName))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	for _, e := range []Entry{a, b} {
+		got, ok, _ := s.Get(e.ID)
+		require.True(t, ok)
+		assert.Equal(t, e.Key, got.Key)
+	}
+}
+
+var errNoSpace = errors.New("injected ENOSPC")
+
+// faultyFile injects failures selected by keys of fail: "sync" (an error to
+// return from Sync), "short" or "short:<name>" (write half, then ENOSPC).
+type faultyFile struct {
+	File
+	fail *sync.Map
+	name string
+}
+
+func (f *faultyFile) Write(p []byte) (int, error) {
+	_, a := f.fail.Load("short")
+	_, b := f.fail.Load("short:" + f.name)
+	if a || b {
+		n, _ := f.File.Write(p[:len(p)/2])
+		return n, errNoSpace
+	}
+	return f.File.Write(p)
+}
+
+func (f *faultyFile) Sync() error {
+	if err, ok := f.fail.Load("sync"); ok {
+		return err.(error)
+	}
+	return f.File.Sync()
+}

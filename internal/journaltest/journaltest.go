@@ -1,0 +1,276 @@
+// Package journaltest is a conformance suite for idemretry.Journal
+// implementations: the semantics of MemoryJournal, which every journal (the
+// file journal, a SQL one) must match. Tests call Run with a factory.
+package journaltest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// Factory returns a new, empty journal for one subtest. Run closes it (and
+// tolerates a second Close by the factory's own cleanup).
+type Factory func(t *testing.T) idemretry.Journal
+
+// An Option adapts the suite to a journal's documented deviations.
+type Option func(*suite)
+
+type suite struct {
+	// id maps an action id to the ActionID that Unfinished reports.
+	id func(string) string
+}
+
+// ReportedIDs says that the journal's Unfinished reports id(ActionID)
+// instead of ActionID (as a file journal with hashed ids does), and orders
+// ties by the reported id.
+func ReportedIDs(id func(string) string) Option {
+	return func(s *suite) { s.id = id }
+}
+
+// Run runs the conformance suite against journals made by open.
+func Run(t *testing.T, open Factory, opts ...Option) {
+	s := &suite{id: func(id string) string { return id }}
+	for _, o := range opts {
+		o(s)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := open(t)
+			defer j.Close()
+			c.run(t, s, j)
+		})
+	}
+}
+
+var cases = []struct {
+	name string
+	run  func(t *testing.T, s *suite, j idemretry.Journal)
+}{
+	{"ReserveCreatesThenReuses", reserveCreatesThenReuses},
+	{"ReusePendingReplacesDone", reusePendingReplacesDone},
+	{"UpdateAndNotFound", updateAndNotFound},
+	{"UnfinishedOldestFirst", unfinishedOldestFirst},
+	{"Forget", forget},
+	{"CustomKeys", customKeys},
+	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
+	{"CanceledContext", canceledContext},
+	{"Closed", closed},
+}
+
+var ctx = context.Background()
+
+// rec returns a fresh pending record. Times are whole milliseconds, the
+// precision journals are required to keep.
+func rec(id string, created time.Time) idemretry.Record {
+	r := idemretry.Record{ActionID: id, Key: uuid.NewString(), CreatedAt: created.Truncate(time.Millisecond), State: idemretry.StatePending}
+	copy(r.Fingerprint[:], id)
+	return r
+}
+
+func now() time.Time { return time.Now().Truncate(time.Millisecond) }
+
+func same(t *testing.T, want, got idemretry.Record, msg string) {
+	t.Helper()
+	assert.Equal(t, want.ActionID, got.ActionID, msg)
+	assert.Equal(t, want.Key, got.Key, msg)
+	assert.Equal(t, want.Fingerprint, got.Fingerprint, msg)
+	assert.True(t, want.CreatedAt.Equal(got.CreatedAt), "%s: created %v != %v", msg, want.CreatedAt, got.CreatedAt)
+	assert.Equal(t, want.State, got.State, msg)
+	assert.Equal(t, want.Attempts, got.Attempts, msg)
+	assert.Equal(t, want.Status, got.Status, msg)
+}
+
+func reserve(t *testing.T, j idemretry.Journal, r idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool) {
+	t.Helper()
+	got, created, err := j.Reserve(ctx, r, mode)
+	require.NoError(t, err)
+	return got, created
+}
+
+func reserveCreatesThenReuses(t *testing.T, _ *suite, j idemretry.Journal) {
+	first := rec("a", now())
+	got, created := reserve(t, j, first, idemretry.ReuseAny)
+	assert.True(t, created)
+	same(t, first, got, "created")
+	got, created = reserve(t, j, rec("a", now().Add(time.Second)), idemretry.ReuseAny)
+	assert.False(t, created)
+	same(t, first, got, "reused")
+	// ReuseAny keeps a done action's key.
+	done := first
+	done.State, done.Attempts, done.Status = idemretry.StateDone, 2, 201
+	require.NoError(t, j.Update(ctx, done))
+	got, created = reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	assert.False(t, created)
+	same(t, done, got, "reused done")
+	// ReusePending keeps a pending action's key.
+	p := rec("p", now())
+	reserve(t, j, p, idemretry.ReusePending)
+	got, created = reserve(t, j, rec("p", now()), idemretry.ReusePending)
+	assert.False(t, created)
+	same(t, p, got, "reused pending")
+}
+
+func reusePendingReplacesDone(t *testing.T, _ *suite, j idemretry.Journal) {
+	first := rec("a", now())
+	reserve(t, j, first, idemretry.ReusePending)
+	first.State, first.Status = idemretry.StateDone, 200
+	require.NoError(t, j.Update(ctx, first))
+	second := rec("a", now())
+	got, created := reserve(t, j, second, idemretry.ReusePending)
+	assert.True(t, created)
+	same(t, second, got, "replaced")
+	assert.NotEqual(t, first.Key, got.Key)
+	// An unknown action is not done: it keeps its key.
+	u := rec("u", now())
+	reserve(t, j, u, idemretry.ReusePending)
+	u.State = idemretry.StateUnknown
+	require.NoError(t, j.Update(ctx, u))
+	got, created = reserve(t, j, rec("u", now()), idemretry.ReusePending)
+	assert.False(t, created)
+	assert.Equal(t, u.Key, got.Key)
+}
+
+func updateAndNotFound(t *testing.T, _ *suite, j idemretry.Journal) {
+	r := rec("a", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	// Update stores State, Attempts and Status only.
+	upd := r
+	upd.State, upd.Attempts, upd.Status = idemretry.StateUnknown, 4, 0
+	upd.Key = uuid.NewString()
+	upd.CreatedAt = r.CreatedAt.Add(time.Hour)
+	require.NoError(t, j.Update(ctx, upd))
+	got, _ := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	want := r
+	want.State, want.Attempts = idemretry.StateUnknown, 4
+	same(t, want, got, "updated")
+	err := j.Update(ctx, rec("missing", now()))
+	assert.ErrorIs(t, err, idemretry.ErrActionNotFound)
+}
+
+func unfinishedOldestFirst(t *testing.T, s *suite, j idemretry.Journal) {
+	t0 := now().Add(-time.Minute)
+	states := map[string]idemretry.State{"d": idemretry.StateDone, "c": idemretry.StatePending, "b": idemretry.StateUnknown, "a": idemretry.StatePending, "e": idemretry.StatePending}
+	created := map[string]time.Time{"a": t0.Add(2 * time.Second), "b": t0, "c": t0.Add(time.Second), "d": t0, "e": t0.Add(time.Second)}
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		r := rec(id, created[id])
+		reserve(t, j, r, idemretry.ReuseAny)
+		if states[id] != idemretry.StatePending {
+			r.State = states[id]
+			require.NoError(t, j.Update(ctx, r))
+		}
+	}
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	var ids []string
+	for _, r := range un {
+		ids = append(ids, r.ActionID)
+		assert.NotEmpty(t, r.Key)
+	}
+	// b is oldest, then c and e (a tie, broken by reported id), then a.
+	c, e := s.id("c"), s.id("e")
+	if e < c {
+		c, e = e, c
+	}
+	assert.Equal(t, []string{s.id("b"), c, e, s.id("a")}, ids)
+	for _, r := range un {
+		for id, at := range created {
+			if s.id(id) == r.ActionID {
+				assert.True(t, r.CreatedAt.Equal(at), id)
+			}
+		}
+	}
+}
+
+func forget(t *testing.T, _ *suite, j idemretry.Journal) {
+	r := rec("a", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	require.NoError(t, j.Forget(ctx, "a"))
+	require.NoError(t, j.Forget(ctx, "a"))
+	require.NoError(t, j.Forget(ctx, "never"))
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, un)
+	assert.ErrorIs(t, j.Update(ctx, r), idemretry.ErrActionNotFound)
+	got, created := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	assert.True(t, created)
+	assert.NotEqual(t, r.Key, got.Key)
+}
+
+func customKeys(t *testing.T, _ *suite, j idemretry.Journal) {
+	for i, k := range []string{"k", "order-42:attempt/1~x", "8E03978E-40D5-43E8-BC93-6894A57F9324", string(make255())} {
+		r := rec(fmt.Sprintf("c%d", i), now())
+		r.Key = k
+		reserve(t, j, r, idemretry.ReuseAny)
+		got, created := reserve(t, j, rec(r.ActionID, now()), idemretry.ReuseAny)
+		assert.False(t, created)
+		assert.Equal(t, k, got.Key)
+	}
+}
+
+func make255() []byte {
+	b := make([]byte, 255)
+	for i := range b {
+		b[i] = byte('!' + i%94)
+	}
+	return b
+}
+
+func concurrentReservesOneKey(t *testing.T, _ *suite, j idemretry.Journal) {
+	const n = 100
+	var wg sync.WaitGroup
+	keys := make([]string, n)
+	var mu sync.Mutex
+	creators := 0
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, created, err := j.Reserve(ctx, rec("same", now()), idemretry.ReuseAny)
+			if !assert.NoError(t, err) {
+				return
+			}
+			keys[i] = got.Key
+			if created {
+				mu.Lock()
+				creators++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 1, creators)
+	for _, k := range keys {
+		assert.Equal(t, keys[0], k)
+	}
+}
+
+func canceledContext(t *testing.T, _ *suite, j idemretry.Journal) {
+	c, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _, err := j.Reserve(c, rec("a", now()), idemretry.ReuseAny)
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+func closed(t *testing.T, _ *suite, j idemretry.Journal) {
+	r := rec("a", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	require.NoError(t, j.Close())
+	require.NoError(t, j.Close(), "second Close")
+	_, _, err := j.Reserve(ctx, rec("b", now()), idemretry.ReuseAny)
+	assert.ErrorIs(t, err, idemretry.ErrJournalClosed)
+	assert.ErrorIs(t, j.Update(ctx, r), idemretry.ErrJournalClosed)
+	_, err = j.Unfinished(ctx)
+	assert.ErrorIs(t, err, idemretry.ErrJournalClosed)
+	assert.ErrorIs(t, j.Forget(ctx, "a"), idemretry.ErrJournalClosed)
+	assert.False(t, errors.Is(err, idemretry.ErrActionNotFound))
+}

@@ -1,0 +1,76 @@
+//go:build linux
+
+// This file also serves Android, whose GOOS implies the linux build tag.
+
+package lockfile
+
+import (
+	"errors"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+func tryLock(f *os.File) error {
+	return control(f, func(fd int) error {
+		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EWOULDBLOCK):
+			return errBusy
+		case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPERM):
+			// flock is missing (seen on Android 14) or filtered by a
+			// seccomp policy: open-file-description locks have the same
+			// per-description semantics.
+			return ofdLock(fd)
+		}
+		return err
+	})
+}
+
+func ofdLock(fd int) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	err := ignoringEINTR(func() error { return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk) })
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+		return errBusy
+	}
+	return err
+}
+
+// unlock releases the lock explicitly before the descriptor is closed: a
+// process that forks (os/exec does) briefly shares the open file
+// description with its child until the child execs, and closing our
+// descriptor alone would leave the lock held until then.
+func unlock(f *os.File) error {
+	return control(f, func(fd int) error {
+		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
+		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) {
+			lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: io.SeekStart}
+			err = ignoringEINTR(func() error { return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk) })
+		}
+		return err
+	})
+}
+
+func control(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+func ignoringEINTR(fn func() error) error {
+	for {
+		err := fn()
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}

@@ -1,0 +1,81 @@
+// Package lockfile takes an exclusive, advisory, per-open-file lock on a
+// file, to give a directory one owner at a time.
+//
+// The lock belongs to the open file description, not to the process: a second
+// Acquire of the same path in the same process conflicts with the first, just
+// as one from another process does. The operating system releases the lock
+// when its holder exits, however it exits (kill -9 included), so a crashed
+// owner never leaves a stale lock behind.
+//
+// Lock a file that is never renamed or replaced: a lock on an inode that a
+// rename swapped out excludes nobody.
+//
+// Mechanisms: flock(2) on Linux, the BSDs, darwin and ios; on Android, where
+// flock has been reported to fail with ENOSYS, open-file-description fcntl
+// locks (F_OFD_SETLK) as a fallback. Classic POSIX fcntl locks are never used:
+// they do not exclude within one process and are dropped when any descriptor
+// of the file is closed. LockFileEx on Windows.
+package lockfile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// ErrLocked means another owner, in this process or another one, holds the
+// lock. Test it with errors.Is.
+var ErrLocked = errors.New("idemretry: journal locked by another owner")
+
+// errBusy is what the per-OS tryLock returns when the lock is held.
+var errBusy = errors.New("lock busy")
+
+// pollInterval is how often Acquire retries while waiting. The OS calls that
+// wait cannot be cancelled, so waiting is a polling loop.
+const pollInterval = 10 * time.Millisecond
+
+// Lock is a held lock. Release it exactly once; it is not safe for
+// concurrent use.
+type Lock struct {
+	f *os.File
+}
+
+// Acquire opens (creating it with mode 0600 if needed) and locks path. If
+// another owner holds the lock, Acquire retries until wait has passed and then
+// returns an error wrapping ErrLocked; a wait of zero or less fails at once.
+func Acquire(path string, wait time.Duration) (*Lock, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lockfile: open: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err := tryLock(f)
+		if err == nil {
+			return &Lock{f: f}, nil
+		}
+		if !errors.Is(err, errBusy) {
+			_ = f.Close()
+			return nil, fmt.Errorf("lockfile: lock %s: %w", path, err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			_ = f.Close()
+			return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+		}
+		time.Sleep(min(left, pollInterval))
+	}
+}
+
+// Release unlocks and closes the lock file. The file stays in place: removing
+// it would let a waiter lock an inode that a newer owner no longer sees.
+func (l *Lock) Release() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	uerr := unlock(l.f)
+	cerr := l.f.Close()
+	l.f = nil
+	return errors.Join(uerr, cerr)
+}

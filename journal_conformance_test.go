@@ -1,0 +1,35 @@
+package idemretry_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/journaltest"
+)
+
+func TestJournalConformanceMemory(t *testing.T) {
+	journaltest.Run(t, func(*testing.T) idemretry.Journal { return idemretry.NewMemoryJournal() })
+}
+
+func TestJournalConformanceFile(t *testing.T) {
+	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+		j, err := idemretry.OpenJournal(t.TempDir())
+		require.NoError(t, err)
+		return j
+	})
+}
+
+func TestJournalConformanceFileHashed(t *testing.T) {
+	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+		j, err := idemretry.OpenJournal(t.TempDir(), idemretry.WithHashedActionIDs())
+		require.NoError(t, err)
+		return j
+	}, journaltest.ReportedIDs(func(id string) string {
+		sum := sha256.Sum256([]byte(id))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}))
+}

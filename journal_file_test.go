@@ -1,0 +1,303 @@
+package idemretry
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry/internal/journal"
+)
+
+func jrec(id string) Record {
+	r := Record{ActionID: id, Key: uuid.NewString(), CreatedAt: time.Now(), State: StatePending}
+	copy(r.Fingerprint[:], "fp-"+id)
+	return r
+}
+
+func openJ(t *testing.T, dir string, opts ...JournalOption) *FileJournal {
+	t.Helper()
+	j, err := OpenJournal(dir, opts...)
+	require.NoError(t, err)
+	return j
+}
+
+func TestFileJournalSurvivesReopen(t *testing.T) {
+	base := runtime.NumGoroutine()
+	dir := filepath.Join(t.TempDir(), "nested", "state")
+	ctx := context.Background()
+	j := openJ(t, dir)
+	a, created, err := j.Reserve(ctx, jrec("pay-1"), ReuseAny)
+	require.NoError(t, err)
+	require.True(t, created)
+	a.State, a.Attempts, a.Status = StateDone, 2, 201
+	require.NoError(t, j.Update(ctx, a))
+	require.NoError(t, j.Close())
+	waitGoroutinesRoot(t, base)
+
+	j = openJ(t, dir)
+	defer j.Close()
+	assert.Equal(t, 1, j.Recovery().Records)
+	got, created, err := j.Reserve(ctx, jrec("pay-1"), ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, a.Key, got.Key)
+	assert.Equal(t, StateDone, got.State)
+	assert.Equal(t, 201, got.Status)
+	assert.Equal(t, a.CreatedAt.UnixMilli(), got.CreatedAt.UnixMilli())
+	if runtime.GOOS != "windows" {
+		fi, err := os.Stat(dir)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+		for _, name := range []string{"journal", "LOCK"} {
+			fi, err := os.Stat(filepath.Join(dir, name))
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+		}
+	}
+}
+
+func TestFileJournalHashedIDs(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	j := openJ(t, dir, WithHashedActionIDs())
+	const id = "customer-jane.doe@example.com-order-17"
+	r, _, err := j.Reserve(ctx, jrec(id), ReuseAny)
+	require.NoError(t, err)
+	assert.Equal(t, id, r.ActionID)
+	require.NoError(t, j.Sync(ctx))
+	data, err := os.ReadFile(filepath.Join(dir, "journal"))
+	require.NoError(t, err)
+	assert.False(t, bytes.Contains(data, []byte(id)), "plain action id on disk")
+
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	sum := sha256.Sum256([]byte(id))
+	assert.Equal(t, "sha256:"+hex.EncodeToString(sum[:]), un[0].ActionID)
+	assert.Equal(t, r.Key, un[0].Key)
+	require.NoError(t, j.Forget(ctx, un[0].ActionID))
+	un, _ = j.Unfinished(ctx)
+	assert.Empty(t, un)
+	require.NoError(t, j.Close())
+
+	_, err = OpenJournal(dir)
+	assert.ErrorIs(t, err, ErrJournalIncompatible)
+}
+
+func TestFileJournalLocked(t *testing.T) {
+	dir := t.TempDir()
+	j := openJ(t, dir)
+	_, err := OpenJournal(dir)
+	assert.ErrorIs(t, err, ErrJournalLocked)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_ = j.Close()
+	}()
+	j2, err := OpenJournal(dir, WithJournalLockWait(10*time.Second))
+	require.NoError(t, err)
+	require.NoError(t, j2.Close())
+}
+
+func TestFileJournalCorruption(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	j := openJ(t, dir)
+	var keys []string
+	for _, id := range []string{"a", "b", "c", "d"} {
+		r, _, err := j.Reserve(ctx, jrec(id), ReuseAny)
+		require.NoError(t, err)
+		keys = append(keys, r.Key)
+	}
+	require.NoError(t, j.Close())
+	path := filepath.Join(dir, "journal")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	// The frame holding "b" starts after the header, the empty snapshot's
+	// end frame and the frame of "a"; damage a byte in its middle.
+	i := bytes.Index(data, []byte{1, 0, 1, 'b'})
+	require.Positive(t, i)
+	data[i+10] ^= 0x40
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	_, err = OpenJournal(dir)
+	var ce *CorruptionError
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, ErrJournalCorrupt)
+	assert.Equal(t, path, ce.Path)
+	assert.Positive(t, ce.Offset)
+
+	j = openJ(t, dir, WithJournalSalvage())
+	defer j.Close()
+	rec := j.Recovery()
+	require.Len(t, rec.Salvaged, 1)
+	assert.Equal(t, ce.Offset, rec.Salvaged[0].Offset)
+	assert.FileExists(t, rec.CorruptCopy)
+	for n, id := range []string{"a", "c", "d"} {
+		got, created, err := j.Reserve(ctx, jrec(id), ReuseAny)
+		require.NoError(t, err)
+		assert.False(t, created, id)
+		assert.Equal(t, keys[[]int{0, 2, 3}[n]], got.Key)
+	}
+}
+
+func TestFileJournalExpiry(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	ctx := context.Background()
+	j := openJ(t, t.TempDir(), WithJournalClock(clock), WithJournalRetention(time.Hour))
+	defer j.Close()
+	mk := func(id string, s State) Record {
+		r := jrec(id)
+		r.CreatedAt = now
+		got, _, err := j.Reserve(ctx, r, ReuseAny)
+		require.NoError(t, err)
+		got.State = s
+		require.NoError(t, j.Update(ctx, got))
+		return got
+	}
+	done, pending, unknown := mk("done", StateDone), mk("pending", StatePending), mk("unknown", StateUnknown)
+	mu.Lock()
+	now = now.Add(100 * time.Hour)
+	mu.Unlock()
+	require.NoError(t, j.Compact(ctx))
+	got, created, err := j.Reserve(ctx, jrec("done"), ReuseAny)
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.NotEqual(t, done.Key, got.Key)
+	for _, r := range []Record{pending, unknown} {
+		got, created, err := j.Reserve(ctx, jrec(r.ActionID), ReuseAny)
+		require.NoError(t, err)
+		assert.False(t, created, "%s expired", r.ActionID)
+		assert.Equal(t, r.Key, got.Key)
+	}
+}
+
+func TestFileJournalSyncFailurePoisons(t *testing.T) {
+	dir := t.TempDir()
+	errEIO := errors.New("injected EIO")
+	var failing sync.Map
+	j := openJ(t, dir, withJournalHooks(&journal.Hooks{WrapFile: func(name string, f journal.File) journal.File {
+		return syncFailer{f, &failing}
+	}}))
+	ctx := context.Background()
+	a, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	require.NoError(t, err)
+	failing.Store(true, errEIO)
+	_, _, err = j.Reserve(ctx, jrec("b"), ReuseAny)
+	assert.ErrorIs(t, err, errEIO)
+	assert.ErrorIs(t, err, ErrJournalClosed)
+	_, err = j.Unfinished(ctx)
+	assert.ErrorIs(t, err, ErrJournalClosed)
+	assert.ErrorIs(t, err, errEIO)
+	assert.Error(t, j.Close())
+
+	j = openJ(t, dir)
+	defer j.Close()
+	got, created, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, a.Key, got.Key)
+}
+
+type syncFailer struct {
+	journal.File
+	failing *sync.Map
+}
+
+func (f syncFailer) Sync() error {
+	if err, ok := f.failing.Load(true); ok {
+		return err.(error)
+	}
+	return f.File.Sync()
+}
+
+func TestFileJournalInvalidRecords(t *testing.T) {
+	j := openJ(t, t.TempDir())
+	defer j.Close()
+	ctx := context.Background()
+	bad := []Record{
+		func() Record { r := jrec("a"); r.Attempts = -1; return r }(),
+		func() Record { r := jrec("a"); r.Status = 70000; return r }(),
+		func() Record { r := jrec(strings.Repeat("x", MaxJournalActionID+1)); return r }(),
+		func() Record { r := jrec("a"); r.Key = "has space"; return r }(),
+		func() Record { r := jrec("a"); r.State = 0; return r }(),
+	}
+	for i, r := range bad {
+		_, _, err := j.Reserve(ctx, r, ReuseAny)
+		assert.ErrorIs(t, err, ErrJournalInvalidRecord, "case %d", i)
+	}
+}
+
+func TestDefaultJournalDir(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("checks the Linux layout")
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	name := strings.TrimSuffix(filepath.Base(exe), filepath.Ext(exe))
+
+	t.Setenv("XDG_STATE_HOME", "/var/state-test")
+	d, err := DefaultJournalDir()
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join("/var/state-test", "idemretry", name), d)
+
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	for _, v := range []string{"", "relative/ignored"} {
+		t.Setenv("XDG_STATE_HOME", v)
+		d, err = DefaultJournalDir()
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(home, ".local", "state", "idemretry", name), d)
+	}
+}
+
+func waitGoroutinesRoot(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > n {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("goroutine leak: %d > %d\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestFileJournalCompactsByItself(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	j := openJ(t, dir, withJournalCompactMin(4096), WithJournalFlushInterval(time.Millisecond))
+	r, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	require.NoError(t, err)
+	for i := range 2000 {
+		r.Attempts = i
+		require.NoError(t, j.Update(ctx, r))
+		if i%10 == 0 {
+			require.NoError(t, j.Sync(ctx))
+		}
+	}
+	require.NoError(t, j.Close())
+	fi, err := os.Stat(filepath.Join(dir, "journal"))
+	require.NoError(t, err)
+	assert.Less(t, fi.Size(), int64(3*4096), "the journal grew without compaction")
+	j = openJ(t, dir)
+	defer j.Close()
+	got, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	require.NoError(t, err)
+	assert.Equal(t, r.Key, got.Key)
+	assert.Equal(t, 1999, got.Attempts)
+}

@@ -1,0 +1,237 @@
+package sqljournal_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry"
+)
+
+// These tests state MemoryJournal's semantics as a contract and run against
+// both MemoryJournal (so the contract is checked to be its behaviour) and
+// the SQL journal. Times are whole milliseconds: the SQL journal, like the
+// file journal, stores creation times in Unix milliseconds.
+
+type factory func(t *testing.T) idemretry.Journal
+
+func TestConformanceMemory(t *testing.T) {
+	runConformance(t, func(t *testing.T) idemretry.Journal {
+		j := idemretry.NewMemoryJournal()
+		t.Cleanup(func() { j.Close() })
+		return j
+	})
+}
+
+func TestConformanceSQL(t *testing.T) {
+	db := testDB(t)
+	runConformance(t, func(t *testing.T) idemretry.Journal {
+		j, _ := openJournal(t, db)
+		return j
+	})
+}
+
+func TestConformanceSQLHashed(t *testing.T) {
+	db := testDB(t)
+	runConformance(t, func(t *testing.T) idemretry.Journal {
+		j, _ := openJournal(t, db, sqljournalHashed())
+		return j
+	})
+}
+
+var t0 = time.UnixMilli(1_780_000_000_000)
+
+func rec(id, key string, at time.Duration, st idemretry.State) idemretry.Record {
+	return idemretry.Record{
+		ActionID: id, Key: key, Fingerprint: sha256.Sum256([]byte("body of " + id)),
+		CreatedAt: t0.Add(at), State: st,
+	}
+}
+
+// sameRecord compares records field by field, times with Equal.
+func sameRecord(t *testing.T, what string, got, want idemretry.Record) {
+	t.Helper()
+	if got.ActionID != want.ActionID || got.Key != want.Key || got.Fingerprint != want.Fingerprint ||
+		!got.CreatedAt.Equal(want.CreatedAt) || got.State != want.State ||
+		got.Attempts != want.Attempts || got.Status != want.Status {
+		t.Errorf("%s:\n got  %+v\n want %+v", what, got, want)
+	}
+}
+
+func mustReserve(t *testing.T, j idemretry.Journal, r idemretry.Record, mode idemretry.ReserveMode, wantCreated bool) idemretry.Record {
+	t.Helper()
+	got, created, err := j.Reserve(context.Background(), r, mode)
+	if err != nil {
+		t.Fatalf("Reserve(%s): %v", r.ActionID, err)
+	}
+	if created != wantCreated {
+		t.Fatalf("Reserve(%s): created = %v, want %v", r.ActionID, created, wantCreated)
+	}
+	return got
+}
+
+func runConformance(t *testing.T, newJournal factory) {
+	ctx := context.Background()
+	bg := idemretry.ReuseAny
+
+	t.Run("ReserveCreatesThenReuses", func(t *testing.T) {
+		j := newJournal(t)
+		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		first.Attempts, first.Status = 2, 0
+		sameRecord(t, "created", mustReserve(t, j, first, bg, true), first)
+		again := rec("pay:1", "k2", time.Hour, idemretry.StatePending)
+		sameRecord(t, "reused", mustReserve(t, j, again, bg, false), first)
+		sameRecord(t, "reused pending", mustReserve(t, j, again, idemretry.ReusePending, false), first)
+	})
+
+	t.Run("ReuseAnyKeepsDone", func(t *testing.T) {
+		j := newJournal(t)
+		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		mustReserve(t, j, first, bg, true)
+		first.State, first.Attempts, first.Status = idemretry.StateDone, 3, 201
+		if err := j.Update(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		sameRecord(t, "done reused", mustReserve(t, j, rec("pay:1", "k2", time.Second, idemretry.StatePending), bg, false), first)
+	})
+
+	t.Run("ReusePendingReplacesDoneOnly", func(t *testing.T) {
+		j := newJournal(t)
+		for _, st := range []idemretry.State{idemretry.StatePending, idemretry.StateUnknown} {
+			id := "fp:" + st.String()
+			first := rec(id, "k1", 0, st)
+			mustReserve(t, j, first, bg, true)
+			sameRecord(t, "kept "+st.String(), mustReserve(t, j, rec(id, "k2", time.Second, idemretry.StatePending), idemretry.ReusePending, false), first)
+		}
+		first := rec("fp:done", "k1", 0, idemretry.StatePending)
+		mustReserve(t, j, first, idemretry.ReusePending, true)
+		first.State, first.Status = idemretry.StateDone, 200
+		if err := j.Update(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		next := rec("fp:done", "k2", time.Minute, idemretry.StatePending)
+		sameRecord(t, "replaced", mustReserve(t, j, next, idemretry.ReusePending, true), next)
+		sameRecord(t, "replacement kept", mustReserve(t, j, rec("fp:done", "k3", time.Hour, idemretry.StatePending), idemretry.ReusePending, false), next)
+	})
+
+	t.Run("UpdateTouchesStateAttemptsStatusOnly", func(t *testing.T) {
+		j := newJournal(t)
+		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		mustReserve(t, j, first, bg, true)
+		change := rec("pay:1", "other-key", time.Hour, idemretry.StateDone)
+		change.Fingerprint = sha256.Sum256([]byte("other"))
+		change.Attempts, change.Status = 4, 422
+		if err := j.Update(ctx, change); err != nil {
+			t.Fatal(err)
+		}
+		want := first
+		want.State, want.Attempts, want.Status = idemretry.StateDone, 4, 422
+		sameRecord(t, "after update", mustReserve(t, j, first, bg, false), want)
+	})
+
+	t.Run("UpdateMissing", func(t *testing.T) {
+		j := newJournal(t)
+		err := j.Update(ctx, rec("nobody", "k", 0, idemretry.StateDone))
+		if !errors.Is(err, idemretry.ErrActionNotFound) {
+			t.Fatalf("Update of a missing action: %v, want ErrActionNotFound", err)
+		}
+	})
+
+	t.Run("UnfinishedOldestFirst", func(t *testing.T) {
+		j := newJournal(t)
+		if got, err := j.Unfinished(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("empty journal: %v, %v", got, err)
+		}
+		// Equal times order by bytes: "B" < "a" < "b", whatever the
+		// database's collation says.
+		all := []idemretry.Record{
+			rec("a", "k-a", 2*time.Second, idemretry.StatePending),
+			rec("late", "k-late", time.Hour, idemretry.StateUnknown),
+			rec("done", "k-done", 0, idemretry.StateDone),
+			rec("b", "k-b", 2*time.Second, idemretry.StateUnknown),
+			rec("B", "k-B", 2*time.Second, idemretry.StatePending),
+			rec("first", "k-first", -time.Hour, idemretry.StatePending),
+		}
+		for _, r := range all {
+			mustReserve(t, j, r, bg, true)
+		}
+		got, err := j.Unfinished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"first", "B", "a", "b", "late"}
+		if len(got) != len(want) {
+			t.Fatalf("Unfinished: %d records %+v, want %v", len(got), got, want)
+		}
+		// Hashed ids are returned, and break ties, in their digest form:
+		// then only the times' order is checked for the tied three.
+		hashed := false
+		for _, r := range got {
+			hashed = hashed || strings.HasPrefix(r.ActionID, "sha256:")
+		}
+		for i, r := range got {
+			w := want[i]
+			if hashed && i >= 1 && i <= 3 {
+				w = strings.TrimPrefix(r.Key, "k-")
+				if !strings.Contains("Bab", w) {
+					t.Errorf("Unfinished[%d] = %+v, want one of B, a, b", i, r)
+				}
+			}
+			if r.Key != "k-"+w || (!hashed && r.ActionID != w) {
+				t.Errorf("Unfinished[%d] = %s (%s), want %s", i, r.ActionID, r.Key, w)
+			}
+		}
+	})
+
+	t.Run("Forget", func(t *testing.T) {
+		j := newJournal(t)
+		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+		if err := j.Forget(ctx, "pay:1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Forget(ctx, "pay:1"); err != nil {
+			t.Fatalf("Forget of a missing action: %v, want nil", err)
+		}
+		if got, _ := j.Unfinished(ctx); len(got) != 0 {
+			t.Fatalf("Unfinished after Forget: %+v", got)
+		}
+		next := rec("pay:1", "k2", time.Second, idemretry.StatePending)
+		sameRecord(t, "after forget", mustReserve(t, j, next, bg, true), next)
+	})
+
+	t.Run("Close", func(t *testing.T) {
+		j := newJournal(t)
+		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+		if err := j.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		_, _, err := j.Reserve(ctx, rec("pay:2", "k", 0, idemretry.StatePending), bg)
+		check := func(op string, err error) {
+			if !errors.Is(err, idemretry.ErrJournalClosed) {
+				t.Errorf("%s after Close: %v, want ErrJournalClosed", op, err)
+			}
+		}
+		check("Reserve", err)
+		check("Update", j.Update(ctx, rec("pay:1", "k1", 0, idemretry.StateDone)))
+		_, err = j.Unfinished(ctx)
+		check("Unfinished", err)
+		check("Forget", j.Forget(ctx, "pay:1"))
+	})
+
+	t.Run("ReserveCanceled", func(t *testing.T) {
+		j := newJournal(t)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, _, err := j.Reserve(cctx, rec("pay:1", "k1", 0, idemretry.StatePending), bg)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Reserve with a canceled context: %v, want context.Canceled", err)
+		}
+		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+	})
+}

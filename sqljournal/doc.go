@@ -1,0 +1,37 @@
+// Package sqljournal is an [idemretry.Journal] kept in a SQL database, so
+// that every machine of a fleet sends the same Idempotency-Key for one
+// logical action. It is written for PostgreSQL ($1 placeholders, ON CONFLICT)
+// through [database/sql], and works with any PostgreSQL driver: the
+// application imports and registers the one it likes, for instance
+//
+//	import _ "github.com/jackc/pgx/v5/stdlib" // driver name "pgx"
+//
+//	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+//	j, err := sqljournal.Open(ctx, db)
+//	t, err := idemretry.NewTransport(http.DefaultTransport, idemretry.WithJournal(j))
+//
+// # Guarantees
+//
+// [Journal.Reserve] is one atomic statement (INSERT ... ON CONFLICT), so
+// concurrent Reserves of one action, from any number of goroutines, pools,
+// processes or machines, all return the same key. A record it creates is
+// durable once the database has committed it; with PostgreSQL's default
+// synchronous_commit = on that means it is on the server's disk (and on its
+// synchronous standbys, if any) before the first request is sent. Do not
+// turn synchronous_commit off for the journal's database or role: a
+// server crash could then lose a key whose request was already sent.
+//
+// # Records and expiry
+//
+// Done records are kept for a retention (see [WithRetention]) and deleted by
+// [Journal.Expire], which the application calls on a schedule. Pending and
+// unknown records are never expired: an action whose outcome may be unknown
+// must never get a new key. They leave the table only through
+// [Journal.Forget], once the application has reconciled them.
+//
+// Action ids are stored as given, or as SHA-256 digests with
+// [WithHashedActionIDs]. Either way they must not carry personal data.
+//
+// The table's schema is in [Open]'s documentation. The package is tested
+// against PostgreSQL 15; it uses nothing newer than PostgreSQL 9.5.
+package sqljournal

@@ -1,0 +1,107 @@
+package sqljournal
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemretry/idemretry"
+)
+
+// Update implements [idemretry.Journal.Update]: it stores rec's State,
+// Attempts and Status, and leaves the key, fingerprint and creation time
+// alone. It returns once the change is committed. It fails with an error
+// wrapping [idemretry.ErrActionNotFound] when the action has no record,
+// [idemretry.ErrJournalInvalidRecord] for values Reserve would refuse, and
+// [idemretry.ErrJournalClosed] after Close.
+func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
+	if err := j.usable(ctx, "update"); err != nil {
+		return err
+	}
+	id := j.storedID(rec.ActionID)
+	if err := checkID(id); err != nil {
+		return fmt.Errorf("sqljournal: update: %w", err)
+	}
+	if err := checkProgress(rec); err != nil {
+		return fmt.Errorf("sqljournal: update %q: %w", id, err)
+	}
+	res, err := j.db.ExecContext(ctx, j.q.update, id, int16(rec.State), rec.Attempts, rec.Status)
+	if err != nil {
+		return fmt.Errorf("sqljournal: update %q: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("sqljournal: update %q: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
+	}
+	return nil
+}
+
+// Unfinished implements [idemretry.Journal.Unfinished]: the pending and
+// unknown records of every process sharing the table, oldest first, ties in
+// byte order of action id. With [WithHashedActionIDs] their ActionID is the
+// stored digest form. It fails with [idemretry.ErrJournalClosed] after Close.
+func (j *Journal) Unfinished(ctx context.Context) ([]idemretry.Record, error) {
+	if err := j.usable(ctx, "unfinished"); err != nil {
+		return nil, err
+	}
+	rows, err := j.db.QueryContext(ctx, j.q.unfinished)
+	if err != nil {
+		return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
+	}
+	defer rows.Close()
+	var out []idemretry.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
+	}
+	return out, nil
+}
+
+// Forget implements [idemretry.Journal.Forget]: it deletes the action's
+// record, committed on return, whatever its state. actionID may be the id
+// as given or, with [WithHashedActionIDs], the digest form that
+// [Journal.Unfinished] returns. A missing record is not an error. It fails
+// with [idemretry.ErrJournalClosed] after Close.
+func (j *Journal) Forget(ctx context.Context, actionID string) error {
+	if err := j.usable(ctx, "forget"); err != nil {
+		return err
+	}
+	id := j.storedID(actionID)
+	if checkID(id) != nil {
+		return nil // Reserve refuses such an id, so it has no record
+	}
+	if _, err := j.db.ExecContext(ctx, j.q.forget, id); err != nil {
+		return fmt.Errorf("sqljournal: forget %q: %w", id, err)
+	}
+	return nil
+}
+
+// Expire deletes the done records whose key was minted more than the
+// retention ago ([WithRetention]) and returns how many it deleted. Pending
+// and unknown records are never deleted: their outcome may be unknown, and
+// such an action must never get a new key. Call it on a schedule (hourly is
+// plenty); concurrent calls from several machines are harmless. It fails
+// with [idemretry.ErrJournalClosed] after Close.
+func (j *Journal) Expire(ctx context.Context) (int64, error) {
+	if err := j.usable(ctx, "expire"); err != nil {
+		return 0, err
+	}
+	cutoff := j.cfg.now().Add(-j.cfg.retention).UnixMilli()
+	res, err := j.db.ExecContext(ctx, j.q.expire, cutoff)
+	if err != nil {
+		return 0, fmt.Errorf("sqljournal: expire: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("sqljournal: expire: %w", err)
+	}
+	return n, nil
+}

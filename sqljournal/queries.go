@@ -1,0 +1,49 @@
+package sqljournal
+
+import (
+	"strconv"
+
+	"github.com/idemretry/idemretry"
+)
+
+// columns is the order every query reads and writes a record's columns in.
+const columns = `action_id, key, fingerprint, created_at, state, attempts, status`
+
+// stateDone and the others are idemretry's State values as SQL literals, so
+// that the constants stay the single source of truth.
+var (
+	stateDone    = strconv.Itoa(int(idemretry.StateDone))
+	statePending = strconv.Itoa(int(idemretry.StatePending))
+	stateUnknown = strconv.Itoa(int(idemretry.StateUnknown))
+)
+
+// queries is the SQL of one journal, built once from its validated table.
+type queries struct {
+	insertKeep, insertReplaceDone string
+	get, update, forget           string
+	unfinished, expire            string
+}
+
+func newQueries(t table) queries {
+	values := ` (` + columns + `) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	return queries{
+		// One statement each, so the decision is atomic in the database: a
+		// conflicting insert waits for the other transaction and then sees
+		// its committed row. RETURNING yields a row only when this call
+		// wrote one.
+		insertKeep: `INSERT INTO ` + t.quoted + values +
+			` ON CONFLICT (action_id) DO NOTHING RETURNING 1`,
+		insertReplaceDone: `INSERT INTO ` + t.quoted + values +
+			` ON CONFLICT (action_id) DO UPDATE SET key = EXCLUDED.key, fingerprint = EXCLUDED.fingerprint,` +
+			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status` +
+			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING 1`,
+		get:    `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
+		update: `UPDATE ` + t.quoted + ` SET state = $2, attempts = $3, status = $4 WHERE action_id = $1`,
+		forget: `DELETE FROM ` + t.quoted + ` WHERE action_id = $1`,
+		// COLLATE "C" orders equal times by bytes, as MemoryJournal does,
+		// whatever the database's collation.
+		unfinished: `SELECT ` + columns + ` FROM ` + t.quoted +
+			` WHERE state IN (` + statePending + `, ` + stateUnknown + `) ORDER BY created_at, action_id COLLATE "C"`,
+		expire: `DELETE FROM ` + t.quoted + ` WHERE state = ` + stateDone + ` AND created_at < $1`,
+	}
+}

@@ -1,0 +1,72 @@
+package sqljournal_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/sqljournal"
+)
+
+func TestInvalidRecordsRefused(t *testing.T) {
+	db := testDB(t)
+	j, table := openJournal(t, db)
+	ctx := context.Background()
+	bad := map[string]func(r *idemretry.Record){
+		"empty id":        func(r *idemretry.Record) { r.ActionID = "" },
+		"NUL in id":       func(r *idemretry.Record) { r.ActionID = "pay:\x00" },
+		"invalid UTF-8":   func(r *idemretry.Record) { r.ActionID = "pay:\xff" },
+		"long id":         func(r *idemretry.Record) { r.ActionID = strings.Repeat("x", idemretry.MaxJournalActionID+1) },
+		"empty key":       func(r *idemretry.Record) { r.Key = "" },
+		"long key":        func(r *idemretry.Record) { r.Key = strings.Repeat("k", 256) },
+		"space in key":    func(r *idemretry.Record) { r.Key = "a b" },
+		"state 0":         func(r *idemretry.Record) { r.State = 0 },
+		"state 4":         func(r *idemretry.Record) { r.State = 4 },
+		"attempts < 0":    func(r *idemretry.Record) { r.Attempts = -1 },
+		"status < 0":      func(r *idemretry.Record) { r.Status = -1 },
+		"attempts > 2^31": func(r *idemretry.Record) { r.Attempts = 1 << 31 },
+	}
+	for name, spoil := range bad {
+		r := rec("pay:1", "k1", 0, idemretry.StatePending)
+		spoil(&r)
+		if _, _, err := j.Reserve(ctx, r, idemretry.ReuseAny); !errors.Is(err, idemretry.ErrJournalInvalidRecord) {
+			t.Errorf("Reserve with %s: %v, want ErrJournalInvalidRecord", name, err)
+		}
+	}
+	mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+	for name, spoil := range bad {
+		r := rec("pay:1", "k1", 0, idemretry.StateDone)
+		spoil(&r)
+		err := j.Update(ctx, r)
+		if strings.Contains(name, "key") {
+			if err != nil {
+				t.Errorf("Update with %s: %v; Update ignores the key", name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, idemretry.ErrJournalInvalidRecord) {
+			t.Errorf("Update with %s: %v, want ErrJournalInvalidRecord", name, err)
+		}
+	}
+	if err := j.Forget(ctx, "pay:\x00"); err != nil {
+		t.Errorf("Forget of an id no record can have: %v", err)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM "` + table + `"`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("table holds %d rows (%v), want the one valid record", n, err)
+	}
+}
+
+// Hashed, any non-empty id is storable: the table holds only its digest.
+func TestHashedIDsTakeAnyBytes(t *testing.T) {
+	db := testDB(t)
+	j, _ := openJournal(t, db, sqljournal.WithHashedActionIDs())
+	for _, id := range []string{"pay:\x00", "pay:\xff", strings.Repeat("x", 4096)} {
+		mustReserve(t, j, rec(id, "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+		if err := j.Forget(context.Background(), id); err != nil {
+			t.Errorf("Forget(%.10q): %v", id, err)
+		}
+	}
+}
