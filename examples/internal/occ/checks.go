@@ -100,16 +100,18 @@ func Failed(checks []Check) bool {
 	return slices.ContainsFunc(checks, func(c Check) bool { return c.Status == Fail })
 }
 
-// Which way a claim about a ratio goes.
+// bound says which way a claim about a ratio goes.
+type bound int
+
 const (
-	below = false // the ratio must stay under the limit at every N
-	above = true  // the ratio must stay over the limit at every N
+	below bound = iota // the ratio must stay under the limit at every N
+	above              // the ratio must stay over the limit at every N
 )
 
 // worst evaluates ratio at every client count >= from and checks the
 // value nearest to failing against limit. format gets that value and its N.
 func worst(clients []int, from int, claim string, ratio func(n int) float64,
-	dir bool, limit float64, format string) Check {
+	dir bound, limit float64, format string) Check {
 	at, value := 0, 0.0
 	for _, n := range clients {
 		if n < from {
