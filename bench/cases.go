@@ -1,0 +1,134 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Body sizes of the benchmarks.
+const (
+	SmallBody = 1 << 10 // a payment request
+	LargeBody = 8 << 20 // an upload: streamed by idemretry, buffered by the peers
+)
+
+// actionSeq numbers actions across runs, so that no two share an id, even
+// in one journal.
+var actionSeq atomic.Int64
+
+// run is one benchmark's server, client and payload.
+type run struct {
+	srv     *Server
+	c       *Client
+	payload []byte
+	flaky   bool
+	conns   int64 // connections accepted before the timer started
+	reqs    int64
+	cpu     time.Duration // process CPU time when the timer started
+}
+
+func start(b *testing.B, name string, size int64, flaky bool) *run {
+	b.Helper()
+	srv := NewServer(size, flaky)
+	c, err := NewClient(name, b.TempDir())
+	if err != nil {
+		srv.Close()
+		if name == IdemFile {
+			b.Skipf("file journal unavailable: %v", err)
+		}
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); srv.Close() })
+	r := &run{srv: srv, c: c, payload: payload(size), flaky: flaky}
+	// One warm-up request, so that the first dial is not measured.
+	if err := r.op(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	r.conns, r.reqs = srv.Conns(), srv.Requests()
+	b.ReportAllocs()
+	if size >= LargeBody {
+		b.SetBytes(size)
+	}
+	r.cpu = cpuTime()
+	b.ResetTimer()
+	return r
+}
+
+// op performs one logical action. Only idemretry and the flaky server need
+// an action id; the others do not pay for making one.
+func (r *run) op(ctx context.Context) error {
+	var id string
+	if r.c.Keyed || r.flaky {
+		id = "pay:" + strconv.FormatInt(actionSeq.Add(1), 10)
+	}
+	return r.c.Post(ctx, r.srv.URL, r.payload, id, r.flaky)
+}
+
+// finish stops the timer, reports CPU time, connections and server
+// requests per action, and fails the benchmark if a body arrived damaged or a retry
+// changed key.
+func (r *run) finish(b *testing.B) {
+	b.StopTimer()
+	n := float64(b.N)
+	// Client and server together: the server is the same for every client.
+	b.ReportMetric(float64(cpuTime()-r.cpu)/n, "cpu-ns/op")
+	b.ReportMetric(float64(r.srv.Conns()-r.conns)/n, "dials/op")
+	b.ReportMetric(float64(r.srv.Requests()-r.reqs)/n, "reqs/op")
+	if bad := r.srv.BadBodies(); bad > 0 {
+		b.Fatalf("%d request bodies arrived damaged", bad)
+	}
+	if bad := r.srv.KeyMismatches(); bad > 0 {
+		b.Fatalf("%d retries changed Idempotency-Key", bad)
+	}
+}
+
+func (r *run) loop(b *testing.B) {
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		if err := r.op(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r.finish(b)
+}
+
+// parallelism times GOMAXPROCS goroutines send at once in PostParallel:
+// enough to keep the file journal's group commit busy on a 2-core machine.
+const parallelism = 4
+
+func (r *run) parallel(b *testing.B) {
+	ctx := context.Background()
+	b.SetParallelism(parallelism)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := r.op(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	r.finish(b)
+}
+
+// Post: one 1 KiB POST answered 201, each a new action.
+func Post(b *testing.B, name string) { start(b, name, SmallBody, false).loop(b) }
+
+// PostParallel: Post from 4*GOMAXPROCS goroutines at once.
+func PostParallel(b *testing.B, name string) { start(b, name, SmallBody, false).parallel(b) }
+
+// Retry: the server answers 503 to each action's first attempt and 201 to
+// its second; no client waits between them.
+func Retry(b *testing.B, name string) { start(b, name, SmallBody, true).loop(b) }
+
+// Large: one 8 MiB POST whose request has GetBody, answered 201.
+func Large(b *testing.B, name string) { start(b, name, LargeBody, false).loop(b) }
+
+// payload returns size bytes of JSON-looking text, the same every time, so
+// that the server can check a body without being sent a copy.
+func payload(size int64) []byte {
+	p := bytes.Repeat([]byte(`{"amount":1000,"currency":"usd","source":"tok_visa"}`+"\n"), int(size)/52+1)
+	return p[:size]
+}

@@ -1,0 +1,69 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+)
+
+// BenchmarkOverhead measures what each wrapper itself costs per action, with
+// no network under it: the base RoundTripper consumes the body and answers
+// at once. Loopback HTTP is ~45 µs and ~80 allocations of noise around a few
+// microseconds of difference; here the difference is all there is, so this
+// is where to look before and after changing idemretry's hot path.
+// nethttp is http.Client over the stub alone.
+func BenchmarkOverhead(b *testing.B) {
+	for _, flaky := range []bool{false, true} {
+		kind := "ok"
+		if flaky {
+			kind = "503-then-201"
+		}
+		for _, name := range []string{NetHTTP, IdemMemory, RetryableHTTP, Failsafe} {
+			b.Run(kind+"/"+name, func(b *testing.B) {
+				st := &stub{flaky: flaky}
+				c, err := newClient(name, b.TempDir(), st)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				p := payload(SmallBody)
+				ctx := context.Background()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					id := ""
+					if c.Keyed {
+						id = "pay:" + strconv.Itoa(i)
+					}
+					// The stub alternates by itself: no ActionHeader needed.
+					if err := c.Post(ctx, "http://stub.invalid/charges", p, id, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// stub is a base RoundTripper that reads the body and answers 201, or, when
+// flaky, 503 and 201 in turn. It is for one goroutine at a time.
+type stub struct {
+	flaky, failed bool
+}
+
+func (s *stub) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	status := http.StatusCreated
+	if s.flaky {
+		if s.failed = !s.failed; s.failed {
+			status = http.StatusServiceUnavailable
+		}
+	}
+	return &http.Response{StatusCode: status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{}, Body: http.NoBody, ContentLength: 0, Request: r}, nil
+}
