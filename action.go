@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/google/uuid"
 )
@@ -78,24 +80,42 @@ func formatKey(key string, quoted bool) string {
 }
 
 // fingerprint hashes what makes two requests the same payload: method, URL
-// and body. body may be nil.
+// and the SHA-256 of the body (of no bytes when body is nil).
 func fingerprint(req *http.Request, body io.Reader) (Fingerprint, error) {
-	bh := sha256.New()
+	s := fingerprintScratch.Get().(*fpScratch)
+	defer fingerprintScratch.Put(s)
+	s.h.Reset()
 	if body != nil {
-		if _, err := io.Copy(bh, body); err != nil {
+		if _, err := io.Copy(s.h, body); err != nil {
 			return Fingerprint{}, err
 		}
 	}
-	h := sha256.New()
-	io.WriteString(h, req.Method)
-	h.Write([]byte{0})
-	io.WriteString(h, req.URL.String())
-	h.Write([]byte{0})
-	h.Write(bh.Sum(nil))
+	var bodySum [sha256.Size]byte
+	s.h.Sum(bodySum[:0])
+
+	b := append(s.buf[:0], req.Method...)
+	b = append(b, 0)
+	b, _ = req.URL.AppendBinary(b) // never fails; the same bytes as URL.String
+	b = append(b, 0)
+	b = append(b, bodySum[:]...)
+	s.buf = b
+	s.h.Reset()
+	s.h.Write(b)
 	var fp Fingerprint
-	h.Sum(fp[:0])
+	s.h.Sum(fp[:0])
 	return fp, nil
 }
+
+// fpScratch is a hash and a buffer reused across fingerprints: the hot path
+// of every keyed request.
+type fpScratch struct {
+	h   hash.Hash
+	buf []byte
+}
+
+var fingerprintScratch = sync.Pool{New: func() any {
+	return &fpScratch{h: sha256.New(), buf: make([]byte, 0, 256)}
+}}
 
 func fingerprintActionID(fp Fingerprint) string {
 	return fingerprintActionPrefix + hex.EncodeToString(fp[:])

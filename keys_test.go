@@ -2,6 +2,7 @@ package idemretry_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"net/http"
 	"strings"
 	"sync"
@@ -338,4 +339,35 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 	require.Len(t, keys, 2)
 	assert.Equal(t, keys[0], keys[1])
 	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// The fingerprint is stored in durable journals, so its definition must not
+// drift between versions: SHA-256 of method, NUL, URL, NUL, SHA-256(body).
+func TestFingerprintDefinitionIsStable(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, j, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	for _, body := range []string{"", `{"amount":1}`} {
+		url := srv.URL + "/v1/payments?expand=charge"
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		require.NoError(t, err)
+		if body == "" {
+			req.Body, req.GetBody = nil, nil
+		}
+		resp, err := tr.RoundTrip(req.WithContext(idemretry.WithAction(context.Background(), "fp:"+body)))
+		require.NoError(t, err)
+		readAll(t, resp)
+
+		bodySum := sha256.Sum256([]byte(body))
+		want := sha256.Sum256([]byte("POST\x00" + url + "\x00" + string(bodySum[:])))
+		un, err := j.Unfinished(context.Background())
+		require.NoError(t, err)
+		var got []idemretry.Fingerprint
+		for _, r := range un {
+			if r.ActionID == "fp:"+body {
+				got = append(got, r.Fingerprint)
+			}
+		}
+		assert.Equal(t, []idemretry.Fingerprint{want}, got, "body %q", body)
+	}
 }

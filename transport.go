@@ -378,7 +378,14 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Re
 	if err != nil {
 		return nil, fmt.Errorf("rewind request body: %w", err)
 	}
-	out := req.Clone(req.Context())
+	// A shallow copy (what Request.WithContext makes) with its own header:
+	// the base RoundTripper must not modify the request, so only the header,
+	// which gets the key, needs copying.
+	out := req.WithContext(req.Context())
+	out.Header = req.Header.Clone()
+	if out.Header == nil {
+		out.Header = make(http.Header, 1)
+	}
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
 		out.Header.Set(t.cfg.header, formatKey(key, t.cfg.quoted))
