@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -91,4 +92,65 @@ func ExampleJournal_unfinished() {
 	}
 	// Output:
 	// pay:order-9 pending attempts: 2
+}
+
+// A restart: the first process loses the answer and stops; the second,
+// over the same journal directory, finds the action unfinished and resends
+// it with the same key, and the server replays its stored answer.
+func ExampleNewTransport() {
+	var mu sync.Mutex
+	charged := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		replay := charged[key]
+		charged[key] = true
+		mu.Unlock()
+		if !replay { // charge, then lose the answer on the way back
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+
+	dir, _ := os.MkdirTemp("", "journal")
+	defer os.RemoveAll(dir)
+	ctx := idemretry.WithAction(context.Background(), "pay:order-A-1001")
+	send := func(t *idemretry.Transport) (*http.Response, error) {
+		client := &http.Client{Transport: t}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":129900}`))
+		return client.Do(req)
+	}
+
+	// The first run gives up at once (no retries), as if it were killed.
+	first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := send(first); err != nil {
+		fmt.Println("first run: answer lost")
+	}
+	first.Close()
+
+	// The next run starts over the same journal.
+	second, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	if err != nil {
+		panic(err)
+	}
+	defer second.Close()
+	unfinished, _ := second.Journal().Unfinished(ctx)
+	fmt.Println("unfinished at start-up:", unfinished[0].ActionID)
+	resp, err := send(second)
+	if err != nil {
+		panic(err)
+	}
+	resp.Body.Close()
+	fmt.Println("second run:", resp.StatusCode, "replayed:", idemretry.IsReplay(resp), "charges:", len(charged))
+	// Output:
+	// first run: answer lost
+	// unfinished at start-up: pay:order-A-1001
+	// second run: 201 replayed: true charges: 1
 }
