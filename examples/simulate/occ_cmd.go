@@ -61,7 +61,7 @@ func runOcc(ctx context.Context, c common, o *occOptions) error {
 	fmt.Fprintf(c.Stdout, "runs per cell: %s; seed %d; %d workers\n\n", describeRuns(clients, runs), c.Seed, runtime.GOMAXPROCS(0))
 
 	start := time.Now()
-	bar := newOccProgress(c, plan.TotalWork())
+	bar := newProgress(c, "occ", plan.TotalWork(), "running the sweep...")
 	plan.Progress = bar.add
 	cells, err := occ.Sweep(ctx, plan)
 	var herd occ.Herd

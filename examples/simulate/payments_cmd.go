@@ -86,7 +86,8 @@ func runPayments(ctx context.Context, c common) error {
 	}
 
 	start := time.Now()
-	prog := newPaymentsProgress(c, len(storm)+len(restart))
+	runs := len(storm) + len(restart)
+	prog := newProgress(c, "payments", runs, fmt.Sprintf("playing %d runs...", runs))
 	run := func(cfgs []payments.Config) ([]*payments.Result, error) {
 		var out []*payments.Result
 		for _, cfg := range cfgs {
@@ -95,7 +96,7 @@ func runPayments(ctx context.Context, c common) error {
 			if err != nil {
 				return nil, fmt.Errorf("payments %s / %s: %w", cfg.Flavour, cfg.Strategy.Name, err)
 			}
-			prog.add()
+			prog.add(1)
 			if res.Plays > 1 || res.Disturbed() {
 				fmt.Fprintf(c.Stderr, "payments %s / %s: the machine froze a play for more than %v of virtual time; played %d times (last play's longest freeze: %v)\n",
 					cfg.Flavour, cfg.Strategy.Name, res.StallLimit, res.Plays, res.Stall.Round(time.Millisecond))
@@ -105,14 +106,14 @@ func runPayments(ctx context.Context, c common) error {
 		return out, nil
 	}
 	stormRes, err := run(storm)
+	var restartRes []*payments.Result
+	if err == nil {
+		restartRes, err = run(restart)
+	}
+	prog.finish(time.Since(start), err)
 	if err != nil {
 		return err
 	}
-	restartRes, err := run(restart)
-	if err != nil {
-		return err
-	}
-	prog.finish(time.Since(start))
 
 	def := storm[0]
 	title := fmt.Sprintf("payments, storm: %d clients x %d payments; answers lost after commit (%.0f%%), charges slower than the client's %v timeout (%.0f%%), outage %v-%v (fast 503s) then %v warm-up, capacity %d (429 + Retry-After: 1)",
