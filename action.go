@@ -27,6 +27,9 @@ type actionKey struct{}
 // thing the user meant to do once, created when they first asked for it.
 //
 // Action ids are stored in the journal: they must not carry personal data.
+// An empty id, or one starting with "key:" or "fp:" (the forms of the ids the
+// Transport derives itself), makes RoundTrip fail with ErrInvalidAction. A
+// key the caller sets on the request takes precedence: it names the action.
 func WithAction(ctx context.Context, actionID string) context.Context {
 	return context.WithValue(ctx, actionKey{}, actionID)
 }
@@ -37,11 +40,24 @@ func ActionFromContext(ctx context.Context) (string, bool) {
 	return id, ok && id != ""
 }
 
-// Prefixes of the action ids the Transport derives when the caller gave none.
+// Parts of the action ids the Transport derives. Ids given to WithAction
+// may not start with a derived id's prefix, so the two never collide.
 const (
-	keyActionPrefix         = "key:" // the caller set the header
-	fingerprintActionPrefix = "fp:"  // derived from the request
+	keyActionPrefix         = "key:"       // the caller set the header
+	fingerprintActionPrefix = "fp:"        // derived from the request
+	redirectActionInfix     = " redirect:" // a 307/308 hop, + 8 bytes of its fingerprint in hex
 )
+
+// checkActionID refuses ids that WithAction must not be given.
+func checkActionID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty action id", ErrInvalidAction)
+	case strings.HasPrefix(id, keyActionPrefix), strings.HasPrefix(id, fingerprintActionPrefix):
+		return fmt.Errorf("%w: %q: the prefixes %q and %q are reserved", ErrInvalidAction, id, keyActionPrefix, fingerprintActionPrefix)
+	}
+	return nil
+}
 
 // newUUIDKey returns a random UUIDv4 in its canonical form.
 func newUUIDKey() (string, error) {

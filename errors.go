@@ -27,6 +27,9 @@ var (
 	// ErrWaitExceedsDeadline: the next wait would end after the context's
 	// deadline, so the Transport returned at once instead of sleeping.
 	ErrWaitExceedsDeadline = errors.New("idemretry: next retry would miss the context deadline")
+	// ErrInvalidAction: the id given with WithAction is empty or uses a
+	// reserved prefix. Nothing was sent.
+	ErrInvalidAction = errors.New("idemretry: invalid action id")
 	// ErrInvalidRequest: the request is nil or has no URL or host.
 	ErrInvalidRequest = errors.New("idemretry: invalid request")
 	// ErrInvalidOption: an Option was given a value it cannot use.
@@ -84,7 +87,3 @@ func (e *ActionError) Unwrap() []error {
 	}
 	return out
 }
-
-// ErrKeyConflict: the request carries an Idempotency-Key other than the one
-// the journal holds for its action id. Nothing was sent.
-var ErrKeyConflict = errors.New("idemretry: request key differs from the action's key")

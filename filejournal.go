@@ -81,7 +81,9 @@ type JournalRecovery struct {
 func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 	c := defaultJournalConfig()
 	for _, o := range opts {
-		o(&c)
+		if o != nil { // as NewTransport does: a nil option is no option
+			o(&c)
+		}
 	}
 	s, rep, err := journal.Open(dir, journal.Options{
 		Now:             c.now,
@@ -179,13 +181,14 @@ func (j *FileJournal) Reserve(ctx context.Context, rec Record, mode ReserveMode)
 }
 
 // Update implements Journal. The change is written lazily (see FileJournal);
-// Sync waits for it.
+// Sync waits for it. It changes nothing and returns an error wrapping
+// ErrActionNotFound unless the action's record has rec.Key.
 func (j *FileJournal) Update(ctx context.Context, rec Record) error {
 	e, err := toEntry(j.storedID(rec.ActionID), rec)
 	if err != nil {
 		return err
 	}
-	if err := j.s.Update(e.ID, e.State, e.Attempts, e.Status); err != nil {
+	if err := j.s.Update(e.ID, e.Key, e.State, e.Attempts, e.Status); err != nil {
 		return fmt.Errorf("idemretry: journal update %q: %w", rec.ActionID, err)
 	}
 	return nil
@@ -237,6 +240,15 @@ func (j *FileJournal) Sync(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Now returns the journal's time: the later of its clock (WithJournalClock)
+// and the highest time it has seen, in the records it holds and in the
+// clock high-water mark it persists with its writes. It never runs
+// backwards, even across a reopen. The Transport uses it, when a Journal has
+// such a method, to judge the key window, so that a wall clock set back (by
+// NTP, or a user changing the phone's time) cannot make an expired key look
+// young again.
+func (j *FileJournal) Now() time.Time { return j.s.Now() }
 
 // Compact rewrites the journal now, without its forgotten and expired
 // records (it also happens by itself when the file is mostly dead records,

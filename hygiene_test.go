@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -176,4 +177,29 @@ func TestInvalidRequests(t *testing.T) {
 	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
 	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithKeyWindow(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+func TestInvalidOptions(t *testing.T) {
+	j := idemretry.WithJournal(idemretry.NewMemoryJournal())
+	for name, o := range map[string]idemretry.Option{
+		"zero window":       idemretry.WithKeyWindow(0),
+		"negative cap":      idemretry.WithMaxRetryAfter(-time.Second),
+		"empty header":      idemretry.WithKeyHeader(""),
+		"header with colon": idemretry.WithKeyHeader("Idempotency:Key"),
+		"header with space": idemretry.WithKeyHeader("Idempotency Key"),
+		"negative buffer":   idemretry.WithMaxBufferedBody(-1),
+		"nil backoff":       idemretry.WithBackOff(nil),
+	} {
+		_, err := idemretry.NewTransport(nil, j, o)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, name)
+	}
+	_, err := idemretry.NewTransport(nil, j, idemretry.WithKeyHeader("X-Idempotency-Key"), nil)
+	assert.NoError(t, err, "a nil Option is skipped")
+}
+
+// A huge key window must not overflow the retention of the journal it opens.
+func TestHugeKeyWindowOpensJournal(t *testing.T) {
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()), idemretry.WithKeyWindow(1<<62))
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
 }

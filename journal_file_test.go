@@ -301,3 +301,72 @@ func TestFileJournalCompactsByItself(t *testing.T) {
 	assert.Equal(t, r.Key, got.Key)
 	assert.Equal(t, 1999, got.Attempts)
 }
+
+// FileJournal.Now never runs backwards: records written at T+25h, then the
+// clock set back 2h, and the same across a reopen.
+func TestFileJournalNowNeverRunsBack(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := t0
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	set := func(t time.Time) { mu.Lock(); clock = t; mu.Unlock() }
+	dir := t.TempDir()
+	j := openJ(t, dir, WithJournalClock(now))
+	late := t0.Add(25 * time.Hour)
+	set(late)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		r := jrec(id)
+		r.CreatedAt = late
+		_, _, err := j.Reserve(ctx, r, ReuseAny)
+		require.NoError(t, err)
+	}
+	set(late.Add(-2 * time.Hour))
+	assert.False(t, j.Now().Before(late), "clock set back: %v", j.Now())
+	require.NoError(t, j.Close())
+
+	j = openJ(t, dir, WithJournalClock(now))
+	defer j.Close()
+	assert.False(t, j.Now().Before(late), "after reopen: %v", j.Now())
+	set(late.Add(time.Hour))
+	assert.True(t, j.Now().Equal(late.Add(time.Hour)), "clock ahead again")
+}
+
+// A nil JournalOption is no option, as for NewTransport.
+func TestOpenJournalNilOption(t *testing.T) {
+	var j *FileJournal
+	var err error
+	require.NotPanics(t, func() { j, err = OpenJournal(t.TempDir(), nil, WithHashedActionIDs(), nil) })
+	require.NoError(t, err)
+	defer j.Close()
+	assert.True(t, j.hashed, "the options around the nil one still apply")
+}
+
+// Update matches the key: an update meant for a record that was replaced
+// (here, forgotten and created again) leaves the new record alone, also
+// with hashed ids, and also after a reopen.
+func TestFileJournalUpdateMatchesKey(t *testing.T) {
+	for _, opts := range [][]JournalOption{nil, {WithHashedActionIDs()}} {
+		dir := t.TempDir()
+		j := openJ(t, dir, opts...)
+		ctx := context.Background()
+		old := jrec("a")
+		_, _, err := j.Reserve(ctx, old, ReuseAny)
+		require.NoError(t, err)
+		require.NoError(t, j.Forget(ctx, "a"))
+		again := jrec("a")
+		_, _, err = j.Reserve(ctx, again, ReuseAny)
+		require.NoError(t, err)
+		old.State, old.Status = StateDone, 201
+		assert.ErrorIs(t, j.Update(ctx, old), ErrActionNotFound)
+		require.NoError(t, j.Close())
+		j = openJ(t, dir, opts...)
+		got, created, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+		require.NoError(t, err)
+		assert.False(t, created)
+		assert.Equal(t, again.Key, got.Key)
+		assert.Equal(t, StatePending, got.State)
+		assert.ErrorIs(t, j.Update(ctx, old), ErrActionNotFound)
+		require.NoError(t, j.Close())
+	}
+}

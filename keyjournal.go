@@ -28,10 +28,13 @@ type Journal interface {
 	// return the same key.
 	Reserve(ctx context.Context, rec Record, mode ReserveMode) (got Record, created bool, err error)
 
-	// Update stores the State, Attempts and Status of an existing action. It
-	// may return before the change is durable: losing an update costs at most
-	// one harmless retry with the same key. It returns an error wrapping
-	// ErrActionNotFound if the action has no record.
+	// Update stores the State, Attempts and Status of an existing action with
+	// the same key: the record of rec.ActionID whose Key is rec.Key. It may
+	// return before the change is durable: losing an update costs at most one
+	// harmless retry with the same key. It returns an error wrapping
+	// ErrActionNotFound, and changes nothing, if the action has no record or
+	// its record has another key (it was replaced under ReusePending, or
+	// forgotten and created again, since rec was read).
 	Update(ctx context.Context, rec Record) error
 
 	// Unfinished returns the actions whose state is StatePending or

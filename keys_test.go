@@ -354,7 +354,7 @@ func TestFingerprintDefinitionIsStable(t *testing.T) {
 		if body == "" {
 			req.Body, req.GetBody = nil, nil
 		}
-		resp, err := tr.RoundTrip(req.WithContext(idemretry.WithAction(context.Background(), "fp:"+body)))
+		resp, err := tr.RoundTrip(req.WithContext(idemretry.WithAction(context.Background(), "pay:fp-"+body)))
 		require.NoError(t, err)
 		readAll(t, resp)
 
@@ -364,7 +364,7 @@ func TestFingerprintDefinitionIsStable(t *testing.T) {
 		require.NoError(t, err)
 		var got []idemretry.Fingerprint
 		for _, r := range un {
-			if r.ActionID == "fp:"+body {
+			if r.ActionID == "pay:fp-"+body {
 				got = append(got, r.Fingerprint)
 			}
 		}

@@ -47,7 +47,9 @@ func (j *MemoryJournal) Update(ctx context.Context, rec Record) error {
 		return ErrJournalClosed
 	}
 	old, ok := j.records[rec.ActionID]
-	if !ok {
+	if !ok || old.Key != rec.Key {
+		// Another key means another action under the same id (replaced,
+		// or forgotten and created again): not the one being updated.
 		return fmt.Errorf("update %q: %w", rec.ActionID, ErrActionNotFound)
 	}
 	old.State, old.Attempts, old.Status = rec.State, rec.Attempts, rec.Status

@@ -31,9 +31,9 @@ const (
 )
 
 // DefaultKeyedMethods are the methods that get an Idempotency-Key unless
-// WithKeyedMethods says otherwise. Other methods are retried under the same
-// policy without a key: GET, HEAD, OPTIONS, PUT and DELETE are idempotent by
-// definition.
+// WithKeyedMethods says otherwise. Of the others, GET, HEAD, OPTIONS, TRACE,
+// PUT and DELETE (idempotent by definition) are retried without a key, and
+// any other method is sent once.
 var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 
 // An Option configures a Transport (and a Client). Options apply in order;

@@ -105,18 +105,8 @@ func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	secs, err := strconv.ParseInt(v, 10, 64)
-	if errors.Is(err, strconv.ErrRange) && secs > 0 {
-		return maxDuration, true // more digits than int64: "a very long time"
-	}
-	if err == nil {
-		if secs < 0 {
-			return 0, false
-		}
-		if secs > int64(maxDuration/time.Second) {
-			return maxDuration, true
-		}
-		return time.Duration(secs) * time.Second, true
+	if v[0] >= '0' && v[0] <= '9' {
+		return retryAfterSeconds(v)
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {
@@ -127,6 +117,20 @@ func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 		d = 0
 	}
 	return d, true
+}
+
+// retryAfterSeconds parses delta-seconds: digits only, RFC 9110 10.2.3.
+func retryAfterSeconds(v string) (time.Duration, bool) {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+	}
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || secs > int64(maxDuration/time.Second) {
+		return maxDuration, true // more digits than fit: "a very long time"
+	}
+	return time.Duration(secs) * time.Second, true
 }
 
 const maxDuration = time.Duration(1<<63 - 1)

@@ -2,12 +2,14 @@ package idemretry
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -19,11 +21,13 @@ import (
 // request with a keyed method (POST and PATCH by default) belongs to a
 // logical action and carries that action's Idempotency-Key on every attempt;
 // the key is durable in the Journal before the first attempt leaves the
-// process. Other methods are retried under the same policy without a key.
+// process. GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried under the
+// same policy without a key; any other method that carries no key is sent
+// once.
 //
-// How one RoundTrip goes: resolve the action (WithAction's id; else the
-// caller's own Idempotency-Key header; else a fingerprint of method, URL and
-// body, matched against unfinished actions only), reserve its key, then
+// How one RoundTrip goes: resolve the action (the caller's own
+// Idempotency-Key header; else WithAction's id; else a fingerprint of method,
+// URL and body, matched against unfinished actions only), reserve its key, then
 // attempt, classify the outcome with the RetryPolicy, and either return or
 // wait (full jitter, or a longer Retry-After up to its cap) and go again. No
 // wait starts that would end after the context's deadline or the key window.
@@ -73,7 +77,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		// read the same clock as the window. The caller's options come
 		// after, and win.
 		opts := append([]JournalOption{
-			WithJournalRetention(cfg.keyWindow + DefaultJournalGrace),
+			WithJournalRetention(addSaturating(cfg.keyWindow, DefaultJournalGrace)),
 			WithJournalClock(cfg.clock.Now),
 		}, cfg.journalOpts...)
 		j, err := OpenJournal(dir, opts...)
@@ -93,12 +97,36 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: key window %v, want > 0", ErrInvalidOption, c.keyWindow)
 	case c.maxRetryAfter < 0:
 		return fmt.Errorf("%w: max Retry-After %v, want >= 0", ErrInvalidOption, c.maxRetryAfter)
-	case c.header == "":
-		return fmt.Errorf("%w: empty key header name", ErrInvalidOption)
+	case !isToken(c.header):
+		return fmt.Errorf("%w: key header name %q is not an HTTP token", ErrInvalidOption, c.header)
 	case c.maxBuffered < 0:
 		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
 	}
 	return nil
+}
+
+// addSaturating returns a+b for non-negative durations, capped at the
+// longest Duration.
+func addSaturating(a, b time.Duration) time.Duration {
+	if a > maxDuration-b {
+		return maxDuration
+	}
+	return a + b
+}
+
+// isToken reports whether s is a non-empty HTTP token (RFC 9110, 5.6.2),
+// as a header name must be.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Journal returns the journal the Transport keeps keys in, for
@@ -150,20 +178,31 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		method = http.MethodGet
 	}
 	if !t.cfg.keyed[method] {
-		return t.attempts(req, b, nil)
+		// Without a key, only a method that is idempotent by definition may
+		// be sent twice; any other is sent once.
+		return t.attempts(req, b, nil, idempotentMethods[method])
 	}
 	a, err := t.reserve(req, b)
 	if err != nil {
 		return nil, err
 	}
 	defer a.unlock()
-	return t.attempts(req, b, a)
+	return t.attempts(req, b, a, true)
+}
+
+// idempotentMethods may be retried without a key (RFC 9110, 9.2.2).
+var idempotentMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true, http.MethodTrace: true,
+	http.MethodPut: true, http.MethodDelete: true,
 }
 
 // action is a reserved action during one RoundTrip.
 type action struct {
-	rec    Record // as the journal holds it
-	unlock func()
+	rec Record // as the journal holds it
+	// resumed: the record existed before this RoundTrip, so an earlier one,
+	// perhaps in a process that died, may have sent it.
+	resumed bool
+	unlock  func()
 }
 
 // reserve resolves req's action, takes its in-process turn and reserves its
@@ -190,14 +229,13 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 			return nil, err
 		}
 	}
-	id, explicit := ActionFromContext(ctx)
+	id, err := t.actionID(req, callerKey, fp)
+	if err != nil {
+		return nil, err
+	}
 	mode := ReuseAny
-	switch {
-	case explicit:
-	case callerKey != "":
-		id = keyActionPrefix + callerKey
-	default:
-		id, mode = fingerprintActionID(fp), ReusePending
+	if strings.HasPrefix(id, fingerprintActionPrefix) {
+		mode = ReusePending
 	}
 	key := callerKey
 	if key == "" {
@@ -210,8 +248,8 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := t.cfg.clock.Now()
-	rec, _, err := t.journal.Reserve(ctx, Record{
+	now := t.now()
+	rec, created, err := t.journal.Reserve(ctx, Record{
 		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: now, State: StatePending,
 	}, mode)
 	if err != nil {
@@ -221,13 +259,11 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	fail := func(reason error) (*action, error) {
 		unlock()
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
-			MaybeProcessed: rec.Attempts > 0, Reason: reason}
+			MaybeProcessed: !created || rec.Attempts > 0, Reason: reason}
 	}
 	switch {
 	case rec.Fingerprint != fp:
 		return fail(ErrFingerprintMismatch)
-	case callerKey != "" && rec.Key != callerKey:
-		return fail(ErrKeyConflict)
 	case rec.State == StateUnknown:
 		return fail(ErrKeyWindowExpired)
 	case t.windowEnds(rec, now, 0):
@@ -238,7 +274,43 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, unlock: unlock}, nil
+	return &action{rec: rec, resumed: !created, unlock: unlock}, nil
+}
+
+// actionID names req's action: a key the caller set names it (the server
+// knows the action by its key, so one key must mean one payload); else the
+// id given with WithAction; else the request's fingerprint. A hop of
+// http.Client's 307/308 redirect is a sub-action of its own, with its own
+// key: the first server did not perform the action, the next one might.
+func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint) (string, error) {
+	id, explicit := req.Context().Value(actionKey{}).(string)
+	switch {
+	case callerKey != "":
+		id = keyActionPrefix + callerKey
+	case explicit:
+		if err := checkActionID(id); err != nil {
+			return "", err
+		}
+	default:
+		return fingerprintActionID(fp), nil
+	}
+	if req.Response != nil {
+		id += redirectActionInfix + hex.EncodeToString(fp[:8])
+	}
+	return id, nil
+}
+
+// now is the Transport's time for key windows: the clock's, unless the
+// journal has seen a later time (a wall clock set back must not make an
+// old key look young again).
+func (t *Transport) now() time.Time {
+	now := t.cfg.clock.Now()
+	if m, ok := t.journal.(interface{ Now() time.Time }); ok {
+		if jn := m.Now(); jn.After(now) {
+			return jn
+		}
+	}
+	return now
 }
 
 // windowEnds reports whether the key window of rec is over at now+d.
@@ -264,8 +336,9 @@ func (t *Transport) logUnknown(ctx context.Context, rec Record) {
 }
 
 // attempts sends req until the policy calls an outcome final or the retries
-// stop. a is nil for methods that carry no key.
-func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Response, error) {
+// stop. a is nil for methods that carry no key; retry is false for requests
+// that must be sent once.
+func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) (*http.Response, error) {
 	ctx := req.Context()
 	bo := t.cfg.newBackOff()
 	bo.Reset()
@@ -278,9 +351,13 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 	if a != nil {
 		actionID, key, prior = a.rec.ActionID, a.rec.Key, a.rec.Attempts
 	}
+	maxRetries := t.cfg.maxRetries
+	if !retry {
+		maxRetries = 0
+	}
 	fail := func(status int, reason, cause error) error {
 		return &ActionError{Action: actionID, Key: key, Attempts: prior + sent, Status: status,
-			MaybeProcessed: maybe || (a != nil && prior > 0), Reason: reason, Err: cause}
+			MaybeProcessed: maybe || (a != nil && (a.resumed || prior > 0)), Reason: reason, Err: cause}
 	}
 	// finish records where the action stands when RoundTrip returns.
 	finish := func(state State, status int) {
@@ -292,7 +369,16 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 		t.update(ctx, rec)
 	}
 
-	for retry := 0; ; retry++ {
+	var lastStatus int // of the previous attempt, 0 if none or a transport error
+	var lastErr error
+	for n := 0; ; n++ {
+		// The window may have ended during the wait (a device asleep, a
+		// slow clock): never send a key the server may have forgotten.
+		if a != nil && n > 0 && t.windowEnds(a.rec, t.now(), 0) {
+			finish(StateUnknown, 0)
+			t.logUnknown(ctx, a.rec)
+			return nil, fail(lastStatus, ErrKeyWindowExpired, lastErr)
+		}
 		out, err := t.newAttempt(req, b, key)
 		if err != nil {
 			finish(StatePending, 0)
@@ -303,7 +389,8 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 		if err == nil && resp == nil {
 			err = errors.New("idemretry: base RoundTripper returned neither response nor error")
 		}
-		if err != nil {
+		if err != nil && resp != nil { // a broken base: keep the error, free the response
+			discard(resp, 0)
 			resp = nil
 		}
 		maybe = maybe || mayHaveReachedServer(err)
@@ -317,7 +404,13 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 				finish(StatePending, 0)
 				return nil, fail(0, nil, err)
 			}
-			finish(StateDone, status)
+			if ctx.Err() != nil {
+				// The policy stopped because the caller did, not because the
+				// answer is definitive: a 503 here may hide a charge.
+				finish(StatePending, 0)
+			} else {
+				finish(StateDone, status)
+			}
 			return resp, nil
 		}
 
@@ -329,14 +422,14 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 			}
 			return nil, fail(0, reason, err)
 		}
-		if retry >= t.cfg.maxRetries {
+		if n >= maxRetries {
 			return stop(ErrAttemptsExhausted)
 		}
 		wait := bo.NextBackOff()
 		if wait == backoff.Stop {
 			return stop(ErrAttemptsExhausted)
 		}
-		now := t.cfg.clock.Now()
+		now := t.now()
 		if ra, ok := RetryAfter(resp, now); ok {
 			if ra > t.cfg.maxRetryAfter {
 				return stop(ErrAttemptsExhausted) // resp is non-nil here
@@ -362,13 +455,14 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action) (*http.Respo
 				slog.Int("status", ev.Status), slog.Any("error", ev.Err))
 		}
 		discard(resp, t.cfg.maxDrain)
-		if a != nil && retry == 0 {
+		if n == 0 {
 			finish(StatePending, 0) // a crash during the waits keeps the attempt count
 		}
 		if err := t.sleep(ctx, wait); err != nil {
 			finish(StatePending, 0)
 			return nil, fail(status, nil, err)
 		}
+		lastStatus, lastErr = status, err
 	}
 }
 

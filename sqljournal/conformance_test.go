@@ -121,7 +121,7 @@ func runConformance(t *testing.T, newJournal factory) {
 		j := newJournal(t)
 		first := rec("pay:1", "k1", 0, idemretry.StatePending)
 		mustReserve(t, j, first, bg, true)
-		change := rec("pay:1", "other-key", time.Hour, idemretry.StateDone)
+		change := rec("pay:1", "k1", time.Hour, idemretry.StateDone)
 		change.Fingerprint = sha256.Sum256([]byte("other"))
 		change.Attempts, change.Status = 4, 422
 		if err := j.Update(ctx, change); err != nil {
@@ -138,6 +138,18 @@ func runConformance(t *testing.T, newJournal factory) {
 		if !errors.Is(err, idemretry.ErrActionNotFound) {
 			t.Fatalf("Update of a missing action: %v, want ErrActionNotFound", err)
 		}
+	})
+
+	t.Run("UpdateOtherKey", func(t *testing.T) {
+		j := newJournal(t)
+		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		mustReserve(t, j, first, bg, true)
+		change := rec("pay:1", "k2", 0, idemretry.StateDone)
+		change.Attempts, change.Status = 4, 201
+		if err := j.Update(ctx, change); !errors.Is(err, idemretry.ErrActionNotFound) {
+			t.Fatalf("Update under another key: %v, want ErrActionNotFound", err)
+		}
+		sameRecord(t, "untouched", mustReserve(t, j, first, bg, false), first)
 	})
 
 	t.Run("UnfinishedOldestFirst", func(t *testing.T) {

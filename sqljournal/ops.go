@@ -8,11 +8,13 @@ import (
 )
 
 // Update implements [idemretry.Journal.Update]: it stores rec's State,
-// Attempts and Status, and leaves the key, fingerprint and creation time
-// alone. It returns once the change is committed. It fails with an error
-// wrapping [idemretry.ErrActionNotFound] when the action has no record,
-// [idemretry.ErrJournalInvalidRecord] for values Reserve would refuse, and
-// [idemretry.ErrJournalClosed] after Close.
+// Attempts and Status in the action's record if that record has rec.Key,
+// and leaves the key, fingerprint and creation time alone. It returns once
+// the change is committed. It fails, changing nothing, with an error
+// wrapping [idemretry.ErrActionNotFound] when the action has no record or
+// its record has another key (replaced, or forgotten and created again),
+// [idemretry.ErrJournalInvalidRecord] for progress values Reserve would
+// refuse, and [idemretry.ErrJournalClosed] after Close.
 func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
 	if err := j.usable(ctx, "update"); err != nil {
 		return err
@@ -24,7 +26,11 @@ func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
 	if err := checkProgress(rec); err != nil {
 		return fmt.Errorf("sqljournal: update %q: %w", id, err)
 	}
-	res, err := j.db.ExecContext(ctx, j.q.update, id, int16(rec.State), rec.Attempts, rec.Status)
+	if checkRecord(rec) != nil {
+		// Only the key can be wrong here, and Reserve stores no such key.
+		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
+	}
+	res, err := j.db.ExecContext(ctx, j.q.update, id, rec.Key, int16(rec.State), rec.Attempts, rec.Status)
 	if err != nil {
 		return fmt.Errorf("sqljournal: update %q: %w", id, err)
 	}

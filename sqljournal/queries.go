@@ -37,8 +37,10 @@ func newQueries(t table) queries {
 			` ON CONFLICT (action_id) DO UPDATE SET key = EXCLUDED.key, fingerprint = EXCLUDED.fingerprint,` +
 			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status` +
 			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING 1`,
-		get:    `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
-		update: `UPDATE ` + t.quoted + ` SET state = $2, attempts = $3, status = $4 WHERE action_id = $1`,
+		get: `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
+		// The key must match too: a record replaced (ReusePending) or
+		// forgotten and created again is another action under the same id.
+		update: `UPDATE ` + t.quoted + ` SET state = $3, attempts = $4, status = $5 WHERE action_id = $1 AND key = $2`,
 		forget: `DELETE FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// COLLATE "C" orders equal times by bytes, as MemoryJournal does,
 		// whatever the database's collation.

@@ -22,6 +22,7 @@ func TestInvalidRecordsRefused(t *testing.T) {
 		"empty key":       func(r *idemretry.Record) { r.Key = "" },
 		"long key":        func(r *idemretry.Record) { r.Key = strings.Repeat("k", 256) },
 		"space in key":    func(r *idemretry.Record) { r.Key = "a b" },
+		"NUL in key":      func(r *idemretry.Record) { r.Key = "k\x00" },
 		"state 0":         func(r *idemretry.Record) { r.State = 0 },
 		"state 4":         func(r *idemretry.Record) { r.State = 4 },
 		"attempts < 0":    func(r *idemretry.Record) { r.Attempts = -1 },
@@ -41,8 +42,9 @@ func TestInvalidRecordsRefused(t *testing.T) {
 		spoil(&r)
 		err := j.Update(ctx, r)
 		if strings.Contains(name, "key") {
-			if err != nil {
-				t.Errorf("Update with %s: %v; Update ignores the key", name, err)
+			// No record has such a key: Update matches the key.
+			if !errors.Is(err, idemretry.ErrActionNotFound) {
+				t.Errorf("Update with %s: %v, want ErrActionNotFound", name, err)
 			}
 			continue
 		}

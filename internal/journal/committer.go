@@ -92,6 +92,7 @@ func (s *Store) commitQueued(force bool) error {
 	}
 	ops, b := s.queue, s.cur
 	s.queue, s.cur, s.durable = nil, newBatch(), false
+	s.writing = b // Sync waits for it while it is written and synced
 	if s.high > s.savedHigh {
 		// Persist the clock's high-water mark, so that a clock set back
 		// before a restart cannot revive a record that had expired.
@@ -116,6 +117,7 @@ func (s *Store) commitQueued(force bool) error {
 		}
 	}
 	s.sizeSeen = s.size
+	s.writing = nil
 	s.mu.Unlock()
 	close(b.done)
 	return err

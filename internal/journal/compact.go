@@ -60,9 +60,17 @@ func (s *Store) compact() error {
 		recs = append(recs, s.recOf(id, &sl))
 	}
 	high := s.high
-	s.savedHigh = high
 	s.mu.Unlock()
-	return s.writeSnapshot(recs, high)
+	if err := s.writeSnapshot(recs, high); err != nil {
+		// Before the rename the old file, without this mark, is still the
+		// journal: the next batch must carry the mark. After it the Store
+		// is poisoned and the mark no longer matters.
+		return err
+	}
+	s.mu.Lock()
+	s.savedHigh = max(s.savedHigh, high)
+	s.mu.Unlock()
+	return nil
 }
 
 // writeSnapshot writes recs and an end record to journal.tmp, syncs it,

@@ -113,7 +113,7 @@ func TestCrashChild(t *testing.T) {
 				say("ack %s %s", got.ID, got.Key)
 				mine = append(mine, got.ID)
 				for a := range 3 {
-					_ = s.Update(got.ID, StatePending, uint32(a+1), 0)
+					_ = s.Update(got.ID, got.Key, StatePending, uint32(a+1), 0)
 				}
 				if i%5 == 4 {
 					id := mine[rand.IntN(len(mine))]

@@ -48,7 +48,7 @@ func buildDamageFixture(t testing.TB, seed uint64) damageFixture {
 			if _, ok := model[id]; !ok {
 				continue
 			}
-			if err := s.Update(id, StateDone, uint32(i), 200); err != nil {
+			if err := s.Update(id, model[id], StateDone, uint32(i), 200); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.Sync(ctx); err != nil {

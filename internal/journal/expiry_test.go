@@ -33,7 +33,7 @@ func TestExpiryFakeClock(t *testing.T) {
 		e.CreatedMs = t0.UnixMilli()
 		got := reserve(t, s, e)
 		if state != StatePending {
-			require.NoError(t, s.Update(id, state, 1, 200))
+			require.NoError(t, s.Update(id, got.Key, state, 1, 200))
 		}
 		return got
 	}
@@ -99,4 +99,71 @@ func TestClockHighWaterPersists(t *testing.T) {
 	defer s.Close()
 	_, ok, _ := s.Get("d")
 	assert.False(t, ok)
+}
+
+// Now never runs backwards: records written at T+25h, then the clock set
+// back 2h, and the same across a reopen.
+func TestNowNeverRunsBack(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	o := testOpts()
+	o.Now = clk.Now
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	assert.True(t, s.Now().Equal(t0))
+	late := t0.Add(25 * time.Hour)
+	clk.Set(late)
+	e := entry("a")
+	e.CreatedMs = late.UnixMilli()
+	reserve(t, s, e)
+	clk.Set(late.Add(-2 * time.Hour))
+	assert.False(t, s.Now().Before(late), "clock set back: %v", s.Now())
+	require.NoError(t, s.Close())
+
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.False(t, s.Now().Before(late), "after reopen: %v", s.Now())
+	// A clock ahead again is returned as is, to the nanosecond.
+	ahead := late.Add(time.Hour + time.Nanosecond)
+	clk.Set(ahead)
+	assert.True(t, s.Now().Equal(ahead))
+}
+
+// A compaction that fails before its rename must not make the Store think
+// the clock's high-water mark is on disk: the next batch has to carry it,
+// or a clock set back before a restart revives an expired record.
+func TestFailedCompactionKeepsClockMark(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	var fail sync.Map
+	o := testOpts()
+	o.Now, o.Retention = clk.Now, time.Hour
+	o.Hooks = &Hooks{WrapFile: func(name string, f File) File { return &faultyFile{File: f, fail: &fail, name: name} }}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	d := entry("d")
+	d.CreatedMs, d.State = t0.UnixMilli(), StateDone
+	reserve(t, s, d)
+	p := entry("p")
+	p.CreatedMs = t0.UnixMilli()
+	p = reserve(t, s, p)
+
+	clk.Set(t0.Add(2 * time.Hour)) // d has expired
+	fail.Store("short:"+tmpName, true)
+	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
+	fail.Delete("short:" + tmpName)
+	require.NoError(t, s.Update("p", p.Key, StateUnknown, 1, 0))
+	require.NoError(t, s.Sync(context.Background())) // a batch after the failure
+	require.NoError(t, s.Close())
+
+	clk.Set(t0) // restart with the clock set back
+	o.Hooks = nil
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.False(t, s.Now().Before(t0.Add(2*time.Hour)), "clock mark lost: %v", s.Now())
+	_, ok, _ := s.Get("d")
+	assert.False(t, ok, "expired record revived")
+	got, ok, _ := s.Get("p")
+	require.True(t, ok)
+	assert.Equal(t, StateUnknown, got.State)
 }

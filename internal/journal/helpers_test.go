@@ -110,3 +110,13 @@ func waitGoroutines(t testing.TB, n int) {
 }
 
 func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// keyOf returns the key of id's record, or "" if there is none.
+func keyOf(t testing.TB, s *Store, id string) string {
+	t.Helper()
+	e, _, err := s.Get(id)
+	if err != nil {
+		return ""
+	}
+	return e.Key
+}

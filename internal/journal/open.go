@@ -68,6 +68,7 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 		wake:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
+		closed:    make(chan struct{}),
 		compactCh: make(chan chan error),
 	}
 	rep, err := s.recover()

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemretry/idemretry/internal/lockfile"
 )
@@ -30,6 +31,7 @@ type Store struct {
 	inflight  map[string]*batch // records created by a batch not yet synced
 	queue     []op
 	cur       *batch // the batch that queue's operations belong to
+	writing   *batch // the batch the committer is writing and syncing, or nil
 	durable   bool   // cur has a waiter: write it now, not lazily
 	closing   bool
 	poison    error // set once a write or sync failed; the Store is dead
@@ -39,6 +41,7 @@ type Store struct {
 	wake      chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
+	closed    chan struct{} // closed once Close has finished: lock released
 	compactCh chan chan error
 
 	// Owned by the committer goroutine (by Open before it starts).
@@ -108,11 +111,28 @@ func (s *Store) del(id string) {
 
 // now returns the clock in Unix ms, never earlier than any time seen
 // before, so that a clock set back cannot bring an expired record back.
+// Callers hold mu.
 func (s *Store) now() int64 {
 	if t := s.opts.Now().UnixMilli(); t > s.high {
 		s.high = t
 	}
 	return s.high
+}
+
+// Now returns the later of the clock and the highest time the Store has
+// seen: in the records it loaded, in the clock marks persisted with its
+// batches and snapshots, and from the clock itself. It never runs
+// backwards, even across a reopen, whatever the clock does. When the clock
+// is ahead it is returned as is; otherwise the mark, to the millisecond.
+func (s *Store) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.opts.Now()
+	if ms := t.UnixMilli(); ms >= s.high {
+		s.high = ms
+		return t
+	}
+	return time.UnixMilli(s.high)
 }
 
 // expired: only done records expire. Pending and unknown ones are kept until
@@ -208,11 +228,14 @@ func (s *Store) Reserve(ctx context.Context, e Entry, reusePending bool) (Entry,
 	return r.entry(), true, nil
 }
 
-// Update stores the state, attempts and status of an existing action. The
-// change is written with the next batch, or within FlushInterval, or at
-// Close, whichever comes first; Sync waits for it. It returns an error
-// wrapping Options.ErrNotFound if the action has no (unexpired) record.
-func (s *Store) Update(id string, state uint8, attempts uint32, status uint16) error {
+// Update stores the state, attempts and status of an existing action whose
+// record has the given key. The change is written with the next batch, or
+// within FlushInterval, or at Close, whichever comes first; Sync waits for
+// it. It returns an error wrapping Options.ErrNotFound, and changes
+// nothing, if the action has no (unexpired) record or if its record has
+// another key (it was replaced, or forgotten and created anew, since the
+// caller read it).
+func (s *Store) Update(id, key string, state uint8, attempts uint32, status uint16) error {
 	if state < StatePending || state > StateUnknown {
 		return fmt.Errorf("%w: state %d", ErrInvalidRecord, state)
 	}
@@ -222,7 +245,7 @@ func (s *Store) Update(id string, state uint8, attempts uint32, status uint16) e
 		return err
 	}
 	sl, ok := s.m[id]
-	if !ok || s.expired(&sl, s.now()) {
+	if !ok || s.expired(&sl, s.now()) || !s.hasKey(id, &sl, key) {
 		return s.opts.ErrNotFound
 	}
 	r := s.recOf(id, &sl)
@@ -230,6 +253,17 @@ func (s *Store) Update(id string, state uint8, attempts uint32, status uint16) e
 	s.put(&r)
 	s.enqueue(op{kind: opUpsert, r: r}, false)
 	return nil
+}
+
+// hasKey reports whether the record sl of id has the given key, compared
+// in storage form: a canonical UUID as 16 bytes, any other key as is.
+// Callers hold mu.
+func (s *Store) hasKey(id string, sl *slot, key string) bool {
+	var k [16]byte
+	if parseUUID(key, &k) {
+		return !sl.custom && sl.key == k
+	}
+	return sl.custom && s.custom[id] == key
 }
 
 // Forget removes an action's record and returns once the removal is synced.
@@ -293,7 +327,10 @@ func (s *Store) Unfinished() ([]Entry, error) {
 	return out, nil
 }
 
-// Sync waits until every update queued so far is durable.
+// Sync waits until every update queued so far is durable: those still in
+// the queue, and those of a batch the committer has taken but not yet
+// synced. Batches are committed in order, so waiting for the queue's batch
+// covers the one being written too.
 func (s *Store) Sync(ctx context.Context) error {
 	s.mu.Lock()
 	if err := s.usable(); err != nil {
@@ -301,8 +338,12 @@ func (s *Store) Sync(ctx context.Context) error {
 		return err
 	}
 	if len(s.queue) == 0 {
+		b := s.writing
 		s.mu.Unlock()
-		return nil
+		if b == nil {
+			return nil
+		}
+		return s.wait(ctx, b)
 	}
 	b := s.cur
 	if !s.durable {
@@ -349,15 +390,19 @@ func (s *Store) Stats() Stats {
 
 // Close writes and syncs the queued operations, stops the committer, closes
 // the file and releases the lock. It returns the final flush's error, or the
-// error that failed the Store earlier. Later calls return nil.
+// error that failed the Store earlier. Later calls, concurrent ones
+// included, wait until the Store is fully closed (the lock released) and
+// return nil.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		<-s.closed
 		return nil
 	}
 	s.closing = true
 	s.mu.Unlock()
+	defer close(s.closed)
 	close(s.stop)
 	<-s.done
 	err := s.closeErr

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestReopenKeepsRecords(t *testing.T) {
 	custom := entry("b")
 	custom.Key = "order-42/attempt~1"
 	b := reserve(t, s, custom)
-	require.NoError(t, s.Update("a", StateDone, 3, 201))
+	require.NoError(t, s.Update("a", a.Key, StateDone, 3, 201))
 	require.NoError(t, s.Close())
 	waitGoroutines(t, base)
 
@@ -72,7 +73,7 @@ func TestInvalidRecords(t *testing.T) {
 	e := entry("upper")
 	e.Key = "8E03978E-40D5-43E8-BC93-6894A57F9324"
 	assert.Equal(t, e.Key, reserve(t, s, e).Key)
-	assert.ErrorIs(t, s.Update("nope", StateDone, 1, 200), errTestNotFound)
+	assert.ErrorIs(t, s.Update("nope", keyOf(t, s, "nope"), StateDone, 1, 200), errTestNotFound)
 }
 
 func TestConcurrentReserveOneKey(t *testing.T) {
@@ -149,7 +150,7 @@ func TestClosedStore(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, _, err := s.Reserve(context.Background(), entry("a"), false)
 	assert.ErrorIs(t, err, errTestClosed)
-	assert.ErrorIs(t, s.Update("a", StateDone, 1, 200), errTestClosed)
+	assert.ErrorIs(t, s.Update("a", keyOf(t, s, "a"), StateDone, 1, 200), errTestClosed)
 	assert.ErrorIs(t, s.Forget(context.Background(), "a"), errTestClosed)
 	_, err = s.Unfinished()
 	assert.ErrorIs(t, err, errTestClosed)
@@ -165,8 +166,8 @@ func TestForgetAndUnfinishedOrder(t *testing.T) {
 		e.CreatedMs = now + int64(i%2) // c,b at now; a,d at now+1
 		reserve(t, s, e)
 	}
-	require.NoError(t, s.Update("d", StateDone, 1, 200))
-	require.NoError(t, s.Update("b", StateUnknown, 6, 0))
+	require.NoError(t, s.Update("d", keyOf(t, s, "d"), StateDone, 1, 200))
+	require.NoError(t, s.Update("b", keyOf(t, s, "b"), StateUnknown, 6, 0))
 	require.NoError(t, s.Forget(context.Background(), "c"))
 	require.NoError(t, s.Forget(context.Background(), "never"))
 	require.NoError(t, s.Close())
@@ -188,7 +189,7 @@ func TestLazyUpdateFlushedByTimer(t *testing.T) {
 	s, _ := mustOpen(t, dir, o)
 	reserve(t, s, entry("a"))
 	before := s.Stats().FileBytes
-	require.NoError(t, s.Update("a", StateDone, 1, 200))
+	require.NoError(t, s.Update("a", keyOf(t, s, "a"), StateDone, 1, 200))
 	require.Eventually(t, func() bool { return s.Stats().FileBytes > before }, 2*time.Second, 5*time.Millisecond)
 	require.NoError(t, s.Close())
 }
@@ -203,7 +204,7 @@ func TestCompactionShrinksAndKeeps(t *testing.T) {
 	}
 	for round := range 100 {
 		for i := range 20 {
-			require.NoError(t, s.Update(fmt.Sprintf("a%d", i), StatePending, uint32(round), 0))
+			require.NoError(t, s.Update(fmt.Sprintf("a%d", i), keyOf(t, s, fmt.Sprintf("a%d", i)), StatePending, uint32(round), 0))
 		}
 		require.NoError(t, s.Sync(context.Background()))
 	}
@@ -320,4 +321,85 @@ func (f *faultyFile) Sync() error {
 		return err.(error)
 	}
 	return f.File.Sync()
+}
+
+// Update must match the key as well as the id: a record replaced (done,
+// then reserved anew with reusePending) or forgotten and created again is
+// another action, which an update meant for the old one must not touch.
+func TestUpdateChecksKey(t *testing.T) {
+	for _, custom := range []bool{false, true} {
+		s, _ := mustOpen(t, t.TempDir(), testOpts())
+		mk := func(id string) Entry {
+			e := entry(id)
+			if custom {
+				e.Key = "custom-" + newKey()
+			}
+			return e
+		}
+		old := reserve(t, s, mk("a"))
+		require.NoError(t, s.Update("a", old.Key, StateDone, 1, 200))
+		repl, created, err := s.Reserve(context.Background(), mk("a"), true)
+		require.NoError(t, err)
+		require.True(t, created)
+		assert.ErrorIs(t, s.Update("a", old.Key, StateUnknown, 9, 0), errTestNotFound)
+		got, ok, _ := s.Get("a")
+		require.True(t, ok)
+		assert.Equal(t, repl, got, "replaced record untouched")
+
+		require.NoError(t, s.Forget(context.Background(), "a"))
+		again := reserve(t, s, mk("a"))
+		assert.ErrorIs(t, s.Update("a", repl.Key, StateDone, 3, 201), errTestNotFound)
+		assert.ErrorIs(t, s.Update("a", "", StateDone, 3, 201), errTestNotFound)
+		got, _, _ = s.Get("a")
+		assert.Equal(t, again, got, "recreated record untouched")
+		require.NoError(t, s.Update("a", again.Key, StateDone, 3, 201))
+		got, _, _ = s.Get("a")
+		assert.Equal(t, StateDone, got.State)
+		require.NoError(t, s.Close())
+	}
+}
+
+// Every Close, not only the first, returns only once the Store is closed:
+// the final flush done and the lock released. A concurrent second Close
+// used to return nil at once.
+func TestConcurrentCloseWaits(t *testing.T) {
+	dir := t.TempDir()
+	block := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var armed atomic.Bool
+	o := testOpts()
+	o.Hooks = &Hooks{Failpoint: func(name string) {
+		if name == FPAfterWrite && armed.Load() {
+			select {
+			case entered <- struct{}{}:
+				<-block
+			default:
+			}
+		}
+	}}
+	s, _ := mustOpen(t, dir, o)
+	a := reserve(t, s, entry("a"))
+	require.NoError(t, s.Update("a", a.Key, StateDone, 1, 200)) // flushed by Close
+	armed.Store(true)
+	first := make(chan error, 1)
+	go func() { first <- s.Close() }()
+	<-entered // the first Close is flushing
+	second := make(chan error, 1)
+	go func() { second <- s.Close() }()
+	select {
+	case err := <-second:
+		close(block)
+		<-first
+		t.Fatalf("second Close returned (%v) before the Store was closed", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(block)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	// Closed means unlocked: the directory opens at once.
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	got, ok, _ := s.Get("a")
+	require.True(t, ok)
+	assert.Equal(t, StateDone, got.State)
 }

@@ -59,6 +59,7 @@ var cases = []struct {
 	{"ReserveCreatesThenReuses", reserveCreatesThenReuses},
 	{"ReusePendingReplacesDone", reusePendingReplacesDone},
 	{"UpdateAndNotFound", updateAndNotFound},
+	{"UpdateMatchesKey", updateMatchesKey},
 	{"UnfinishedOldestFirst", unfinishedOldestFirst},
 	{"Forget", forget},
 	{"CustomKeys", customKeys},
@@ -146,8 +147,8 @@ func updateAndNotFound(t *testing.T, _ *suite, j idemretry.Journal) {
 	// Update stores State, Attempts and Status only.
 	upd := r
 	upd.State, upd.Attempts, upd.Status = idemretry.StateUnknown, 4, 0
-	upd.Key = uuid.NewString()
 	upd.CreatedAt = r.CreatedAt.Add(time.Hour)
+	copy(upd.Fingerprint[:], "another fingerprint")
 	require.NoError(t, j.Update(ctx, upd))
 	got, _ := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
 	want := r
@@ -155,6 +156,53 @@ func updateAndNotFound(t *testing.T, _ *suite, j idemretry.Journal) {
 	same(t, want, got, "updated")
 	err := j.Update(ctx, rec("missing", now()))
 	assert.ErrorIs(t, err, idemretry.ErrActionNotFound)
+}
+
+// updateMatchesKey: Update changes only the record of rec.ActionID whose key
+// is rec.Key. A record replaced under ReusePending, or forgotten and created
+// again, is another action under the same id: an update meant for the old
+// one fails with ErrActionNotFound and leaves the new one alone.
+func updateMatchesKey(t *testing.T, _ *suite, j idemretry.Journal) {
+	// Another key on the action's own record.
+	r := rec("a", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	other := r
+	other.Key = uuid.NewString()
+	other.State, other.Attempts, other.Status = idemretry.StateDone, 3, 201
+	assert.ErrorIs(t, j.Update(ctx, other), idemretry.ErrActionNotFound)
+	got, _ := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	same(t, r, got, "other key")
+
+	// Replaced under ReusePending.
+	old := rec("p", now())
+	reserve(t, j, old, idemretry.ReusePending)
+	old.State, old.Attempts, old.Status = idemretry.StateDone, 1, 200
+	require.NoError(t, j.Update(ctx, old))
+	repl := rec("p", now())
+	got, created := reserve(t, j, repl, idemretry.ReusePending)
+	require.True(t, created)
+	same(t, repl, got, "replacement")
+	late := old
+	late.State, late.Attempts, late.Status = idemretry.StateUnknown, 7, 0
+	assert.ErrorIs(t, j.Update(ctx, late), idemretry.ErrActionNotFound)
+	got, _ = reserve(t, j, rec("p", now()), idemretry.ReuseAny)
+	same(t, repl, got, "replaced")
+
+	// Forgotten and created again.
+	f := rec("f", now())
+	reserve(t, j, f, idemretry.ReuseAny)
+	require.NoError(t, j.Forget(ctx, "f"))
+	again := rec("f", now())
+	reserve(t, j, again, idemretry.ReuseAny)
+	f.State, f.Attempts, f.Status = idemretry.StateDone, 2, 201
+	assert.ErrorIs(t, j.Update(ctx, f), idemretry.ErrActionNotFound)
+	got, _ = reserve(t, j, rec("f", now()), idemretry.ReuseAny)
+	same(t, again, got, "recreated")
+	// The new record itself is updated as usual.
+	again.State, again.Attempts, again.Status = idemretry.StateDone, 1, 201
+	require.NoError(t, j.Update(ctx, again))
+	got, _ = reserve(t, j, rec("f", now()), idemretry.ReuseAny)
+	same(t, again, got, "updated")
 }
 
 func unfinishedOldestFirst(t *testing.T, s *suite, j idemretry.Journal) {
