@@ -223,3 +223,21 @@ func TestBaseReturningBothIsClosed(t *testing.T) {
 	assert.Error(t, err)
 	assert.True(t, body.isClosed())
 }
+
+// A done action stays done when a later resend of it fails: its outcome is
+// known, and it must not turn up among the unfinished actions.
+func TestDoneActionStaysDoneAfterFailedResend(t *testing.T) {
+	srv := newPayServer(t)
+	tr, j, _ := newTestTransport(t, idemretry.WithMaxRetries(1))
+	ctx := idemretry.WithAction(context.Background(), "pay:done-then-down")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { hijackAndClose(w); return true }
+	_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.Error(t, err)
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un)
+}

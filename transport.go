@@ -359,14 +359,22 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		return &ActionError{Action: actionID, Key: key, Attempts: prior + sent, Status: status,
 			MaybeProcessed: maybe || (a != nil && (a.resumed || prior > 0)), Reason: reason, Err: cause}
 	}
-	// finish records where the action stands when RoundTrip returns.
+	// finish records where the action stands when RoundTrip returns. An
+	// action already done stays done: a resend that failed does not make
+	// its known outcome unknown.
 	finish := func(state State, status int) {
 		if a == nil {
 			return
 		}
 		rec := a.rec
+		if rec.State == StateDone && state != StateDone {
+			state, status = StateDone, rec.Status
+		}
 		rec.State, rec.Attempts, rec.Status = state, prior+sent, status
 		t.update(ctx, rec)
+		if state == StateUnknown {
+			t.logUnknown(ctx, rec)
+		}
 	}
 
 	var lastStatus int // of the previous attempt, 0 if none or a transport error
@@ -376,7 +384,6 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		// slow clock): never send a key the server may have forgotten.
 		if a != nil && n > 0 && t.windowEnds(a.rec, t.now(), 0) {
 			finish(StateUnknown, 0)
-			t.logUnknown(ctx, a.rec)
 			return nil, fail(lastStatus, ErrKeyWindowExpired, lastErr)
 		}
 		out, err := t.newAttempt(req, b, key)
@@ -442,7 +449,6 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		if a != nil && t.windowEnds(a.rec, now, wait) {
 			discard(resp, t.cfg.maxDrain)
 			finish(StateUnknown, 0)
-			t.logUnknown(ctx, a.rec)
 			return nil, fail(status, ErrKeyWindowExpired, err)
 		}
 		ev := RetryEvent{Action: actionID, Key: key, Attempt: prior + sent, Wait: wait, Status: status, Err: err}
