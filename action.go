@@ -53,6 +53,8 @@ func checkActionID(id string) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: empty action id", ErrInvalidAction)
+	case len(id) > MaxJournalActionID-len(redirectActionInfix)-16:
+		return fmt.Errorf("%w: %d bytes, want at most %d", ErrInvalidAction, len(id), MaxJournalActionID-len(redirectActionInfix)-16)
 	case strings.HasPrefix(id, keyActionPrefix), strings.HasPrefix(id, fingerprintActionPrefix):
 		return fmt.Errorf("%w: %q: the prefixes %q and %q are reserved", ErrInvalidAction, id, keyActionPrefix, fingerprintActionPrefix)
 	}

@@ -29,15 +29,17 @@ import (
 	"net/http"
 )
 
-// Client is an *http.Client whose Transport is an idemretry Transport. Use
-// it as any *http.Client; Close it when done to release its journal.
+// Client is an *http.Client whose Transport is an idemretry *Transport. Use
+// it as any *http.Client (its Transport field may be wrapped, for tracing
+// say; Close still releases the idemretry Transport underneath); Close it
+// when done to release its journal.
 type Client struct {
 	*http.Client
 	transport *Transport
 }
 
-// NewClient returns a Client that sends through http.DefaultTransport with
-// the given options. Unless WithJournal gives a journal, it opens the default
+// NewClient returns a Client that sends through its own clone of
+// http.DefaultTransport with the given options. Unless WithJournal gives a journal, it opens the default
 // file journal (see NewTransport), which only one Client or process may hold
 // at a time. The returned Client is safe for concurrent use.
 func NewClient(opts ...Option) (*Client, error) {
@@ -47,9 +49,6 @@ func NewClient(opts ...Option) (*Client, error) {
 	}
 	return &Client{Client: &http.Client{Transport: t}, transport: t}, nil
 }
-
-// Transport returns the Client's Transport.
-func (c *Client) Transport() *Transport { return c.transport }
 
 // Journal returns the journal that holds the Client's keys.
 func (c *Client) Journal() Journal { return c.transport.Journal() }

@@ -16,7 +16,8 @@ var (
 	// with a different method, URL or body. Nothing was sent.
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
-	// 255 characters, or has characters other than visible ASCII.
+	// 255 characters, has characters other than visible ASCII or has a '"' or
+	// '\', or the request has more than one such header.
 	ErrInvalidKey = errors.New("idemretry: invalid idempotency key")
 	// ErrBodyTooLarge: a request body without GetBody is larger than the
 	// buffering limit (WithMaxBufferedBody), so it could not be resent
@@ -27,8 +28,8 @@ var (
 	// ErrWaitExceedsDeadline: the next wait would end after the context's
 	// deadline, so the Transport returned at once instead of sleeping.
 	ErrWaitExceedsDeadline = errors.New("idemretry: next retry would miss the context deadline")
-	// ErrInvalidAction: the id given with WithAction is empty or uses a
-	// reserved prefix. Nothing was sent.
+	// ErrInvalidAction: the id given with WithAction is empty, too long for
+	// the journal, or uses a reserved prefix. Nothing was sent.
 	ErrInvalidAction = errors.New("idemretry: invalid action id")
 	// ErrInvalidRequest: the request is nil or has no URL or host.
 	ErrInvalidRequest = errors.New("idemretry: invalid request")
@@ -52,13 +53,22 @@ type ActionError struct {
 	// performed the action: resend it with the same key (the journal keeps
 	// it) or reconcile; never with a new key.
 	MaybeProcessed bool
-	Reason         error // why the retries stopped; a sentinel of this package
-	Err            error // the last cause, or nil
+	// Reason says why the retries stopped: a sentinel of this package, or
+	// nil when the last attempt's own error (Err) ended them — one that is
+	// not retried, or the caller's cancellation or deadline.
+	Reason error
+	Err    error // the last cause, or nil
 }
 
+// Error names the action and its key (for keyed requests), the attempts,
+// the last status, the reason and the cause.
 func (e *ActionError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "idemretry: action %q (key %s): %d attempt", e.Action, e.Key, e.Attempts)
+	b.WriteString("idemretry: ")
+	if e.Action != "" {
+		fmt.Fprintf(&b, "action %q (key %s): ", e.Action, e.Key)
+	}
+	fmt.Fprintf(&b, "%d attempt", e.Attempts)
 	if e.Attempts != 1 {
 		b.WriteByte('s')
 	}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +204,38 @@ func TestHugeKeyWindowOpensJournal(t *testing.T) {
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()), idemretry.WithKeyWindow(1<<62))
 	require.NoError(t, err)
 	require.NoError(t, tr.Close())
+}
+
+// A Transport with no base gets its own clone of http.DefaultTransport, so
+// closing it closes nobody else's connections; and WithJournal with
+// WithJournalDir is a mistake, refused.
+func TestNewTransportDefaults(t *testing.T) {
+	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithJournalDir(t.TempDir()))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+
+	srv := newPayServer(t)
+	get := func() (reused bool) {
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, srv.URL, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+		return reused
+	}
+	get() // leaves an idle connection in http.DefaultTransport's pool
+	own, err := idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()))
+	require.NoError(t, err)
+	resp, err := own.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.NoError(t, own.Close())
+	assert.True(t, get(), "closing the Transport left http.DefaultTransport's connections alone")
+}
+
+func TestActionErrorMessage(t *testing.T) {
+	keyed := &idemretry.ActionError{Action: "pay:1", Key: "k", Attempts: 6, Status: 503, Reason: idemretry.ErrAttemptsExhausted}
+	assert.Equal(t, `idemretry: action "pay:1" (key k): 6 attempts, last status 503: attempts exhausted`, keyed.Error())
+	unkeyed := &idemretry.ActionError{Attempts: 1, Err: errors.New("boom")}
+	assert.Equal(t, "idemretry: 1 attempt: boom", unkeyed.Error())
 }

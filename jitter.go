@@ -7,8 +7,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Default backoff settings, from the full-jitter table in the design seeds:
-// waits of at most 0.5, 1, 2, 4 and 8 seconds, 15.5 seconds in the worst case.
+// Default backoff settings: waits of at most 0.5, 1, 2, 4 and 8 seconds,
+// 15.5 seconds in the worst case.
 const (
 	// DefaultBaseDelay is the ceiling of the first retry's wait.
 	DefaultBaseDelay = 500 * time.Millisecond

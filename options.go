@@ -33,7 +33,7 @@ const (
 // DefaultKeyedMethods are the methods that get an Idempotency-Key unless
 // WithKeyedMethods says otherwise. Of the others, GET, HEAD, OPTIONS, TRACE,
 // PUT and DELETE (idempotent by definition) are retried without a key, and
-// any other method is sent once.
+// any other method is sent once. Do not modify it.
 var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 
 // An Option configures a Transport (and a Client). Options apply in order;
@@ -78,7 +78,10 @@ func defaultConfig() config {
 }
 
 // WithJournal makes the Transport keep keys in j instead of the default file
-// journal. The caller keeps ownership: Transport.Close does not close j.
+// journal. The caller keeps ownership: Transport.Close does not close j. A
+// journal that expires records must keep done ones for at least the key
+// window (see WithKeyWindow); the journals here keep them 48 hours by
+// default. WithJournal and WithJournalDir exclude each other.
 func WithJournal(j Journal) Option { return func(c *config) { c.journal = j } }
 
 // WithJournalDir opens the default file journal in dir instead of the
@@ -90,7 +93,8 @@ func WithJournalDir(dir string, opts ...JournalOption) Option {
 }
 
 // WithBackOff sets how the Transport waits between attempts. newBackOff is
-// called once per RoundTrip, so stateful backoffs are never shared. If a
+// called once per RoundTrip, so stateful backoffs are never shared; it must
+// be safe for concurrent use. If a
 // BackOff returns backoff.Stop, the retries end. The default is full jitter
 // with DefaultBaseDelay and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
@@ -162,7 +166,8 @@ func WithKeyHeader(name string) Option {
 }
 
 // WithOnRetry registers a function called before each wait, from the
-// goroutine running RoundTrip. It must not block for long.
+// goroutine running RoundTrip. It must not block for long and must be safe
+// for concurrent use.
 func WithOnRetry(f func(RetryEvent)) Option { return func(c *config) { c.onRetry = f } }
 
 // WithLogger makes the Transport log to l: each retry at Debug level, an
@@ -176,7 +181,7 @@ func WithMaxBufferedBody(n int64) Option { return func(c *config) { c.maxBuffere
 
 // WithKeyGenerator replaces the UUIDv4 generator, for reproducible
 // simulations. gen must return keys of at most 255 visible ASCII characters
-// that are unique per action.
+// that are unique per action, and be safe for concurrent use.
 func WithKeyGenerator(gen func() (string, error)) Option {
 	return func(c *config) {
 		if gen == nil {

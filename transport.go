@@ -22,8 +22,9 @@ import (
 // logical action and carries that action's Idempotency-Key on every attempt;
 // the key is durable in the Journal before the first attempt leaves the
 // process. GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried under the
-// same policy without a key; any other method that carries no key is sent
-// once.
+// same policy without a key; any other method is sent once. A key the caller
+// sets on a method that is not keyed is passed through as it is, unchecked
+// and not journaled.
 //
 // How one RoundTrip goes: resolve the action (the caller's own
 // Idempotency-Key header; else WithAction's id; else a fingerprint of method,
@@ -45,8 +46,9 @@ type Transport struct {
 	locks       actionlock.Set
 }
 
-// NewTransport returns a Transport that sends through base
-// (http.DefaultTransport if nil). Unless WithJournal gives one, it opens the
+// NewTransport returns a Transport that sends through base (if nil, its own
+// clone of http.DefaultTransport, so that Close affects no one else). Unless
+// WithJournal gives one, it opens the
 // file journal in WithJournalDir's directory or DefaultJournalDir, owns it and
 // closes it in Close; opening fails with an error wrapping ErrJournalLocked
 // if another Transport or process holds that journal.
@@ -61,7 +63,11 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		return nil, err
 	}
 	if base == nil {
-		base = http.DefaultTransport
+		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+			base = dt.Clone()
+		} else {
+			base = http.DefaultTransport
+		}
 	}
 	t := &Transport{base: base, cfg: cfg, journal: cfg.journal}
 	if t.journal == nil {
@@ -85,6 +91,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 			return nil, err
 		}
 		t.journal, t.ownsJournal = j, true
+		t.logRecovery(j)
 	}
 	return t, nil
 }
@@ -99,6 +106,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: max Retry-After %v, want >= 0", ErrInvalidOption, c.maxRetryAfter)
 	case !isToken(c.header):
 		return fmt.Errorf("%w: key header name %q is not an HTTP token", ErrInvalidOption, c.header)
+	case c.journal != nil && c.journalDir != "":
+		return fmt.Errorf("%w: both WithJournal and WithJournalDir", ErrInvalidOption)
 	case c.maxBuffered < 0:
 		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
 	}
@@ -156,7 +165,7 @@ func (t *Transport) CloseIdleConnections() {
 // final, or, when the retries stop (attempts used up, a Retry-After beyond
 // its cap, a deadline the next wait would miss), the last response with its
 // body unread. Errors: before sending, ErrInvalidRequest, ErrInvalidKey,
-// ErrBodyTooLarge or a journal error; for an action, an *ActionError that
+// ErrInvalidAction, ErrBodyTooLarge or a journal error; for an action, an *ActionError that
 // names it, its key and its attempts, and unwraps to the reason
 // (ErrKeyWindowExpired, ErrFingerprintMismatch, ErrAttemptsExhausted,
 // ErrWaitExceedsDeadline) and the last cause.
@@ -325,6 +334,20 @@ func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool 
 // reported.
 func (t *Transport) update(ctx context.Context, rec Record) {
 	_ = t.journal.Update(context.WithoutCancel(ctx), rec)
+}
+
+// logRecovery reports at Warn what opening the journal found damaged: a
+// torn tail (a crash mid-write; a damaged last frame looks the same) or
+// ranges a salvage skipped.
+func (t *Transport) logRecovery(j *FileJournal) {
+	r := j.Recovery()
+	if t.cfg.logger == nil || (!r.TornTail && len(r.Salvaged) == 0) {
+		return
+	}
+	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemretry: journal recovered from damage",
+		slog.String("dir", j.Dir()), slog.Bool("torn_tail", r.TornTail), slog.Int64("torn_offset", r.TornOffset),
+		slog.Int64("torn_bytes", r.TornBytes), slog.String("torn_copy", r.TornCopy),
+		slog.Int("salvaged_ranges", len(r.Salvaged)), slog.String("corrupt_copy", r.CorruptCopy))
 }
 
 // logUnknown says that an action's outcome must now be reconciled by hand.
