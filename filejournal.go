@@ -16,8 +16,8 @@ import (
 // by default. It keeps, per action, the action id (or its SHA-256, see
 // WithHashedActionIDs), the key (16 bytes for a UUID), the request
 // fingerprint, the creation time, the state, the attempt count and the final
-// status: about 80-95 bytes on disk and about 150 bytes of memory per
-// record. Never a body, a header or a credential.
+// status: about 75 bytes on disk and 130 bytes of memory per record for a
+// short action id. Never a body, a header or a credential.
 //
 // A record that Reserve creates is on disk, synced, when Reserve returns;
 // concurrent Reserves share one write and one sync (group commit). Updates

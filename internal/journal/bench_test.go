@@ -15,7 +15,7 @@ import (
 
 // The benchmarks report ratios to raw probes measured in the same run,
 // because this machine's disk drifts several-fold from minute to minute
-// (see JOURNAL.md): "raw" is a plain write plus fdatasync (datasync) of the
+// : "raw" is a plain write plus fdatasync (datasync) of the
 // same number of bytes, in the same directory.
 
 func benchEntry(i int) Entry {

@@ -213,7 +213,7 @@ func (o *oracle) apply(t *testing.T, ls []string) {
 	}
 }
 
-// check is the oracle of JOURNAL.md: every acknowledged record is there with
+// check is the journal's oracle: every acknowledged record is there with
 // its key; nothing never submitted is; an acknowledged Forget holds.
 // It runs on a goroutine of its own, so it reports with t.Errorf.
 func (o *oracle) check(t *testing.T, s *Store, round int) bool {

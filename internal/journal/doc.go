@@ -36,10 +36,13 @@
 // was asked for. A damaged frame with nothing valid after it is a torn tail
 // (a crash during its write): it is copied aside, cut off and synced. A
 // damaged final frame cannot be told from a torn write; like etcd, LevelDB,
-// RocksDB and SQLite, recovery treats it as torn. Its records were never
-// acknowledged, because acknowledgement follows the sync.
+// RocksDB and SQLite, recovery treats it as torn. After a crash that is
+// right: a torn frame's records were never acknowledged, because
+// acknowledgement follows the sync. If instead the disk damaged a final frame
+// that had been synced, its records are lost; the copy set aside and
+// Report.TornTail are how that shows.
 //
-// # Where this departs from JOURNAL.md, and why
+// # Where this departs from the project's recommended design, and why
 //
 //   - Expiry drops only done records. Pending and unknown ones are kept until
 //     Forget: dropping one would let the transport mint a new key for an

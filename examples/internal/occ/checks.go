@@ -25,7 +25,7 @@ type Check struct {
 // jittered are the strategies that draw their waits at random.
 var jittered = []string{"Decorr", "EqualJitter", "FullJitter"}
 
-// ShapeChecks tests the blog's shape (SIMULATION.md) on cells, each claim at
+// ShapeChecks tests the blog's shape on cells, each claim at
 // every client count the sweep has, and the herd's empty bins. A claim is
 // reported with its tightest case, so a PASS shows its margin.
 func ShapeChecks(cells []Cell, herd Herd) []Check {

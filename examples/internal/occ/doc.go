@@ -4,8 +4,7 @@
 // with one of idemretry's own backoff types before a fresh
 // read-modify-write. The model follows the blog's companion simulator
 // (aws-samples/aws-arch-backoff-simulator) so that its means can be checked
-// against that simulator's numbers cell by cell; see
-// shared/design/SIMULATION.md.
+// against that simulator's numbers cell by cell.
 //
 // Times are float64 milliseconds on a virtual clock: nothing sleeps.
 package occ

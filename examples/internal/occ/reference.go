@@ -11,7 +11,7 @@ import (
 )
 
 // How far a faithful reproduction may stray from the reference simulator's
-// means at 200 runs or more (SIMULATION.md). Time gets more room than calls
+// means at 200 runs or more. Time gets more room than calls
 // because it varies far more from run to run.
 const (
 	CallsTolerance = 0.03

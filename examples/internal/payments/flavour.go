@@ -13,7 +13,7 @@ const (
 	// Naive retries with no key at all, on the endpoint that allows it.
 	Naive Flavour = iota + 1
 	// KeyPerAttempt sends a key, but a new one on every attempt: the common
-	// mistake the seeds warn about. The server cannot tell retries apart.
+	// mistake payment guides warn about. The server cannot tell retries apart.
 	KeyPerAttempt
 	// MemoryKey keeps one key per action in memory (idemretry with
 	// NewMemoryJournal): what today's SDKs do. The key dies with the process.
