@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -240,4 +242,37 @@ func TestDoneActionStaysDoneAfterFailedResend(t *testing.T) {
 	un, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, un)
+}
+
+// A fingerprint-named action's "done" is durable when RoundTrip returns: a
+// crash right after (the journal's lazy updates unwritten) must not make a
+// deliberate repeat of the same request reuse the old key, which the server
+// would answer with the first payment's replay.
+func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
+	srv := newPayServer(t)
+	dir := t.TempDir()
+	tr, err := idemretry.NewTransport(&http.Transport{},
+		idemretry.WithJournalDir(dir, idemretry.WithJournalFlushInterval(time.Hour)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	// kill -9 now: what is on disk is the journal file as it is.
+	img := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(dir, "journal"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(img, "journal"), data, 0o600))
+	require.NoError(t, tr.Close())
+
+	again, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(img))
+	require.NoError(t, err)
+	defer again.Close()
+	resp, err = again.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 2)
+	assert.NotEqual(t, keys[0], keys[1], "the repeat is a new action")
+	assert.Equal(t, 2, srv.chargeCount())
 }

@@ -211,7 +211,10 @@ type action struct {
 	// resumed: the record existed before this RoundTrip, so an earlier one,
 	// perhaps in a process that died, may have sent it.
 	resumed bool
-	unlock  func()
+	// byFingerprint: the action is named by its request's fingerprint, so
+	// its "done" must be durable before RoundTrip returns (see finish).
+	byFingerprint bool
+	unlock        func()
 }
 
 // reserve resolves req's action, takes its in-process turn and reserves its
@@ -283,7 +286,7 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, resumed: !created, unlock: unlock}, nil
+	return &action{rec: rec, resumed: !created, byFingerprint: mode == ReusePending, unlock: unlock}, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server
@@ -397,6 +400,15 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		t.update(ctx, rec)
 		if state == StateUnknown {
 			t.logUnknown(ctx, rec)
+		}
+		// Updates may be lazy, and losing one usually costs one harmless
+		// resend. Not for an action named by its fingerprint: lost "done",
+		// a deliberate repeat after a crash would reuse the old key and be
+		// answered with the first payment's replay. So it is synced.
+		if state == StateDone && a.byFingerprint {
+			if s, ok := t.journal.(interface{ Sync(context.Context) error }); ok {
+				_ = s.Sync(context.WithoutCancel(ctx))
+			}
 		}
 	}
 
