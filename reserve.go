@@ -1,0 +1,153 @@
+package idemretry
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// action is a reserved action during one RoundTrip.
+type action struct {
+	rec Record // as the journal holds it
+	// resumed: the record existed before this RoundTrip, so an earlier one,
+	// perhaps in a process that died, may have sent it.
+	resumed bool
+	// byFingerprint: the action is named by its request's fingerprint, so
+	// its "done" must be durable before RoundTrip returns (see finish).
+	byFingerprint bool
+	unlock        func()
+}
+
+// reserve resolves req's action, takes its in-process turn and reserves its
+// key durably. It sends nothing.
+func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
+	ctx := req.Context()
+	r, err := b.reader()
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: request body: %w", err)
+	}
+	fp, err := fingerprint(req, r)
+	if r != nil {
+		r.Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemretry: request body: %w", err)
+	}
+
+	var callerKey string
+	if vs := req.Header.Values(t.cfg.header); len(vs) > 1 {
+		return nil, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
+	} else if len(vs) == 1 {
+		if callerKey, err = parseKey(vs[0]); err != nil {
+			return nil, err
+		}
+	}
+	id, err := t.actionID(req, callerKey, fp)
+	if err != nil {
+		return nil, err
+	}
+	mode := ReuseAny
+	if strings.HasPrefix(id, fingerprintActionPrefix) {
+		mode = ReusePending
+	}
+	key := callerKey
+	if key == "" {
+		if key, err = t.cfg.newKey(); err != nil {
+			return nil, fmt.Errorf("idemretry: new key: %w", err)
+		}
+	}
+
+	unlock, err := t.locks.Lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	now := t.now()
+	rec, created, err := t.journal.Reserve(ctx, Record{
+		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: now, State: StatePending,
+	}, mode)
+	if err != nil {
+		unlock()
+		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, err)
+	}
+	fail := func(reason error) (*action, error) {
+		unlock()
+		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
+			MaybeProcessed: !created || rec.Attempts > 0, Reason: reason}
+	}
+	switch {
+	case rec.Fingerprint != fp:
+		return fail(ErrFingerprintMismatch)
+	case rec.State == StateUnknown:
+		return fail(ErrKeyWindowExpired)
+	case t.windowEnds(rec, now, 0):
+		if rec.State == StatePending {
+			rec.State = StateUnknown
+			t.update(ctx, rec)
+			t.logUnknown(ctx, rec)
+		}
+		return fail(ErrKeyWindowExpired)
+	}
+	return &action{rec: rec, resumed: !created, byFingerprint: mode == ReusePending, unlock: unlock}, nil
+}
+
+// actionID names req's action: a key the caller set names it (the server
+// knows the action by its key, so one key must mean one payload); else the
+// id given with WithAction; else the request's fingerprint. A hop of
+// http.Client's 307/308 redirect is a sub-action of its own, with its own
+// key: the first server did not perform the action, the next one might.
+func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint) (string, error) {
+	id, explicit := req.Context().Value(actionKey{}).(string)
+	switch {
+	case callerKey != "":
+		id = keyActionPrefix + callerKey
+	case explicit:
+		if err := checkActionID(id); err != nil {
+			return "", err
+		}
+	default:
+		return fingerprintActionID(fp), nil
+	}
+	if req.Response != nil {
+		id += redirectActionInfix + hex.EncodeToString(fp[:8])
+	}
+	return id, nil
+}
+
+// now is the Transport's time for key windows: the clock's, unless the
+// journal has seen a later time (a wall clock set back must not make an
+// old key look young again).
+func (t *Transport) now() time.Time {
+	now := t.cfg.clock.Now()
+	if m, ok := t.journal.(interface{ Now() time.Time }); ok {
+		if jn := m.Now(); jn.After(now) {
+			return jn
+		}
+	}
+	return now
+}
+
+// windowEnds reports whether the key window of rec is over at now+d.
+func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
+	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
+}
+
+// update records rec's progress. A failed update is not reported to the
+// caller: the response in hand is still right, and a journal that lost the
+// update only causes one more attempt with the same key. A journal that
+// failed (for instance on fsync) refuses the next Reserve, and that is
+// reported.
+func (t *Transport) update(ctx context.Context, rec Record) {
+	_ = t.journal.Update(context.WithoutCancel(ctx), rec)
+}
+
+// logUnknown says that an action's outcome must now be reconciled by hand.
+func (t *Transport) logUnknown(ctx context.Context, rec Record) {
+	if t.cfg.logger != nil {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: key window ended, outcome unknown: reconcile the action",
+			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt))
+	}
+}
