@@ -22,8 +22,10 @@ import (
 // A record that Reserve creates is on disk, synced, when Reserve returns;
 // concurrent Reserves share one write and one sync (group commit). Updates
 // are written lazily: with the next Reserve or Forget, within
-// DefaultJournalFlushInterval, or at Close; losing one to a crash costs at
-// most one harmless retry under the same key.
+// DefaultJournalFlushInterval, at Close, or at once with Sync; losing one to
+// a crash costs one resend under the same key, which the server answers
+// with a replay (the Transport Syncs the "done" of actions named by their
+// fingerprint, where a lost one would matter).
 //
 // If a write or sync fails, the journal stops: every later call returns an
 // error wrapping ErrJournalClosed and the cause (a failed sync may have
@@ -59,9 +61,11 @@ type JournalRecovery struct {
 	// their records are lost. The damaged file was copied to CorruptCopy.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
-	// AdoptedTemp: a compaction crashed after writing its complete output
-	// but before putting it in place; OpenJournal finished it. RemovedTemp:
-	// an incomplete or superseded compaction output was removed.
+	// AdoptedTemp: a compaction's (or the journal's creation's) complete
+	// output had not been put in place, because of a crash before its
+	// rename or a rename lost at a power loss (it may then hold later
+	// records too); OpenJournal finished it. RemovedTemp: an incomplete or
+	// superseded compaction output was removed.
 	AdoptedTemp, RemovedTemp bool
 	// Compacted: OpenJournal rewrote the journal without its dead records.
 	Compacted bool
@@ -122,13 +126,39 @@ func (j *FileJournal) Recovery() JournalRecovery { return j.recovery }
 
 const hashedPrefix = "sha256:"
 
-// storedID is the id as the journal keys it.
+// storedID is the id as the journal keys it. With WithHashedActionIDs it
+// is the raw SHA-256 of the action id; an id already in the digest form
+// that Unfinished returns ("sha256:" and 64 lowercase hex digits) is taken
+// as that digest, so a listed action can be passed back to Reserve, Update
+// and Forget and reaches the same record (as in sqljournal). Another id of
+// that form would have to be a SHA-256 preimage, which nobody can make on
+// purpose.
 func (j *FileJournal) storedID(actionID string) string {
 	if !j.hashed {
 		return actionID
 	}
+	if sum, ok := digestOf(actionID); ok {
+		return string(sum)
+	}
 	sum := sha256.Sum256([]byte(actionID))
 	return string(sum[:])
+}
+
+// digestOf returns the digest of an id in the "sha256:<hex>" form that
+// Unfinished returns with WithHashedActionIDs (lowercase hex only, as
+// Unfinished writes it).
+func digestOf(actionID string) ([]byte, bool) {
+	h, ok := strings.CutPrefix(actionID, hashedPrefix)
+	if !ok || len(h) != 2*sha256.Size {
+		return nil, false
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return nil, false
+		}
+	}
+	sum, err := hex.DecodeString(h)
+	return sum, err == nil
 }
 
 func toEntry(id string, rec Record) (journal.Entry, error) {
@@ -217,13 +247,14 @@ func (j *FileJournal) Unfinished(ctx context.Context) ([]Record, error) {
 
 // Forget implements Journal: it returns once the removal is synced. With
 // WithHashedActionIDs it accepts the original id or the "sha256:..." form
-// that Unfinished returns.
+// that Unfinished returns, as Reserve and Update do.
 func (j *FileJournal) Forget(ctx context.Context, actionID string) error {
 	ids := []string{j.storedID(actionID)}
-	if h, ok := strings.CutPrefix(actionID, hashedPrefix); ok && j.hashed {
-		if sum, err := hex.DecodeString(h); err == nil && len(sum) == sha256.Size {
-			ids = append(ids, string(sum))
-		}
+	if _, ok := digestOf(actionID); ok && j.hashed {
+		// Earlier versions hashed the digest form again in Reserve: forget
+		// a record such a version may have stored under that id too.
+		sum := sha256.Sum256([]byte(actionID))
+		ids = append(ids, string(sum[:]))
 	}
 	for _, id := range ids {
 		if err := j.s.Forget(ctx, id); err != nil {

@@ -85,7 +85,8 @@ func WithJournalLockWait(d time.Duration) JournalOption {
 // Action ids must not carry personal data in any case; this option keeps
 // even opaque ids (order numbers, say) off the disk. With it,
 // FileJournal.Unfinished cannot return the original ids: it returns
-// "sha256:" followed by the hex digest, which FileJournal.Forget accepts.
+// "sha256:" followed by the hex digest, which FileJournal.Reserve, Update
+// and Forget accept in place of the original id: they reach the same record.
 // A journal keeps the setting it was created with: opening it with the other
 // setting fails with ErrJournalIncompatible.
 func WithHashedActionIDs() JournalOption {

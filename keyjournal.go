@@ -30,8 +30,10 @@ type Journal interface {
 
 	// Update stores the State, Attempts and Status of an existing action with
 	// the same key: the record of rec.ActionID whose Key is rec.Key. It may
-	// return before the change is durable: losing an update costs at most one
-	// harmless retry with the same key. It returns an error wrapping
+	// return before the change is durable: losing an update costs one resend
+	// with the same key. A journal that offers a Sync(context.Context) error
+	// method makes earlier updates durable with it; the Transport calls it
+	// where a lost update would matter. It returns an error wrapping
 	// ErrActionNotFound, and changes nothing, if the action has no record or
 	// its record has another key (it was replaced under ReusePending, or
 	// forgotten and created again, since rec was read).
@@ -39,7 +41,10 @@ type Journal interface {
 
 	// Unfinished returns the actions whose state is StatePending or
 	// StateUnknown, oldest first: what an application should resume or
-	// reconcile at start-up.
+	// reconcile at start-up. A journal that hashes action ids returns
+	// them in a digest form ("sha256:" and the hex digest) that its
+	// Reserve, Update and Forget accept in place of the original id: a
+	// listed record can be resumed, updated or forgotten as returned.
 	Unfinished(ctx context.Context) ([]Record, error)
 
 	// Forget removes an action's record durably, once the application has

@@ -14,7 +14,13 @@
 //
 // [Journal.Reserve] is one atomic statement (INSERT ... ON CONFLICT), so
 // concurrent Reserves of one action, from any number of goroutines, pools,
-// processes or machines, all return the same key. A record it creates is
+// processes or machines, all return the same key. It runs in a transaction
+// begun at READ COMMITTED, so it works the same when the database's or the
+// role's default_transaction_isolation is REPEATABLE READ or SERIALIZABLE.
+// Update, Forget and Expire are single statements at the default level;
+// under a stricter default, one that races with another client's change of
+// the same record may fail with a serialization error (SQLSTATE 40001),
+// having changed nothing. A record it creates is
 // durable once the database has committed it; with PostgreSQL's default
 // synchronous_commit = on that means it is on the server's disk (and on its
 // synchronous standbys, if any) before the first request is sent. Do not

@@ -29,6 +29,15 @@ const reserveTries = 8
 // key that is not 1 to 255 visible ASCII characters; a state other than
 // the three, negative Attempts or Status), and with
 // [idemretry.ErrJournalClosed] after Close.
+//
+// Each try runs in a transaction begun at READ COMMITTED, whatever the
+// database's or the role's default_transaction_isolation: at REPEATABLE READ
+// or SERIALIZABLE, an INSERT ... ON CONFLICT that meets a row committed
+// after its snapshot fails with a serialization error (SQLSTATE 40001)
+// instead of yielding to it, and the SELECT that follows would not see the
+// winner. At READ COMMITTED each statement sees every row committed before
+// it started, which is what the decision needs; the insert and the read
+// touch one row, so the stricter levels would add nothing.
 func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool, error) {
 	if err := j.usable(ctx, "reserve"); err != nil {
 		return idemretry.Record{}, false, err
@@ -48,26 +57,54 @@ func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemre
 		insert = j.q.insertReplaceDone
 	}
 	for range reserveTries {
-		var one int
-		err := j.db.QueryRowContext(ctx, insert, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(),
-			int16(rec.State), rec.Attempts, rec.Status).Scan(&one)
-		if err == nil {
-			return rec, true, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
-		}
-		got, err := scanRecord(j.db.QueryRowContext(ctx, j.q.get, id))
+		got, created, retry, err := j.reserveOnce(ctx, insert, id, rec, mode)
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			continue // forgotten since the insert: insert again
 		case err != nil:
 			return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
-		case mode != idemretry.ReuseAny && got.State == idemretry.StateDone:
-			continue // finished since the insert: now it may be replaced
+		case retry:
+			continue
+		case created:
+			return rec, true, nil
 		}
 		got.ActionID = rec.ActionID
 		return got, false, nil
 	}
 	return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, ErrContended)
+}
+
+// reserveOnce is one try of Reserve, in a READ COMMITTED transaction (see
+// Reserve): the insert, committed when it wrote the record (created), else
+// a read of the record that won. retry: that record vanished, or became
+// done under a mode that may replace it, since the insert.
+func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec idemretry.Record, mode idemretry.ReserveMode) (got idemretry.Record, created, retry bool, err error) {
+	tx, err := j.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return idemretry.Record{}, false, false, err
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	var one int
+	err = tx.QueryRowContext(ctx, insert, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(),
+		int16(rec.State), rec.Attempts, rec.Status).Scan(&one)
+	if err == nil {
+		// Created only once committed: a failed Commit leaves the outcome
+		// unknown to us, and Reserve's error keeps the caller from sending;
+		// a later Reserve returns the record if it was committed.
+		if err := tx.Commit(); err != nil {
+			return idemretry.Record{}, false, false, err
+		}
+		return rec, true, false, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return idemretry.Record{}, false, false, err
+	}
+	got, err = scanRecord(tx.QueryRowContext(ctx, j.q.get, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return idemretry.Record{}, false, true, nil // forgotten since the insert: insert again
+	case err != nil:
+		return idemretry.Record{}, false, false, err
+	case mode != idemretry.ReuseAny && got.State == idemretry.StateDone:
+		return idemretry.Record{}, false, true, nil // finished since the insert: now it may be replaced
+	}
+	return got, false, false, nil
 }

@@ -116,6 +116,11 @@ func (s *Store) commitQueued(force bool) error {
 			delete(s.inflight, id)
 		}
 	}
+	for _, id := range b.dels {
+		if s.deleting[id] == b {
+			delete(s.deleting, id)
+		}
+	}
 	s.sizeSeen = s.size
 	s.writing = nil
 	s.mu.Unlock()

@@ -74,11 +74,13 @@ func (s *Store) compact() error {
 }
 
 // writeSnapshot writes recs and an end record to journal.tmp, syncs it,
-// renames it over journal, syncs the directory and makes it the active file.
-// A crash at any step leaves either the complete old journal or the complete
-// new one: Open adopts a complete journal.tmp only when journal is missing,
-// and removes it otherwise. A failure before the rename leaves the Store as
-// it was; a failure after it poisons the Store.
+// renames it over journal (durably: renameDurable, then syncDir), and makes
+// it the active file. A crash at any step leaves either the complete old
+// journal or the complete new one, possibly still named journal.tmp where
+// the rename cannot be made durable: Open adopts a complete journal.tmp when
+// journal is missing or journal.tmp starts past journal's last frame, and
+// removes it otherwise (see the package doc). A failure before the rename
+// leaves the Store as it was; a failure after it poisons the Store.
 func (s *Store) writeSnapshot(recs []rec, high int64) (err error) {
 	tmpPath := filepath.Join(s.dir, tmpName)
 	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -165,7 +167,7 @@ func (s *Store) writeSnapshot(recs []rec, high int64) (err error) {
 			return s.poison
 		}
 	}
-	if err := os.Rename(tmpPath, s.path); err != nil {
+	if err := renameDurable(tmpPath, s.path); err != nil {
 		_ = os.Remove(tmpPath)
 		if hadOld { // the old journal is still in place: keep using it
 			if af, oerr := s.openActive(); oerr == nil {

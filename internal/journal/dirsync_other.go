@@ -2,8 +2,11 @@
 
 package journal
 
-// syncDir does nothing: Windows has no directory fsync. os.Rename does not
-// ask for MOVEFILE_WRITE_THROUGH, so a power loss just after a compaction
-// may bring back the old journal; it is complete, which is all recovery
-// needs (a compaction drops only expired and forgotten records).
+// syncDir does nothing: Windows has no directory fsync. There renames use
+// MoveFileEx with MOVEFILE_WRITE_THROUGH (rename_windows.go) instead. On the
+// other platforms without a directory sync, a rename (of a compaction's or
+// a new journal's journal.tmp) may be lost at a power loss while later
+// appends to the renamed file are kept, leaving them under journal.tmp:
+// recovery then adopts journal.tmp rather than deleting it (see the package
+// doc, "journal.tmp at recovery").
 func syncDir(string) error { return nil }

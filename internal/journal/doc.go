@@ -5,7 +5,8 @@
 //
 //	<dir>/LOCK          never renamed; locked (internal/lockfile) while open
 //	<dir>/journal       the active file
-//	<dir>/journal.tmp   exists only during a compaction
+//	<dir>/journal.tmp   exists only while a compaction (or the journal's
+//	                    creation) writes and renames it
 //	<dir>/journal.torn.*     torn tails cut off by recovery (a few newest kept)
 //	<dir>/journal.corrupt.*  whole files set aside by a salvage (a few kept)
 //
@@ -41,6 +42,27 @@
 // acknowledgement follows the sync. If instead the disk damaged a final frame
 // that had been synced, its records are lost; the copy set aside and
 // Report.TornTail are how that shows.
+//
+// # journal.tmp at recovery
+//
+// A compaction (and the creation of a new journal) writes journal.tmp,
+// syncs it, renames it over journal and makes the rename durable: a
+// directory fsync on unix, MoveFileEx with MOVEFILE_WRITE_THROUGH on
+// Windows. Where a rename cannot be made durable, a power loss may undo it
+// while keeping the batches appended afterwards to the renamed file: they
+// are then under journal.tmp, acknowledged. So Open never deletes a
+// journal.tmp that may hold them. It adopts journal.tmp (syncs it, then
+// renames it over journal durably) when journal.tmp is a complete snapshot
+// (valid header, valid frames up to an end record that counts the records
+// before it, then only valid batch frames, apart from a torn tail) and
+// either journal is missing or journal.tmp's base sequence is past
+// journal's last valid sequence. Sequences continue across files and a
+// compaction starts its file at journal's next sequence, so journal.tmp is
+// then the newer file. Otherwise it removes journal.tmp, after syncing
+// journal: an incomplete journal.tmp never replaced anything, and one whose
+// base journal's frames reach was left by a compaction that failed, its
+// removal lost. If journal's header is unreadable, journal.tmp is left in
+// place and Open reports the damage.
 //
 // # Where this departs from the project's recommended design, and why
 //

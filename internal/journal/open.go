@@ -29,9 +29,11 @@ type Report struct {
 	// CorruptCopy and the journal rewritten without them.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
-	// AdoptedTemp: a compaction had completed journal.tmp but crashed
-	// before its rename; Open finished it. RemovedTemp: a leftover
-	// journal.tmp was removed (the journal itself was complete).
+	// AdoptedTemp: a complete journal.tmp newer than journal (a crash
+	// before its rename, or a rename lost at a power loss, possibly with
+	// batches appended after it) was renamed over journal. RemovedTemp: a
+	// leftover journal.tmp, incomplete or stale, was removed. See the
+	// package doc, "journal.tmp at recovery".
 	AdoptedTemp, RemovedTemp bool
 	// Compacted: Open rewrote the journal (it was mostly dead records,
 	// expired records, or salvaged).
@@ -50,7 +52,7 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 	if err := opts.fill(); err != nil {
 		return nil, Report{}, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := mkdirDurable(dir); err != nil {
 		return nil, Report{}, fmt.Errorf("journal: %w", err)
 	}
 	lk, err := lockfile.Acquire(filepath.Join(dir, lockName), opts.LockWait)
@@ -64,6 +66,7 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 		lock:      lk,
 		custom:    make(map[string]string),
 		inflight:  make(map[string]*batch),
+		deleting:  make(map[string]*batch),
 		cur:       newBatch(),
 		wake:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
@@ -88,6 +91,34 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 	return s, rep, nil
 }
 
+// mkdirDurable creates dir and its missing parents with mode 0700, as
+// os.MkdirAll does, and then syncs the parent of each directory it created,
+// shallowest first, so that a power loss cannot take the new directory (and
+// the journal in it) away. It syncs nothing when dir exists.
+func mkdirDurable(dir string) error {
+	var created []string
+	for d := filepath.Clean(dir); ; {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			break // exists, or MkdirAll will report the error
+		}
+		created = append(created, d)
+		p := filepath.Dir(d)
+		if p == d {
+			break
+		}
+		d = p
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for i := len(created) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Dir(created[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (s *Store) recover() (Report, error) {
 	var rep Report
 	tmpPath := filepath.Join(s.dir, tmpName)
@@ -98,19 +129,29 @@ func (s *Store) recover() (Report, error) {
 	}
 	tdata, terr := os.ReadFile(tmpPath)
 	switch {
-	case terr == nil && missing && snapshotComplete(tdata, tmpPath):
-		if err := os.Rename(tmpPath, s.path); err != nil {
-			return rep, fmt.Errorf("journal: adopt %s: %w", tmpPath, err)
-		}
-		if err := syncDir(s.dir); err != nil {
-			return rep, fmt.Errorf("journal: %w", err)
-		}
-		rep.AdoptedTemp, missing = true, false
 	case terr == nil:
-		if err := os.Remove(tmpPath); err != nil {
-			return rep, fmt.Errorf("journal: %w", err)
+		adopt, keep, err := s.chooseTemp(tdata, tmpPath, missing)
+		switch {
+		case err != nil:
+			return rep, err
+		case adopt:
+			// journal.tmp is synced: only now may it replace journal.
+			if err := renameDurable(tmpPath, s.path); err != nil {
+				return rep, fmt.Errorf("journal: adopt %s: %w", tmpPath, err)
+			}
+			if err := syncDir(s.dir); err != nil {
+				return rep, fmt.Errorf("journal: %w", err)
+			}
+			rep.AdoptedTemp, missing = true, false
+		case !keep:
+			if err := os.Remove(tmpPath); err != nil {
+				return rep, fmt.Errorf("journal: %w", err)
+			}
+			if err := syncDir(s.dir); err != nil {
+				return rep, fmt.Errorf("journal: %w", err)
+			}
+			rep.RemovedTemp = true
 		}
-		rep.RemovedTemp = true
 	case !errors.Is(terr, fs.ErrNotExist):
 		return rep, fmt.Errorf("journal: %w", terr)
 	}
@@ -200,26 +241,90 @@ func (s *Store) applyFrame(_ uint64, payload []byte) error {
 	})
 }
 
-// snapshotComplete reports whether data is a whole compaction output: every
-// frame valid, ending with an end record that counts the records before it.
+// chooseTemp decides what to do with a leftover journal.tmp, tdata (see the
+// package doc, "journal.tmp at recovery"): adopt it in place of journal,
+// keep it (journal cannot be read, so nothing is decided and Open reports
+// journal's error), or else remove it. Whichever file wins is synced before
+// chooseTemp returns, so the other is dropped only once the winner is on
+// disk.
+func (s *Store) chooseTemp(tdata []byte, tmpPath string, missing bool) (adopt, keep bool, err error) {
+	tres, ok := checkSnapshot(tdata, tmpPath)
+	if !ok {
+		return false, false, nil
+	}
+	if !missing {
+		jdata, err := os.ReadFile(s.path)
+		if err != nil {
+			return false, false, fmt.Errorf("journal: %w", err)
+		}
+		// Salvage only to learn the last valid sequence: nothing is
+		// changed here, and the journal is scanned again for real below.
+		jres, err := scan(jdata, s.path, true, func(uint64, []byte) error { return nil })
+		if err != nil {
+			return false, true, nil
+		}
+		if tres.hdr.baseSeq <= jres.lastSeq {
+			// journal went on after journal.tmp was written: tmp is stale
+			// (a failed compaction whose removal did not last).
+			return false, false, syncFile(s.path)
+		}
+	}
+	return true, false, syncFile(tmpPath)
+}
+
+// snapshotComplete reports whether data holds a whole compaction snapshot
+// (see checkSnapshot).
 func snapshotComplete(data []byte, path string) bool {
+	_, ok := checkSnapshot(data, path)
+	return ok
+}
+
+// checkSnapshot reports whether data holds a whole compaction output: a
+// valid header, every frame up to the end record valid, and the end record
+// counting the records before it. The snapshot may be followed by batch
+// frames, appended after a rename that did not last (see the package doc):
+// they must be valid too, except for a torn tail, which recovery cuts off
+// as in any journal.
+func checkSnapshot(data []byte, path string) (scanResult, bool) {
 	var n uint64
 	ended := false
 	res, err := scan(data, path, false, func(_ uint64, p []byte) error {
+		if ended {
+			return nil // an appended batch
+		}
 		return decodePayload(p, func(o *op) error {
-			switch o.kind {
-			case opUpsert:
+			switch {
+			case ended:
+			case o.kind == opUpsert:
 				n++
-				ended = false
-			case opEnd:
-				ended = o.count == n
+			case o.kind == opEnd:
+				if o.count != n {
+					return errPayload
+				}
+				ended = true
 			default:
-				ended = false
+				return errPayload // a snapshot holds only upserts, then its end
 			}
 			return nil
 		})
 	})
-	return err == nil && !res.torn && res.end == len(data) && ended
+	return res, err == nil && ended
+}
+
+// syncFile makes the file at path durable (fdatasync where available).
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	err = datasync(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("journal: sync %s: %w", path, err)
+	}
+	return nil
 }
 
 // copyAside writes data to a new file named prefix+time in the directory,

@@ -206,7 +206,11 @@ func TestHashedFlagMismatch(t *testing.T) {
 	require.NoError(t, s.Close())
 }
 
-// T8 (in process): the states a compaction crash can leave.
+// T8 (in process): the states a compaction crash can leave. A complete
+// journal.tmp is adopted when journal is missing or journal.tmp starts past
+// journal's last frame (its rename was lost, and later appends may be in
+// it); it is removed when journal went on past its base (a stale leftover)
+// or when it is incomplete.
 func TestCompactionLeftovers(t *testing.T) {
 	data, es := buildJournal(t, 3)
 	// A complete snapshot, as a compaction writes it.
@@ -216,11 +220,18 @@ func TestCompactionLeftovers(t *testing.T) {
 		reserve(t, s, e)
 	}
 	require.NoError(t, s.Compact(context.Background()))
-	require.NoError(t, s.Close())
 	snap, err := os.ReadFile(filepath.Join(snapDir, journalName))
+	require.NoError(t, err)
+	// The same file after an acknowledged append: a snapshot followed by
+	// a batch frame.
+	reserve(t, s, entry("after-compaction"))
+	require.NoError(t, s.Close())
+	later, err := os.ReadFile(filepath.Join(snapDir, journalName))
 	require.NoError(t, err)
 	require.True(t, snapshotComplete(snap, "snap"))
 	require.False(t, snapshotComplete(snap[:len(snap)-1], "snap"))
+	require.True(t, snapshotComplete(later, "later"))
+	require.True(t, snapshotComplete(later[:len(later)-1], "later"), "a torn append after the end record")
 
 	cases := []struct {
 		name            string
@@ -229,7 +240,10 @@ func TestCompactionLeftovers(t *testing.T) {
 		records         int
 	}{
 		{"renamed not yet", nil, snap, true, false, 3},
-		{"rename done, tmp stale", data, snap, false, true, 3},
+		{"rename lost, appends under tmp", nil, later, true, false, 4},
+		{"rename lost, old journal kept", data, later, true, false, 4},
+		{"tmp starts past journal", data, snap, true, false, 3},
+		{"rename done, tmp stale", later, snap, false, true, 4},
 		{"tmp incomplete, journal missing", nil, snap[:len(snap)-3], false, true, 0},
 		{"tmp incomplete, journal present", data, snap[:40], false, true, 3},
 	}

@@ -29,6 +29,7 @@ type Store struct {
 	custom    map[string]string // non-UUID keys, by stored id (rare)
 	live      int64             // encoded size of the records in m
 	inflight  map[string]*batch // records created by a batch not yet synced
+	deleting  map[string]*batch // records removed by a batch not yet synced
 	queue     []op
 	cur       *batch // the batch that queue's operations belong to
 	writing   *batch // the batch the committer is writing and syncing, or nil
@@ -70,6 +71,7 @@ type batch struct {
 	done chan struct{} // closed once err is set
 	err  error
 	ids  []string // ids whose creation waits on this batch (inflight)
+	dels []string // ids whose removal waits on this batch (deleting)
 }
 
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
@@ -203,8 +205,7 @@ func (s *Store) Reserve(ctx context.Context, e Entry, reusePending bool) (Entry,
 	now := s.now()
 	if sl, ok := s.m[r.id]; ok {
 		if s.expired(&sl, now) {
-			s.del(r.id)
-			s.enqueue(op{kind: opDelete, r: rec{id: r.id}}, false)
+			s.remove(r.id, false)
 		} else if !reusePending || sl.state != StateDone {
 			old := s.recOf(r.id, &sl)
 			b := s.inflight[r.id]
@@ -266,20 +267,41 @@ func (s *Store) hasKey(id string, sl *slot, key string) bool {
 	return sl.custom && s.custom[id] == key
 }
 
+// remove drops id from the index and queues its delete, recording the
+// batch in deleting until it is synced. Callers hold mu.
+func (s *Store) remove(id string, durable bool) *batch {
+	s.del(id)
+	b := s.enqueue(op{kind: opDelete, r: rec{id: id}}, durable)
+	s.deleting[id] = b
+	b.dels = append(b.dels, id)
+	return b
+}
+
 // Forget removes an action's record and returns once the removal is synced.
-// Forgetting an absent action does nothing.
+// An already-ended ctx is refused before anything changes. Forgetting an
+// absent action returns at once, unless an earlier removal of it (another
+// Forget, or Reserve dropping it as expired) is still queued or being
+// written: then Forget waits for that removal to be synced too.
 func (s *Store) Forget(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if err := s.usable(); err != nil {
 		s.mu.Unlock()
 		return err
 	}
-	if _, ok := s.m[id]; !ok {
+	var b *batch
+	if _, ok := s.m[id]; ok {
+		b = s.remove(id, true)
+	} else if b = s.deleting[id]; b == nil {
 		s.mu.Unlock()
 		return nil
+	} else if b == s.cur && !s.durable {
+		// A lazy delete (of an expired record) still queued: write it now.
+		s.durable = true
+		s.signal()
 	}
-	s.del(id)
-	b := s.enqueue(op{kind: opDelete, r: rec{id: id}}, true)
 	s.mu.Unlock()
 	return s.wait(ctx, b)
 }

@@ -62,6 +62,7 @@ var cases = []struct {
 	{"UpdateMatchesKey", updateMatchesKey},
 	{"UnfinishedOldestFirst", unfinishedOldestFirst},
 	{"Forget", forget},
+	{"ReportedIDsResolve", reportedIDsResolve},
 	{"CustomKeys", customKeys},
 	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
 	{"CanceledContext", canceledContext},
@@ -251,6 +252,38 @@ func forget(t *testing.T, _ *suite, j idemretry.Journal) {
 	assert.ErrorIs(t, j.Update(ctx, r), idemretry.ErrActionNotFound)
 	got, created := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
 	assert.True(t, created)
+	assert.NotEqual(t, r.Key, got.Key)
+}
+
+// reportedIDsResolve: the ActionID that Unfinished reports (see ReportedIDs)
+// reaches the same record in Reserve, Update and Forget, so resuming a
+// listed action never mints a second key for it.
+func reportedIDsResolve(t *testing.T, s *suite, j idemretry.Journal) {
+	r := rec("pay:order-17", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	listed := un[0]
+	assert.Equal(t, s.id(r.ActionID), listed.ActionID)
+
+	got, created := reserve(t, j, rec(listed.ActionID, now()), idemretry.ReuseAny)
+	assert.False(t, created, "Reserve of the reported id created a record")
+	assert.Equal(t, r.Key, got.Key)
+
+	listed.State, listed.Attempts = idemretry.StateUnknown, 2
+	require.NoError(t, j.Update(ctx, listed), "Update of the reported id")
+	got, created = reserve(t, j, r, idemretry.ReuseAny)
+	assert.False(t, created)
+	assert.Equal(t, idemretry.StateUnknown, got.State)
+	assert.Equal(t, 2, got.Attempts)
+
+	require.NoError(t, j.Forget(ctx, listed.ActionID))
+	un, err = j.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, un)
+	got, created = reserve(t, j, rec(r.ActionID, now()), idemretry.ReuseAny)
+	assert.True(t, created, "the record survived Forget of the reported id")
 	assert.NotEqual(t, r.Key, got.Key)
 }
 
