@@ -59,7 +59,12 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		// answered with the first payment's replay. So it is synced.
 		if state == StateDone && a.byFingerprint {
 			if s, ok := t.journal.(interface{ Sync(context.Context) error }); ok {
-				_ = s.Sync(context.WithoutCancel(ctx))
+				// The caller's context bounds the wait: the response is in
+				// hand, and a lazy flush follows anyway.
+				if err := s.Sync(ctx); err != nil && t.cfg.logger != nil {
+					t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal sync of a done action failed",
+						slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Any("error", err))
+				}
 			}
 		}
 	}

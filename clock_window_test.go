@@ -1,7 +1,9 @@
 package idemretry_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -14,9 +16,11 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// The key window is judged by a time that never runs backwards (the file
-// journal's): a clock set back cannot make a 25-hour-old key look young.
-func TestKeyWindowSurvivesClockSetBack(t *testing.T) {
+// A key whose creation lies in the clock's future (the clock was set back
+// since) has an age nobody can know: it is refused, never sent. Key windows
+// are wall-clock spans; a clock set back less than that stays a limit of
+// any client, and NewTransport logs it when its journal has seen later times.
+func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := newFakeClock()
@@ -30,15 +34,37 @@ func TestKeyWindowSurvivesClockSetBack(t *testing.T) {
 	require.NoError(t, err)
 	readAll(t, resp) // 503: pending
 
-	clk.Advance(25 * time.Hour) // the window of pay:old is over
-	resp, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:other"), srv.URL, "y"))
+	clk.Advance(-30 * time.Second) // within the skew a fleet's clocks may have
+	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)
 	readAll(t, resp)
+	require.Len(t, srv.seen(), 2, "a key 30 s in the future is still sent")
 
 	clk.Advance(-2 * time.Hour) // NTP / the user sets the clock back
 	_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	assert.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
-	assert.Len(t, srv.seen(), 2, "the 25-hour-old key is not sent again")
+	assert.Len(t, srv.seen(), 2, "the key is not sent again")
+}
+
+// NewTransport warns when its clock is behind times its journal has seen.
+func TestClockBehindJournalLogged(t *testing.T) {
+	dir := t.TempDir()
+	clk := newFakeClock()
+	srv := newPayServer(t)
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.NoError(t, tr.Close())
+
+	clk.Advance(-3 * time.Hour)
+	var logs bytes.Buffer
+	tr, err = idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithClock(clk),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+	assert.Contains(t, logs.String(), "the clock is behind times the journal has seen")
 }
 
 // suspendClock's timers fire after d, but the wall clock has moved by jump:

@@ -275,10 +275,9 @@ func (j *FileJournal) Sync(ctx context.Context) error {
 // Now returns the journal's time: the later of its clock (WithJournalClock)
 // and the highest time it has seen, in the records it holds and in the
 // clock high-water mark it persists with its writes. It never runs
-// backwards, even across a reopen. The Transport uses it, when a Journal has
-// such a method, to judge the key window, so that a wall clock set back (by
-// NTP, or a user changing the phone's time) cannot make an expired key look
-// young again.
+// backwards, even across a reopen. A clock reading well behind it means the
+// wall clock was set back (by NTP, or a user changing the phone's time):
+// NewTransport logs that, since key windows are judged by the clock.
 func (j *FileJournal) Now() time.Time { return j.s.Now() }
 
 // Compact rewrites the journal now, without its forgotten and expired

@@ -45,10 +45,12 @@ func defaultJournalConfig() journalConfig {
 }
 
 // WithJournalClock sets the clock the journal judges expiry by (default
-// time.Now). The journal never lets its time run backwards: it uses the
-// latest time it has seen (from the clock, and from the records it loaded),
-// so a clock set back neither resurrects an expired record nor keeps one
-// longer. A nil now restores time.Now.
+// time.Now). Expiry uses the latest time the journal has seen (from the
+// clock, and from the records it loaded), so a clock set back neither
+// resurrects an expired record nor keeps one longer; unless that time is
+// more than DefaultJournalGrace ahead of the clock, which means the clock
+// ran ahead and was corrected, and expiring by it would drop done records
+// early. A nil now restores time.Now.
 func WithJournalClock(now func() time.Time) JournalOption {
 	return func(c *journalConfig) {
 		if now == nil {

@@ -129,6 +129,10 @@ func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxR
 
 // WithKeyWindow sets how long after its creation a key may still be sent
 // (default DefaultKeyWindow). Set it to your server's key retention, or less.
+// Windows are judged by the Transport's Clock, as the server's retention is
+// a wall-clock span: a key whose creation lies more than a minute in the
+// clock's future (the clock was set back since) is refused, since its age
+// cannot be known.
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
 
 // WithClock replaces the system clock, for tests and simulations. The

@@ -117,21 +117,24 @@ func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint
 	return id, nil
 }
 
-// now is the Transport's time for key windows: the clock's, unless the
-// journal has seen a later time (a wall clock set back must not make an
-// old key look young again).
-func (t *Transport) now() time.Time {
-	now := t.cfg.clock.Now()
-	if m, ok := t.journal.(interface{ Now() time.Time }); ok {
-		if jn := m.Now(); jn.After(now) {
-			return jn
-		}
-	}
-	return now
-}
+// now is the Transport's time for key windows: its clock's. Key windows are
+// wall-clock spans (the server's retention is one), so the clock is trusted;
+// windowEnds refuses a key whose creation lies in the clock's future.
+func (t *Transport) now() time.Time { return t.cfg.clock.Now() }
 
-// windowEnds reports whether the key window of rec is over at now+d.
+// maxClockSkew is how far in the future a key's creation time may lie, for
+// clocks of a fleet that disagree a little, before the clock counts as set
+// back past the key's creation.
+const maxClockSkew = time.Minute
+
+// windowEnds reports whether the key window of rec is over at now+d. A key
+// created in the clock's future (the clock was set back since, by more than
+// maxClockSkew) has an age nobody can know, so its window counts as over:
+// refusing a key is safe, sending a forgotten one is not.
 func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
+	if now.Before(rec.CreatedAt.Add(-maxClockSkew)) {
+		return true
+	}
 	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
 }
 

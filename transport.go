@@ -199,12 +199,20 @@ var idempotentMethods = map[string]bool{
 	http.MethodPut: true, http.MethodDelete: true,
 }
 
-// logRecovery reports at Warn what opening the journal found damaged: a
-// torn tail (a crash mid-write; a damaged last frame looks the same) or
-// ranges a salvage skipped.
+// logRecovery reports at Warn what opening the journal found: a clock set
+// back behind times the journal has seen, a torn tail (a crash mid-write; a
+// damaged last frame looks the same), or ranges a salvage skipped.
 func (t *Transport) logRecovery(j *FileJournal) {
+	if t.cfg.logger == nil {
+		return
+	}
+	if now, seen := t.cfg.clock.Now(), j.Now(); now.Before(seen.Add(-maxClockSkew)) {
+		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"idemretry: the clock is behind times the journal has seen; key windows may look younger than they are",
+			slog.Time("clock", now), slog.Time("journal", seen))
+	}
 	r := j.Recovery()
-	if t.cfg.logger == nil || (!r.TornTail && len(r.Salvaged) == 0) {
+	if !r.TornTail && len(r.Salvaged) == 0 {
 		return
 	}
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemretry: journal recovered from damage",

@@ -71,7 +71,9 @@
 //     action whose outcome is unknown.
 //   - The clock's high-water mark is persisted (with batches and in
 //     snapshots), so a clock set back, even across a restart, revives no
-//     expired record.
+//     expired record. A mark more than Options.MaxClockLead ahead of the
+//     clock is not believed (the clock ran ahead and was corrected; expiring
+//     by it would drop done records early).
 //   - A torn tail's bytes are copied aside, not the whole file: torn tails
 //     follow any crash during a write, and copying a large journal each time
 //     would be costly. A salvage copies the whole damaged file.

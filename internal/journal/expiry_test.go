@@ -92,13 +92,28 @@ func TestClockHighWaterPersists(t *testing.T) {
 	e.CreatedMs, e.State = t0.UnixMilli(), StateDone
 	reserve(t, s, e)
 	clk.Set(t0.Add(2 * time.Hour))
-	reserve(t, s, entry("other")) // a batch carries the clock
+	other := entry("other")
+	other.CreatedMs = clk.Now().UnixMilli()
+	reserve(t, s, other) // a batch carries the clock
 	require.NoError(t, s.Close())
 	clk.Set(t0)
 	s, _ = mustOpen(t, dir, o)
-	defer s.Close()
 	_, ok, _ := s.Get("d")
 	assert.False(t, ok)
+	require.NoError(t, s.Close())
+
+	// A mark further ahead than MaxClockLead was set by a clock that ran
+	// ahead and was corrected: it is not believed, so a done record created
+	// after the correction is not expired early.
+	o.MaxClockLead = time.Hour
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	fresh := entry("fresh")
+	fresh.CreatedMs, fresh.State = t0.UnixMilli(), StateDone
+	reserve(t, s, fresh)
+	got, ok, _ := s.Get("fresh")
+	require.True(t, ok, "a done record made after the correction is kept")
+	assert.Equal(t, fresh.Key, got.Key)
 }
 
 // Now never runs backwards: records written at T+25h, then the clock set

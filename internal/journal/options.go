@@ -12,6 +12,14 @@ type Options struct {
 	// Retention is how long a StateDone record is kept after its creation
 	// (required, > 0). Pending and unknown records are kept until forgotten.
 	Retention time.Duration
+	// MaxClockLead bounds how far the clock high-water mark may stand ahead
+	// of the clock and still be believed for expiry (default 24h, the
+	// transport's grace beyond the key window). A mark further ahead was set
+	// by a clock that ran ahead and was corrected: trusting it would expire
+	// done records early; within the lead, expiring up to that much early
+	// is what the grace allows, and a clock set back that far cannot bring
+	// expired records back.
+	MaxClockLead time.Duration
 	// LockWait is how long Open waits for another owner's lock (default 0:
 	// fail at once with ErrLocked).
 	LockWait time.Duration
@@ -57,6 +65,9 @@ func (o *Options) fill() error {
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = time.Second
+	}
+	if o.MaxClockLead <= 0 {
+		o.MaxClockLead = 24 * time.Hour
 	}
 	if o.CompactMinBytes <= 0 {
 		o.CompactMinBytes = 1 << 20

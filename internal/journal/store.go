@@ -111,12 +111,17 @@ func (s *Store) del(id string) {
 	}
 }
 
-// now returns the clock in Unix ms, never earlier than any time seen
-// before, so that a clock set back cannot bring an expired record back.
-// Callers hold mu.
+// now returns the time expiry judges by, in Unix ms: the highest time seen,
+// so that a clock set back cannot bring an expired record back; unless that
+// mark is more than MaxClockLead ahead of the clock, which means the clock
+// ran ahead and was corrected, and then the clock. Callers hold mu.
 func (s *Store) now() int64 {
-	if t := s.opts.Now().UnixMilli(); t > s.high {
+	t := s.opts.Now().UnixMilli()
+	if t > s.high {
 		s.high = t
+	}
+	if s.high-t > s.opts.MaxClockLead.Milliseconds() {
+		return t
 	}
 	return s.high
 }
