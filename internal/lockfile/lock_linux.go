@@ -13,8 +13,8 @@ import (
 )
 
 func tryLock(f *os.File) error {
-	return control(f, func(fd int) error {
-		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
+	return control(f, func(fd uintptr) error {
+		err := ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB) })
 		switch {
 		case err == nil:
 			return nil
@@ -30,9 +30,9 @@ func tryLock(f *os.File) error {
 	})
 }
 
-func ofdLock(fd int) error {
+func ofdLock(fd uintptr) error {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
-	err := ignoringEINTR(func() error { return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk) })
+	err := ignoringEINTR(func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
 	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
 		return errBusy
 	}
@@ -44,33 +44,12 @@ func ofdLock(fd int) error {
 // description with its child until the child execs, and closing our
 // descriptor alone would leave the lock held until then.
 func unlock(f *os.File) error {
-	return control(f, func(fd int) error {
-		err := ignoringEINTR(func() error { return unix.Flock(fd, unix.LOCK_UN) })
+	return control(f, func(fd uintptr) error {
+		err := ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_UN) })
 		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) {
 			lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: io.SeekStart}
-			err = ignoringEINTR(func() error { return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk) })
+			err = ignoringEINTR(func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
 		}
 		return err
 	})
-}
-
-func control(f *os.File, fn func(fd int) error) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
-		return err
-	}
-	return ferr
-}
-
-func ignoringEINTR(fn func() error) error {
-	for {
-		err := fn()
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
 }

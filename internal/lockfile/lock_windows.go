@@ -10,34 +10,18 @@ import (
 )
 
 func tryLock(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
+	return control(f, func(fd uintptr) error {
+		err := windows.LockFileEx(windows.Handle(fd),
+			windows.LOCKFILE_EXCLUSIVE_LOCK|windows.LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, new(windows.Overlapped))
+		if errors.Is(err, windows.ERROR_LOCK_VIOLATION) || errors.Is(err, windows.ERROR_IO_PENDING) {
+			return errBusy
+		}
 		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) {
-		ol := new(windows.Overlapped)
-		ferr = windows.LockFileEx(windows.Handle(fd),
-			windows.LOCKFILE_EXCLUSIVE_LOCK|windows.LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, ol)
-	}); err != nil {
-		return err
-	}
-	if errors.Is(ferr, windows.ERROR_LOCK_VIOLATION) || errors.Is(ferr, windows.ERROR_IO_PENDING) {
-		return errBusy
-	}
-	return ferr
+	})
 }
 
 func unlock(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) {
-		ferr = windows.UnlockFileEx(windows.Handle(fd), 0, 1, 0, new(windows.Overlapped))
-	}); err != nil {
-		return err
-	}
-	return ferr
+	return control(f, func(fd uintptr) error {
+		return windows.UnlockFileEx(windows.Handle(fd), 0, 1, 0, new(windows.Overlapped))
+	})
 }

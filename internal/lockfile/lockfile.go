@@ -79,3 +79,17 @@ func (l *Lock) Release() error {
 	l.f = nil
 	return errors.Join(uerr, cerr)
 }
+
+// control runs fn on f's descriptor (a handle on Windows) and returns fn's
+// error.
+func control(f *os.File, fn func(fd uintptr) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(fd) }); err != nil {
+		return err
+	}
+	return ferr
+}
