@@ -102,7 +102,8 @@ func WithBackOff(newBackOff func() backoff.BackOff) Option {
 }
 
 // WithMaxRetries sets how many retries may follow the first attempt
-// (default DefaultMaxRetries). Zero disables retries but keeps the keys.
+// (default DefaultMaxRetries). Zero disables retries but keeps the keys; a
+// negative n counts as zero.
 func WithMaxRetries(n int) Option {
 	return func(c *config) {
 		if n < 0 {
