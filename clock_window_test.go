@@ -17,14 +17,14 @@ import (
 )
 
 // A key whose creation lies in the clock's future (the clock was set back
-// since) has an age nobody can know: it is refused, never sent. Key windows
-// are wall-clock spans; a clock set back less than that stays a limit of
-// any client, and NewTransport logs it when its journal has seen later times.
+// since, and the journal has no later time to judge by) has an age nobody can
+// know: it is refused with ErrClockSkew, never sent, and stays as it was.
 func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := newFakeClock()
-	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(t.TempDir()),
+	j := idemretry.NewMemoryJournal() // keeps no time of its own
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j),
 		idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -42,8 +42,11 @@ func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 
 	clk.Advance(-2 * time.Hour) // NTP / the user sets the clock back
 	_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	assert.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	assert.ErrorIs(t, err, idemretry.ErrClockSkew)
 	assert.Len(t, srv.seen(), 2, "the key is not sent again")
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un, "the done action stays done")
 }
 
 // NewTransport warns when its clock is behind times its journal has seen.

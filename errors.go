@@ -23,6 +23,11 @@ var (
 	// buffering limit (WithMaxBufferedBody), so it could not be resent
 	// intact. Nothing was sent. Set Request.GetBody to stream large bodies.
 	ErrBodyTooLarge = errors.New("idemretry: request body too large to buffer for retries")
+	// ErrClockSkew: the action's key was created in the clock's future: the
+	// clock was set back since, or the machines sharing a journal disagree
+	// by more than a minute. Its age cannot be known, so nothing was sent;
+	// the action is left as it was, for when the clocks agree again.
+	ErrClockSkew = errors.New("idemretry: key created in the clock's future")
 	// ErrAttemptsExhausted: every attempt failed with a transport error.
 	ErrAttemptsExhausted = errors.New("idemretry: attempts exhausted")
 	// ErrWaitExceedsDeadline: the next wait would end after the context's

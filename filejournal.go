@@ -92,6 +92,7 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 	s, rep, err := journal.Open(dir, journal.Options{
 		Now:             c.now,
 		Retention:       c.retention,
+		MaxClockLead:    clockLead(c.retention),
 		LockWait:        c.lockWait,
 		HashedIDs:       c.hashed,
 		Salvage:         c.salvage,
@@ -299,4 +300,13 @@ func (j *FileJournal) Close() error {
 		return fmt.Errorf("idemretry: journal close: %w", err)
 	}
 	return nil
+}
+
+// clockLead is how far ahead of the clock the journal believes its own
+// high-water mark when expiring records: the part of the retention beyond
+// the default key window, at most DefaultJournalGrace. Expiring that much
+// early still keeps every done record for its whole key window; a journal
+// kept for no longer than the window does not believe the mark at all.
+func clockLead(retention time.Duration) time.Duration {
+	return max(time.Millisecond, min(DefaultJournalGrace, retention-DefaultKeyWindow))
 }

@@ -62,7 +62,10 @@ func WithJournalClock(now func() time.Time) JournalOption {
 
 // WithJournalRetention sets how long after its creation a StateDone record
 // is kept (default DefaultJournalRetention). Keep it at least as long as the
-// Transport's key window (WithKeyWindow). After it, Reserve treats the
+// Transport's key window (WithKeyWindow) plus DefaultJournalGrace: the
+// journal believes its persisted clock mark, when the clock is behind it, by
+// up to the part of the retention beyond DefaultKeyWindow, so that a clock
+// set back cannot keep records longer, while never expiring one early. After it, Reserve treats the
 // record as absent and compaction drops it. StatePending and StateUnknown
 // records never expire: they are kept until FileJournal.Forget, because
 // dropping one would let a new key be minted for an action whose outcome is

@@ -130,14 +130,18 @@ func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxR
 
 // WithKeyWindow sets how long after its creation a key may still be sent
 // (default DefaultKeyWindow). Set it to your server's key retention, or less.
-// Windows are judged by the Transport's Clock, as the server's retention is
-// a wall-clock span: a key whose creation lies more than a minute in the
-// clock's future (the clock was set back since) is refused, since its age
-// cannot be known.
+// Windows are wall-clock spans, as the server's retention is: they are
+// judged by the Transport's Clock or, when the journal has seen a later time
+// (FileJournal.Now) no more than DefaultJournalGrace ahead, by that time, so
+// a clock set back cannot make a key look younger. A key whose creation lies
+// more than a minute in the future even so is refused with ErrClockSkew.
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
 
 // WithClock replaces the system clock, for tests and simulations. The
-// Transport reads the key window from it and waits on its timers. Context
+// Transport reads the key window from it and waits on its timers. A journal
+// the Transport opens gets the same clock; give one you pass with
+// WithJournal the same clock too (WithJournalClock), or its expiry and the
+// key window disagree. Context
 // deadlines are judged against its durations as if they were real time.
 func WithClock(clk Clock) Option {
 	return func(c *config) {

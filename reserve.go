@@ -65,9 +65,8 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := t.now()
 	rec, created, err := t.journal.Reserve(ctx, Record{
-		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: now, State: StatePending,
+		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: t.cfg.clock.Now(), State: StatePending,
 	}, mode)
 	if err != nil {
 		unlock()
@@ -78,11 +77,16 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
 			MaybeProcessed: !created || rec.Attempts > 0, Reason: reason}
 	}
+	now := t.now()
 	switch {
 	case rec.Fingerprint != fp:
 		return fail(ErrFingerprintMismatch)
 	case rec.State == StateUnknown:
 		return fail(ErrKeyWindowExpired)
+	case now.Before(rec.CreatedAt.Add(-maxClockSkew)):
+		// Created in the clock's future: its age cannot be known now.
+		// Refuse, and leave it as it is for when the clocks agree again.
+		return fail(ErrClockSkew)
 	case t.windowEnds(rec, now, 0):
 		if rec.State == StatePending {
 			rec.State = StateUnknown
@@ -117,24 +121,42 @@ func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint
 	return id, nil
 }
 
-// now is the Transport's time for key windows: its clock's. Key windows are
-// wall-clock spans (the server's retention is one), so the clock is trusted;
-// windowEnds refuses a key whose creation lies in the clock's future.
-func (t *Transport) now() time.Time { return t.cfg.clock.Now() }
-
-// maxClockSkew is how far in the future a key's creation time may lie, for
-// clocks of a fleet that disagree a little, before the clock counts as set
-// back past the key's creation.
-const maxClockSkew = time.Minute
-
-// windowEnds reports whether the key window of rec is over at now+d. A key
-// created in the clock's future (the clock was set back since, by more than
-// maxClockSkew) has an age nobody can know, so its window counts as over:
-// refusing a key is safe, sending a forgotten one is not.
-func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
-	if now.Before(rec.CreatedAt.Add(-maxClockSkew)) {
-		return true
+// now is the time key windows are judged by: the clock's, or, when the
+// journal has seen a later time (it keeps a persisted high-water mark, see
+// FileJournal.Now) no more than maxClockLead ahead, that time. So a clock
+// set back by up to maxClockLead cannot make a key look younger than it is;
+// a mark further ahead was left by a clock that ran ahead and was corrected,
+// and is not believed, as the journal's expiry does not believe it. Keys are
+// created at the clock's time, so a mark ahead only ever makes keys look
+// older: refused sooner, never sent later.
+func (t *Transport) now() time.Time {
+	now := t.cfg.clock.Now()
+	if seen, ok := t.journalNow(); ok && seen.After(now) && seen.Sub(now) <= maxClockLead {
+		return seen
 	}
+	return now
+}
+
+// journalNow returns the journal's never-backwards time, if it keeps one.
+func (t *Transport) journalNow() (time.Time, bool) {
+	if jc, ok := t.journal.(interface{ Now() time.Time }); ok {
+		return jc.Now(), true
+	}
+	return time.Time{}, false
+}
+
+const (
+	// maxClockSkew is how far in the future a key's creation may lie (the
+	// clocks of a fleet disagree a little) before it counts as made by a
+	// clock that has been set back since: ErrClockSkew.
+	maxClockSkew = time.Minute
+	// maxClockLead is how far ahead of the clock the journal's time is
+	// believed; the file journal's expiry uses the same bound.
+	maxClockLead = DefaultJournalGrace
+)
+
+// windowEnds reports whether the key window of rec is over at now+d.
+func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
 	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
 }
 

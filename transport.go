@@ -87,6 +87,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.journal, t.ownsJournal = j, true
 		t.logRecovery(j)
 	}
+	t.logClock()
 	return t, nil
 }
 
@@ -199,20 +200,26 @@ var idempotentMethods = map[string]bool{
 	http.MethodPut: true, http.MethodDelete: true,
 }
 
-// logRecovery reports at Warn what opening the journal found: a clock set
-// back behind times the journal has seen, a torn tail (a crash mid-write; a
-// damaged last frame looks the same), or ranges a salvage skipped.
-func (t *Transport) logRecovery(j *FileJournal) {
-	if t.cfg.logger == nil {
+// logClock warns when the clock is behind times the journal has seen (it
+// was set back): key windows are then judged by the journal's time, up to
+// maxClockLead ahead.
+func (t *Transport) logClock() {
+	seen, ok := t.journalNow()
+	now := t.cfg.clock.Now()
+	if t.cfg.logger == nil || !ok || !now.Before(seen.Add(-maxClockSkew)) || seen.Sub(now) > maxClockLead {
 		return
 	}
-	if now, seen := t.cfg.clock.Now(), j.Now(); now.Before(seen.Add(-maxClockSkew)) {
-		t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
-			"idemretry: the clock is behind times the journal has seen; key windows may look younger than they are",
-			slog.Time("clock", now), slog.Time("journal", seen))
-	}
+	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"idemretry: the clock is behind times the journal has seen; key windows are judged by the journal's time",
+		slog.Time("clock", now), slog.Time("journal", seen))
+}
+
+// logRecovery reports at Warn what opening the journal found damaged: a
+// torn tail (a crash mid-write; a damaged last frame looks the same) or
+// ranges a salvage skipped.
+func (t *Transport) logRecovery(j *FileJournal) {
 	r := j.Recovery()
-	if !r.TornTail && len(r.Salvaged) == 0 {
+	if t.cfg.logger == nil || (!r.TornTail && len(r.Salvaged) == 0) {
 		return
 	}
 	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemretry: journal recovered from damage",
