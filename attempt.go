@@ -35,7 +35,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 	}
 	fail := func(status int, reason, cause error) error {
 		return &ActionError{Action: actionID, Key: key, Attempts: prior + sent, Status: status,
-			MaybeProcessed: maybe || (a != nil && (a.resumed || prior > 0)), Reason: reason, Err: cause}
+			MaybeProcessed: maybe || (a != nil && (!a.fresh || prior > 0)), Reason: reason, Err: cause}
 	}
 	// finish records where the action stands when RoundTrip returns. An
 	// action already done stays done: a resend that failed does not make
@@ -74,7 +74,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
 		// slow clock): never send a key the server may have forgotten.
-		if a != nil && n > 0 && t.windowEnds(a.rec, t.now(), 0) {
+		if a != nil && n > 0 && t.windowEndsFor(a, 0) {
 			finish(StateUnknown, 0)
 			return nil, fail(lastStatus, ErrKeyWindowExpired, lastErr)
 		}
@@ -128,8 +128,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		if wait == backoff.Stop {
 			return stop(ErrAttemptsExhausted)
 		}
-		now := t.now()
-		if ra, ok := RetryAfter(resp, now); ok {
+		if ra, ok := RetryAfter(resp, t.cfg.clock.Now()); ok {
 			if ra > t.cfg.maxRetryAfter {
 				return stop(ErrAttemptsExhausted) // resp is non-nil here
 			}
@@ -138,7 +137,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return stop(ErrWaitExceedsDeadline)
 		}
-		if a != nil && t.windowEnds(a.rec, now, wait) {
+		if a != nil && t.windowEndsFor(a, wait) {
 			discard(resp, t.cfg.maxDrain)
 			finish(StateUnknown, 0)
 			return nil, fail(status, ErrKeyWindowExpired, err)

@@ -13,9 +13,11 @@ import (
 // action is a reserved action during one RoundTrip.
 type action struct {
 	rec Record // as the journal holds it
-	// resumed: the record existed before this RoundTrip, so an earlier one,
-	// perhaps in a process that died, may have sent it.
-	resumed bool
+	// fresh: this RoundTrip minted the key, at createdAt (the clock's
+	// reading, with its monotonic part on the system clock). Otherwise an
+	// earlier RoundTrip, perhaps in a process that died, may have sent it.
+	fresh     bool
+	createdAt time.Time
 	// byFingerprint: the action is named by its request's fingerprint, so
 	// its "done" must be durable before RoundTrip returns (see finish).
 	byFingerprint bool
@@ -65,8 +67,9 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	if err != nil {
 		return nil, err
 	}
+	createdAt := t.cfg.clock.Now()
 	rec, created, err := t.journal.Reserve(ctx, Record{
-		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: t.cfg.clock.Now(), State: StatePending,
+		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: createdAt, State: StatePending,
 	}, mode)
 	if err != nil {
 		unlock()
@@ -75,7 +78,13 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	fail := func(reason error) (*action, error) {
 		unlock()
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
-			MaybeProcessed: !created || rec.Attempts > 0, Reason: reason}
+			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
+	}
+	if created {
+		// A key minted just now: its age is measured from createdAt (on the
+		// system clock, monotonically), never inferred, so no clock
+		// disagreement can refuse it.
+		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: mode == ReusePending, unlock: unlock}, nil
 	}
 	now := t.now()
 	switch {
@@ -95,7 +104,7 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, resumed: !created, byFingerprint: mode == ReusePending, unlock: unlock}, nil
+	return &action{rec: rec, byFingerprint: mode == ReusePending, unlock: unlock}, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server
@@ -154,6 +163,16 @@ const (
 	// believed; the file journal's expiry uses the same bound.
 	maxClockLead = DefaultJournalGrace
 )
+
+// windowEndsFor reports whether the key window of a is over d from now. A
+// key minted by this RoundTrip is aged by the clock since then (monotonic on
+// the system clock); any other by the best time known (see now).
+func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
+	if a.fresh {
+		return t.cfg.clock.Now().Sub(a.createdAt)+d >= t.cfg.keyWindow
+	}
+	return t.windowEnds(a.rec, t.now(), d)
+}
 
 // windowEnds reports whether the key window of rec is over at now+d.
 func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
