@@ -1,0 +1,456 @@
+package idemretry_test
+
+// Key windows under clocks that jump: set back, set forward, skewed.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// A key whose creation lies in the clock's future (the clock was set back
+// since, and the journal has no later time to judge by) has an age nobody can
+// know: it is refused with ErrClockSkew, never sent, and stays as it was.
+func TestKeyCreatedInClockFutureRefused(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	clk := newFakeClock()
+	j := idemretry.NewMemoryJournal() // keeps no time of its own
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j),
+		idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	ctx := idemretry.WithAction(context.Background(), "pay:old")
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp) // 503: pending
+
+	clk.Advance(-30 * time.Second) // within the skew a fleet's clocks may have
+	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Len(t, srv.seen(), 2, "a key 30 s in the future is still sent")
+
+	clk.Advance(-2 * time.Hour) // NTP / the user sets the clock back
+	_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	assert.ErrorIs(t, err, idemretry.ErrClockSkew)
+	assert.Len(t, srv.seen(), 2, "the key is not sent again")
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un, "the done action stays done")
+}
+
+// NewTransport warns when its clock is behind times its journal has seen.
+func TestClockBehindJournalLogged(t *testing.T) {
+	dir := t.TempDir()
+	clk := newFakeClock()
+	srv := newPayServer(t)
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.NoError(t, tr.Close())
+
+	clk.Advance(-3 * time.Hour)
+	var logs bytes.Buffer
+	tr, err = idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithClock(clk),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+	assert.Contains(t, logs.String(), "the clock is behind times the journal has seen")
+}
+
+// suspendClock's timers fire after d, but the wall clock has moved by jump:
+// a phone suspended during the wait (Go's timers stop with the monotonic
+// clock while the wall clock keeps going).
+type suspendClock struct {
+	*fakeClock
+	jump time.Duration
+}
+
+func (c suspendClock) NewTimer() backoff.Timer { return &suspendTimer{c: c} }
+
+type suspendTimer struct {
+	c  suspendClock
+	ch chan time.Time
+}
+
+func (t *suspendTimer) Start(d time.Duration) {
+	t.c.Advance(t.c.jump)
+	t.ch = make(chan time.Time, 1)
+	t.ch <- t.c.Now()
+}
+func (t *suspendTimer) Stop()               {}
+func (t *suspendTimer) C() <-chan time.Time { return t.ch }
+
+// The window is checked again before the attempt that follows a wait: a
+// wait can last longer than asked (a device asleep).
+func TestWindowRecheckedBeforeAttempt(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	clk := suspendClock{fakeClock: newFakeClock(), jump: 25 * time.Hour}
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+		idemretry.WithClock(clk), idemretry.WithBackOff(constant(time.Second)))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:suspend"), srv.URL, "x"))
+	assert.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	assert.Len(t, srv.seen(), 1, "no attempt 25 h after the key was minted")
+}
+
+// A key created at C; the clock runs correctly for 25 h (the journal sees
+// C+25h: its high-water mark knows the window is over), then is set back 2 h.
+// Transport.now trusts the clock alone, so the 25-hour-old key is sent
+// again. HEAD~3 refused it (TestKeyWindowSurvivesClockSetBack, rewritten by
+// e52afa0).
+func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
+	clk := newFakeClock()
+	var keys []string
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		return resp(503, r), nil
+	})
+	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:old")
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+
+	clk.Advance(25 * time.Hour) // window of pay:old over; the journal sees it
+	r, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
+	require.NoError(t, err)
+	r.Body.Close()
+
+	clk.Advance(-2 * time.Hour) // NTP / user sets the clock back
+	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired, "a 25-hour-old key was sent again (keys sent: %d)", len(keys))
+}
+
+// A fleet sharing one journal: machine A's clock is 5 min ahead. A's payment
+// gets a 503 and stays pending with 24 h of window left. Machine B (correct
+// clock) retries it: the key "created in the future" is refused AND the
+// record is turned into StateUnknown, for good. Ten minutes later (every
+// clock past the creation) the action is still refused: a transient skew
+// became a permanent outcome-unknown needing manual reconciliation.
+func TestFleetSkewKeepsPending(t *testing.T) {
+	j := idemretry.NewMemoryJournal()
+	clkA, clkB := newFakeClock(), newFakeClock()
+	clkA.Advance(5 * time.Minute)
+	sent := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { sent++; return resp(503, r), nil })
+	a, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clkA), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	b, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clkB), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	ctx := idemretry.WithAction(context.Background(), "pay:fleet")
+	r, err := a.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+
+	_, err = b.RoundTrip(post(t, ctx, "http://pay.example/", "x")) // refused: fine, transient
+	require.Error(t, err)
+
+	clkA.Advance(10 * time.Minute)
+	clkB.Advance(10 * time.Minute)
+	r, err = b.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.NoError(t, err, "10 min later, 23 h50 of window left, the pending action is refused for good")
+	require.Equal(t, 2, sent)
+}
+
+// README (guarantee 5): "NewTransport logs a clock that is behind times its
+// journal has seen". Not when the caller passes the FileJournal.
+func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
+	dir := t.TempDir()
+	clk := newFakeClock()
+	j, err := idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+	require.NoError(t, err)
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	r, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+	require.NoError(t, j.Close())
+
+	clk.Advance(-3 * time.Hour)
+	j, err = idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+	require.NoError(t, err)
+	defer j.Close()
+	var logs bytes.Buffer
+	_, err = idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	require.Contains(t, logs.String(), "the clock is behind times the journal has seen")
+}
+
+// A clock that ran a year ahead and was corrected: logRecovery compares the
+// clock with FileJournal.Now (the unbounded mark, not the MaxClockLead-bounded
+// one expiry uses) and warns at every start for a year that windows "may look
+// younger", though the clock is right.
+func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
+	dir := t.TempDir()
+	clk := newFakeClock()
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	clk.Advance(365 * 24 * time.Hour)
+	r, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+	require.NoError(t, tr.Close())
+	clk.Advance(-365 * 24 * time.Hour) // corrected
+	clk.Advance(48 * time.Hour)        // two days later, a normal restart
+	var logs bytes.Buffer
+	tr, err = idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithClock(clk),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
+	require.NotContains(t, logs.String(), "the clock is behind", "false warning for a correct clock")
+}
+
+// One machine, an NTP step back of 2 min: a pending payment retried within
+// those 2 min is refused (ErrClockSkew) but stays pending, and goes out
+// again once the clock has passed its creation.
+func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
+	clk := newFakeClock()
+	sent := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { sent++; return resp(503, r), nil })
+	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:ntp")
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+	clk.Advance(-2 * time.Minute)
+	_, _ = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	clk.Advance(time.Hour)
+	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.NoError(t, err, "an hour later the action is sent again")
+}
+
+// WithClock says the Transport reads the key window from its clock. With a
+// caller-supplied FileJournal (its own, real clock), Transport.now() now takes
+// the later of the two: a fake clock that lags the real one can never end a
+// window, so a key is sent 25 fake hours after its creation.
+func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
+	j, err := idemretry.OpenJournal(t.TempDir())
+	require.NoError(t, err)
+	defer j.Close()
+	clk := newFakeClock()        // 2026-11-29 12:00 UTC
+	clk.Advance(-48 * time.Hour) // a simulation that starts in the past
+	sent := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		sent++
+		return resp(503, r), nil
+	})
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	ctx := idemretry.WithAction(context.Background(), "pay:sim")
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+	clk.Advance(25 * time.Hour) // past the 24 h window on the Transport's clock
+	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "window judged on the journal's real clock, not WithClock: err=%v sent=%d", err, sent)
+	require.Equal(t, 1, sent)
+}
+
+// A wall clock set FORWARD once (a bad NTP answer, a user fiddling with the
+// phone's date) and then corrected freezes the Transport's time at the
+// journal's persisted high-water mark: Store.Now returns the mark until the
+// real clock catches up. Every key created meanwhile gets that frozen
+// CreatedAt, and its window never ends: 25 real hours later the key is sent
+// again although the server may have forgotten it (I3/I5).
+func TestClockSetForwardThenBackKeepsWindows(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	clk := newFakeClock()
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(t.TempDir()),
+		idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	clk.Advance(365 * 24 * time.Hour) // clock wrongly a year ahead...
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:while-ahead"), srv.URL, "z"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	clk.Advance(-365 * 24 * time.Hour) // ...and corrected
+
+	ctx := idemretry.WithAction(context.Background(), "pay:after-fix")
+	srv.script = scriptFirst(status(503))
+	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp) // 503: pending
+
+	clk.Advance(25 * time.Hour) // a day later, for real
+	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	if err == nil {
+		readAll(t, resp)
+	}
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired, "25 h after its creation the key is still sent: the window never ends")
+}
+
+// A clock that runs an hour ahead for a moment, with a journal kept no
+// longer than the key window: the done record is not expired early, so a
+// repeat of the explicit action never gets a new key inside its window (the
+// Transport, judging by the later time, may refuse it instead: safe).
+func TestForwardBlipNeverRekeysDoneInsideWindow(t *testing.T) {
+	clk := newFakeClock()
+	var keys []string
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		return resp(201, r), nil
+	})
+	tr, err := idemretry.NewTransport(base,
+		idemretry.WithJournalDir(t.TempDir(), idemretry.WithJournalRetention(idemretry.DefaultKeyWindow)),
+		idemretry.WithClock(clk))
+	require.NoError(t, err)
+	defer tr.Close()
+	ctx := idemretry.WithAction(context.Background(), "pay:order-1")
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+
+	clk.Advance(23*time.Hour + 30*time.Minute)
+	clk.Advance(time.Hour) // a bad NTP answer...
+	r, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
+	require.NoError(t, err)
+	r.Body.Close()
+	clk.Advance(-time.Hour) // ...corrected
+
+	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	if err == nil {
+		r.Body.Close()
+		require.Len(t, keys, 3)
+		require.Equal(t, keys[0], keys[2], "repeat 23.5 h after creation got a new key")
+		return
+	}
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	require.Len(t, keys, 2, "refused, nothing sent")
+}
+
+// A done explicit action created while the clock ran a year ahead: after the
+// correction its age cannot be known, so a repeat is refused with
+// ErrClockSkew (nothing sent) until the application forgets it.
+func TestDoneFromClockFutureRefusedUntilForgotten(t *testing.T) {
+	clk := newFakeClock()
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
+	tr := onFileJournal(t, base, clk)
+	ctx := idemretry.WithAction(context.Background(), "pay:while-ahead")
+	clk.Advance(365 * 24 * time.Hour)
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+	clk.Advance(-365 * 24 * time.Hour)
+	clk.Advance(30 * 24 * time.Hour) // a month later
+	_, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.ErrorIs(t, err, idemretry.ErrClockSkew)
+	require.NoError(t, tr.Journal().Forget(context.Background(), "pay:while-ahead"))
+	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	require.NoError(t, err)
+	r.Body.Close()
+}
+
+// A clock set back 2 h with a 1 h window and a file journal that has seen the
+// later time: a key minted now is aged from its minting, not judged by the
+// journal's later time, so a new action is sent, not refused.
+func TestSetBackDoesNotRefuseNewActions(t *testing.T) {
+	clk := newFakeClock()
+	sent := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { sent++; return resp(201, r), nil })
+	tr := onFileJournal(t, base, clk, idemretry.WithKeyWindow(time.Hour), idemretry.WithMaxRetries(0))
+	sendOK(t, tr, "pay:1", "a")
+	clk.Advance(-2 * time.Hour) // NTP steps the clock back 2 h
+	ctx := idemretry.WithAction(context.Background(), "pay:new")
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.NoError(t, err, "a brand-new action was refused (sent=%d)", sent)
+}
+
+// The same with the default window and a set-back of 23h59m: a new action
+// keeps its whole window for its retries.
+func TestSetBackDoesNotShrinkNewWindows(t *testing.T) {
+	clk := newFakeClock()
+	n := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		n++
+		if n == 2 {
+			return resp(503, r), nil
+		}
+		return resp(201, r), nil
+	})
+	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(3), idemretry.WithBackOff(constant(2*time.Minute)))
+	sendOK(t, tr, "pay:1", "a")
+	clk.Advance(-(23*time.Hour + 59*time.Minute))
+	r, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:new"), "http://pay.example/", "b"))
+	if err == nil {
+		r.Body.Close()
+	}
+	require.NoError(t, err, "a new action with a 503 became outcome-unknown after one 2-min wait")
+}
+
+// A never-sent action is never left outcome-unknown by a set-back, nor
+// reported as maybe processed.
+func TestSetBackNeverPoisonsNeverSentAction(t *testing.T) {
+	clk := newFakeClock()
+	sent := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) { sent++; return resp(201, r), nil })
+	tr := onFileJournal(t, base, clk, idemretry.WithKeyWindow(time.Hour), idemretry.WithMaxRetries(0))
+	sendOK(t, tr, "pay:1", "a")
+	clk.Advance(-2 * time.Hour)
+	ctx := idemretry.WithAction(context.Background(), "pay:new")
+	_, _ = tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
+	clk.Advance(3 * time.Hour) // clock past the mark again
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
+	if err == nil {
+		r.Body.Close()
+	}
+	var ae *idemretry.ActionError
+	if sent == 1 && errors.As(err, &ae) && ae.MaybeProcessed {
+		t.Fatalf("never-sent action (attempts=%d) left StateUnknown and reported MaybeProcessed: %v", ae.Attempts, err)
+	}
+}
+
+// onFileJournal returns a Transport over a file journal in a fresh
+// directory, on clk, sending through base; it is closed when the test ends.
+func onFileJournal(t *testing.T, base http.RoundTripper, clk idemretry.Clock, opts ...idemretry.Option) *idemretry.Transport {
+	t.Helper()
+	all := append([]idemretry.Option{idemretry.WithJournalDir(t.TempDir()), idemretry.WithClock(clk)}, opts...)
+	tr, err := idemretry.NewTransport(base, all...)
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// sendOK posts body as action and requires a response, which it closes.
+func sendOK(t *testing.T, tr *idemretry.Transport, action, body string) {
+	t.Helper()
+	r, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), action), "http://pay.example/", body))
+	require.NoError(t, err)
+	r.Body.Close()
+}
