@@ -29,7 +29,10 @@ type Journal interface {
 	Reserve(ctx context.Context, rec Record, mode ReserveMode) (got Record, created bool, err error)
 
 	// Update stores the State, Attempts and Status of an existing action with
-	// the same key: the record of rec.ActionID whose Key is rec.Key. It may
+	// the same key: the record of rec.ActionID whose Key is rec.Key. Done is
+	// final: a record in StateDone keeps its State and Status whatever later
+	// updates say (a stale writer must not undo a recorded outcome); Update
+	// may then change Attempts only, and returns nil or an error. It may
 	// return before the change is durable: losing an update costs one resend
 	// with the same key. A journal that offers a Sync(context.Context) error
 	// method makes earlier updates durable with it; the Transport calls it
@@ -131,6 +134,10 @@ var (
 	ErrJournalClosed = errors.New("idemretry: journal closed")
 	// ErrActionNotFound: the journal holds no record of the action.
 	ErrActionNotFound = errors.New("idemretry: action not found in journal")
+	// ErrJournalUnavailable: the journal's storage did not answer (a database
+	// down, unreachable or too slow for the context's deadline). Nothing was
+	// sent when Reserve fails with it; the action may be retried later.
+	ErrJournalUnavailable = errors.New("idemretry: journal unavailable")
 )
 
 // Errors of the file journal (OpenJournal, FileJournal), wrapped; test them

@@ -52,7 +52,10 @@ func (j *MemoryJournal) Update(ctx context.Context, rec Record) error {
 		// or forgotten and created again): not the one being updated.
 		return fmt.Errorf("update %q: %w", rec.ActionID, ErrActionNotFound)
 	}
-	old.State, old.Attempts, old.Status = rec.State, rec.Attempts, rec.Status
+	if old.State != StateDone { // done is final
+		old.State, old.Status = rec.State, rec.Status
+	}
+	old.Attempts = max(old.Attempts, rec.Attempts)
 	j.records[rec.ActionID] = old
 	return nil
 }

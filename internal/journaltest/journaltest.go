@@ -28,6 +28,17 @@ type Option func(*suite)
 type suite struct {
 	// id maps an action id to the ActionID that Unfinished reports.
 	id func(string) string
+	// stall, if set, makes j's storage stop answering until release is
+	// called (a row lock held elsewhere, a paused server).
+	stall func(t *testing.T, j idemretry.Journal) (release func())
+}
+
+// Stall lets the suite check that a journal whose storage stops answering
+// still returns from Reserve, Update and Forget by the context's deadline:
+// stall must make j's storage hang (for a SQL journal, hold a lock on its
+// table from another session) until release is called.
+func Stall(stall func(t *testing.T, j idemretry.Journal) (release func())) Option {
+	return func(s *suite) { s.stall = stall }
 }
 
 // ReportedIDs says that the journal's Unfinished reports id(ActionID)
@@ -60,6 +71,8 @@ var cases = []struct {
 	{"ReusePendingReplacesDone", reusePendingReplacesDone},
 	{"UpdateAndNotFound", updateAndNotFound},
 	{"UpdateMatchesKey", updateMatchesKey},
+	{"DoneIsFinal", doneIsFinal},
+	{"BoundedByContext", boundedByContext},
 	{"UnfinishedOldestFirst", unfinishedOldestFirst},
 	{"Forget", forget},
 	{"ReportedIDsResolve", reportedIDsResolve},
@@ -204,6 +217,83 @@ func updateMatchesKey(t *testing.T, _ *suite, j idemretry.Journal) {
 	require.NoError(t, j.Update(ctx, again))
 	got, _ = reserve(t, j, rec("f", now()), idemretry.ReuseAny)
 	same(t, again, got, "updated")
+}
+
+// doneIsFinal: no Update moves a record out of StateDone or changes its
+// Status. A stale writer (a second Transport that saw a 409, was cancelled
+// and records "pending") must not undo an outcome another one recorded:
+// for an action named by its fingerprint, the next deliberate repeat would
+// reuse the old key and be answered with the first payment's replay.
+func doneIsFinal(t *testing.T, _ *suite, j idemretry.Journal) {
+	for _, late := range []idemretry.State{idemretry.StatePending, idemretry.StateUnknown, idemretry.StateDone} {
+		id := "d-" + late.String()
+		r := rec(id, now())
+		reserve(t, j, r, idemretry.ReusePending)
+		done := r
+		done.State, done.Attempts, done.Status = idemretry.StateDone, 1, 201
+		require.NoError(t, j.Update(ctx, done))
+		stale := r
+		stale.State, stale.Attempts, stale.Status = late, 2, 0
+		if late == idemretry.StateDone {
+			stale.Status = 500
+		}
+		if err := j.Update(ctx, stale); err != nil {
+			// Refusing the stale update is allowed; changing the record is not.
+			t.Logf("stale update to %v refused: %v", late, err)
+		}
+		got, _ := reserve(t, j, rec(id, now()), idemretry.ReuseAny)
+		assert.Equal(t, idemretry.StateDone, got.State, "after a stale update to %v", late)
+		assert.Equal(t, 201, got.Status, "after a stale update to %v", late)
+		assert.Equal(t, r.Key, got.Key)
+		unf, err := j.Unfinished(ctx)
+		require.NoError(t, err)
+		for _, u := range unf {
+			assert.NotEqual(t, r.Key, u.Key, "a done record is not unfinished after a stale update to %v", late)
+		}
+		// Under ReusePending the done record is still replaced by a new action.
+		got, created := reserve(t, j, rec(id, now()), idemretry.ReusePending)
+		assert.True(t, created, "a deliberate repeat after a stale update to %v is a new action", late)
+		assert.NotEqual(t, r.Key, got.Key)
+	}
+}
+
+// boundedByContext: every call that takes a context returns by its deadline
+// (plus a little for scheduling), even when the storage hangs (with Stall).
+func boundedByContext(t *testing.T, s *suite, j idemretry.Journal) {
+	r := rec("bound", now())
+	reserve(t, j, r, idemretry.ReuseAny)
+	if s.stall != nil {
+		release := s.stall(t, j)
+		defer release()
+	}
+	const deadline, slack = 300 * time.Millisecond, 700 * time.Millisecond
+	calls := []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"Reserve", func(c context.Context) error {
+			_, _, err := j.Reserve(c, rec("bound-new", now()), idemretry.ReuseAny)
+			return err
+		}},
+		{"Update", func(c context.Context) error {
+			u := r
+			u.State, u.Attempts, u.Status = idemretry.StateDone, 1, 200
+			return j.Update(c, u)
+		}},
+		{"Forget", func(c context.Context) error { return j.Forget(c, "bound-other") }},
+		{"Unfinished", func(c context.Context) error { _, err := j.Unfinished(c); return err }},
+	}
+	for _, c := range calls {
+		cctx, cancel := context.WithTimeout(ctx, deadline)
+		start := time.Now()
+		err := c.call(cctx)
+		took := time.Since(start)
+		cancel()
+		assert.Less(t, took, deadline+slack, "%s took %v with a %v deadline (err %v)", c.name, took, deadline, err)
+		if s.stall != nil && err == nil && c.name != "Update" {
+			t.Errorf("%s succeeded although the storage was stalled", c.name)
+		}
+	}
 }
 
 func unfinishedOldestFirst(t *testing.T, s *suite, j idemretry.Journal) {
