@@ -40,7 +40,17 @@ func newQueries(t table) queries {
 		get: `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// The key must match too: a record replaced (ReusePending) or
 		// forgotten and created again is another action under the same id.
-		update: `UPDATE ` + t.quoted + ` SET state = $3, attempts = $4, status = $5 WHERE action_id = $1 AND key = $2`,
+		// Done is final: a done row keeps its state and status whatever the
+		// update says, and attempts never go down (as MemoryJournal). The
+		// rule is in the statement, so it holds against writers on other
+		// machines: SET reads the row as locked by this UPDATE (at READ
+		// COMMITTED, the latest committed version; a concurrent writer's
+		// change is waited for and then re-read), never a stale copy.
+		update: `UPDATE ` + t.quoted + ` SET` +
+			` state = CASE WHEN state = ` + stateDone + ` THEN state ELSE $3 END,` +
+			` status = CASE WHEN state = ` + stateDone + ` THEN status ELSE $5 END,` +
+			` attempts = GREATEST(attempts, $4)` +
+			` WHERE action_id = $1 AND key = $2`,
 		forget: `DELETE FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// COLLATE "C" orders equal times by bytes, as MemoryJournal does,
 		// whatever the database's collation.
