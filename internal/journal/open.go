@@ -230,7 +230,16 @@ func (s *Store) applyFrame(_ uint64, payload []byte) error {
 	return decodePayload(payload, func(o *op) error {
 		switch o.kind {
 		case opUpsert:
-			s.put(&o.r)
+			if sl, ok := s.m[o.r.id]; ok && s.sameKey(&sl, &o.r) {
+				// The same action: an update, under the rule Update
+				// follows (done is final).
+				r := s.recOf(o.r.id, &sl)
+				if applyUpdate(&r, o.r.state, o.r.attempts, o.r.status) {
+					s.put(&r)
+				}
+			} else {
+				s.put(&o.r)
+			}
 			s.high = max(s.high, o.r.created)
 		case opDelete:
 			s.del(o.r.id)

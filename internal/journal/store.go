@@ -223,6 +223,12 @@ func (s *Store) Reserve(ctx context.Context, e Entry, reusePending bool) (Entry,
 			return old.entry(), false, nil
 		}
 	}
+	if sl, ok := s.m[r.id]; ok && s.sameKey(&sl, &r) {
+		// A done record replaced by a record with the same key (a caller's
+		// own key): write the removal first, or replay would take the new
+		// record for a stale update of the done one (see applyUpdate).
+		s.remove(r.id, false)
+	}
 	s.put(&r)
 	b := s.enqueue(op{kind: opUpsert, r: r}, true)
 	s.inflight[r.id] = b
@@ -235,7 +241,9 @@ func (s *Store) Reserve(ctx context.Context, e Entry, reusePending bool) (Entry,
 }
 
 // Update stores the state, attempts and status of an existing action whose
-// record has the given key. The change is written with the next batch, or
+// record has the given key. Done is final: a done record keeps its state
+// and status, and attempts never go down (see applyUpdate); an update that
+// changes nothing is not written. The change is written with the next batch, or
 // within FlushInterval, or at Close, whichever comes first; Sync waits for
 // it. It returns an error wrapping Options.ErrNotFound, and changes
 // nothing, if the action has no (unexpired) record or if its record has
@@ -255,10 +263,27 @@ func (s *Store) Update(id, key string, state uint8, attempts uint32, status uint
 		return s.opts.ErrNotFound
 	}
 	r := s.recOf(id, &sl)
-	r.state, r.attempts, r.status = state, attempts, status
+	if !applyUpdate(&r, state, attempts, status) {
+		return nil // nothing changes: a done record's late, stale update
+	}
 	s.put(&r)
 	s.enqueue(op{kind: opUpsert, r: r}, false)
 	return nil
+}
+
+// applyUpdate applies an update of state, attempts and status to r, the
+// record with the update's key, and reports whether r changed. Done is
+// final: a done record keeps its state and status whatever a later update
+// says (a stale writer must not undo a recorded outcome), and attempts
+// never go down. Replay applies the same rule to the upserts it reads, so a
+// stale frame written after a done one cannot undo it on restart either.
+func applyUpdate(r *rec, state uint8, attempts uint32, status uint16) bool {
+	old := *r
+	if r.state != StateDone {
+		r.state, r.status = state, status
+	}
+	r.attempts = max(r.attempts, attempts)
+	return *r != old
 }
 
 // hasKey reports whether the record sl of id has the given key, compared
@@ -270,6 +295,14 @@ func (s *Store) hasKey(id string, sl *slot, key string) bool {
 		return !sl.custom && sl.key == k
 	}
 	return sl.custom && s.custom[id] == key
+}
+
+// sameKey reports whether the record sl has r's key. Callers hold mu.
+func (s *Store) sameKey(sl *slot, r *rec) bool {
+	if r.custom != "" {
+		return sl.custom && s.custom[r.id] == r.custom
+	}
+	return !sl.custom && sl.key == r.key
 }
 
 // remove drops id from the index and queues its delete, recording the
