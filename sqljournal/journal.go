@@ -21,12 +21,26 @@ import (
 // database/sql keeps only two by default, and reconnecting costs more than
 // a Reserve.
 //
+// Every call that takes a context returns by the context's end (at most
+// 50 ms later, for the driver to report), even when the database hangs: a
+// lock held by another session, a paused or partitioned server. pgx ends a
+// statement as soon as its context does; with a driver that waits for the
+// server to confirm a cancellation, the call returns anyway and the
+// statement finishes in the background.
+//
 // Errors wrap [idemretry.ErrJournalClosed] after [Journal.Close],
-// [idemretry.ErrActionNotFound] from [Journal.Update], the context's error
-// when it ends, and otherwise the driver's error. A failed write may still
-// have been committed (the answer was lost, as with any database call); the
-// Transport sends nothing after a failed Reserve, and the next Reserve then
-// returns the committed record.
+// [idemretry.ErrActionNotFound] from [Journal.Update], and
+// [idemretry.ErrJournalUnavailable] when the database did not answer: the
+// context's deadline passed, the connection failed (refused, reset, closed,
+// killed), or the server said it cannot serve now (SQLSTATE class 08, 53
+// or 58; 57P01, 57P02, 57P03 or 57P05, shutting down or ending the session;
+// 57014 or 55P03, a statement or lock timeout; 25006, a read-only standby).
+// The driver's error and, when the context ended, the context's error are
+// kept in the chain. A failed write may still have been committed (the
+// answer was lost, as with any database call, or the statement went on
+// after the call returned); the Transport sends nothing after a failed
+// Reserve, the next Reserve returns the committed record, and a late
+// Update cannot undo a done record.
 type Journal struct {
 	db     *sql.DB
 	cfg    config
@@ -68,12 +82,12 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 		return nil, err
 	}
 	if cfg.createTable {
-		if err := createSchema(ctx, db, t); err != nil {
-			return nil, fmt.Errorf("sqljournal: create table %s: %w", t.quoted, err)
+		if _, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, createSchema(ctx, db, t) }); err != nil {
+			return nil, dbError(ctx, "create table "+t.quoted, err)
 		}
 	}
-	if err := checkSchema(ctx, db, t); err != nil {
-		return nil, fmt.Errorf("sqljournal: table %s: %w", t.quoted, err)
+	if _, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, checkSchema(ctx, db, t) }); err != nil {
+		return nil, dbError(ctx, "table "+t.quoted, err)
 	}
 	return &Journal{db: db, cfg: cfg, q: newQueries(t)}, nil
 }

@@ -2,6 +2,7 @@ package sqljournal
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/idemretry/idemretry"
@@ -33,13 +34,15 @@ func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
 		// Only the key can be wrong here, and Reserve stores no such key.
 		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
 	}
-	res, err := j.db.ExecContext(ctx, j.q.update, id, rec.Key, int16(rec.State), rec.Attempts, rec.Status)
+	n, err := bounded(ctx, func() (int64, error) {
+		res, err := j.db.ExecContext(ctx, j.q.update, id, rec.Key, int16(rec.State), rec.Attempts, rec.Status)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
 	if err != nil {
-		return fmt.Errorf("sqljournal: update %q: %w", id, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("sqljournal: update %q: %w", id, err)
+		return dbError(ctx, fmt.Sprintf("update %q", id), err)
 	}
 	if n == 0 {
 		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
@@ -55,21 +58,24 @@ func (j *Journal) Unfinished(ctx context.Context) ([]idemretry.Record, error) {
 	if err := j.usable(ctx, "unfinished"); err != nil {
 		return nil, err
 	}
-	rows, err := j.db.QueryContext(ctx, j.q.unfinished)
-	if err != nil {
-		return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
-	}
-	defer rows.Close()
-	var out []idemretry.Record
-	for rows.Next() {
-		r, err := scanRecord(rows)
+	out, err := bounded(ctx, func() ([]idemretry.Record, error) {
+		rows, err := j.db.QueryContext(ctx, j.q.unfinished)
 		if err != nil {
-			return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
+			return nil, err
 		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqljournal: unfinished: %w", err)
+		defer rows.Close()
+		var out []idemretry.Record
+		for rows.Next() {
+			r, err := scanRecord(rows)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+		return out, rows.Err()
+	})
+	if err != nil {
+		return nil, dbError(ctx, "unfinished", err)
 	}
 	return out, nil
 }
@@ -87,8 +93,9 @@ func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	if checkID(id) != nil {
 		return nil // Reserve refuses such an id, so it has no record
 	}
-	if _, err := j.db.ExecContext(ctx, j.q.forget, id); err != nil {
-		return fmt.Errorf("sqljournal: forget %q: %w", id, err)
+	_, err := bounded(ctx, func() (sql.Result, error) { return j.db.ExecContext(ctx, j.q.forget, id) })
+	if err != nil {
+		return dbError(ctx, fmt.Sprintf("forget %q", id), err)
 	}
 	return nil
 }
@@ -104,13 +111,15 @@ func (j *Journal) Expire(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	cutoff := j.cfg.now().Add(-j.cfg.retention).UnixMilli()
-	res, err := j.db.ExecContext(ctx, j.q.expire, cutoff)
+	n, err := bounded(ctx, func() (int64, error) {
+		res, err := j.db.ExecContext(ctx, j.q.expire, cutoff)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
 	if err != nil {
-		return 0, fmt.Errorf("sqljournal: expire: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("sqljournal: expire: %w", err)
+		return 0, dbError(ctx, "expire", err)
 	}
 	return n, nil
 }

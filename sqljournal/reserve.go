@@ -56,20 +56,30 @@ func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemre
 	if mode != idemretry.ReuseAny { // as MemoryJournal: any other mode reuses pending only
 		insert = j.q.insertReplaceDone
 	}
-	for range reserveTries {
-		got, created, retry, err := j.reserveOnce(ctx, insert, id, rec, mode)
-		switch {
-		case err != nil:
-			return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
-		case retry:
-			continue
-		case created:
-			return rec, true, nil
-		}
-		got.ActionID = rec.ActionID
-		return got, false, nil
+	type reserved struct {
+		got     idemretry.Record
+		created bool
 	}
-	return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, ErrContended)
+	r, err := bounded(ctx, func() (reserved, error) {
+		for range reserveTries {
+			got, created, retry, err := j.reserveOnce(ctx, insert, id, rec, mode)
+			switch {
+			case err != nil:
+				return reserved{}, err
+			case retry:
+				continue
+			case created:
+				return reserved{rec, true}, nil
+			}
+			got.ActionID = rec.ActionID
+			return reserved{got, false}, nil
+		}
+		return reserved{}, ErrContended
+	})
+	if err != nil {
+		return idemretry.Record{}, false, dbError(ctx, fmt.Sprintf("reserve %q", id), err)
+	}
+	return r.got, r.created, nil
 }
 
 // reserveOnce is one try of Reserve, in a READ COMMITTED transaction (see
