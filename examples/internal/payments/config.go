@@ -2,6 +2,8 @@ package payments
 
 import (
 	"time"
+
+	"github.com/idemretry/idemretry"
 )
 
 // Config is one run: one flavour, one strategy, one population of clients.
@@ -35,6 +37,12 @@ type Config struct {
 
 	// JournalDir holds one journal directory per client for FileJournal.
 	JournalDir string
+
+	// WrapJournal, if set, wraps the journal of every process of flavours
+	// 3 and 4 before its Transport uses it. It is a seam for tests that
+	// break the journal on purpose (one that forgets its records, say) to
+	// show that the scenario's checks catch it. Nil in the real scenario.
+	WrapJournal func(idemretry.Journal) idemretry.Journal
 }
 
 // StormConfig is the first phase: answers lost after commit, slow charges

@@ -3,6 +3,7 @@ package payments
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -18,27 +19,46 @@ type keyedPayer struct {
 	transport *idemretry.Transport
 	client    *http.Client
 	memory    *idemretry.MemoryJournal // flavour 3 only
+	file      *idemretry.FileJournal   // flavour 4 with a wrapped journal only
 	url, name string
 }
 
 // newKeyedPayer starts one client process. For FileJournal, dir is the
-// process's journal directory, the same across its restarts.
-func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration) (*keyedPayer, error) {
+// process's journal directory, the same across its restarts. wrap, if not
+// nil, stands between the Transport and its journal (see Config.WrapJournal).
+func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration, wrap func(idemretry.Journal) idemretry.Journal) (*keyedPayer, error) {
 	p := &keyedPayer{base: newBase(clk, attemptTimeout), url: url + ChargesPath, name: name}
 	opts := []idemretry.Option{
 		idemretry.WithClock(clk),
 		idemretry.WithBackOff(func() backoff.BackOff { return s.New(r) }),
 	}
-	if f == MemoryKey {
+	switch {
+	case f == MemoryKey:
 		p.memory = idemretry.NewMemoryJournal()
-		opts = append(opts, idemretry.WithJournal(p.memory))
-	} else {
+		var j idemretry.Journal = p.memory
+		if wrap != nil {
+			j = wrap(j)
+		}
+		opts = append(opts, idemretry.WithJournal(j))
+	case wrap == nil:
 		// The Transport opens and owns the file journal; its expiry runs on
 		// the same virtual clock as the keys' creation times.
 		opts = append(opts, idemretry.WithJournalDir(dir, idemretry.WithJournalClock(clk.Now)))
+	default:
+		// The same journal, opened here so that it can be wrapped; the
+		// payer then owns it.
+		fj, err := idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+		if err != nil {
+			return nil, err
+		}
+		p.file = fj
+		opts = append(opts, idemretry.WithJournal(wrap(fj)))
 	}
 	t, err := idemretry.NewTransport(p.base, opts...)
 	if err != nil {
+		if p.file != nil {
+			p.file.Close()
+		}
 		return nil, err
 	}
 	p.transport, p.client = t, &http.Client{Transport: t}
@@ -70,6 +90,9 @@ func (p *keyedPayer) unfinished(ctx context.Context) ([]idemretry.Record, error)
 // journal simply vanishes with the process.
 func (p *keyedPayer) crash() {
 	p.transport.Close()
+	if p.file != nil {
+		p.file.Close()
+	}
 	p.base.CloseIdleConnections()
 }
 
@@ -77,6 +100,9 @@ func (p *keyedPayer) close() error {
 	err := p.transport.Close()
 	if p.memory != nil {
 		p.memory.Close()
+	}
+	if p.file != nil {
+		err = errors.Join(err, p.file.Close())
 	}
 	p.base.CloseIdleConnections()
 	return err

@@ -21,6 +21,19 @@ type Result struct {
 	Duplicates, Extra, RestartDuplicates int
 	Crashes, Resumed                     int // processes killed; actions their journals listed on restart
 
+	// Paid counts the intents the client reported paid; LostCharges counts
+	// those among them the server never charged (a success the client was
+	// told about and nobody paid for).
+	Paid, LostCharges int
+	// PlannedKills is how many processes the run meant to kill, Killed how
+	// many intents were in progress when their process was killed, and
+	// KilledResent how many of those the server saw again under the key it
+	// had charged them under, and answered from its key store: the
+	// server's own ledger, not the client's word.
+	PlannedKills, Killed, KilledResent int
+	// Faulted counts the processings the server's fault plan faulted.
+	Faulted int
+
 	Requests      int
 	Amplification float64 // requests per intent
 	// Buckets counts requests per Bucket of virtual time from the start.
@@ -48,20 +61,34 @@ func (r *run) measure() *Result {
 		Flavour: r.cfg.Flavour, Strategy: r.cfg.Strategy.Name, Outage: r.cfg.Outage,
 		Crashes: int(r.crashes.Load()), Resumed: int(r.resumed.Load()),
 		Status: map[int]int{}, Late: r.server.LateAnswers(),
+		PlannedKills: r.plannedKills, Faulted: r.server.Faulted(),
 	}
 	charges := r.server.Charges()
+	log := r.server.Log()
+	resent := resentUnderOldKey(log)
 	var times []time.Duration
 	for _, row := range r.intents {
 		for _, in := range row {
 			res.Intents++
-			if n := charges[in.ID]; n > 1 {
+			n := charges[in.ID]
+			if n > 1 {
 				res.Duplicates++
 				res.Extra += n - 1
 				if in.crashed {
 					res.RestartDuplicates++
 				}
 			}
+			if in.crashed {
+				res.Killed++
+				if resent[in.ID] {
+					res.KilledResent++
+				}
+			}
 			if in.ok {
+				res.Paid++
+				if n == 0 {
+					res.LostCharges++
+				}
 				times = append(times, in.end.Sub(in.start))
 			} else {
 				res.GaveUp++
@@ -70,7 +97,6 @@ func (r *run) measure() *Result {
 	}
 	res.P50, res.P99 = percentile(times, 0.50), percentile(times, 0.99)
 
-	log := r.server.Log()
 	res.Requests = len(log)
 	res.Amplification = float64(res.Requests) / float64(max(res.Intents, 1))
 	recovered := r.cfg.Outage.End > r.cfg.Outage.Start
@@ -91,6 +117,28 @@ func (r *run) measure() *Result {
 		}
 	}
 	return res
+}
+
+// resentUnderOldKey reads the server's ledger: an intent is in the set if a
+// request that committed its charge lost its answer (the connection was
+// cut, as when the client is killed) and a request under that same key was
+// later answered from the key store. A client that came back under a new
+// key is not in it, whatever it says.
+func resentUnderOldKey(log []Request) map[string]bool {
+	type charge struct{ intent, key string }
+	cut := map[charge]bool{}
+	for _, q := range log {
+		if q.Charged && q.Status == StatusDropped && q.Key != "" {
+			cut[charge{q.Intent, q.Key}] = true
+		}
+	}
+	out := map[string]bool{}
+	for _, q := range log {
+		if q.Replayed && cut[charge{q.Intent, q.Key}] {
+			out[q.Intent] = true
+		}
+	}
+	return out
 }
 
 // percentile returns the nearest-rank p-quantile, or 0 for no samples.

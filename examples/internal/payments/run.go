@@ -21,12 +21,13 @@ type run struct {
 	server  *Server
 	intents [][]*Intent // per client
 
-	crashAt sync.Map                 // intent id -> client, removed when it fires
-	kill    []atomic.Pointer[func()] // per client: kills its current process
-	crashes atomic.Int64             // processes killed
-	resumed atomic.Int64             // actions a restarted journal listed as unfinished
-	errMu   sync.Mutex
-	err     error
+	crashAt      sync.Map                 // intent id -> client, removed when it fires
+	kill         []atomic.Pointer[func()] // per client: kills its current process
+	crashes      atomic.Int64             // processes killed
+	resumed      atomic.Int64             // actions a restarted journal listed as unfinished
+	plannedKills int                      // processes pickCrashes chose to kill
+	errMu        sync.Mutex
+	err          error
 }
 
 // Run plays one configuration to the end and measures it.
@@ -93,6 +94,7 @@ func (r *run) pickCrashes() {
 	for _, c := range rng.Perm(r.cfg.Clients)[:min(r.cfg.Crashers, r.cfg.Clients)] {
 		in := r.intents[c][rng.IntN(r.cfg.Intents)]
 		r.crashAt.Store(in.ID, c)
+		r.plannedKills++
 	}
 }
 
@@ -182,7 +184,7 @@ func (r *run) newPayer(c int, name string, life int, rng *rand.Rand) (payer, err
 				return nil, err
 			}
 		}
-		return newKeyedPayer(cfg.Flavour, r.server.URL(), name, dir, cfg.Strategy, rng, r.clock, cfg.AttemptTimeout)
+		return newKeyedPayer(cfg.Flavour, r.server.URL(), name, dir, cfg.Strategy, rng, r.clock, cfg.AttemptTimeout, cfg.WrapJournal)
 	}
 	return nil, fmt.Errorf("unknown flavour %d", cfg.Flavour)
 }

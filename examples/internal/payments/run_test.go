@@ -42,6 +42,9 @@ func TestRestartPhaseOnlyJournalAvoidsDuplicates(t *testing.T) {
 		if res.GaveUp != 0 {
 			t.Errorf("%s: %d payments gave up in a run without faults", f, res.GaveUp)
 		}
+		if res.LostCharges != 0 {
+			t.Errorf("%s: %d payments reported paid were never charged", f, res.LostCharges)
+		}
 		switch f {
 		case FileJournal:
 			if res.Duplicates != 0 {
@@ -49,6 +52,10 @@ func TestRestartPhaseOnlyJournalAvoidsDuplicates(t *testing.T) {
 			}
 			if res.Resumed != res.Crashes {
 				t.Errorf("%s: journals listed %d unfinished actions on restart, want %d", f, res.Resumed, res.Crashes)
+			}
+			if res.Killed != res.Crashes || res.KilledResent != res.Killed {
+				t.Errorf("%s: the server replayed the charged key of %d of %d killed payments (%d kills), want all",
+					f, res.KilledResent, res.Killed, res.Crashes)
 			}
 		default:
 			// A restart alone causes them: there are no other faults.

@@ -47,13 +47,16 @@ type ServerConfig struct {
 	OnCommit func(intent string) bool
 }
 
-// Request is one request as the server saw it.
+// Request is one request as the server saw it: the server's ledger, from
+// which the scenario's checks count what happened.
 type Request struct {
 	At       time.Duration // arrival, virtual time since Epoch
 	Client   string
 	Intent   string // empty if the body was not read
+	Key      string // Idempotency-Key on the keyed endpoint; empty on the legacy one
 	Status   int    // StatusDropped if the connection was cut
-	Replayed bool
+	Replayed bool   // answered from the key store
+	Charged  bool   // this request committed a charge
 }
 
 // Server is the payment server. Start it with NewServer; Close it to wait
@@ -66,6 +69,7 @@ type Server struct {
 	epoch    atomic.Int64 // Epoch in Unix nanoseconds
 	inflight atomic.Int64
 	late     atomic.Int64
+	faulted  atomic.Int64
 
 	mu        sync.Mutex
 	log       []Request
@@ -111,6 +115,10 @@ func (s *Server) Charges() map[string]int {
 // LateAnswers counts answers written after the client had hung up.
 func (s *Server) LateAnswers() int { return int(s.late.Load()) }
 
+// Faulted counts the processings the fault plan faulted (dropped, slowed
+// or failed).
+func (s *Server) Faulted() int { return int(s.faulted.Load()) }
+
 // SetEpoch moves the start of the run, from which the log, the outage and
 // the buckets count.
 func (s *Server) SetEpoch(t time.Time) { s.epoch.Store(t.UnixNano()) }
@@ -147,6 +155,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, keyed bool) {
 	}
 	rec.Intent = req.Intent
 	key := r.Header.Get(KeyHeader)
+	if keyed {
+		rec.Key = key
+	}
 	if keyed && key == "" {
 		rec.Status = reply(w, http.StatusBadRequest, errorBody("Idempotency-Key required"))
 		return
@@ -180,6 +191,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, keyed bool) {
 		return
 	}
 	status, body, drop := s.process(req.Intent)
+	rec.Charged = status == http.StatusOK
 	release()
 	if keyed {
 		s.keys.finish(key, status, body) // stored before the answer can be lost
@@ -218,6 +230,9 @@ func (s *Server) process(intent string) (status int, body []byte, drop bool) {
 	fault := NoFault
 	if s.cfg.Faults != nil {
 		fault = s.cfg.Faults(intent, n)
+	}
+	if fault != NoFault {
+		s.faulted.Add(1)
 	}
 	if fault == Slow {
 		s.cfg.Clock.Sleep(s.cfg.SlowTime)

@@ -174,3 +174,45 @@ func TestServerOutageAndCapacity(t *testing.T) {
 		t.Fatalf("after capacity freed: %v, want a fresh 200", r)
 	}
 }
+
+// The ledger the checks count from: each request's key, whether it
+// charged, whether it was replayed. A payment cut after its charge and
+// resent under its key counts as resent under its old key; one resent
+// under a new key is charged again and does not.
+func TestServerLedgerShowsResendUnderOldKey(t *testing.T) {
+	s := newTestServer(t, func(intent string, n int) Fault {
+		if n == 0 {
+			return Drop
+		}
+		return NoFault
+	}, nil)
+	chargeB := `{"intent":"pi_b","amount":100}`
+	for _, q := range []struct{ key, body string }{
+		{"k1", chargeA}, {"k1", chargeA}, // cut, then the same key: replayed
+		{"k2", chargeB}, {"k3", chargeB}, // cut, then a new key: charged again
+	} {
+		post(t, s, ChargesPath, q.key, q.body)
+	}
+	log := s.Log()
+	if len(log) != 4 {
+		t.Fatalf("ledger has %d requests, want 4: %+v", len(log), log)
+	}
+	want := []Request{
+		{Intent: "pi_a", Key: "k1", Status: StatusDropped, Charged: true},
+		{Intent: "pi_a", Key: "k1", Status: 200, Replayed: true},
+		{Intent: "pi_b", Key: "k2", Status: StatusDropped, Charged: true},
+		{Intent: "pi_b", Key: "k3", Status: 200, Charged: true},
+	}
+	for i, q := range log {
+		w := want[i]
+		if q.Intent != w.Intent || q.Key != w.Key || q.Status != w.Status || q.Replayed != w.Replayed || q.Charged != w.Charged {
+			t.Errorf("request %d: %+v, want %+v", i, q, w)
+		}
+	}
+	if got := resentUnderOldKey(log); !got["pi_a"] || got["pi_b"] {
+		t.Errorf("resent under old key: %v, want pi_a only", got)
+	}
+	if c := s.Charges(); c["pi_a"] != 1 || c["pi_b"] != 2 || s.Faulted() != 2 {
+		t.Errorf("charges %v, faulted %d; want pi_a 1, pi_b 2, faulted 2", c, s.Faulted())
+	}
+}
