@@ -61,6 +61,10 @@ type JournalRecovery struct {
 	// their records are lost. The damaged file was copied to CorruptCopy.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
+	// Duplicates counts exact copies of earlier frames found in the file (a
+	// write repeated below the file system): they held nothing new and were
+	// skipped, and the journal was rewritten without them.
+	Duplicates int
 	// AdoptedTemp: a compaction's (or the journal's creation's) complete
 	// output had not been put in place, because of a crash before its
 	// rename or a rename lost at a power loss (it may then hold later
@@ -115,6 +119,7 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 		CorruptCopy: rep.CorruptCopy,
 		AdoptedTemp: rep.AdoptedTemp,
 		RemovedTemp: rep.RemovedTemp,
+		Duplicates:  rep.Duplicates,
 		Compacted:   rep.Compacted,
 	}}, nil
 }

@@ -101,13 +101,14 @@ func (f *damageFixture) frameOf(off int) int {
 
 // FuzzDamage is T2: damage a journal built from random operations
 // (truncate, flip, zero a range, append garbage, append a copy of an old
-// frame), recover, and check the oracle and the classification: damage
-// confined to the last frame or after it is a torn tail and loses only that
-// frame; damage to an earlier frame is refused as corruption, naming the
-// damaged frame; nothing else is ever lost or invented.
+// frame, insert a copy of a frame after it or a later one), recover, and
+// check the oracle and the classification: damage confined to the last
+// frame or after it is a torn tail and loses only that frame; damage to an
+// earlier frame is refused as corruption, naming the damaged frame; a
+// duplicated frame loses nothing; nothing else is ever lost or invented.
 func FuzzDamage(f *testing.F) {
-	for i := range 8 {
-		f.Add(uint64(i), uint8(i%5), uint32(i*37), uint8(i*11))
+	for i := range 12 {
+		f.Add(uint64(i), uint8(i%6), uint32(i*37), uint8(i*11))
 	}
 	fixtures := map[uint64]damageFixture{}
 	f.Fuzz(func(t *testing.T, seed uint64, kind uint8, pos uint32, val uint8) {
@@ -123,7 +124,7 @@ func FuzzDamage(f *testing.F) {
 		last := len(fx.offs) - 1
 		wantFrames := last // index of the last frame that must survive
 		corruptAt := -1    // frame offset a corruption error must name
-		switch kind % 5 {
+		switch kind % 6 {
 		case 0: // truncate
 			data = data[:p]
 			wantFrames = -1 // the last frame that ends at or before the cut
@@ -133,7 +134,7 @@ func FuzzDamage(f *testing.F) {
 				}
 			}
 		case 1, 2: // flip bits, or zero a range
-			if kind%5 == 1 {
+			if kind%6 == 1 {
 				data[p] ^= max(val, 1)
 			} else {
 				for i := p; i < min(len(data), p+1+int(val)); i++ {
@@ -167,32 +168,37 @@ func FuzzDamage(f *testing.F) {
 		case 4: // append a copy of an older frame
 			k := int(pos) % len(fx.offs)
 			data = append(data, fx.data[fx.offs[k]:fx.end(k)]...)
+		case 5: // a frame written twice: a copy of frame k after frame m >= k
+			k := int(pos) % len(fx.offs)
+			m := k + int(val)%(len(fx.offs)-k)
+			data = append(append(append([]byte(nil), fx.data[:fx.end(m)]...),
+				fx.data[fx.offs[k]:fx.end(k)]...), fx.data[fx.end(m):]...)
 		}
 		dir := writeJournal(t, data)
 		s, _, err := Open(dir, testOpts())
 		if corruptAt >= 0 {
 			var ce *CorruptionError
 			if !errors.As(err, &ce) {
-				t.Fatalf("kind %d val %d: damage at %d (frame at %d, frames %v, len %d): want corruption, got %v", kind%5, val, p, corruptAt, fx.offs, len(fx.data), err)
+				t.Fatalf("kind %d val %d: damage at %d (frame at %d, frames %v, len %d): want corruption, got %v", kind%6, val, p, corruptAt, fx.offs, len(fx.data), err)
 			}
 			if ce.Offset != int64(corruptAt) {
-				t.Fatalf("kind %d val %d at %d: corruption named offset %d, want %d (frames %v): %v", kind%5, val, p, ce.Offset, corruptAt, fx.offs, ce)
+				t.Fatalf("kind %d val %d at %d: corruption named offset %d, want %d (frames %v): %v", kind%6, val, p, ce.Offset, corruptAt, fx.offs, ce)
 			}
 			return
 		}
 		if err != nil {
-			t.Fatalf("kind %d at %d: %v", kind%5, p, err)
+			t.Fatalf("kind %d at %d: %v", kind%6, p, err)
 		}
 		defer s.Close()
 		want := fx.states[max(wantFrames, 0)]
 		st := s.Stats()
 		if st.Records != len(want) {
-			t.Fatalf("kind %d at %d: %d records, want %d (frames up to %d)", kind%5, p, st.Records, len(want), wantFrames)
+			t.Fatalf("kind %d at %d: %d records, want %d (frames up to %d)", kind%6, p, st.Records, len(want), wantFrames)
 		}
 		for id, key := range want {
 			got, ok, _ := s.Get(id)
 			if !ok || got.Key != key {
-				t.Fatalf("kind %d at %d: %s lost or changed", kind%5, p, id)
+				t.Fatalf("kind %d at %d: %s lost or changed", kind%6, p, id)
 			}
 		}
 	})

@@ -43,6 +43,19 @@
 // that had been synced, its records are lost; the copy set aside and
 // Report.TornTail are how that shows.
 //
+// A valid frame whose sequence was already applied is not the next frame:
+// it is a copy. An exact copy of the applied frame (a write repeated below
+// the file system) holds nothing new: it is skipped, the frames after it are
+// read as usual, Report.Duplicates counts it, and Open rewrites the journal
+// without it. Anything else out of sequence is damage. So is a stretch of
+// bytes that is no frame followed by the intact next frame: nothing is lost,
+// but the file is not what the writer wrote, and opening fails with a
+// *CorruptionError whose FirstLostSeq is 0 (salvage skips the bytes and
+// keeps the frame). Copies or damage with no new frame after them are a torn
+// tail; cutting them loses nothing acknowledged. The search for a later
+// frame starts at the next expected sequence, so an intact frame is never
+// cut with the damage before it.
+//
 // # journal.tmp at recovery
 //
 // A compaction (and the creation of a new journal) writes journal.tmp,

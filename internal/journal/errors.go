@@ -34,7 +34,8 @@ type CorruptionError struct {
 	// unknown, as for a bad header).
 	Length int64
 	// FirstLostSeq and LastLostSeq bound the sequence numbers of the frames
-	// lost in the range (both 0 for a bad header).
+	// lost in the range (both 0 for a bad header, and for bytes that are no
+	// frame found before an intact next frame: nothing was lost).
 	FirstLostSeq, LastLostSeq uint64
 	// Reason says what was wrong, for people.
 	Reason string

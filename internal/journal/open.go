@@ -35,8 +35,12 @@ type Report struct {
 	// leftover journal.tmp, incomplete or stale, was removed. See the
 	// package doc, "journal.tmp at recovery".
 	AdoptedTemp, RemovedTemp bool
+	// Duplicates counts exact copies of earlier frames found between
+	// frames (a write repeated below the file system): they hold nothing
+	// new and were skipped, and the journal was rewritten without them.
+	Duplicates int
 	// Compacted: Open rewrote the journal (it was mostly dead records,
-	// expired records, or salvaged).
+	// expired records, duplicated frames, or salvaged).
 	Compacted bool
 }
 
@@ -192,6 +196,7 @@ func (s *Store) recover() (Report, error) {
 			return rep, fmt.Errorf("journal: cut torn tail: %w", err)
 		}
 	}
+	rep.Duplicates = len(res.dups)
 	if len(res.salvaged) > 0 {
 		rep.Salvaged = res.salvaged
 		if rep.CorruptCopy, err = s.copyAside(corruptPref, data); err != nil {
@@ -217,7 +222,7 @@ func (s *Store) recover() (Report, error) {
 			return rep, err
 		}
 		rep.Compacted = true
-	case s.needsCompaction() || (dead > 0 && s.size > s.opts.CompactMinBytes):
+	case len(res.dups) > 0 || s.needsCompaction() || (dead > 0 && s.size > s.opts.CompactMinBytes):
 		// Optional: a failure before the rename leaves the journal as it
 		// was; one after it poisons the Store, which Open reports.
 		rep.Compacted = s.compact() == nil
