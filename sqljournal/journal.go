@@ -63,16 +63,30 @@ var _ idemretry.Journal = (*Journal)(nil)
 //	attempts    integer
 //	status      integer           -- final HTTP status when done, else 0
 //
+// The table records whether its action ids are hashed
+// ([WithHashedActionIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
+// or "...=sha256", written by the Open that creates it (or by the first
+// creating Open of an uncommented table made by an earlier version).
+//
 // Open fails with an error wrapping [idemretry.ErrInvalidOption] for a bad
-// option, or with the database's error if the table cannot be created or
-// lacks those columns.
+// option (a nil option is skipped); [idemretry.ErrJournalIncompatible] when
+// the table does not fit: a column missing or of another type, no unique
+// index or primary key on action_id alone (Reserve's INSERT ... ON CONFLICT
+// (action_id) needs one; a deferrable one does not do), or action ids
+// recorded in the other mode than this journal's (two processes in
+// different modes would give one action two keys; a table without the
+// record is judged by a sample of its rows: any id not in digest form means
+// plain, digests only mean hashed); [idemretry.ErrJournalUnavailable] when
+// the database does not answer (see [Journal]); else the database's error.
 func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 	if db == nil {
 		return nil, fmt.Errorf("sqljournal: nil *sql.DB: %w", idemretry.ErrInvalidOption)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil { // as NewTransport: a nil option is no option
+			o(&cfg)
+		}
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -81,15 +95,22 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
+	q := newQueries(t)
 	if cfg.createTable {
-		if _, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, createSchema(ctx, db, t) }); err != nil {
-			return nil, dbError(ctx, "create table "+t.quoted, err)
+		if _, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, createSchema(ctx, db, t, cfg.idMode()) }); err != nil {
+			return nil, dbError(ctx, "create table "+t.quoted, incompatible(err))
 		}
 	}
-	if _, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, checkSchema(ctx, db, t) }); err != nil {
+	_, err = bounded(ctx, func() (struct{}, error) {
+		if err := checkSchema(ctx, db, t, q); err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, checkMode(ctx, db, t, cfg.idMode())
+	})
+	if err != nil {
 		return nil, dbError(ctx, "table "+t.quoted, err)
 	}
-	return &Journal{db: db, cfg: cfg, q: newQueries(t)}, nil
+	return &Journal{db: db, cfg: cfg, q: q}, nil
 }
 
 // Close marks the Journal closed: later calls fail with an error wrapping

@@ -16,7 +16,7 @@ const DefaultTable = "idemretry_actions"
 const DefaultRetention = idemretry.DefaultKeyWindow + 24*time.Hour
 
 // An Option configures [Open]. Options apply in order; a later one overrides
-// an earlier one.
+// an earlier one. A nil Option is skipped.
 type Option func(*config)
 
 type config struct {
@@ -41,7 +41,10 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 
 // WithoutCreateTable makes [Open] use an existing table instead of creating
 // it, for databases where the application's role may not run DDL. Open
-// still checks that the table has the expected columns.
+// still checks that the table fits (its columns, its unique key on
+// action_id, its id mode), and writes nothing: a table made without Open
+// carries no record of its id mode until a creating Open marks it, and is
+// judged by its rows meanwhile.
 func WithoutCreateTable() Option { return func(c *config) { c.createTable = false } }
 
 // WithRetention sets how long [Journal.Expire] keeps a done record after its
@@ -56,7 +59,9 @@ func WithRetention(d time.Duration) Option { return func(c *config) { c.retentio
 // ids out of the table, but it is no licence to put personal data in them: a
 // guessable id is as guessable hashed. Records from [Journal.Unfinished]
 // then carry the digest form as ActionID, which [Journal.Forget] accepts.
-// Every process sharing a table must agree on this option.
+// Every process sharing a table must agree on this option: the table
+// records the mode it was created with, and [Open] in the other mode fails
+// with an error wrapping idemretry.ErrJournalIncompatible.
 func WithHashedActionIDs() Option { return func(c *config) { c.hashIDs = true } }
 
 // WithNow sets the clock that [Journal.Expire] measures the retention with

@@ -3,14 +3,26 @@ package sqljournal
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/idemretry/idemretry"
 )
 
-// createSchema creates the table and its indexes if they are missing.
-// Concurrent CREATE TABLE IF NOT EXISTS statements can still collide in
-// PostgreSQL's catalogs (a unique violation on pg_type), so machines
-// starting together take a transaction-scoped advisory lock first.
-func createSchema(ctx context.Context, db *sql.DB, t table) (err error) {
+// querier is what the schema checks need of a *sql.DB or a *sql.Tx.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// createSchema creates the table and its indexes if they are missing, and
+// records the id mode in the table's comment (see markMode). Concurrent CREATE TABLE IF NOT EXISTS statements can
+// still collide in PostgreSQL's catalogs (a unique violation on pg_type),
+// and two machines must not mark a new table with two modes, so creators
+// take a transaction-scoped advisory lock first.
+func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -47,19 +59,153 @@ func createSchema(ctx context.Context, db *sql.DB, t table) (err error) {
 			return err
 		}
 	}
+	if err = markMode(ctx, tx, t, mode); err != nil {
+		return err
+	}
 	return tx.Commit()
 }
 
-// checkSchema fails unless the table exists with the columns the queries
-// use, so that a wrong table name is reported by Open, not by the first
-// payment.
-func checkSchema(ctx context.Context, db *sql.DB, t table) error {
+// markMode records mode in the table's comment if the table has none and
+// its rows do not show the other mode (checkMode then refuses the Open). It
+// runs under createSchema's lock, so two machines cannot mark one table
+// with two modes. Like the DDL before it, it needs the table's owner.
+func markMode(ctx context.Context, tx *sql.Tx, t table, mode string) error {
+	var comment sql.NullString
+	if err := tx.QueryRowContext(ctx, `SELECT obj_description($1::text::regclass, 'pg_class')`, t.quoted).Scan(&comment); err != nil {
+		return err
+	}
+	if comment.Valid {
+		return nil // recorded, or someone else's comment: left alone
+	}
+	rowsMode, err := modeOfRows(ctx, tx, t)
+	if err != nil || (rowsMode != "" && rowsMode != mode) {
+		return err
+	}
+	// The comment is a constant of this package (markComment), never
+	// outside text: it is safe to put in the statement, which takes no
+	// parameters.
+	_, err = tx.ExecContext(ctx, `COMMENT ON TABLE `+t.quoted+` IS '`+markComment(mode)+`'`)
+	return err
+}
+
+// checkSchema fails unless the table exists and fits the journal's
+// statements: the columns they use, of types they accept, and a unique key
+// on action_id alone that INSERT ... ON CONFLICT (action_id) can use, so
+// that a wrong table is reported by Open, not by the first payment. The
+// statements are planned (EXPLAIN), not run: PostgreSQL itself judges
+// whether they fit. A table that does not wraps ErrJournalIncompatible.
+func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	rows, err := db.QueryContext(ctx, `SELECT `+columns+` FROM `+t.quoted+` WHERE false`)
 	if err != nil {
-		return err
+		return incompatible(err)
 	}
 	if err := rows.Close(); err != nil {
 		return fmt.Errorf("check columns: %w", err)
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var fp [32]byte
+	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.insertReplaceDone, "", "k", fp[:], int64(0), int16(1), 0, 0); err != nil {
+		return incompatible(err)
+	}
+	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.update, "", "k", int16(1), 0, 0); err != nil {
+		return incompatible(err)
+	}
+	// The planner takes a deferrable unique key as an arbiter, and only the
+	// executor refuses it, on every insert.
+	var deferrable bool
+	if err := db.QueryRowContext(ctx, deferrableKey, t.quoted).Scan(&deferrable); err != nil {
+		return err
+	}
+	if deferrable {
+		return fmt.Errorf("%w: the table has a deferrable unique key on action_id, which INSERT ... ON CONFLICT (action_id) cannot use: make it not deferrable",
+			idemretry.ErrJournalIncompatible)
+	}
+	return nil
+}
+
+// deferrableKey tells whether the table $1 has a deferrable unique index
+// on action_id alone.
+const deferrableKey = `SELECT EXISTS (SELECT 1 FROM pg_index i
+	JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+	WHERE i.indrelid = $1::text::regclass AND i.indisunique AND NOT i.indimmediate
+	AND i.indnatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = 'action_id')`
+
+// incompatible wraps an error that says the table does not fit the
+// journal's statements (SQLSTATE class 42, a missing table or privilege
+// aside) with ErrJournalIncompatible and why; any other error is returned
+// as it is.
+func incompatible(err error) error {
+	var st interface{ SQLState() string }
+	if !errors.As(err, &st) {
+		return err
+	}
+	why := "has columns of other types than the journal's (see Open)"
+	switch code := st.SQLState(); {
+	case code == "42P10": // invalid_column_reference: no arbiter index for ON CONFLICT
+		why = "has no unique index or primary key on action_id alone, which INSERT ... ON CONFLICT (action_id) needs"
+	case code == "42703": // undefined_column
+		why = "lacks a column the journal uses (see Open)"
+	case !strings.HasPrefix(code, "42") || code == "42P01" || code == "42501":
+		return err // not a mismatch: a missing table, a missing privilege, ...
+	}
+	return fmt.Errorf("%w: the table %s: %w", idemretry.ErrJournalIncompatible, why, err)
+}
+
+// checkMode fails with ErrJournalIncompatible unless the table's id mode
+// (see readMode) is mode or unknown.
+func checkMode(ctx context.Context, db querier, t table, mode string) error {
+	got, how, err := readMode(ctx, db, t)
+	switch {
+	case err != nil:
+		return err
+	case got != "" && got != mode:
+		return fmt.Errorf("%w: the table holds %s action ids (%s), this journal %s: every process sharing a table must agree on WithHashedActionIDs",
+			idemretry.ErrJournalIncompatible, modeWords(got), how, modeWords(mode))
+	}
+	return nil
+}
+
+// readMode returns the table's id mode: the one recorded in its comment
+// (how "recorded in its comment") or, for a table without one (made before
+// modes were recorded, or by another owner), the one its rows show (how
+// "judged by its rows"); "" when neither tells.
+func readMode(ctx context.Context, db querier, t table) (mode, how string, err error) {
+	var comment sql.NullString
+	if err := db.QueryRowContext(ctx, `SELECT obj_description($1::text::regclass, 'pg_class')`, t.quoted).Scan(&comment); err != nil {
+		return "", "", err
+	}
+	mode, found, err := parseMark(comment.String)
+	switch {
+	case err != nil:
+		return "", "", err
+	case found:
+		return mode, "recorded in its comment", nil
+	}
+	mode, err = modeOfRows(ctx, db, t)
+	return mode, "judged by its rows", err
+}
+
+// modeOfRows returns the mode that a sample of the table's action ids
+// shows: plain if any is not in digest form (a hashing journal stores
+// digests only), hashed if all are, "" for an empty table.
+func modeOfRows(ctx context.Context, db querier, t table) (string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT action_id FROM `+t.quoted+` LIMIT 100`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return "", err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	return modeOfIDs(ids), nil
 }
