@@ -16,7 +16,7 @@ import (
 // by default. It keeps, per action, the action id (or its SHA-256, see
 // WithHashedActionIDs), the key (16 bytes for a UUID), the request
 // fingerprint, the creation time, the state, the attempt count and the final
-// status: about 75 bytes on disk and 130 bytes of memory per record for a
+// status: about 77 bytes on disk and 140 bytes of memory per record for a
 // short action id. Never a body, a header or a credential.
 //
 // A record that Reserve creates is on disk, synced, when Reserve returns;
@@ -199,8 +199,9 @@ func fromEntry(actionID string, e journal.Entry) Record {
 
 // Reserve implements Journal. A record it creates is synced to disk before
 // it returns; so is a returned record that another goroutine is still
-// creating (Reserve waits for it). A StateDone record older than the
-// retention (WithJournalRetention) counts as absent. CreatedAt is kept to
+// creating (Reserve waits for it). A StateDone record whose retention is
+// over, by the clock and by the time the journal has seen pass (see
+// WithJournalRetention), counts as absent. CreatedAt is kept to
 // the millisecond. If ctx ends while Reserve waits for the sync, it returns
 // ctx's error; the record may still become durable, and a later Reserve
 // returns it.

@@ -127,7 +127,7 @@ func TestFileJournalCorruption(t *testing.T) {
 	require.NoError(t, err)
 	// The frame holding "b" starts after the header, the empty snapshot's
 	// end frame and the frame of "a"; damage a byte in its middle.
-	i := bytes.Index(data, []byte{1, 0, 1, 'b'})
+	i := bytes.Index(data, []byte{1, 2, 1, 'b'}) // an upsert (1) with its observed time (flag 2) of id "b"
 	require.Positive(t, i)
 	data[i+10] ^= 0x40
 	require.NoError(t, os.WriteFile(path, data, 0o600))

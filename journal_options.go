@@ -45,12 +45,18 @@ func defaultJournalConfig() journalConfig {
 }
 
 // WithJournalClock sets the clock the journal judges expiry by (default
-// time.Now). Expiry uses the latest time the journal has seen (from the
-// clock, and from the records it loaded), so a clock set back neither
-// resurrects an expired record nor keeps one longer; unless that time is
-// more than DefaultJournalGrace ahead of the clock, which means the clock
-// ran ahead and was corrected, and expiring by it would drop done records
-// early. A nil now restores time.Now.
+// time.Now). A done record expires only when its retention is over both by
+// this clock and by the time the journal has itself seen pass since the
+// record's creation while it was open (see WithJournalRetention). By the
+// clock, expiry uses the latest time the journal has seen (from the clock,
+// and from the records it loaded), so a clock set back neither resurrects
+// an expired record nor keeps one longer; unless that time is more than
+// DefaultJournalGrace ahead of the clock, which means the clock ran ahead
+// and was corrected, and expiring by it would drop done records early. The
+// time seen to pass is read from the clock's monotonic readings (those of
+// time.Now), which no setting of the wall clock moves; a clock without them
+// (a test's fake) is believed when it moves forward. A nil now restores
+// time.Now.
 func WithJournalClock(now func() time.Time) JournalOption {
 	return func(c *journalConfig) {
 		if now == nil {
@@ -65,11 +71,23 @@ func WithJournalClock(now func() time.Time) JournalOption {
 // Transport's key window (WithKeyWindow) plus DefaultJournalGrace: the
 // journal believes its persisted clock mark, when the clock is behind it, by
 // up to the part of the retention beyond DefaultKeyWindow, so that a clock
-// set back cannot keep records longer, while never expiring one early. After it, Reserve treats the
-// record as absent and compaction drops it. StatePending and StateUnknown
-// records never expire: they are kept until FileJournal.Forget, because
-// dropping one would let a new key be minted for an action whose outcome is
-// unknown. A value of zero or less restores the default.
+// set back cannot keep records longer, while never expiring one early.
+//
+// A done record expires only when the retention is over by the clock AND
+// the journal has itself seen that much time pass since the record was
+// created, counted while it was open (on the monotonic clock, persisted
+// across restarts). A record whose outcome may exist never vanishes
+// because of a clock: one made while the clock was days behind, then
+// corrected, is still there ten minutes later, and the Transport refuses
+// the action (ErrKeyWindowExpired) instead of sending it under a new key.
+// The cost: time while no journal is open is not counted, so an application
+// that is rarely open keeps its done records longer (about 77 bytes on disk
+// and 140 in memory each) until it has been open for the retention in all.
+// After that, Reserve treats the record as absent and compaction drops it.
+// StatePending and StateUnknown records never expire: they are kept until
+// FileJournal.Forget, because dropping one would let a new key be minted for
+// an action whose outcome is unknown. A value of zero or less restores the
+// default.
 func WithJournalRetention(d time.Duration) JournalOption {
 	return func(c *journalConfig) {
 		if d <= 0 {

@@ -226,7 +226,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 // records, as group commits of a busy process would leave it.
 func writeBigJournal(b *testing.B, dir string, n int) {
 	gen := uint32(12345)
-	buf := header{gen: gen, baseSeq: 1}.append(nil)
+	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
 	seq := uint64(1)
 	ops := make([]op, 0, 64)
 	for i := 0; i < n; i++ {
@@ -234,6 +234,7 @@ func writeBigJournal(b *testing.B, dir string, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		r.seen, r.hasSeen = int64(i/64)*10, true // about 10 ms apart
 		ops = append(ops, op{kind: opUpsert, r: r})
 		if len(ops) == 64 || i == n-1 {
 			buf = appendFrame(buf, gen, seq, appendPayload(nil, ops))

@@ -33,12 +33,14 @@ func (s *Store) run() {
 			reply <- err
 			continue
 		case <-expiry.C:
-			if s.hasExpired() && s.commitQueued(true) == nil {
+			s.queueSeen(seenMarkEvery)
+			if s.commitQueued(true) == nil && s.hasExpired() {
 				_ = s.compact() // a failure before the rename changes nothing
 			}
 			continue
 		}
 		if stopping {
+			s.queueSeen(seenMarkClose)
 			err := s.commitQueued(true)
 			if s.f != nil {
 				if cerr := s.f.Close(); err == nil && cerr != nil {
@@ -99,6 +101,12 @@ func (s *Store) commitQueued(force bool) error {
 		ops = append(ops, op{kind: opClock, clock: s.high})
 		s.savedHigh = s.high
 	}
+	if obs := s.obsNs / 1e6; obs-s.savedObs >= seenMarkEvery.Milliseconds() {
+		// And the observed time, now and then: what a crash loses of it
+		// only makes done records expire that much later.
+		ops = append(ops, op{kind: opSeen, clock: obs})
+		s.savedObs = obs
+	}
 	s.mu.Unlock()
 
 	err := s.writeOps(ops)
@@ -126,6 +134,28 @@ func (s *Store) commitQueued(force bool) error {
 	s.mu.Unlock()
 	close(b.done)
 	return err
+}
+
+// How far the observed time may run ahead of the last one written before a
+// batch carries it, and before Close writes it.
+const (
+	seenMarkEvery = time.Minute
+	seenMarkClose = time.Second
+)
+
+// queueSeen reads the clock and queues the observed time, lazily, if it is
+// at least atLeast past the last one written.
+func (s *Store) queueSeen(atLeast time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.poison != nil {
+		return
+	}
+	s.observe(s.opts.Now())
+	if obs := s.obsNs / 1e6; obs-s.savedObs >= atLeast.Milliseconds() {
+		s.enqueue(op{kind: opSeen, clock: obs}, false)
+		s.savedObs = obs
+	}
 }
 
 // poisonLocked records the first failure and fails the current batch, whose

@@ -59,9 +59,9 @@ func (s *Store) compact() error {
 		}
 		recs = append(recs, s.recOf(id, &sl))
 	}
-	high := s.high
+	high, obs := s.high, s.obsNs/1e6
 	s.mu.Unlock()
-	if err := s.writeSnapshot(recs, high); err != nil {
+	if err := s.writeSnapshot(recs, high, obs); err != nil {
 		// Before the rename the old file, without this mark, is still the
 		// journal: the next batch must carry the mark. After it the Store
 		// is poisoned and the mark no longer matters.
@@ -69,6 +69,7 @@ func (s *Store) compact() error {
 	}
 	s.mu.Lock()
 	s.savedHigh = max(s.savedHigh, high)
+	s.savedObs = max(s.savedObs, obs)
 	s.mu.Unlock()
 	return nil
 }
@@ -81,7 +82,7 @@ func (s *Store) compact() error {
 // journal is missing or journal.tmp starts past journal's last frame, and
 // removes it otherwise (see the package doc). A failure before the rename
 // leaves the Store as it was; a failure after it poisons the Store.
-func (s *Store) writeSnapshot(recs []rec, high int64) (err error) {
+func (s *Store) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	tmpPath := filepath.Join(s.dir, tmpName)
 	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -89,7 +90,7 @@ func (s *Store) writeSnapshot(recs []rec, high int64) (err error) {
 	}
 	f := s.opts.Hooks.wrap(tmpName, osFile{of})
 	gen, seq := rand.Uint32(), s.nextSeq
-	var flags uint16
+	flags := flagSeen
 	if s.opts.HashedIDs {
 		flags |= flagHashedIDs
 	}
@@ -131,8 +132,9 @@ func (s *Store) writeSnapshot(recs []rec, high int64) (err error) {
 				return err
 			}
 		}
+		mark := op{kind: opSeen, clock: obs}
 		end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
-		recBuf, count = appendOp(recBuf, &end), 1
+		recBuf, count = appendOp(appendOp(recBuf, &mark), &end), 2
 		if err := frame(); err != nil {
 			return err
 		}

@@ -23,10 +23,18 @@
 // sequence and payload; it is masked as LevelDB does so that a CRC of data
 // holding CRCs is not degenerate. Sequences rise by one per frame and continue
 // across compactions. A payload is a record count then records (see
-// record.go): full-state upserts, deletes (Forget), the end of a compaction
-// snapshot (its record count and the clock), and the clock's high-water mark.
+// record.go): full-state upserts (with the observed time at the record's
+// creation, see Store.expired), deletes (Forget), the end of a compaction
+// snapshot (its record count and the clock), the clock's high-water mark,
+// and the observed time. Header flag flagSeen says the file holds observed
+// times: a version that does not know them refuses the file as
+// incompatible; a file without the flag is rewritten with it at open.
 // Replaying full-state upserts is idempotent, which lets a compaction
-// snapshot and later appends overlap harmlessly.
+// snapshot and later appends overlap harmlessly. Replay applies the rule
+// that Update follows: an upsert of a done record's action with the same
+// key changes its attempts only (done is final), so a stale update written
+// after done cannot undo it on restart; a replacement under the same key is
+// written as a delete then an upsert.
 //
 // # The rule recovery relies on
 //
@@ -82,6 +90,14 @@
 //   - Expiry drops only done records. Pending and unknown ones are kept until
 //     Forget: dropping one would let the transport mint a new key for an
 //     action whose outcome is unknown.
+//   - A done record expires only when its retention is over both by the
+//     clock and by the observed time: the time the Store has seen pass
+//     since the record's creation, on the monotonic clock, while open
+//     (persisted at most a minute behind with batches, at Close, hourly and
+//     in snapshots). A wall clock that was wrong when a record was made, or
+//     jumps while the journal is closed, thus never expires a record early;
+//     the price is that an application rarely open keeps its done records
+//     for much longer than the retention in real time (see Store.expired).
 //   - The clock's high-water mark is persisted (with batches and in
 //     snapshots), so a clock set back, even across a restart, revives no
 //     expired record. A mark more than Options.MaxClockLead ahead of the
@@ -93,7 +109,7 @@
 //   - The end record holds the snapshot's record count and clock; its last
 //     sequence is implicit (the end record's own frame).
 //   - Open reads the whole file into memory to verify and replay it (about
-//     75 bytes per record: 75 MB for 1M records, for the duration of Open).
+//     77 bytes per record: 77 MB for 1M records, for the duration of Open).
 //   - A batch larger than MaxPayload is written as several frames, each
 //     synced before the next is written, to keep the rule above.
 package journal

@@ -23,7 +23,12 @@ const (
 
 	// flagHashedIDs: action ids are SHA-256 digests of the caller's ids.
 	flagHashedIDs uint16 = 1
-	knownFlags           = flagHashedIDs
+	// flagSeen: the file holds observed times (upserts with upsertSeen,
+	// opSeen records). Versions that expire by the wall clock alone do not
+	// know the flag, so they refuse the file as incompatible rather than
+	// misread it as corrupt; a file without it is rewritten with it at open.
+	flagSeen   uint16 = 2
+	knownFlags        = flagHashedIDs | flagSeen
 
 	crcMaskDelta = 0xa282ead8
 )

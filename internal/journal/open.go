@@ -77,6 +77,7 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 		done:      make(chan struct{}),
 		closed:    make(chan struct{}),
 		compactCh: make(chan chan error),
+		obsRef:    opts.Now(),
 	}
 	rep, err := s.recover()
 	if err == nil && s.poison != nil {
@@ -166,7 +167,7 @@ func (s *Store) recover() (Report, error) {
 		// journal file, once it exists, always has a complete header.
 		s.nextSeq = 1
 		s.high = s.opts.Now().UnixMilli()
-		return rep, s.writeSnapshot(nil, s.high)
+		return rep, s.writeSnapshot(nil, s.high, 0)
 	}
 
 	data, err := os.ReadFile(s.path)
@@ -182,7 +183,7 @@ func (s *Store) recover() (Report, error) {
 		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", ErrIncompatible, s.path, hashed)
 	}
 	s.gen, s.nextSeq, s.size = res.hdr.gen, res.lastSeq+1, int64(res.end)
-	s.savedHigh = s.high
+	s.savedHigh, s.savedObs = s.high, s.obsNs/1e6
 
 	if res.torn {
 		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), int64(len(data)-res.end)
@@ -222,7 +223,9 @@ func (s *Store) recover() (Report, error) {
 			return rep, err
 		}
 		rep.Compacted = true
-	case len(res.dups) > 0 || s.needsCompaction() || (dead > 0 && s.size > s.opts.CompactMinBytes):
+	case len(res.dups) > 0 || res.hdr.flags&flagSeen == 0 || s.needsCompaction() || (dead > 0 && s.size > s.opts.CompactMinBytes):
+		// Also when the file predates observed times: rewritten with
+		// flagSeen, it is refused by versions that would misread it.
 		// Optional: a failure before the rename leaves the journal as it
 		// was; one after it poisons the Store, which Open reports.
 		rep.Compacted = s.compact() == nil
@@ -243,13 +246,20 @@ func (s *Store) applyFrame(_ uint64, payload []byte) error {
 					s.put(&r)
 				}
 			} else {
+				if !o.r.hasSeen {
+					// Written before observed times: it ages from now.
+					o.r.seen, o.r.hasSeen = s.obsNs/1e6, true
+				}
 				s.put(&o.r)
 			}
 			s.high = max(s.high, o.r.created)
+			s.obsNs = max(s.obsNs, o.r.seen*1e6)
 		case opDelete:
 			s.del(o.r.id)
 		case opEnd, opClock:
 			s.high = max(s.high, o.clock)
+		case opSeen:
+			s.obsNs = max(s.obsNs, o.clock*1e6)
 		}
 		return nil
 	})
@@ -316,6 +326,7 @@ func checkSnapshot(data []byte, path string) (scanResult, bool) {
 					return errPayload
 				}
 				ended = true
+			case o.kind == opSeen: // the observed time, before the end
 			default:
 				return errPayload // a snapshot holds only upserts, then its end
 			}

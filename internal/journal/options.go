@@ -10,7 +10,9 @@ type Options struct {
 	// Now is the clock for created-at checks and expiry (default time.Now).
 	Now func() time.Time
 	// Retention is how long a StateDone record is kept after its creation
-	// (required, > 0). Pending and unknown records are kept until forgotten.
+	// (required, > 0), by the clock and by the time the Store has seen pass
+	// while open (see Store.expired). Pending and unknown records are kept
+	// until forgotten.
 	Retention time.Duration
 	// MaxClockLead bounds how far the clock high-water mark may stand ahead
 	// of the clock and still be believed for expiry (default 24h, the

@@ -28,9 +28,18 @@ const (
 	opDelete uint8 = 2 // the action was forgotten
 	opEnd    uint8 = 3 // end of a compaction snapshot
 	opClock  uint8 = 4 // the clock's high-water mark, so a restart keeps it
+	opSeen   uint8 = 5 // the observed time (see Store.expired), so a restart keeps it
 )
 
-const upsertCustomKey = 1 // upsert flag: the key is a length-prefixed string
+// maxSeenMs bounds an observed time read from a file, so that it fits in
+// nanoseconds (about 292 years).
+const maxSeenMs = math.MaxInt64 / 1_000_000
+
+// Upsert flags.
+const (
+	upsertCustomKey = 1 // the key is a length-prefixed string
+	upsertSeen      = 2 // the observed time at creation follows the status
+)
 
 // Entry is one action's record as the Store takes and returns it.
 type Entry struct {
@@ -57,6 +66,12 @@ type rec struct {
 	attempts uint32
 	status   uint16
 	state    uint8
+	// seen is the Store's observed time, in ms, when the record was
+	// created (see Store.expired). hasSeen: it is stored (always, since
+	// format flag flagSeen; records of older files get the observed time
+	// at which they were loaded).
+	seen    int64
+	hasSeen bool
 }
 
 // op is one record of a payload.
@@ -64,7 +79,7 @@ type op struct {
 	kind  uint8
 	r     rec    // upsert: all of it; delete: r.id only
 	count uint64 // end: records in the snapshot
-	clock int64  // end, clock: the journal's clock high-water mark, Unix ms
+	clock int64  // end, clock: the journal's clock high-water mark, Unix ms; seen: the observed time, ms
 }
 
 func toRec(e Entry) (rec, error) {
@@ -98,6 +113,9 @@ func (r *rec) entry() Entry {
 func (r *rec) size() int64 {
 	n := 2 + uvarintLen(uint64(len(r.id))) + len(r.id) + 32 + 1 + 1 + uvarintLen(uint64(r.attempts)) + uvarintLen(uint64(r.status))
 	n += uvarintLen(zigzag(r.created))
+	if r.hasSeen {
+		n += uvarintLen(uint64(r.seen))
+	}
 	if r.custom != "" {
 		n += 1 + len(r.custom)
 	} else {
@@ -113,7 +131,10 @@ func appendOp(b []byte, o *op) []byte {
 		r := &o.r
 		var fl byte
 		if r.custom != "" {
-			fl = upsertCustomKey
+			fl |= upsertCustomKey
+		}
+		if r.hasSeen {
+			fl |= upsertSeen
 		}
 		b = append(b, fl)
 		b = binary.AppendUvarint(b, uint64(len(r.id)))
@@ -129,6 +150,9 @@ func appendOp(b []byte, o *op) []byte {
 		b = append(b, r.state)
 		b = binary.AppendUvarint(b, uint64(r.attempts))
 		b = binary.AppendUvarint(b, uint64(r.status))
+		if r.hasSeen {
+			b = binary.AppendUvarint(b, uint64(r.seen))
+		}
 	case opDelete:
 		b = binary.AppendUvarint(b, uint64(len(o.r.id)))
 		b = append(b, o.r.id...)
@@ -137,6 +161,8 @@ func appendOp(b []byte, o *op) []byte {
 		b = binary.AppendUvarint(b, zigzag(o.clock))
 	case opClock:
 		b = binary.AppendUvarint(b, zigzag(o.clock))
+	case opSeen:
+		b = binary.AppendUvarint(b, uint64(o.clock))
 	}
 	return b
 }
@@ -215,7 +241,7 @@ func decodePayload(p []byte, fn func(*op) error) error {
 		case opUpsert:
 			fl := d.byte()
 			o.r.id = d.id()
-			switch fl {
+			switch fl &^ upsertSeen {
 			case 0:
 				copy(o.r.key[:], d.bytes(16))
 			case upsertCustomKey:
@@ -236,6 +262,9 @@ func decodePayload(p []byte, fn func(*op) error) error {
 			}
 			o.r.attempts = uint32(d.uvarint(math.MaxUint32))
 			o.r.status = uint16(d.uvarint(math.MaxUint16))
+			if fl&upsertSeen != 0 {
+				o.r.seen, o.r.hasSeen = int64(d.uvarint(maxSeenMs)), true
+			}
 		case opDelete:
 			o.r.id = d.id()
 		case opEnd:
@@ -243,6 +272,8 @@ func decodePayload(p []byte, fn func(*op) error) error {
 			o.clock = unzigzag(d.uvarint(math.MaxUint64))
 		case opClock:
 			o.clock = unzigzag(d.uvarint(math.MaxUint64))
+		case opSeen:
+			o.clock = int64(d.uvarint(maxSeenMs))
 		default:
 			d.bad = true
 		}

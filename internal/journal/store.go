@@ -38,6 +38,13 @@ type Store struct {
 	poison    error // set once a write or sync failed; the Store is dead
 	high      int64 // clock high-water mark, Unix ms: time never runs back
 	savedHigh int64 // the high-water mark last written to the file
+	// The observed time (see expired): obsNs is the time the Store has seen
+	// pass while open, accumulated across opens (persisted in ms); obsRef
+	// is the clock reading it was last advanced at; savedObs is the
+	// observed time, in ms, last written to the file.
+	obsNs    int64
+	obsRef   time.Time
+	savedObs int64
 
 	wake      chan struct{}
 	stop      chan struct{}
@@ -55,11 +62,12 @@ type Store struct {
 	closeErr error
 }
 
-// slot is a record in memory: 64 bytes plus the map's id string.
+// slot is a record in memory: 72 bytes plus the map's id string.
 type slot struct {
 	key      [16]byte
 	fp       [32]byte
 	created  int64
+	seen     int64 // the observed time at creation, ms (see expired)
 	attempts uint32
 	status   uint16
 	state    uint8
@@ -77,11 +85,11 @@ type batch struct {
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
 
 func (s *Store) slotOf(r *rec) slot {
-	return slot{key: r.key, fp: r.fp, created: r.created, attempts: r.attempts, status: r.status, state: r.state, custom: r.custom != ""}
+	return slot{key: r.key, fp: r.fp, created: r.created, seen: r.seen, attempts: r.attempts, status: r.status, state: r.state, custom: r.custom != ""}
 }
 
 func (s *Store) recOf(id string, sl *slot) rec {
-	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, attempts: sl.attempts, status: sl.status, state: sl.state}
+	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, seen: sl.seen, hasSeen: true, attempts: sl.attempts, status: sl.status, state: sl.state}
 	if sl.custom {
 		r.custom = s.custom[id]
 	}
@@ -111,20 +119,52 @@ func (s *Store) del(id string) {
 	}
 }
 
-// now returns the time expiry judges by, in Unix ms: the highest time seen,
-// so that a clock set back cannot bring an expired record back; unless that
-// mark is more than MaxClockLead ahead of the clock, which means the clock
-// ran ahead and was corrected, and then the clock. Callers hold mu.
-func (s *Store) now() int64 {
-	t := s.opts.Now().UnixMilli()
+// times are the two times expiry judges by (see expired).
+type times struct {
+	// wall is the clock's time, Unix ms: the highest time seen, so that a
+	// clock set back cannot bring an expired record back; unless that mark
+	// is more than MaxClockLead ahead of the clock, which means the clock
+	// ran ahead and was corrected, and then the clock.
+	wall int64
+	// obs is the observed time, ms: how much time the Store has seen pass
+	// while open, over all its opens.
+	obs int64
+}
+
+// now reads the clock and returns the times expiry judges by. Callers hold
+// mu.
+func (s *Store) now() times {
+	c := s.opts.Now()
+	s.observe(c)
+	t := c.UnixMilli()
 	if t > s.high {
 		s.high = t
 	}
 	if s.high-t > s.opts.MaxClockLead.Milliseconds() {
-		return t
+		return times{wall: t, obs: s.obsNs / 1e6}
 	}
-	return s.high
+	return times{wall: s.high, obs: s.obsNs / 1e6}
 }
+
+// observe advances the observed time by what passed since the last reading
+// that advanced it. Readings of time.Now carry Go's monotonic clock, which
+// no setting of the wall clock moves (and which stands still while the
+// machine sleeps), so the observed time is a lower bound of the time that
+// really passed while the Store was open. A clock without monotonic
+// readings (a test's fake) is believed when it moves forward past its
+// highest reading; a step back advances nothing until it is passed again.
+// Callers hold mu (Open: before the Store is shared).
+func (s *Store) observe(c time.Time) {
+	if d := c.Sub(s.obsRef); d > 0 {
+		s.obsNs += int64(d)
+		s.obsRef = c
+	}
+}
+
+// seenAt is the observed time to record in a record created now (after
+// now), in ms, rounded up: a record never looks older than it is. Callers
+// hold mu.
+func (s *Store) seenAt() int64 { return (s.obsNs + 1e6 - 1) / 1e6 }
 
 // Now returns the later of the clock and the highest time the Store has
 // seen: in the records it loaded, in the clock marks persisted with its
@@ -142,11 +182,34 @@ func (s *Store) Now() time.Time {
 	return time.UnixMilli(s.high)
 }
 
-// expired: only done records expire. Pending and unknown ones are kept until
-// Forget: dropping them would let a new key be minted for an action whose
-// outcome is unknown.
-func (s *Store) expired(sl *slot, now int64) bool {
-	return sl.state == StateDone && now-sl.created > s.opts.Retention.Milliseconds()
+// expired reports whether a record's retention is over. Only done records
+// expire. Pending and unknown ones are kept until Forget: dropping them
+// would let a new key be minted for an action whose outcome is unknown.
+//
+// A record whose outcome may exist must never vanish because of a clock. A
+// wall clock can be wrong when a record is made (a phone 49 h behind, then
+// corrected) and can jump while the journal is closed, so the creation time
+// read against the clock can make a ten-minute-old record look two days
+// old: dropping it would let Reserve mint a new key for an action that the
+// server has just performed. So a done record expires only when both say
+// its retention is over: the clock (its creation time against the times
+// mark, as the Transport reads key windows), and the observed time, the
+// time the Store has itself seen pass since the record's creation, counted
+// on the monotonic clock while open and persisted with its writes. Time
+// while the journal is closed is never counted: nothing can tell how long
+// that was. Since the observed time is a lower bound of the time that
+// passed, a record disappears only once its retention has passed as far as
+// the journal can know; no clock setting, before or during a run, can
+// shorten that.
+//
+// The cost is disk and memory (about 77 bytes on disk and 140 in memory per
+// done record) for an application that is rarely open: its done records
+// stay until it has been open for the retention in all (48 h of use by
+// default: for an app open a few minutes a day, years). An application that
+// must bound that can Forget the actions it has reconciled.
+func (s *Store) expired(sl *slot, now times) bool {
+	ret := s.opts.Retention.Milliseconds()
+	return sl.state == StateDone && now.wall-sl.created > ret && now.obs-sl.seen > ret
 }
 
 // usable returns the error for calls on a closed or failed Store.
@@ -229,6 +292,7 @@ func (s *Store) Reserve(ctx context.Context, e Entry, reusePending bool) (Entry,
 		// record for a stale update of the done one (see applyUpdate).
 		s.remove(r.id, false)
 	}
+	r.seen, r.hasSeen = s.seenAt(), true
 	s.put(&r)
 	b := s.enqueue(op{kind: opUpsert, r: r}, true)
 	s.inflight[r.id] = b
