@@ -27,6 +27,16 @@
 // turn synchronous_commit off for the journal's database or role: a
 // server crash could then lose a key whose request was already sent.
 //
+// [Journal.Update] never moves a record out of done, in the statement
+// itself: a stale writer on another machine (one that saw a 409, gave up
+// and records "pending") cannot undo an outcome another one recorded.
+//
+// Every call returns by its context's deadline even when the database
+// hangs, and errors of a database that does not answer wrap
+// idemretry.ErrJournalUnavailable (see [Journal]). [Open] refuses, with
+// idemretry.ErrJournalIncompatible, a table that does not fit: no unique
+// key on action_id, other columns, or action ids hashed the other way.
+//
 // # Records and expiry
 //
 // Done records are kept for a retention (see [WithRetention]) and deleted by

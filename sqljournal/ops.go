@@ -10,12 +10,12 @@ import (
 
 // Update implements [idemretry.Journal.Update]: it stores rec's State,
 // Attempts and Status in the action's record if that record has rec.Key,
-// and leaves the key, fingerprint and creation time alone. Done is final: a
-// record already done keeps its State and Status, and its Attempts never go
-// down, whatever rec says; the rule is part of the UPDATE statement, so a
-// stale writer on another machine cannot undo a recorded outcome either. It
-// returns once the change is committed. It fails, changing nothing, with an error
-// wrapping [idemretry.ErrActionNotFound] when the action has no record or
+// and leaves the key, fingerprint and creation time alone. Attempts never
+// go down. Done is final: a record already done keeps its State and Status
+// whatever rec says; the rule is part of the UPDATE statement, so a stale
+// writer on another machine cannot undo a recorded outcome either. It
+// returns once the change is committed. It fails, changing nothing, with an
+// error wrapping [idemretry.ErrActionNotFound] when the action has no record or
 // its record has another key (replaced, or forgotten and created again),
 // [idemretry.ErrJournalInvalidRecord] for progress values Reserve would
 // refuse, and [idemretry.ErrJournalClosed] after Close.

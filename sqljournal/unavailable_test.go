@@ -286,3 +286,57 @@ type ignoreCancel struct{}
 
 func (ignoreCancel) HandleCancel(context.Context) {}
 func (ignoreCancel) HandleUnwatchAfterCancel()    {}
+
+// A row lock held by another session (here up to 3 s, as a slow
+// transaction elsewhere would) holds no Update or Reserve past its
+// context's deadline.
+func TestBoundedRowLock(t *testing.T) {
+	db := testDB(t)
+	j, table := openJournal(t, db)
+	ctx := context.Background()
+	pending := recNow("pay:pending", "k1")
+	mustReserve(t, j, pending, idemretry.ReuseAny, true)
+	done := recNow("fp:done", "k2")
+	mustReserve(t, j, done, idemretry.ReusePending, true)
+	done.State, done.Status = idemretry.StateDone, 201
+	if err := j.Update(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	calls := []journalCall{
+		{"Update", func(ctx context.Context, j *sqljournal.Journal) error {
+			u := pending
+			u.State, u.Attempts, u.Status = idemretry.StateDone, 1, 201
+			return j.Update(ctx, u)
+		}},
+		{"Reserve replacing done", func(ctx context.Context, j *sqljournal.Journal) error {
+			_, _, err := j.Reserve(ctx, recNow("fp:done", "k3"), idemretry.ReusePending)
+			return err
+		}},
+		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:pending") }},
+	}
+	for _, call := range calls {
+		holder, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holder.ExecContext(ctx, `SELECT 1 FROM "`+table+`" FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		release := time.AfterFunc(3*time.Second, func() { holder.Rollback() })
+		const deadline = 500 * time.Millisecond
+		cctx, cancel := context.WithTimeout(ctx, deadline)
+		start := time.Now()
+		err = call.call(cctx, j)
+		took := time.Since(start)
+		cancel()
+		if took > deadline+time.Second {
+			t.Errorf("%s took %v with a %v deadline under a row lock", call.name, took, deadline)
+		}
+		unavailable(t, call.name+" under a row lock", err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s under a row lock: %v, want context.DeadlineExceeded too", call.name, err)
+		}
+		release.Stop()
+		holder.Rollback()
+	}
+}
