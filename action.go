@@ -89,6 +89,28 @@ func parseKey(v string) (string, error) {
 	return v, nil
 }
 
+// headerValues returns every value of header name in h, under its
+// canonical form or any other spelling (a caller may set
+// h["idempotency-key"] directly, and net/http would send it as is).
+func headerValues(h http.Header, name string) []string {
+	vs := h[name]
+	for k, v := range h {
+		if k != name && strings.EqualFold(k, name) {
+			vs = append(vs[:len(vs):len(vs)], v...)
+		}
+	}
+	return vs
+}
+
+// deleteHeader removes header name from h under every spelling.
+func deleteHeader(h http.Header, name string) {
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			delete(h, k)
+		}
+	}
+}
+
 // formatKey renders a bare key for the header.
 func formatKey(key string, quoted bool) string {
 	if quoted {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -15,171 +17,270 @@ import (
 
 // attempts sends req until the policy calls an outcome final or the retries
 // stop. a is nil for methods that carry no key; retry is false for requests
-// that must be sent once.
-func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) (*http.Response, error) {
+// that must be sent once. pending reports that the action is left unfinished.
+func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
+	r := &run{t: t, ctx: ctx, a: a}
 	bo := t.cfg.newBackOff()
 	bo.Reset()
-	var (
-		actionID, key string
-		prior         int
-		sent          int
-		maybe         bool // an attempt may have reached the server
-	)
-	if a != nil {
-		actionID, key, prior = a.rec.ActionID, a.rec.Key, a.rec.Attempts
-	}
 	maxRetries := t.cfg.maxRetries
 	if !retry {
 		maxRetries = 0
 	}
-	fail := func(status int, reason, cause error) error {
-		return &ActionError{Action: actionID, Key: key, Attempts: prior + sent, Status: status,
-			MaybeProcessed: maybe || (a != nil && (!a.fresh || prior > 0)), Reason: reason, Err: cause}
-	}
-	// finish records where the action stands when RoundTrip returns. An
-	// action already done stays done: a resend that failed does not make
-	// its known outcome unknown.
-	finish := func(state State, status int) {
-		if a == nil {
-			return
-		}
-		rec := a.rec
-		if rec.State == StateDone && state != StateDone {
-			state, status = StateDone, rec.Status
-		}
-		rec.State, rec.Attempts, rec.Status = state, prior+sent, status
-		t.update(ctx, rec)
-		if state == StateUnknown {
-			t.logUnknown(ctx, rec)
-		}
-		// Updates may be lazy, and losing one usually costs one harmless
-		// resend. Not for an action named by its fingerprint: lost "done",
-		// a deliberate repeat after a crash would reuse the old key and be
-		// answered with the first payment's replay. So it is synced.
-		if state == StateDone && a.byFingerprint {
-			if s, ok := t.journal.(interface{ Sync(context.Context) error }); ok {
-				// The caller's context bounds the wait: the response is in
-				// hand, and a lazy flush follows anyway.
-				if err := s.Sync(ctx); err != nil && t.cfg.logger != nil {
-					t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal sync of a done action failed",
-						slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Any("error", err))
-				}
-			}
-		}
-	}
-
-	var lastStatus int // of the previous attempt, 0 if none or a transport error
-	var lastErr error
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
 		// slow clock): never send a key the server may have forgotten.
 		if a != nil && n > 0 && t.windowEndsFor(a, 0) {
-			finish(StateUnknown, 0)
-			return nil, fail(lastStatus, ErrKeyWindowExpired, lastErr)
+			return r.end(StateUnknown, nil, ErrKeyWindowExpired, nil)
 		}
-		out, err := t.newAttempt(req, b, key)
-		if err != nil {
-			finish(StatePending, 0)
-			return nil, fail(0, nil, err)
+		resp, sent, err := r.send(req, b)
+		if !sent {
+			return r.end(StatePending, nil, nil, err)
 		}
-		resp, err := t.base.RoundTrip(out)
-		sent++
-		if err == nil && resp == nil {
-			err = errors.New("idemretry: base RoundTripper returned neither response nor error")
-		}
-		if err != nil && resp != nil { // a broken base: keep the error, free the response
-			discard(resp, 0)
-			resp = nil
-		}
-		maybe = maybe || mayHaveReachedServer(err)
-		status := 0
-		if resp != nil {
-			status = resp.StatusCode
-		}
-
-		if !t.cfg.policy(ctx, resp, err) {
+		// The answer is judged on its own; the caller's context is checked
+		// after, so that a final answer arriving as it ends is still final.
+		if !t.cfg.policy(context.WithoutCancel(ctx), resp, err) {
 			if err != nil {
-				finish(StatePending, 0)
-				return nil, fail(0, nil, err)
+				return r.end(StatePending, nil, nil, err)
 			}
-			if ctx.Err() != nil {
-				// The policy stopped because the caller did, not because the
-				// answer is definitive: a 503 here may hide a charge.
-				finish(StatePending, 0)
-			} else {
-				finish(StateDone, status)
-			}
-			return resp, nil
+			return r.end(StateDone, resp, nil, nil)
 		}
-
-		// Retryable. stop ends the retries with what this attempt gave.
-		stop := func(reason error) (*http.Response, error) {
-			finish(StatePending, 0)
-			if resp != nil {
-				return resp, nil
-			}
-			return nil, fail(0, reason, err)
+		var wait time.Duration
+		reason := ctx.Err()
+		if reason == nil {
+			wait, reason = t.nextWait(ctx, bo, n, maxRetries, resp)
 		}
-		if n >= maxRetries {
-			return stop(ErrAttemptsExhausted)
-		}
-		wait := bo.NextBackOff()
-		if wait == backoff.Stop {
-			return stop(ErrAttemptsExhausted)
-		}
-		if ra, ok := RetryAfter(resp, t.cfg.clock.Now()); ok {
-			if ra > t.cfg.maxRetryAfter {
-				return stop(ErrAttemptsExhausted) // resp is non-nil here
-			}
-			wait = max(wait, ra)
-		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			return stop(ErrWaitExceedsDeadline)
+		if reason != nil {
+			return r.end(StatePending, resp, reason, err)
 		}
 		if a != nil && t.windowEndsFor(a, wait) {
-			discard(resp, t.cfg.maxDrain)
-			finish(StateUnknown, 0)
-			return nil, fail(status, ErrKeyWindowExpired, err)
+			r.discard(resp)
+			return r.end(StateUnknown, nil, ErrKeyWindowExpired, err)
 		}
-		ev := RetryEvent{Action: actionID, Key: key, Attempt: prior + sent, Wait: wait, Status: status, Err: err}
-		if t.cfg.onRetry != nil {
-			t.cfg.onRetry(ev)
-		}
-		if t.cfg.logger != nil {
-			t.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
-				slog.String("key", ev.Key), slog.Int("attempt", ev.Attempt), slog.Duration("wait", ev.Wait),
-				slog.Int("status", ev.Status), slog.Any("error", ev.Err))
-		}
-		discard(resp, t.cfg.maxDrain)
-		if n == 0 {
-			finish(StatePending, 0) // a crash during the waits keeps the attempt count
-		}
+		r.retrying(resp, err, wait)
 		if err := t.sleep(ctx, wait); err != nil {
-			finish(StatePending, 0)
-			return nil, fail(status, nil, err)
+			return r.end(StatePending, nil, nil, err)
 		}
-		lastStatus, lastErr = status, err
 	}
+}
+
+// nextWait returns how long to wait before attempt n+1, or why there is none.
+func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetries int, resp *http.Response) (time.Duration, error) {
+	if n >= maxRetries {
+		return 0, ErrAttemptsExhausted
+	}
+	wait := bo.NextBackOff()
+	if wait == backoff.Stop {
+		return 0, ErrAttemptsExhausted
+	}
+	if ra, ok := RetryAfter(resp, t.cfg.clock.Now()); ok {
+		if ra > t.cfg.maxRetryAfter {
+			return 0, ErrRetryAfterTooLong
+		}
+		wait = max(wait, ra)
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+		return 0, ErrWaitExceedsDeadline
+	}
+	return wait, nil
+}
+
+// run is the state of one RoundTrip's attempts.
+type run struct {
+	t          *Transport
+	ctx        context.Context
+	a          *action // nil without a key
+	sent       int
+	maybe      bool // an attempt may have reached the server
+	lastStatus int  // of the previous attempt: 0 if none, or a transport error
+	lastErr    error
+	out        *http.Request // the last attempt's request
+	cancel     context.CancelFunc
+}
+
+// send makes one attempt. Its context is the caller's, with a trace that
+// tells whether the request was written (net/http may resend a request with
+// an Idempotency-Key on a new connection by itself, and report only that
+// resend's dial error), and a cancel that bounds the drain of a discarded
+// body.
+func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ error) {
+	var wrote atomic.Bool
+	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+	}))
+	out, err := r.t.newAttempt(req.WithContext(ctx), b, r.key())
+	if err != nil {
+		cancel()
+		return nil, false, err
+	}
+	r.out, r.cancel = out, cancel
+	resp, err := r.t.base.RoundTrip(out)
+	r.sent++
+	if err == nil && resp == nil {
+		err = errors.New("idemretry: base RoundTripper returned neither response nor error")
+	}
+	if err != nil && resp != nil { // a broken base: keep the error, free the response
+		r.discard(resp)
+		resp = nil
+	}
+	r.maybe = r.maybe || resp != nil || wrote.Load() || mayHaveReachedServer(err)
+	r.lastStatus, r.lastErr = statusOf(resp), err
+	if err != nil {
+		cancel()
+	}
+	return resp, true, err
+}
+
+// retrying reports a retry about to happen and frees the attempt.
+func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
+	t := r.t
+	ev := RetryEvent{Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Wait: wait, Status: statusOf(resp), Err: err}
+	if t.cfg.onRetry != nil {
+		t.cfg.onRetry(ev)
+	}
+	if t.cfg.logger != nil {
+		t.cfg.logger.LogAttrs(r.ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
+			slog.String("key", ev.Key), slog.Int("attempt", ev.Attempt), slog.Duration("wait", ev.Wait),
+			slog.Int("status", ev.Status), slog.Any("error", ev.Err))
+	}
+	r.discard(resp)
+	if r.sent == 1 && r.a != nil {
+		r.t.record(r.ctx, r.record(StatePending, 0), false) // a crash during the waits keeps the count
+	}
+}
+
+// end records where the action stands and returns what RoundTrip returns:
+// resp if there is one (a final answer, or the last retryable one when the
+// retries stop for reason), else an *ActionError. What the caller is given
+// is what the journal records: done only with a final answer in hand.
+// pending reports that the action is left unfinished.
+func (r *run) end(state State, resp *http.Response, reason, cause error) (_ *http.Response, pending bool, _ error) {
+	t := r.t
+	if r.a != nil {
+		rec := r.record(state, 0)
+		if state == StateDone {
+			rec.Status = statusOf(resp)
+		}
+		if r.a.rec.State == StateDone {
+			// Done is final: a resend that failed does not make a known
+			// outcome unknown, nor does a replay change it.
+			rec.State, rec.Status = StateDone, r.a.rec.Status
+		}
+		// A fingerprint-named action's new done must be durable before
+		// RoundTrip returns: lost, a deliberate repeat after a crash would
+		// reuse the old key and be answered with this payment's replay.
+		t.record(r.ctx, rec, rec.State == StateDone && r.a.byFingerprint && r.a.rec.State != StateDone)
+		if rec.State == StateUnknown {
+			t.logUnknown(r.ctx, rec)
+		}
+		state = rec.State
+	}
+	if reason != nil {
+		t.logGiveUp(r.ctx, r.id(), r.key(), r.prior()+r.sent, r.lastStatus, reason, cause)
+	}
+	if resp != nil {
+		if reason != nil {
+			markGiveUp(resp, r.out, reason)
+		}
+		if resp.Body != nil {
+			resp.Body = &cancelOnClose{resp.Body, r.cancel}
+		}
+		return resp, state != StateDone, nil
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
+	if reason == ErrKeyWindowExpired && cause == nil {
+		cause = r.lastErr
+	}
+	return nil, state != StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
+		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause}
+}
+
+// cancelOnClose ends a returned response's attempt context when the caller
+// closes its body.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+// record returns the action's record as it stands after this run.
+func (r *run) record(state State, status int) Record {
+	rec := r.a.rec
+	rec.State, rec.Attempts, rec.Status = state, r.prior()+r.sent, status
+	return rec
+}
+
+func (r *run) id() string {
+	if r.a == nil {
+		return ""
+	}
+	return r.a.rec.ActionID
+}
+
+func (r *run) key() string {
+	if r.a == nil {
+		return ""
+	}
+	return r.a.rec.Key
+}
+
+func (r *run) prior() int {
+	if r.a == nil {
+		return 0
+	}
+	return r.a.rec.Attempts
+}
+
+// discard drains and closes a response that is not returned: at most
+// maxDrain bytes, for at most DefaultMaxDrainTime (a body that stalls is
+// cut by cancelling its attempt, which drops the connection).
+func (r *run) discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		if r.cancel != nil {
+			r.cancel()
+		}
+		return
+	}
+	if r.cancel != nil {
+		stop := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
+		defer func() { stop.Stop(); r.cancel() }()
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
+	resp.Body.Close()
+}
+
+func statusOf(resp *http.Response) int {
+	if resp == nil {
+		return 0
+	}
+	return resp.StatusCode
 }
 
 // newAttempt clones req for one attempt, with a fresh body and the key.
 func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Request, error) {
 	r, err := b.next()
 	if err != nil {
-		return nil, fmt.Errorf("rewind request body: %w", err)
+		return nil, fmt.Errorf("idemretry: rewind request body: %w", err)
 	}
-	// A shallow copy (what Request.WithContext makes) with its own header:
-	// the base RoundTripper must not modify the request, so only the header,
-	// which gets the key, needs copying.
-	out := req.WithContext(req.Context())
+	// A shallow copy (req is already one, with the attempt's context) with
+	// its own header: the base RoundTripper must not modify the request, so
+	// only the header, which gets the key, needs copying.
+	out := req
 	out.Header = req.Header.Clone()
 	if out.Header == nil {
 		out.Header = make(http.Header, 1)
 	}
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
-		out.Header.Set(t.cfg.header, formatKey(key, t.cfg.quoted))
+		deleteHeader(out.Header, t.cfg.header)
+		out.Header[t.cfg.header] = []string{formatKey(key, t.cfg.quoted)}
 	}
 	return out, nil
 }
@@ -200,19 +301,10 @@ func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// discard drains a response body up to limit bytes, so that its connection
-// can be reused, and closes it.
-func discard(resp *http.Response, limit int64) {
-	if resp == nil || resp.Body == nil {
-		return
-	}
-	_, _ = io.CopyN(io.Discard, resp.Body, limit)
-	resp.Body.Close()
-}
-
 // mayHaveReachedServer is false only for errors raised before a connection
 // existed: failing to resolve or to connect. Anything later may have
-// delivered the request.
+// delivered the request. It is the fallback for base RoundTrippers that do
+// not report writes through httptrace.
 func mayHaveReachedServer(err error) bool {
 	if err == nil {
 		return true

@@ -38,6 +38,20 @@ var (
 	ErrInvalidAction = errors.New("idemretry: invalid action id")
 	// ErrInvalidRequest: the request is nil or has no URL or host.
 	ErrInvalidRequest = errors.New("idemretry: invalid request")
+	// ErrRetryAfterTooLong: the server asked, with Retry-After, for a wait
+	// longer than the cap (WithMaxRetryAfter), so the retries stopped and
+	// its response was returned (see GiveUpReason).
+	ErrRetryAfterTooLong = errors.New("idemretry: Retry-After beyond the cap")
+	// ErrActionRequired: WithRequireAction is set and a keyed request names
+	// no action (no Idempotency-Key header, no WithAction id). Nothing was
+	// sent.
+	ErrActionRequired = errors.New("idemretry: request names no action")
+	// ErrResponseNotShared: the request joined an action already in flight,
+	// which ended with a response too large to copy for it (see
+	// WithMaxSharedResponse) or whose body failed to read. The action
+	// completed; the first caller has the response; ActionError.Status
+	// holds its status.
+	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")
 	// ErrInvalidOption: an Option was given a value it cannot use.
 	ErrInvalidOption = errors.New("idemretry: invalid option")
 )

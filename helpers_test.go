@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -44,6 +45,12 @@ type payServer struct {
 	commitThenDrop map[int]bool
 	// finalStatus is what a processed charge answers (default 201).
 	finalStatus int
+	// delay is how long a charge takes; a request with a key whose charge
+	// is still in progress is answered 409, as Stripe does.
+	delay    time.Duration
+	inflight map[string]bool
+	// arrived, if set, receives each request's number as it arrives.
+	arrived chan int
 }
 
 type storedAnswer struct {
@@ -53,7 +60,7 @@ type storedAnswer struct {
 
 func newPayServer(t *testing.T) *payServer {
 	t.Helper()
-	s := &payServer{stored: map[string]storedAnswer{}, commitThenDrop: map[int]bool{}, finalStatus: http.StatusCreated}
+	s := &payServer{stored: map[string]storedAnswer{}, commitThenDrop: map[int]bool{}, finalStatus: http.StatusCreated, inflight: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
@@ -65,8 +72,11 @@ func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests = append(s.requests, seen{Key: key, BodyHash: sha256.Sum256(body), Method: r.Method})
 	n := len(s.requests)
-	script, drop := s.script, s.commitThenDrop[n]
+	script, drop, arrived := s.script, s.commitThenDrop[n], s.arrived
 	s.mu.Unlock()
+	if arrived != nil {
+		arrived <- n
+	}
 
 	if script != nil && script(n, w, r) {
 		return
@@ -79,8 +89,19 @@ func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, a.body)
 		return
 	}
+	if s.inflight[key] && key != "" {
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusConflict)
+		return
+	}
+	s.inflight[key] = true
 	s.charges++
-	a := storedAnswer{status: s.finalStatus, body: `{"charge":"ch_1"}`}
+	a := storedAnswer{status: s.finalStatus, body: fmt.Sprintf(`{"charge":"ch_%d"}`, s.charges)}
+	delay := s.delay
+	s.mu.Unlock()
+	time.Sleep(delay)
+	s.mu.Lock()
+	delete(s.inflight, key)
 	if key != "" {
 		s.stored[key] = a
 	}

@@ -28,6 +28,18 @@ const (
 	DefaultMaxDrain = 64 << 10
 	// DefaultKeyHeader is the header that carries the key.
 	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultMaxDrainTime is how long a discarded response body may take to
+	// drain; one that stalls longer is cut, and its connection dropped.
+	DefaultMaxDrainTime = 200 * time.Millisecond
+	// DefaultJournalTimeout is the longest any journal call on the request
+	// path may take (WithJournalTimeout); the caller's context bounds it
+	// further. A Reserve cut short by it fails with ErrJournalUnavailable,
+	// and nothing is sent.
+	DefaultJournalTimeout = 5 * time.Second
+	// DefaultMaxSharedResponse is how much of a response body is held in
+	// memory to give each caller that joined an action's flight its own copy
+	// (WithMaxSharedResponse).
+	DefaultMaxSharedResponse = 1 << 20
 )
 
 // DefaultKeyedMethods are the methods that get an Idempotency-Key unless
@@ -58,6 +70,11 @@ type config struct {
 	maxBuffered   int64
 	maxDrain      int64
 	newKey        func() (string, error)
+
+	requireAction   bool
+	duplicateWindow time.Duration
+	journalTimeout  time.Duration
+	maxShared       int64
 }
 
 func defaultConfig() config {
@@ -72,6 +89,9 @@ func defaultConfig() config {
 		maxBuffered:   DefaultMaxBufferedBody,
 		maxDrain:      DefaultMaxDrain,
 		newKey:        newUUIDKey,
+
+		journalTimeout: DefaultJournalTimeout,
+		maxShared:      DefaultMaxSharedResponse,
 	}
 	WithKeyedMethods(DefaultKeyedMethods...)(&c)
 	return c
@@ -199,6 +219,35 @@ func WithKeyGenerator(gen func() (string, error)) Option {
 		c.newKey = gen
 	}
 }
+
+// WithRequireAction makes every keyed request name its action, with a key
+// set by the caller or a WithAction id; one that does not fails with
+// ErrActionRequired before anything is sent. This is the strict form a
+// payment app should use: an unnamed request is identified by its method,
+// URL and body, which cannot tell a double tap that arrives after the first
+// tap's answer from a deliberate second payment.
+func WithRequireAction() Option { return func(c *config) { c.requireAction = true } }
+
+// WithDuplicateWindow makes an unnamed keyed request that repeats a
+// completed one (the same method, URL and body) within d of the first's key
+// being minted the same action: it is sent with the same key, and the
+// server answers with its replay. Off (0) by default, because it also turns
+// a deliberate identical payment within d into a replay of the first:
+// Braintree's servers apply such a window for 30 s to catch double
+// submissions. Prefer naming actions (WithAction); d must be shorter than
+// the key window.
+func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
+
+// WithJournalTimeout bounds every journal call on the request path
+// (default DefaultJournalTimeout), whatever the caller's context allows.
+// An outcome that could not be recorded in time is kept in memory and
+// written before its action is reserved again, or at Close.
+func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.journalTimeout = d } }
+
+// WithMaxSharedResponse sets how much of a response body is held in memory
+// to share it among the callers of one flight (default
+// DefaultMaxSharedResponse); see Transport.RoundTrip.
+func WithMaxSharedResponse(n int64) Option { return func(c *config) { c.maxShared = n } }
 
 // RetryEvent describes a retry about to happen, for WithOnRetry.
 type RetryEvent struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -19,64 +18,87 @@ type action struct {
 	fresh     bool
 	createdAt time.Time
 	// byFingerprint: the action is named by its request's fingerprint, so
-	// its "done" must be durable before RoundTrip returns (see finish).
+	// its "done" must be durable before RoundTrip returns (see run.end).
 	byFingerprint bool
-	unlock        func()
 }
 
-// reserve resolves req's action, takes its in-process turn and reserves its
-// key durably. It sends nothing.
-func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
-	ctx := req.Context()
+// identity is what names a keyed request's action, found before anything
+// is reserved or sent.
+type identity struct {
+	id        string
+	fp        Fingerprint
+	callerKey string // the key the caller set, bare, or ""
+	// byFingerprint: the action is named by its request's fingerprint (no
+	// caller key, no WithAction).
+	byFingerprint bool
+}
+
+// identify names req's action.
+func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 	r, err := b.reader()
 	if err != nil {
-		return nil, fmt.Errorf("idemretry: request body: %w", err)
+		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
 	fp, err := fingerprint(req, r)
 	if r != nil {
 		r.Close()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("idemretry: request body: %w", err)
+		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
-
 	var callerKey string
-	if vs := req.Header.Values(t.cfg.header); len(vs) > 1 {
-		return nil, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
+	if vs := headerValues(req.Header, t.cfg.header); len(vs) > 1 {
+		return identity{}, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
 	} else if len(vs) == 1 {
 		if callerKey, err = parseKey(vs[0]); err != nil {
-			return nil, err
+			return identity{}, err
 		}
 	}
 	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
+		return identity{}, err
+	}
+	byFP := strings.HasPrefix(id, fingerprintActionPrefix)
+	if byFP && t.cfg.requireAction {
+		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
+			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
+	}
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+}
+
+// reserve reserves the key of the action named by who, durably. It sends
+// nothing. Only the leader of the action's flight calls it, so calls for
+// one action never overlap within a Transport.
+func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) {
+	id := who.id
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	if err := t.landOutcome(jctx, id); err != nil {
 		return nil, err
 	}
-	mode := ReuseAny
-	if strings.HasPrefix(id, fingerprintActionPrefix) {
-		mode = ReusePending
-	}
-	key := callerKey
+	key := who.callerKey
 	if key == "" {
+		var err error
 		if key, err = t.cfg.newKey(); err != nil {
 			return nil, fmt.Errorf("idemretry: new key: %w", err)
 		}
 	}
-
-	unlock, err := t.locks.Lock(ctx, id)
-	if err != nil {
-		return nil, err
-	}
 	createdAt := t.cfg.clock.Now()
-	rec, created, err := t.journal.Reserve(ctx, Record{
-		ActionID: id, Key: key, Fingerprint: fp, CreatedAt: createdAt, State: StatePending,
-	}, mode)
+	want := Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: StatePending}
+	mode := ReuseAny
+	if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
+		mode = ReusePending
+	}
+	rec, created, err := t.journal.Reserve(jctx, want, mode)
+	if err == nil && !created && who.byFingerprint && mode == ReuseAny && rec.State == StateDone &&
+		!t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow)) {
+		// A repeat after the duplicate window: a new action.
+		rec, created, err = t.journal.Reserve(jctx, want, ReusePending)
+	}
 	if err != nil {
-		unlock()
-		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, err)
+		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, journalError(ctx, err))
 	}
 	fail := func(reason error) (*action, error) {
-		unlock()
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
 			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
 	}
@@ -84,11 +106,11 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 		// A key minted just now: its age is measured from createdAt (on the
 		// system clock, monotonically), never inferred, so no clock
 		// disagreement can refuse it.
-		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: mode == ReusePending, unlock: unlock}, nil
+		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint}, nil
 	}
 	now := t.now()
 	switch {
-	case rec.Fingerprint != fp:
+	case rec.Fingerprint != who.fp:
 		return fail(ErrFingerprintMismatch)
 	case rec.State == StateUnknown:
 		return fail(ErrKeyWindowExpired)
@@ -99,12 +121,12 @@ func (t *Transport) reserve(req *http.Request, b *body) (*action, error) {
 	case t.windowEnds(rec, now, 0):
 		if rec.State == StatePending {
 			rec.State = StateUnknown
-			t.update(ctx, rec)
+			t.record(ctx, rec, false)
 			t.logUnknown(ctx, rec)
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, byFingerprint: mode == ReusePending, unlock: unlock}, nil
+	return &action{rec: rec, byFingerprint: who.byFingerprint}, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server
@@ -177,21 +199,4 @@ func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
 // windowEnds reports whether the key window of rec is over at now+d.
 func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
 	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
-}
-
-// update records rec's progress. A failed update is not reported to the
-// caller: the response in hand is still right, and a journal that lost the
-// update only causes one more attempt with the same key. A journal that
-// failed (for instance on fsync) refuses the next Reserve, and that is
-// reported.
-func (t *Transport) update(ctx context.Context, rec Record) {
-	_ = t.journal.Update(context.WithoutCancel(ctx), rec)
-}
-
-// logUnknown says that an action's outcome must now be reconciled by hand.
-func (t *Transport) logUnknown(ctx context.Context, rec Record) {
-	if t.cfg.logger != nil {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: key window ended, outcome unknown: reconcile the action",
-			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt))
-	}
 }

@@ -2,13 +2,12 @@ package idemretry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/idemretry/idemretry/internal/actionlock"
 )
 
 // Transport is an http.RoundTripper that retries requests safely. Each
@@ -30,14 +29,16 @@ import (
 // The caller's request is never modified. RoundTrip closes the request body,
 // as http.RoundTripper requires, and drains and closes every response it
 // discards; the caller closes the response it returns. A Transport is safe for
-// concurrent use; attempts of one action from several goroutines take turns,
-// so a double-click never races two requests under one key.
+// concurrent use; requests of one action from several goroutines share one
+// flight (see RoundTrip), so a double tap sends one request, not two keys
+// nor a 409 storm.
 type Transport struct {
 	base        http.RoundTripper
 	cfg         config
 	journal     Journal
 	ownsJournal bool
-	locks       actionlock.Set
+	flights     flights
+	unlanded    unlanded
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -105,6 +106,12 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: both WithJournal and WithJournalDir", ErrInvalidOption)
 	case c.maxBuffered < 0:
 		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
+	case c.maxShared < 0:
+		return fmt.Errorf("%w: shared response limit %d, want >= 0", ErrInvalidOption, c.maxShared)
+	case c.journalTimeout <= 0:
+		return fmt.Errorf("%w: journal timeout %v, want > 0", ErrInvalidOption, c.journalTimeout)
+	case c.duplicateWindow < 0 || c.duplicateWindow >= c.keyWindow:
+		return fmt.Errorf("%w: duplicate window %v, want 0 (off) up to the key window %v", ErrInvalidOption, c.duplicateWindow, c.keyWindow)
 	}
 	return nil
 }
@@ -137,14 +144,19 @@ func isToken(s string) bool {
 // reconciliation at start-up (Journal.Unfinished, Journal.Forget).
 func (t *Transport) Journal() Journal { return t.journal }
 
-// Close closes the journal if the Transport opened it, and the base
-// transport's idle connections. Requests in flight may fail afterwards.
+// Close writes the outcomes that the journal could not record when they
+// came (see WithJournalTimeout), closes the journal if the Transport opened
+// it, and closes the base transport's idle connections. Requests in flight
+// may fail afterwards. An outcome that still cannot be written is reported
+// in the error (and lost with the process: its action is then resent with
+// its old key, or, if it was named by its fingerprint and done, reconciled).
 func (t *Transport) Close() error {
 	t.CloseIdleConnections()
+	err := t.landAll()
 	if t.ownsJournal {
-		return t.journal.Close()
+		err = errors.Join(err, t.journal.Close())
 	}
-	return nil
+	return err
 }
 
 // CloseIdleConnections closes the base transport's idle connections, if it
@@ -158,12 +170,30 @@ func (t *Transport) CloseIdleConnections() {
 // RoundTrip implements http.RoundTripper. It returns a response or an error,
 // never both. A response is returned as soon as the RetryPolicy calls it
 // final, or, when the retries stop (attempts used up, a Retry-After beyond
-// its cap, a deadline the next wait would miss), the last response with its
-// body unread. Errors: before sending, ErrInvalidRequest, ErrInvalidKey,
-// ErrInvalidAction, ErrBodyTooLarge or a journal error; for an action, an *ActionError that
-// names it, its key and its attempts, and unwraps to the reason
-// (ErrKeyWindowExpired, ErrFingerprintMismatch, ErrAttemptsExhausted,
-// ErrWaitExceedsDeadline) and the last cause.
+// its cap, a deadline the next wait would miss, the caller's context ended),
+// the last response with its body unread; GiveUpReason tells the two apart.
+//
+// A keyed request that arrives while a request of the same action is in
+// flight in this Transport (the same caller key, WithAction id, or, for an
+// unnamed request, the same method, URL and body) sends nothing: it waits
+// for that flight, bounded by its own context, and gets its own copy of the
+// result, its body read into memory up to the sharing limit
+// (WithMaxSharedResponse; a larger body stays the first caller's, and the
+// others get ErrResponseNotShared). If the first caller's context ends with
+// the action unfinished, one of the waiting callers carries it on, with the
+// same key.
+//
+// Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
+// ErrActionRequired, ErrBodyTooLarge or a journal error (ErrJournalClosed,
+// ErrJournalUnavailable, ...); for an action, an *ActionError that names it,
+// its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
+// ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
+// ErrResponseNotShared) and the last cause.
+//
+// Waits: every wait ends with the caller's context, except that recording
+// the outcome in the journal may take up to OutcomeGrace longer; no journal
+// call lasts longer than the journal timeout (WithJournalTimeout); a
+// discarded response body is drained for at most DefaultMaxDrainTime.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil || req.URL == nil || req.URL.Host == "" {
 		if req != nil && req.Body != nil {
@@ -184,13 +214,40 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.cfg.keyed[method] {
 		// Without a key, only a method that is idempotent by definition may
 		// be sent twice; any other is sent once.
-		return t.attempts(req, b, nil, idempotentMethods[method])
+		resp, _, err := t.attempts(req, b, nil, idempotentMethods[method])
+		return resp, err
 	}
-	a, err := t.reserve(req, b)
+	who, err := t.identify(req, b)
 	if err != nil {
 		return nil, err
 	}
-	defer a.unlock()
+	ctx := req.Context()
+	for {
+		f, lead, mismatch := t.flights.join(who.id, who.fp)
+		switch {
+		case mismatch:
+			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
+		case lead:
+			resp, pending, err := t.lead(req, b, who, f)
+			n := t.flights.land(who.id, f)
+			return f.share(who.id, n, t.cfg.maxShared, resp, err, pending && ctx.Err() != nil)
+		}
+		if err := f.wait(ctx); err != nil {
+			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
+		}
+		if !f.again {
+			return f.result()
+		}
+	}
+}
+
+// lead reserves the action's key and makes its attempts.
+func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight) (*http.Response, bool, error) {
+	a, err := t.reserve(req.Context(), who)
+	if err != nil {
+		return nil, false, err
+	}
+	t.flights.setKey(f, a.rec.Key)
 	return t.attempts(req, b, a, true)
 }
 

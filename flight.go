@@ -1,0 +1,172 @@
+package idemretry
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+)
+
+// A flight is one action's attempts in progress in this process. The first
+// RoundTrip of an action leads it; an identical request (same action id,
+// and so, for an unnamed request, the same method, URL and body) that
+// arrives while the flight is in the air joins it: it sends nothing and
+// gets its own copy of the flight's result. This is what makes a double tap
+// one payment even when the app names no action.
+type flight struct {
+	fp   Fingerprint
+	done chan struct{} // closed when the result below is set
+
+	// Guarded by flights.mu.
+	joiners int
+	key     string // once reserved, for joiners' errors
+
+	// Set by the leader before done is closed.
+	body  []byte // the response's body, read for the joiners
+	resp  *http.Response
+	err   error
+	again bool // the leader stopped for its own context: a joiner leads next
+}
+
+// flights are the actions in the air in one Transport.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+// join returns the flight of action id, or starts one that the caller leads.
+// A request whose fingerprint differs from the flight's cannot join it.
+func (fs *flights) join(id string, fp Fingerprint) (f *flight, lead bool, mismatch bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f = fs.m[id]; f != nil {
+		if f.fp != fp {
+			return f, false, true
+		}
+		f.joiners++
+		return f, false, false
+	}
+	if fs.m == nil {
+		fs.m = make(map[string]*flight)
+	}
+	f = &flight{fp: fp, done: make(chan struct{})}
+	fs.m[id] = f
+	return f, true, false
+}
+
+func (fs *flights) setKey(f *flight, key string) {
+	fs.mu.Lock()
+	f.key = key
+	fs.mu.Unlock()
+}
+
+func (fs *flights) keyOf(f *flight) string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return f.key
+}
+
+// land takes the flight of id out of the air, so that later requests start
+// anew, and returns how many joined it. The leader calls it once its outcome
+// is recorded in the journal: a request that arrives after that is a new
+// action (or, for a named one, a resend that the journal answers).
+func (fs *flights) land(id string, f *flight) int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m[id] == f {
+		delete(fs.m, id)
+	}
+	return f.joiners
+}
+
+// share publishes the leader's result to n joiners and returns what the
+// leader itself returns. A response body is read into memory for them, up
+// to maxShared bytes; a larger body stays the leader's alone (streamed, as
+// read so far followed by the rest), and each joiner gets
+// ErrResponseNotShared. again says the leader stopped for its own context
+// with the action unfinished, so a joiner should carry on with it.
+func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, err error, again bool) (*http.Response, error) {
+	defer close(f.done)
+	f.again = again
+	if n == 0 || again {
+		return resp, err
+	}
+	if resp == nil {
+		f.err = err
+		return resp, err
+	}
+	f.resp = resp
+	var buf []byte
+	if resp.Body != nil && resp.Body != http.NoBody {
+		var rerr error
+		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, maxShared+1))
+		switch {
+		case rerr != nil || int64(len(buf)) > maxShared:
+			f.err = &ActionError{Action: id, Key: f.key, Status: resp.StatusCode, MaybeProcessed: true,
+				Reason: ErrResponseNotShared, Err: errNotShared(rerr, maxShared)}
+			resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), errReader(rerr, resp.Body)), c: resp.Body}
+			return resp, nil
+		}
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(buf))
+	}
+	f.body = buf
+	return resp, nil
+}
+
+// result returns a joiner's copy of the flight's result.
+func (f *flight) result() (*http.Response, error) {
+	if f.err != nil || f.resp == nil {
+		return nil, f.err
+	}
+	r := new(http.Response)
+	*r = *f.resp
+	r.Header = f.resp.Header.Clone()
+	r.Trailer = f.resp.Trailer.Clone()
+	if f.resp.Body == nil {
+		r.Body = nil
+	} else {
+		r.Body = io.NopCloser(bytes.NewReader(f.body))
+		r.ContentLength = int64(len(f.body))
+	}
+	return r, nil
+}
+
+// wait waits for the flight's result, or for ctx.
+func (f *flight) wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func errNotShared(cause error, limit int64) error {
+	if cause != nil {
+		return fmt.Errorf("reading the body: %w", cause)
+	}
+	return fmt.Errorf("body over %d bytes", limit)
+}
+
+// prefixedBody reads Reader and closes c.
+type prefixedBody struct {
+	io.Reader
+	c io.Closer
+}
+
+func (p *prefixedBody) Close() error { return p.c.Close() }
+
+// errReader continues with r, or fails with err if the read so far did.
+func errReader(err error, r io.Reader) io.Reader {
+	if err != nil {
+		return &failReader{err}
+	}
+	return r
+}
+
+type failReader struct{ err error }
+
+func (f *failReader) Read([]byte) (int, error) { return 0, f.err }
