@@ -230,7 +230,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case lead:
 			resp, pending, err := t.lead(req, b, who, f)
 			n := t.flights.land(who.id, f)
-			return f.share(who.id, n, t.cfg.maxShared, resp, err, pending && ctx.Err() != nil)
+			// The leader's own context ended with the action unfinished:
+			// a caller still waiting carries it on.
+			again := ctx.Err() != nil && (pending || resp == nil)
+			return f.share(who.id, n, t.cfg.maxShared, resp, err, again)
 		}
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
