@@ -45,6 +45,19 @@ type FileJournal struct {
 
 var _ Journal = (*FileJournal)(nil)
 
+// ErrJournalRemoved: the file journal's directory (or its journal file) was
+// removed, renamed or replaced while the journal was open. A record written
+// from then on would vanish at the next start and its action could be sent
+// under a second key, so the journal stops: Reserve (of a new action),
+// Update, Sync and Close return an error wrapping ErrJournalClosed and
+// ErrJournalRemoved. It is noticed at the next write (a Reserve that
+// creates a record, a Forget, the lazy flush of updates within
+// WithJournalFlushInterval), at Sync and at Close, by checking that the
+// directory entry still names the open file. Nothing can undo the removal:
+// the records it took are lost. Open a journal again to go on. (It joins the
+// file journal's other errors, listed with Journal.)
+var ErrJournalRemoved = journal.ErrRemoved
+
 // JournalRecovery says what OpenJournal found on disk and did about it.
 type JournalRecovery struct {
 	// Records is the number of live records loaded.

@@ -296,3 +296,40 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 	}
 	b.ReportMetric(per, "B/entry")
 }
+
+// BenchmarkPresentCheck: the check that the directory entry still names the
+// open journal file (one stat of the path; see present), made once per
+// group-commit batch, against the raw write+fdatasync of one frame that each
+// batch costs at least.
+func BenchmarkPresentCheck(b *testing.B) {
+	dir := b.TempDir()
+	s, _ := mustOpen(b, dir, testOpts())
+	defer s.Close()
+	raw, err := os.OpenFile(filepath.Join(dir, "raw"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	buf := make([]byte, frameSizeOf(benchEntry(0)))
+	var rawT, checkT time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := raw.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if err := datasync(raw); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		s.identMu.Lock()
+		err := s.present()
+		s.identMu.Unlock()
+		if err != nil {
+			b.Fatal(err)
+		}
+		checkT += time.Since(t1)
+		rawT += t1.Sub(t0)
+	}
+	b.ReportMetric(float64(checkT.Nanoseconds())/float64(b.N), "check-ns")
+	b.ReportMetric(float64(checkT)/float64(rawT), "x-raw")
+}

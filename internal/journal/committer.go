@@ -42,6 +42,9 @@ func (s *Store) run() {
 		if stopping {
 			s.queueSeen(seenMarkClose)
 			err := s.commitQueued(true)
+			if err == nil && s.f != nil {
+				err = s.checkPresent()
+			}
 			if s.f != nil {
 				if cerr := s.f.Close(); err == nil && cerr != nil {
 					err = fmt.Errorf("journal: close: %w", cerr)
@@ -49,7 +52,8 @@ func (s *Store) run() {
 				s.f = nil
 			}
 			s.mu.Lock()
-			if err == nil && s.poison != nil {
+			if s.poison != nil {
+				// What stopped the Store, now or earlier.
 				err = fmt.Errorf("%w: %w", s.opts.ErrClosed, s.poison)
 			}
 			s.mu.Unlock()
@@ -110,6 +114,10 @@ func (s *Store) commitQueued(force bool) error {
 	s.mu.Unlock()
 
 	err := s.writeOps(ops)
+	if err == nil {
+		// Acknowledge only what went to the journal the directory names.
+		err = s.present()
+	}
 	if err == nil {
 		s.opts.Hooks.fail(FPAfterSync)
 	}

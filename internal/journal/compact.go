@@ -2,10 +2,13 @@ package journal
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Names of the files in a journal directory.
@@ -44,6 +47,13 @@ func (s *Store) hasExpired() bool {
 // the snapshot, and are appended again after it: replaying full-state
 // records is idempotent, so the overlap is harmless.
 func (s *Store) compact() error {
+	if s.f != nil {
+		// A journal removed under the Store must not be recreated by a
+		// compaction in a directory whose lock the Store does not hold.
+		if err := s.checkPresent(); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	if s.poison != nil {
 		err := s.poison
@@ -157,6 +167,10 @@ func (s *Store) writeSnapshot(recs []rec, high, obs int64) (err error) {
 		return fmt.Errorf("compact: write %s: %w", tmpPath, werr)
 	}
 
+	// From the rename until the new file's identity is recorded, the
+	// directory entry names a file other than s.ident: Sync's check waits.
+	s.identMu.Lock()
+	defer s.identMu.Unlock()
 	// Windows cannot rename over an open file: close the old one first. It
 	// is synced, so nothing is lost if the rename then fails.
 	hadOld := s.f != nil
@@ -206,10 +220,57 @@ func (s *Store) failCompaction(err error) {
 	s.mu.Unlock()
 }
 
+// openActive opens the journal file for appending and records its identity
+// (see present). Callers hold identMu, or are Open before the Store is
+// shared.
 func (s *Store) openActive() (File, error) {
 	of, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return nil, err
 	}
+	fi, err := of.Stat()
+	if err != nil {
+		_ = of.Close()
+		return nil, err
+	}
+	s.ident = fi
 	return s.opts.Hooks.wrap(journalName, osFile{of}), nil
+}
+
+// present checks that the journal's directory entry still names the file
+// the Store writes, whose identity openActive recorded: a directory (or
+// file) removed, renamed or replaced under an open journal would take every
+// record acknowledged from then on with it. It costs one stat of the path.
+// Callers are the committer goroutine, which alone changes the file, or hold
+// identMu.
+func (s *Store) present() error {
+	fi, err := os.Stat(s.path)
+	switch {
+	case err == nil && os.SameFile(fi, s.ident):
+		return nil
+	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return &removedError{path: s.path}
+	}
+	return fmt.Errorf("check %s: %w", s.path, err)
+}
+
+// removedError is ErrRemoved with the path.
+type removedError struct{ path string }
+
+func (e *removedError) Error() string {
+	return fmt.Sprintf("journal %s removed or replaced on disk while open", e.path)
+}
+
+func (e *removedError) Is(target error) bool { return target == ErrRemoved }
+
+// checkPresent runs present and stops the Store if the journal is gone.
+// Callers do not hold mu.
+func (s *Store) checkPresent() error {
+	if err := s.present(); err != nil {
+		s.mu.Lock()
+		s.poisonLocked(err)
+		s.mu.Unlock()
+		return err
+	}
+	return nil
 }

@@ -85,6 +85,19 @@
 // removal lost. If journal's header is unreadable, journal.tmp is left in
 // place and Open reports the damage.
 //
+// # A journal removed while open
+//
+// Appends to a file whose directory was removed (or renamed, or replaced)
+// succeed and sync, into an inode nobody will open again: records
+// acknowledged from then on vanish at the next start, and their actions
+// could be sent under a second key. So the committer checks, after each
+// batch's sync and before acknowledging it, that the journal's path still
+// names the file it writes (one stat, compared with os.SameFile); Sync with
+// nothing to write, Close and compaction check too. On a mismatch the Store
+// stops with an error wrapping ErrRemoved. A removal between the check and
+// the next batch cannot be seen by that batch's waiters, who were
+// acknowledged before it; the next batch fails.
+//
 // # Where this departs from the project's recommended design, and why
 //
 //   - Expiry drops only done records. Pending and unknown ones are kept until

@@ -17,6 +17,12 @@ var (
 	// ErrIncompatible: the file was written by an unknown major version of
 	// the format, or with other options (hashed action ids or not).
 	ErrIncompatible = errors.New("idemretry: journal incompatible")
+	// ErrRemoved: the journal file the Store writes is no longer the one its
+	// directory names: the directory (or the file) was removed, renamed or
+	// replaced while the journal was open. What it acknowledged from then
+	// on would be lost, so the Store stops; errors wrap it with the closed
+	// sentinel.
+	ErrRemoved = errors.New("idemretry: journal removed or replaced on disk")
 	// ErrInvalidRecord: a record cannot be stored (empty or over-long
 	// action id, invalid key, out-of-range field).
 	ErrInvalidRecord = errors.New("idemretry: invalid journal record")

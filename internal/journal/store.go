@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -51,6 +52,12 @@ type Store struct {
 	done      chan struct{}
 	closed    chan struct{} // closed once Close has finished: lock released
 	compactCh chan chan error
+
+	// ident is the identity of the file f (see present). The committer
+	// changes it, holding identMu from a compaction's rename until it is
+	// updated; others read it holding identMu.
+	identMu sync.Mutex
+	ident   os.FileInfo
 
 	// Owned by the committer goroutine (by Open before it starts).
 	f        File
@@ -465,7 +472,18 @@ func (s *Store) Sync(ctx context.Context) error {
 		b := s.writing
 		s.mu.Unlock()
 		if b == nil {
-			return nil
+			// Nothing to write: check that there is still a journal to
+			// have written to (see present).
+			s.identMu.Lock()
+			err := s.present()
+			s.identMu.Unlock()
+			if err != nil {
+				s.mu.Lock()
+				s.poisonLocked(err)
+				err = s.usable()
+				s.mu.Unlock()
+			}
+			return err
 		}
 		return s.wait(ctx, b)
 	}
