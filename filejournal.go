@@ -70,8 +70,15 @@ type JournalRecovery struct {
 	TornOffset int64
 	TornBytes  int64
 	TornCopy   string
+	// TornCopyErr says why the torn tail could not be copied aside (a full
+	// disk, say): TornCopy is then empty. The tail was cut all the same: it
+	// held no acknowledged record, and the copy is for diagnosis only. A
+	// copy is never left empty or partial, and pruning the copies to three
+	// removes empty ones (left by older versions) before real ones.
+	TornCopyErr error
 	// Salvaged lists the damaged ranges that WithJournalSalvage skipped:
-	// their records are lost. The damaged file was copied to CorruptCopy.
+	// their records are lost. The damaged file was copied to CorruptCopy; a
+	// salvage whose copy cannot be written fails and changes nothing.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
 	// Duplicates counts exact copies of earlier frames found in the file (a
@@ -128,6 +135,7 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 		TornOffset:  rep.TornOffset,
 		TornBytes:   rep.TornBytes,
 		TornCopy:    rep.TornCopy,
+		TornCopyErr: rep.TornCopyErr,
 		Salvaged:    rep.Salvaged,
 		CorruptCopy: rep.CorruptCopy,
 		AdoptedTemp: rep.AdoptedTemp,

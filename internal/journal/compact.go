@@ -18,6 +18,9 @@ const (
 	lockName    = "LOCK"
 	tornPrefix  = "journal.torn."
 	corruptPref = "journal.corrupt."
+	// asideTmpName is where a copy aside is written before it is renamed
+	// to its final name (see copyAside).
+	asideTmpName = "journal.aside.tmp"
 )
 
 // needsCompaction: the file is past the minimum size and more than twice

@@ -9,6 +9,16 @@
 //	                    creation) writes and renames it
 //	<dir>/journal.torn.*     torn tails cut off by recovery (a few newest kept)
 //	<dir>/journal.corrupt.*  whole files set aside by a salvage (a few kept)
+//	<dir>/journal.aside.tmp  exists only while such a copy is written; it is
+//	                         renamed to its name once complete and synced
+//
+// A copy aside is never left empty or partial under a copy's name, and
+// pruning removes empty copies (from older versions) before real ones. A
+// torn tail that cannot be copied (a full disk) is cut all the same, and
+// Report.TornCopyErr says why there is no copy: the copy is for diagnosis,
+// the tail holds no acknowledged record, and no frame could be appended
+// after it. A salvage whose copy of the damaged file cannot be written
+// fails: that copy is the only trace of the records it would drop.
 //
 // # Format, version 1
 //

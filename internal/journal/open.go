@@ -24,6 +24,10 @@ type Report struct {
 	TornOffset int64
 	TornBytes  int64
 	TornCopy   string
+	// TornCopyErr: why the torn tail could not be copied aside (a full
+	// disk, say); TornCopy is then empty. The tail was cut all the same:
+	// the copy is for diagnosis only.
+	TornCopyErr error
 	// Salvaged lists the damaged ranges skipped because Options.Salvage was
 	// set; their records are lost. The damaged file was copied to
 	// CorruptCopy and the journal rewritten without them.
@@ -126,6 +130,9 @@ func mkdirDurable(dir string) error {
 
 func (s *Store) recover() (Report, error) {
 	var rep Report
+	// A copy aside cut short by a crash: it was never renamed to a copy's
+	// name, and holds nothing recovery needs.
+	_ = os.Remove(filepath.Join(s.dir, asideTmpName))
 	tmpPath := filepath.Join(s.dir, tmpName)
 	_, jerr := os.Stat(s.path)
 	missing := errors.Is(jerr, fs.ErrNotExist)
@@ -185,23 +192,31 @@ func (s *Store) recover() (Report, error) {
 	s.gen, s.nextSeq, s.size = res.hdr.gen, res.lastSeq+1, int64(res.end)
 	s.savedHigh, s.savedObs = s.high, s.obsNs/1e6
 
+	rep.Duplicates = len(res.dups)
+	if len(res.salvaged) > 0 {
+		rep.Salvaged = res.salvaged
+		// Unlike a torn tail's, this copy is the only trace of the
+		// acknowledged records the salvage drops: no copy, no salvage,
+		// and nothing changed (it is made before the torn tail is cut).
+		if rep.CorruptCopy, err = s.copyAside(corruptPref, data); err != nil {
+			return rep, err
+		}
+	}
 	if res.torn {
 		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), int64(len(data)-res.end)
 		// Only the tail is copied aside, not the whole file as etcd does:
 		// torn tails follow every crash during a write, and the tail is
-		// all a post-mortem needs.
-		if rep.TornCopy, err = s.copyAside(tornPrefix, data[res.end:]); err != nil {
-			return rep, err
-		}
+		// all a post-mortem needs. The copy is for diagnosis only: the
+		// tail holds no acknowledged record (see the package doc), and no
+		// frame can be appended after it, so when the copy cannot be
+		// written (a full disk) the tail is cut all the same and the
+		// Report says why there is no copy. Refusing to open instead
+		// would keep the application from starting, or from reconciling
+		// its unfinished actions, until space is freed, and would protect
+		// no acknowledged record.
+		rep.TornCopy, rep.TornCopyErr = s.copyAside(tornPrefix, data[res.end:])
 		if err := truncate(s.path, int64(res.end)); err != nil {
 			return rep, fmt.Errorf("journal: cut torn tail: %w", err)
-		}
-	}
-	rep.Duplicates = len(res.dups)
-	if len(res.salvaged) > 0 {
-		rep.Salvaged = res.salvaged
-		if rep.CorruptCopy, err = s.copyAside(corruptPref, data); err != nil {
-			return rep, err
 		}
 	}
 
@@ -352,14 +367,21 @@ func syncFile(path string) error {
 	return nil
 }
 
-// copyAside writes data to a new file named prefix+time in the directory,
-// syncs it, and removes the oldest such copies beyond MaxAsideCopies.
+// copyAside copies data, durably, to a new file named prefix and the time,
+// and prunes the copies to MaxAsideCopies. The copy is written to
+// asideTmpName, synced, and only then renamed to its name, so that no empty
+// or partial copy is ever left under a copy's name: on any failure the
+// temporary file is removed and nothing else is changed. Pruning removes
+// empty copies (left by earlier versions, which created the copy before
+// writing it) before any real one, then the oldest real ones.
 func (s *Store) copyAside(prefix string, data []byte) (string, error) {
 	name := filepath.Join(s.dir, prefix+time.Now().UTC().Format("20060102T150405.000000000"))
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	tmp := filepath.Join(s.dir, asideTmpName)
+	of, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return "", fmt.Errorf("journal: copy aside: %w", err)
 	}
+	f := s.opts.Hooks.wrap(asideTmpName, osFile{of})
 	_, werr := f.Write(data)
 	if werr == nil {
 		werr = f.Sync()
@@ -367,25 +389,55 @@ func (s *Store) copyAside(prefix string, data []byte) (string, error) {
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}
+	if werr == nil {
+		werr = os.Rename(tmp, name)
+	}
 	if werr != nil {
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("journal: copy aside: %w", werr)
 	}
+	s.pruneAside(prefix, name)
+	return name, syncDir(s.dir)
+}
+
+// pruneAside removes copies named prefix* beyond MaxAsideCopies, empty ones
+// first, then the oldest (their names sort by time), and any other empty
+// one; it never removes keep.
+func (s *Store) pruneAside(prefix, keep string) {
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
-		return name, nil
+		return
 	}
-	var copies []string
+	type copyFile struct {
+		name  string
+		empty bool
+	}
+	var copies []copyFile
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) {
-			copies = append(copies, e.Name())
+		if !strings.HasPrefix(e.Name(), prefix) || e.Name() == filepath.Base(keep) {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		copies = append(copies, copyFile{e.Name(), fi.Size() == 0})
+	}
+	slices.SortFunc(copies, func(a, b copyFile) int {
+		if a.empty != b.empty {
+			if a.empty {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	for i, c := range copies {
+		// keep makes one more: len(copies)-i+1 copies are left before this.
+		if c.empty || len(copies)-i+1 > s.opts.MaxAsideCopies {
+			_ = os.Remove(filepath.Join(s.dir, c.name))
 		}
 	}
-	slices.Sort(copies) // timestamps sort in time order
-	for len(copies) > s.opts.MaxAsideCopies {
-		_ = os.Remove(filepath.Join(s.dir, copies[0]))
-		copies = copies[1:]
-	}
-	return name, syncDir(s.dir)
 }
 
 func truncate(path string, size int64) error {
