@@ -81,6 +81,12 @@ type JournalRecovery struct {
 	// salvage whose copy cannot be written fails and changes nothing.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
+	// ModeTightened lists the paths (the directory, the journal, LOCK)
+	// whose permissions were wider than 0700 (directory) or 0600 (files)
+	// and that OpenJournal narrowed to them, the process owning them.
+	// ModeNotOwned lists those it left wider because another user owns
+	// them. Both are empty on Windows.
+	ModeTightened, ModeNotOwned []string
 	// Duplicates counts exact copies of earlier frames found in the file (a
 	// write repeated below the file system): they held nothing new and were
 	// skipped, and the journal was rewritten without them.
@@ -97,7 +103,10 @@ type JournalRecovery struct {
 
 // OpenJournal opens the file journal in dir, creating the directory (mode
 // 0700) and its files (mode 0600) if needed, and recovers it: a torn tail
-// left by a crash is set aside and cut off (see FileJournal.Recovery).
+// left by a crash is set aside and cut off (see FileJournal.Recovery). An
+// existing directory, journal or LOCK file with wider permissions is
+// narrowed to 0700 and 0600 when the process owns it, and listed in
+// JournalRecovery.ModeNotOwned when another user does.
 // The caller must Close the journal.
 //
 // Errors wrap ErrJournalLocked if another owner holds the directory (see
@@ -130,18 +139,20 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 		return nil, fmt.Errorf("idemretry: open journal %s: %w", dir, err)
 	}
 	return &FileJournal{s: s, dir: dir, hashed: c.hashed, recovery: JournalRecovery{
-		Records:     rep.Records,
-		TornTail:    rep.TornTail,
-		TornOffset:  rep.TornOffset,
-		TornBytes:   rep.TornBytes,
-		TornCopy:    rep.TornCopy,
-		TornCopyErr: rep.TornCopyErr,
-		Salvaged:    rep.Salvaged,
-		CorruptCopy: rep.CorruptCopy,
-		AdoptedTemp: rep.AdoptedTemp,
-		RemovedTemp: rep.RemovedTemp,
-		Duplicates:  rep.Duplicates,
-		Compacted:   rep.Compacted,
+		Records:       rep.Records,
+		TornTail:      rep.TornTail,
+		TornOffset:    rep.TornOffset,
+		TornBytes:     rep.TornBytes,
+		TornCopy:      rep.TornCopy,
+		TornCopyErr:   rep.TornCopyErr,
+		Salvaged:      rep.Salvaged,
+		CorruptCopy:   rep.CorruptCopy,
+		AdoptedTemp:   rep.AdoptedTemp,
+		RemovedTemp:   rep.RemovedTemp,
+		Duplicates:    rep.Duplicates,
+		ModeTightened: rep.ModeTightened,
+		ModeNotOwned:  rep.ModeNotOwned,
+		Compacted:     rep.Compacted,
 	}}, nil
 }
 

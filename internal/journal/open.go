@@ -39,6 +39,12 @@ type Report struct {
 	// leftover journal.tmp, incomplete or stale, was removed. See the
 	// package doc, "journal.tmp at recovery".
 	AdoptedTemp, RemovedTemp bool
+	// ModeTightened lists the paths (the directory, the journal, LOCK)
+	// whose permissions were wider than 0700 (directory) or 0600 (files)
+	// and that Open narrowed to them, the process owning them.
+	// ModeNotOwned lists those it left wider because another user owns
+	// them. Both are empty on systems without Unix modes.
+	ModeTightened, ModeNotOwned []string
 	// Duplicates counts exact copies of earlier frames found between
 	// frames (a write repeated below the file system): they hold nothing
 	// new and were skipped, and the journal was rewritten without them.
@@ -50,7 +56,11 @@ type Report struct {
 
 // Open opens (creating it if needed, with mode 0700) the journal in dir,
 // takes its lock, recovers the file and starts the committer. The caller
-// must Close the Store.
+// must Close the Store. An existing directory, journal or LOCK file with
+// wider permissions than 0700 (directory) or 0600 (files) is narrowed to
+// them if the process owns it, and reported otherwise (Report.ModeTightened,
+// Report.ModeNotOwned): the journal's action ids and keys are for its owner
+// alone, and a directory others can write to lets them remove the journal.
 //
 // Errors: one wrapping ErrLocked if another owner holds the lock after
 // Options.LockWait; a *CorruptionError (ErrCorrupt) for a damaged header or
@@ -66,6 +76,23 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 	lk, err := lockfile.Acquire(filepath.Join(dir, lockName), opts.LockWait)
 	if err != nil {
 		return nil, Report{}, err
+	}
+	var modes Report
+	for _, p := range []struct {
+		path string
+		max  fs.FileMode
+	}{{dir, 0o700}, {filepath.Join(dir, journalName), 0o600}, {filepath.Join(dir, lockName), 0o600}} {
+		tightened, notOwned, err := tighten(p.path, p.max)
+		if err != nil {
+			_ = lk.Release()
+			return nil, Report{}, fmt.Errorf("journal: permissions: %w", err)
+		}
+		if tightened {
+			modes.ModeTightened = append(modes.ModeTightened, p.path)
+		}
+		if notOwned {
+			modes.ModeNotOwned = append(modes.ModeNotOwned, p.path)
+		}
 	}
 	s := &Store{
 		opts:      opts,
@@ -95,6 +122,7 @@ func Open(dir string, opts Options) (*Store, Report, error) {
 		return nil, rep, err
 	}
 	rep.Records = len(s.m)
+	rep.ModeTightened, rep.ModeNotOwned = modes.ModeTightened, modes.ModeNotOwned
 	s.sizeSeen = s.size
 	go s.run()
 	return s, rep, nil
