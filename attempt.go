@@ -45,6 +45,9 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 			}
 			return r.end(StateDone, resp, nil, nil)
 		}
+		if err != nil && ctx.Err() != nil {
+			return r.end(StatePending, nil, nil, err) // the caller's own end, not a give-up
+		}
 		var wait time.Duration
 		reason := ctx.Err()
 		if reason == nil {
@@ -145,7 +148,7 @@ func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
 	}
 	r.discard(resp)
 	if r.sent == 1 && r.a != nil {
-		r.t.record(r.ctx, r.record(StatePending, 0), false) // a crash during the waits keeps the count
+		r.t.progress(r.ctx, r.record(StatePending, 0)) // a crash during the waits keeps the count
 	}
 }
 
@@ -169,7 +172,11 @@ func (r *run) end(state State, resp *http.Response, reason, cause error) (_ *htt
 		// A fingerprint-named action's new done must be durable before
 		// RoundTrip returns: lost, a deliberate repeat after a crash would
 		// reuse the old key and be answered with this payment's replay.
-		t.record(r.ctx, rec, rec.State == StateDone && r.a.byFingerprint && r.a.rec.State != StateDone)
+		if rec.State == StatePending {
+			t.progress(r.ctx, rec)
+		} else {
+			t.record(r.ctx, rec, rec.State == StateDone && r.a.byFingerprint && r.a.rec.State != StateDone)
+		}
 		if rec.State == StateUnknown {
 			t.logUnknown(r.ctx, rec)
 		}

@@ -81,6 +81,12 @@ func (fs *flights) land(id string, f *flight) int {
 	return f.joiners
 }
 
+// fail ends the flight with err for its joiners.
+func (f *flight) fail(err error) {
+	f.err = err
+	close(f.done)
+}
+
 // share publishes the leader's result to n joiners and returns what the
 // leader itself returns. A response body is read into memory for them, up
 // to maxShared bytes; a larger body stays the leader's alone (streamed, as
@@ -97,7 +103,6 @@ func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, e
 		f.err = err
 		return resp, err
 	}
-	f.resp = resp
 	var buf []byte
 	if resp.Body != nil && resp.Body != http.NoBody {
 		var rerr error
@@ -112,7 +117,11 @@ func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, e
 		resp.Body.Close()
 		resp.Body = io.NopCloser(bytes.NewReader(buf))
 	}
-	f.body = buf
+	// The joiners copy a snapshot: the leader's caller owns resp from now
+	// on (http.Client wraps its Body, callers set headers).
+	snap := *resp
+	snap.Header, snap.Trailer = resp.Header.Clone(), resp.Trailer.Clone()
+	f.resp, f.body = &snap, buf
 	return resp, nil
 }
 

@@ -57,7 +57,7 @@ func journalError(ctx context.Context, err error) error {
 	return err
 }
 
-// record stores an action's progress. A write that fails is not reported to
+// record stores an action's outcome: done or unknown. A write that fails is not reported to
 // the caller (the response in hand is still right), but an outcome (done or
 // unknown) that did not reach the journal is kept in memory and written
 // before the next Reserve of the action, which fails while it cannot be: a
@@ -68,9 +68,6 @@ func (t *Transport) record(ctx context.Context, rec Record, durable bool) {
 	wctx, cancel := t.outcomeContext(ctx)
 	defer cancel()
 	err := t.write(wctx, rec, durable)
-	if rec.State == StatePending {
-		return // losing a pending update costs at most a recount of attempts
-	}
 	if err == nil || errors.Is(err, ErrActionNotFound) {
 		t.unlanded.drop(rec)
 		return
@@ -81,6 +78,14 @@ func (t *Transport) record(ctx context.Context, rec Record, durable bool) {
 			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.String("state", rec.State.String()),
 			slog.Int("status", rec.Status), slog.Any("error", err))
 	}
+}
+
+// progress records an attempt count, bounded by the caller's context: it is
+// not an outcome, and losing it costs at most a recount.
+func (t *Transport) progress(ctx context.Context, rec Record) {
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	_ = t.journal.Update(jctx, rec)
 }
 
 func (t *Transport) write(ctx context.Context, rec Record, durable bool) error {

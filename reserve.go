@@ -132,8 +132,11 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 // actionID names req's action: a key the caller set names it (the server
 // knows the action by its key, so one key must mean one payload); else the
 // id given with WithAction; else the request's fingerprint. A hop of
-// http.Client's 307/308 redirect is a sub-action of its own, with its own
-// key: the first server did not perform the action, the next one might.
+// http.Client's 307/308 redirect is a sub-action of its parent, with its own
+// key: the first server did not perform the action, the next one might. An
+// unnamed parent's hop is named by the parent's key, not by its own
+// fingerprint: a caller that joined the parent's flight follows the same
+// redirect, and must find the hop the leader made, done or not.
 func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint) (string, error) {
 	id, explicit := req.Context().Value(actionKey{}).(string)
 	switch {
@@ -144,12 +147,29 @@ func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint
 			return "", err
 		}
 	default:
-		return fingerprintActionID(fp), nil
+		parent, ok := t.parentKey(req)
+		if !ok {
+			return fingerprintActionID(fp), nil
+		}
+		id = keyActionPrefix + parent
 	}
 	if req.Response != nil {
 		id += redirectActionInfix + hex.EncodeToString(fp[:8])
 	}
 	return id, nil
+}
+
+// parentKey returns the key that the request redirected to req carried.
+func (t *Transport) parentKey(req *http.Request) (string, bool) {
+	if req.Response == nil || req.Response.Request == nil {
+		return "", false
+	}
+	vs := headerValues(req.Response.Request.Header, t.cfg.header)
+	if len(vs) != 1 {
+		return "", false
+	}
+	k, err := parseKey(vs[0])
+	return k, err == nil
 }
 
 // now is the time key windows are judged by: the clock's, or, when the

@@ -228,12 +228,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case mismatch:
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
 		case lead:
-			resp, pending, err := t.lead(req, b, who, f)
-			n := t.flights.land(who.id, f)
-			// The leader's own context ended with the action unfinished:
-			// a caller still waiting carries it on.
-			again := ctx.Err() != nil && (pending || resp == nil)
-			return f.share(who.id, n, t.cfg.maxShared, resp, err, again)
+			return t.lead(req, b, who, f)
 		}
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
@@ -244,14 +239,37 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// lead reserves the action's key and makes its attempts.
-func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight) (*http.Response, bool, error) {
+// lead makes the flight's attempts and shares their result with the
+// callers that joined. If the leader's own context ended (or its deadline
+// cut the retries short) with the action unfinished, a waiting caller
+// carries it on instead. A panic (in a policy, a hook, the journal) still
+// lands the flight, so that its joiners and later requests are not stranded.
+func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight) (resp *http.Response, err error) {
+	shared := false
+	defer func() {
+		if !shared {
+			t.flights.land(who.id, f)
+			f.fail(fmt.Errorf("idemretry: the request leading action %q panicked", who.id))
+		}
+	}()
+	var pending bool
 	a, err := t.reserve(req.Context(), who)
-	if err != nil {
-		return nil, false, err
+	if err == nil {
+		t.flights.setKey(f, a.rec.Key)
+		resp, pending, err = t.attempts(req, b, a, true)
 	}
-	t.flights.setKey(f, a.rec.Key)
-	return t.attempts(req, b, a, true)
+	n := t.flights.land(who.id, f)
+	shared = true
+	return f.share(who.id, n, t.cfg.maxShared, resp, err, cutShort(req.Context(), resp, err, pending))
+}
+
+// cutShort reports whether a flight ended unfinished because of its
+// leader's own context, which its joiners do not share.
+func cutShort(ctx context.Context, resp *http.Response, err error, pending bool) bool {
+	if !pending && resp != nil {
+		return false
+	}
+	return ctx.Err() != nil || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
 }
 
 // idempotentMethods may be retried without a key (RFC 9110, 9.2.2).

@@ -1,0 +1,422 @@
+package idemretry_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+)
+
+// R1: a panic inside the leader's RoundTrip (here a user RetryPolicy; could be
+// OnRetry, the key generator, the journal or the base transport) leaves the
+// flight in the map with done never closed: every later request of the action
+// waits forever (here bounded by a 1 s test deadline) and sends nothing.
+func TestFlightPanicInLeaderStrandsFlight(t *testing.T) {
+	srv := newPayServer(t)
+	var boom atomic.Bool
+	boom.Store(true)
+	tr, _, _ := newTestTransport(t, idemretry.WithRetryPolicy(func(ctx context.Context, resp *http.Response, err error) bool {
+		if boom.Load() {
+			panic("policy bug")
+		}
+		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	}))
+	actx := idemretry.WithAction(context.Background(), "pay:panic-1")
+	func() {
+		defer func() { recover() }() // what http.Server does for a handler
+		tr.RoundTrip(post(t, actx, srv.URL, `{"amount":1}`))
+	}()
+	boom.Store(false)
+	ctx, cancel := context.WithTimeout(actx, time.Second)
+	defer cancel()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.NoError(t, err, "the action is stuck behind a flight that never lands")
+}
+
+// R2: http.Client (with Timeout, as the README recommends) writes resp.Body
+// after RoundTrip returns; a joiner's result() copies *f.resp at the same time.
+func TestFlightSharedResponseRaceWithClientTimeout(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 100 * time.Millisecond
+	srv.arrived = make(chan int, 10)
+	tr, _, _ := newTestTransport(t)
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	ctx := idemretry.WithAction(context.Background(), "pay:race-1")
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Do(post(t, ctx, srv.URL, `{"amount":2}`))
+			if assert.NoError(t, err) {
+				_ = resp.Header // (Header.Set here adds a map race too)
+				readAll(t, resp)
+			}
+		}()
+		if i == 0 {
+			<-srv.arrived
+		}
+	}
+	wg.Wait()
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// hangPendingJournal hangs Updates to pending until their context ends.
+type hangPendingJournal struct {
+	*idemretry.MemoryJournal
+}
+
+func (h hangPendingJournal) Update(ctx context.Context, rec idemretry.Record) error {
+	if rec.State == idemretry.StatePending {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return h.MemoryJournal.Update(ctx, rec)
+}
+
+// R3: the pending-count write made before the first retry wait uses
+// outcomeContext (WithoutCancel): a caller who cancels while the journal is
+// slow waits the whole journal timeout (5 s), not "promptly".
+func TestFlightCancelDuringPendingWriteIsPrompt(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	j := hangPendingJournal{idemretry.NewMemoryJournal()}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	srv.arrived = make(chan int, 10)
+	go func() { <-srv.arrived; time.Sleep(100 * time.Millisecond); cancel() }()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":3}`))
+	took := time.Since(start)
+	if err == nil {
+		resp.Body.Close()
+	}
+	assert.Less(t, took, 100*time.Millisecond+idemretry.OutcomeGrace+300*time.Millisecond,
+		"RoundTrip returned %v after a cancel at ~100 ms", took)
+}
+
+// R4: a deadline that ends during an attempt: README says Reason is nil when
+// the caller's deadline ended the action (test Err then).
+func TestFlightDeadlineDuringAttemptReasonNil(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 500 * time.Millisecond
+	tr, _, _ := newTestTransport(t)
+	ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:dl-1"), 100*time.Millisecond)
+	defer cancel()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":4}`))
+	if err == nil {
+		resp.Body.Close()
+	}
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Nil(t, ae.Reason, "Reason = %v", ae.Reason)
+}
+
+// R5: a joiner with no deadline is handed the leader's give-up made for the
+// leader's own short deadline (ErrWaitExceedsDeadline), instead of carrying on.
+func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 200 * time.Millisecond
+	srv.arrived = make(chan int, 10)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			time.Sleep(200 * time.Millisecond)
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(503)
+			return true
+		}
+		return false
+	}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(idemretry.NewMemoryJournal()))
+	require.NoError(t, err)
+	defer tr.Close()
+	actx := idemretry.WithAction(context.Background(), "pay:dl-2")
+	lctx, cancel := context.WithTimeout(actx, 600*time.Millisecond)
+	defer cancel()
+	go func() {
+		resp, err := tr.RoundTrip(post(t, lctx, srv.URL, `{"amount":5}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-srv.arrived
+	go func() {
+		for range srv.arrived {
+		}
+	}()
+	resp, err := tr.RoundTrip(post(t, actx, srv.URL, `{"amount":5}`)) // no deadline
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, 201, resp.StatusCode, "give-up reason %v", idemretry.GiveUpReason(resp))
+}
+
+// R6: an unnamed double tap answered 307: the joiner gets a copy of the 307
+// and its http.Client follows it; if the leader's hop has landed by then,
+// the joiner's hop is a new unnamed action: a new key and a second charge.
+func TestFlightUnnamedDoubleTapThrough307(t *testing.T) {
+	var charges atomic.Int32
+	var mu sync.Mutex
+	keys := map[string]bool{}
+	var arrived = make(chan struct{}, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/pay" {
+			arrived <- struct{}{}
+			time.Sleep(100 * time.Millisecond)
+			w.Header().Set("Location", "/v2/pay")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+			return
+		}
+		k := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		if !keys[k] {
+			keys[k] = true
+			charges.Add(1)
+		}
+		mu.Unlock()
+		w.WriteHeader(201)
+	}))
+	defer srv.Close()
+	tr, _, _ := newTestTransport(t)
+	leaderDone := make(chan struct{})
+	leader := &http.Client{Transport: tr}
+	joiner := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		<-leaderDone // the joiner's goroutine is scheduled a little later
+		return nil
+	}}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer close(leaderDone)
+		resp, err := leader.Do(post(t, context.Background(), srv.URL+"/pay", `{"amount":6}`))
+		if assert.NoError(t, err) {
+			readAll(t, resp)
+		}
+	}()
+	<-arrived
+	go func() {
+		defer wg.Done()
+		resp, err := joiner.Do(post(t, context.Background(), srv.URL+"/pay", `{"amount":6}`))
+		if assert.NoError(t, err) {
+			readAll(t, resp)
+		}
+	}()
+	wg.Wait()
+	assert.Equal(t, int32(1), charges.Load(), "an unnamed double tap charged twice")
+}
+
+// Held-up probes.
+
+func TestFlightConcurrentJoinersReadTrailersAndGiveUp(t *testing.T) {
+	srv := newPayServer(t)
+	srv.arrived = make(chan int, 100)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		time.Sleep(100 * time.Millisecond)
+		w.Header().Set("Trailer", "X-T")
+		w.WriteHeader(503)
+		io.WriteString(w, strings.Repeat("x", 1000))
+		w.Header().Set("X-T", "tv")
+		return true
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:tr-1")
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":7}`))
+			if assert.NoError(t, err) {
+				b := readAll(t, resp)
+				assert.Len(t, b, 1000)
+				assert.Equal(t, "tv", resp.Trailer.Get("X-T"))
+				assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted)
+			}
+		}()
+		if i == 0 {
+			<-srv.arrived
+		}
+	}
+	go func() {
+		for range srv.arrived {
+		}
+	}()
+	wg.Wait()
+	assert.Len(t, srv.seen(), 1)
+}
+
+func TestFlightJoinerContextEnds(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 300 * time.Millisecond
+	srv.arrived = make(chan int, 10)
+	tr, j, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:jc-1")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":8}`))
+		if assert.NoError(t, err) {
+			assert.Equal(t, `{"charge":"ch_1"}`, readAll(t, resp))
+		}
+	}()
+	<-srv.arrived
+	jctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err := tr.RoundTrip(post(t, jctx, srv.URL, `{"amount":8}`))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.True(t, ae.MaybeProcessed)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded))
+	<-done
+	un, _ := j.Unfinished(context.Background())
+	assert.Empty(t, un)
+}
+
+func TestFlightNotSharedLeaderReadsAll(t *testing.T) {
+	srv := newPayServer(t)
+	srv.arrived = make(chan int, 10)
+	big := strings.Repeat("y", 5000)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		time.Sleep(100 * time.Millisecond)
+		w.WriteHeader(201)
+		io.WriteString(w, big)
+		return true
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxSharedResponse(1000))
+	ctx := idemretry.WithAction(context.Background(), "pay:ns-1")
+	var lead string
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":9}`))
+		if assert.NoError(t, err) {
+			lead = readAll(t, resp)
+		}
+	}()
+	<-srv.arrived
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":9}`))
+	assert.ErrorIs(t, err, idemretry.ErrResponseNotShared)
+	wg.Wait()
+	assert.Equal(t, big, lead)
+}
+
+type slowReserveJournal struct {
+	*idemretry.MemoryJournal
+	gate chan struct{}
+}
+
+func (s *slowReserveJournal) Reserve(ctx context.Context, rec idemretry.Record, m idemretry.ReserveMode) (idemretry.Record, bool, error) {
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return idemretry.Record{}, false, ctx.Err()
+	}
+	return s.MemoryJournal.Reserve(ctx, rec, m)
+}
+
+func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
+	srv := newPayServer(t)
+	j := &slowReserveJournal{idemretry.NewMemoryJournal(), make(chan struct{})}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	lctx, cancel := context.WithCancel(context.Background())
+	ldone := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(post(t, lctx, srv.URL, `{"amount":10}`))
+		ldone <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	jdone := make(chan struct{})
+	go func() {
+		defer close(jdone)
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":10}`))
+		if assert.NoError(t, err) {
+			assert.Equal(t, 201, resp.StatusCode)
+			readAll(t, resp)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	assert.ErrorIs(t, <-ldone, context.Canceled)
+	close(j.gate)
+	<-jdone
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// unlanded outcome, journal recovers only after Forget; other actions unaffected.
+func TestFlightUnlandedForgetOtherAction(t *testing.T) {
+	srv := newPayServer(t)
+	j := &flakyJournal{MemoryJournal: idemretry.NewMemoryJournal()}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	a := idemretry.WithAction(context.Background(), "pay:A")
+	b := idemretry.WithAction(context.Background(), "pay:B")
+	j.failDone.Store(true)
+	resp, err := tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	// B is independent of A's unlanded outcome (its own done fails too, kept).
+	resp, err = tr.RoundTrip(post(t, b, srv.URL, `{"amount":12}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	// A resend while failing: refused.
+	_, err = tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
+	require.Error(t, err)
+	require.Len(t, srv.seen(), 2)
+	// Reconciled and forgotten: a fresh key, sent.
+	require.NoError(t, j.Forget(context.Background(), "pay:A"))
+	j.failDone.Store(false)
+	resp, err = tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	reqs := srv.seen()
+	require.Len(t, reqs, 3)
+	assert.NotEqual(t, reqs[0].Key, reqs[2].Key)
+	// B lands at its next reserve: a replay under its key.
+	resp, err = tr.RoundTrip(post(t, b, srv.URL, `{"amount":12}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, 3, srv.chargeCount())
+}
+
+// Reason on a cancelled caller (control for R4).
+func TestFlightCancelDuringAttemptReasonNil(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 500 * time.Millisecond
+	tr, _, _ := newTestTransport(t)
+	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:cx-1"))
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":4}`))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Nil(t, ae.Reason)
+}
