@@ -39,7 +39,8 @@ func wantStatus(t *testing.T, checks []Check, claimPrefix string, want Status) {
 // Runs as they should be pass every check.
 func TestChecksPassOnGoodRuns(t *testing.T) {
 	n1, n2 := clean(Naive), clean(KeyPerAttempt)
-	n1.Faulted, n1.Duplicates, n2.Faulted, n2.Duplicates = 3, 2, 3, 2
+	n1.Faulted, n1.FaultedPaid, n1.FaultedPaidTwice, n1.Duplicates = 3, 2, 2, 2
+	n2.Faulted, n2.FaultedPaid, n2.FaultedPaidTwice, n2.Duplicates = 3, 3, 3, 3
 	storm := []*Result{n1, n2, clean(MemoryKey), clean(FileJournal)}
 	restart := []*Result{killed(Naive, 2, 0), killed(KeyPerAttempt, 2, 0), killed(MemoryKey, 2, 0), killed(FileJournal, 0, 2)}
 	checks := append(StormChecks(storm), RestartChecks(restart)...)
@@ -74,9 +75,9 @@ func TestChecksFailOnBrokenRuns(t *testing.T) {
 	})
 	t.Run("storm keyless flavours charge once despite faults", func(t *testing.T) {
 		r := clean(Naive)
-		r.Faulted = 3
+		r.Faulted, r.FaultedPaid, r.FaultedPaidTwice = 3, 3, 2
 		wantStatus(t, StormChecks([]*Result{r}), "storm, flavours 1-2", Fail)
-		r.Faulted = 0 // nothing faulted: nothing to show
+		r.FaultedPaid, r.FaultedPaidTwice = 0, 0 // gave up on every faulted one: nothing to show
 		wantStatus(t, StormChecks([]*Result{r}), "storm, flavours 1-2", Skip)
 	})
 	t.Run("lost charge", func(t *testing.T) {

@@ -31,8 +31,10 @@ type Result struct {
 	// had charged them under, and answered from its key store: the
 	// server's own ledger, not the client's word.
 	PlannedKills, Killed, KilledResent int
-	// Faulted counts the processings the server's fault plan faulted.
-	Faulted int
+	// Faulted counts the intents the server's fault plan faulted;
+	// FaultedPaid those among them the client reported paid, and
+	// FaultedPaidTwice those of these the server charged twice or more.
+	Faulted, FaultedPaid, FaultedPaidTwice int
 
 	Requests      int
 	Amplification float64 // requests per intent
@@ -61,8 +63,9 @@ func (r *run) measure() *Result {
 		Flavour: r.cfg.Flavour, Strategy: r.cfg.Strategy.Name, Outage: r.cfg.Outage,
 		Crashes: int(r.crashes.Load()), Resumed: int(r.resumed.Load()),
 		Status: map[int]int{}, Late: r.server.LateAnswers(),
-		PlannedKills: r.plannedKills, Faulted: r.server.Faulted(),
+		PlannedKills: r.plannedKills,
 	}
+	faulted := r.server.Faulted()
 	charges := r.server.Charges()
 	log := r.server.Log()
 	resent := resentUnderOldKey(log)
@@ -82,6 +85,15 @@ func (r *run) measure() *Result {
 				res.Killed++
 				if resent[in.ID] {
 					res.KilledResent++
+				}
+			}
+			if faulted[in.ID] {
+				res.Faulted++
+				if in.ok {
+					res.FaultedPaid++
+					if n > 1 {
+						res.FaultedPaidTwice++
+					}
 				}
 			}
 			if in.ok {

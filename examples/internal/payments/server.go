@@ -69,17 +69,17 @@ type Server struct {
 	epoch    atomic.Int64 // Epoch in Unix nanoseconds
 	inflight atomic.Int64
 	late     atomic.Int64
-	faulted  atomic.Int64
 
 	mu        sync.Mutex
 	log       []Request
 	processed map[string]int // processings per intent, for the fault plan
 	charges   map[string]int // committed charges per intent
+	faulted   map[string]bool
 }
 
 // NewServer starts a payment server on a loopback port.
 func NewServer(cfg ServerConfig) *Server {
-	s := &Server{cfg: cfg, processed: map[string]int{}, charges: map[string]int{}}
+	s := &Server{cfg: cfg, processed: map[string]int{}, charges: map[string]int{}, faulted: map[string]bool{}}
 	s.SetEpoch(cfg.Epoch)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+ChargesPath, func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, true) })
@@ -115,9 +115,17 @@ func (s *Server) Charges() map[string]int {
 // LateAnswers counts answers written after the client had hung up.
 func (s *Server) LateAnswers() int { return int(s.late.Load()) }
 
-// Faulted counts the processings the fault plan faulted (dropped, slowed
-// or failed).
-func (s *Server) Faulted() int { return int(s.faulted.Load()) }
+// Faulted returns the intents one of whose processings the fault plan
+// faulted (dropped, slowed or failed).
+func (s *Server) Faulted() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]bool, len(s.faulted))
+	for k := range s.faulted {
+		out[k] = true
+	}
+	return out
+}
 
 // SetEpoch moves the start of the run, from which the log, the outage and
 // the buckets count.
@@ -232,7 +240,9 @@ func (s *Server) process(intent string) (status int, body []byte, drop bool) {
 		fault = s.cfg.Faults(intent, n)
 	}
 	if fault != NoFault {
-		s.faulted.Add(1)
+		s.mu.Lock()
+		s.faulted[intent] = true
+		s.mu.Unlock()
 	}
 	if fault == Slow {
 		s.cfg.Clock.Sleep(s.cfg.SlowTime)

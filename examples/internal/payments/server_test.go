@@ -224,7 +224,7 @@ func TestServerLedgerShowsResendUnderOldKey(t *testing.T) {
 	if got := resentUnderOldKey(log); !got["pi_a"] || got["pi_b"] {
 		t.Errorf("resent under old key: %v, want pi_a only", got)
 	}
-	if c := s.Charges(); c["pi_a"] != 1 || c["pi_b"] != 2 || s.Faulted() != 2 {
-		t.Errorf("charges %v, faulted %d; want pi_a 1, pi_b 2, faulted 2", c, s.Faulted())
+	if c, f := s.Charges(), s.Faulted(); c["pi_a"] != 1 || c["pi_b"] != 2 || !f["pi_a"] || !f["pi_b"] || len(f) != 2 {
+		t.Errorf("charges %v, faulted %v; want pi_a 1, pi_b 2, both faulted", c, f)
 	}
 }
