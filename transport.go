@@ -292,18 +292,27 @@ func (t *Transport) logClock() {
 		slog.Time("clock", now), slog.Time("journal", seen))
 }
 
-// logRecovery reports at Warn what opening the journal found damaged: a
-// torn tail (a crash mid-write; a damaged last frame looks the same) or
-// ranges a salvage skipped.
+// logRecovery reports at Warn what opening the journal found damaged or
+// changed: a torn tail (a crash mid-write; a damaged last frame looks the
+// same), ranges a salvage skipped, frames written twice, permissions it
+// could not narrow.
 func (t *Transport) logRecovery(j *FileJournal) {
 	r := j.Recovery()
-	if t.cfg.logger == nil || (!r.TornTail && len(r.Salvaged) == 0) {
+	if t.cfg.logger == nil {
 		return
 	}
-	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemretry: journal recovered from damage",
-		slog.String("dir", j.Dir()), slog.Bool("torn_tail", r.TornTail), slog.Int64("torn_offset", r.TornOffset),
-		slog.Int64("torn_bytes", r.TornBytes), slog.String("torn_copy", r.TornCopy),
-		slog.Int("salvaged_ranges", len(r.Salvaged)), slog.String("corrupt_copy", r.CorruptCopy))
+	ctx := context.Background()
+	if r.TornTail || len(r.Salvaged) > 0 || r.Duplicates > 0 {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal recovered from damage",
+			slog.String("dir", j.Dir()), slog.Bool("torn_tail", r.TornTail), slog.Int64("torn_offset", r.TornOffset),
+			slog.Int64("torn_bytes", r.TornBytes), slog.String("torn_copy", r.TornCopy), slog.Any("torn_copy_error", r.TornCopyErr),
+			slog.Int("salvaged_ranges", len(r.Salvaged)), slog.String("corrupt_copy", r.CorruptCopy),
+			slog.Int("duplicate_frames", r.Duplicates))
+	}
+	if len(r.ModeNotOwned) > 0 {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal files owned by another user are readable by others",
+			slog.String("dir", j.Dir()), slog.Any("paths", r.ModeNotOwned))
+	}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
