@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/google/uuid"
 )
 
@@ -53,8 +55,8 @@ func checkActionID(id string) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: empty action id", ErrInvalidAction)
-	case len(id) > MaxJournalActionID-len(redirectActionInfix)-16:
-		return fmt.Errorf("%w: %d bytes, want at most %d", ErrInvalidAction, len(id), MaxJournalActionID-len(redirectActionInfix)-16)
+	case len(id) > journal.MaxActionID-len(redirectActionInfix)-16:
+		return fmt.Errorf("%w: %d bytes, want at most %d", ErrInvalidAction, len(id), journal.MaxActionID-len(redirectActionInfix)-16)
 	case strings.HasPrefix(id, keyActionPrefix), strings.HasPrefix(id, fingerprintActionPrefix):
 		return fmt.Errorf("%w: %q: the prefixes %q and %q are reserved", ErrInvalidAction, id, keyActionPrefix, fingerprintActionPrefix)
 	}
@@ -121,13 +123,13 @@ func formatKey(key string, quoted bool) string {
 
 // fingerprint hashes what makes two requests the same payload: method, URL
 // and the SHA-256 of the body (of no bytes when body is nil).
-func fingerprint(req *http.Request, body io.Reader) (Fingerprint, error) {
+func fingerprint(req *http.Request, body io.Reader) (journal.Fingerprint, error) {
 	s := fingerprintScratch.Get().(*fpScratch)
 	defer fingerprintScratch.Put(s)
 	s.h.Reset()
 	if body != nil {
 		if _, err := io.Copy(s.h, body); err != nil {
-			return Fingerprint{}, err
+			return journal.Fingerprint{}, err
 		}
 	}
 	var bodySum [sha256.Size]byte
@@ -141,7 +143,7 @@ func fingerprint(req *http.Request, body io.Reader) (Fingerprint, error) {
 	s.buf = b
 	s.h.Reset()
 	s.h.Write(b)
-	var fp Fingerprint
+	var fp journal.Fingerprint
 	s.h.Sum(fp[:0])
 	return fp, nil
 }
@@ -157,6 +159,6 @@ var fingerprintScratch = sync.Pool{New: func() any {
 	return &fpScratch{h: sha256.New(), buf: make([]byte, 0, 256)}
 }}
 
-func fingerprintActionID(fp Fingerprint) string {
+func fingerprintActionID(fp journal.Fingerprint) string {
 	return fingerprintActionPrefix + hex.EncodeToString(fp[:])
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 )
 
@@ -31,22 +33,22 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		// The window may have ended during the wait (a device asleep, a
 		// slow clock): never send a key the server may have forgotten.
 		if a != nil && n > 0 && t.windowEndsFor(a, 0) {
-			return r.end(StateUnknown, nil, ErrKeyWindowExpired, nil)
+			return r.end(journal.StateUnknown, nil, ErrKeyWindowExpired, nil)
 		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
-			return r.end(StatePending, nil, nil, err)
+			return r.end(journal.StatePending, nil, nil, err)
 		}
 		// The answer is judged on its own; the caller's context is checked
 		// after, so that a final answer arriving as it ends is still final.
 		if !t.cfg.policy(context.WithoutCancel(ctx), resp, err) {
 			if err != nil {
-				return r.end(StatePending, nil, nil, err)
+				return r.end(journal.StatePending, nil, nil, err)
 			}
-			return r.end(StateDone, resp, nil, nil)
+			return r.end(journal.StateDone, resp, nil, nil)
 		}
 		if err != nil && ctx.Err() != nil {
-			return r.end(StatePending, nil, nil, err) // the caller's own end, not a give-up
+			return r.end(journal.StatePending, nil, nil, err) // the caller's own end, not a give-up
 		}
 		var wait time.Duration
 		reason := ctx.Err()
@@ -54,15 +56,15 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 			wait, reason = t.nextWait(ctx, bo, n, maxRetries, resp)
 		}
 		if reason != nil {
-			return r.end(StatePending, resp, reason, err)
+			return r.end(journal.StatePending, resp, reason, err)
 		}
 		if a != nil && t.windowEndsFor(a, wait) {
 			r.discard(resp)
-			return r.end(StateUnknown, nil, ErrKeyWindowExpired, err)
+			return r.end(journal.StateUnknown, nil, ErrKeyWindowExpired, err)
 		}
 		r.retrying(resp, err, wait)
 		if err := t.sleep(ctx, wait); err != nil {
-			return r.end(StatePending, nil, nil, err)
+			return r.end(journal.StatePending, nil, nil, err)
 		}
 	}
 }
@@ -148,7 +150,7 @@ func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
 	}
 	r.discard(resp)
 	if r.sent == 1 && r.a != nil {
-		r.t.progress(r.ctx, r.record(StatePending, 0)) // a crash during the waits keeps the count
+		r.t.progress(r.ctx, r.record(journal.StatePending, 0)) // a crash during the waits keeps the count
 	}
 }
 
@@ -157,27 +159,27 @@ func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
 // retries stop for reason), else an *ActionError. What the caller is given
 // is what the journal records: done only with a final answer in hand.
 // pending reports that the action is left unfinished.
-func (r *run) end(state State, resp *http.Response, reason, cause error) (_ *http.Response, pending bool, _ error) {
+func (r *run) end(state journal.State, resp *http.Response, reason, cause error) (_ *http.Response, pending bool, _ error) {
 	t := r.t
 	if r.a != nil {
 		rec := r.record(state, 0)
-		if state == StateDone {
+		if state == journal.StateDone {
 			rec.Status = statusOf(resp)
 		}
-		if r.a.rec.State == StateDone {
+		if r.a.rec.State == journal.StateDone {
 			// Done is final: a resend that failed does not make a known
 			// outcome unknown, nor does a replay change it.
-			rec.State, rec.Status = StateDone, r.a.rec.Status
+			rec.State, rec.Status = journal.StateDone, r.a.rec.Status
 		}
 		// A fingerprint-named action's new done must be durable before
 		// RoundTrip returns: lost, a deliberate repeat after a crash would
 		// reuse the old key and be answered with this payment's replay.
-		if rec.State == StatePending {
+		if rec.State == journal.StatePending {
 			t.progress(r.ctx, rec)
 		} else {
-			t.record(r.ctx, rec, rec.State == StateDone && r.a.byFingerprint && r.a.rec.State != StateDone)
+			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
 		}
-		if rec.State == StateUnknown {
+		if rec.State == journal.StateUnknown {
 			t.logUnknown(r.ctx, rec)
 		}
 		state = rec.State
@@ -192,7 +194,7 @@ func (r *run) end(state State, resp *http.Response, reason, cause error) (_ *htt
 		if resp.Body != nil {
 			resp.Body = &cancelOnClose{resp.Body, r.cancel}
 		}
-		return resp, state != StateDone, nil
+		return resp, state != journal.StateDone, nil
 	}
 	if r.cancel != nil {
 		r.cancel()
@@ -200,7 +202,7 @@ func (r *run) end(state State, resp *http.Response, reason, cause error) (_ *htt
 	if reason == ErrKeyWindowExpired && cause == nil {
 		cause = r.lastErr
 	}
-	return nil, state != StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
+	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
 		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause}
 }
 
@@ -218,7 +220,7 @@ func (c *cancelOnClose) Close() error {
 }
 
 // record returns the action's record as it stands after this run.
-func (r *run) record(state State, status int) Record {
+func (r *run) record(state journal.State, status int) journal.Record {
 	rec := r.a.rec
 	rec.State, rec.Attempts, rec.Status = state, r.prior()+r.sent, status
 	return rec

@@ -22,11 +22,13 @@
 //	resp, err := client.Do(req)
 //
 // or as the Transport of a client you already have (NewTransport). At
-// start-up, Journal.Unfinished lists the actions to resume or reconcile.
+// start-up, journal.Journal.Unfinished lists the actions to resume or reconcile.
 package idemretry
 
 import (
 	"net/http"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Client is an *http.Client whose Transport is an idemretry *Transport. Use
@@ -51,7 +53,7 @@ func NewClient(opts ...Option) (*Client, error) {
 }
 
 // Journal returns the journal that holds the Client's keys.
-func (c *Client) Journal() Journal { return c.transport.Journal() }
+func (c *Client) Journal() journal.Journal { return c.transport.Journal() }
 
 // Close releases the Client's journal (if it opened it) and idle
 // connections. Do not use the Client after Close.

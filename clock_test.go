@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,7 +27,7 @@ func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := newFakeClock()
-	j := idemretry.NewMemoryJournal() // keeps no time of its own
+	j := journal.NewMemory() // keeps no time of its own
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j),
 		idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
@@ -101,7 +103,7 @@ func TestWindowRecheckedBeforeAttempt(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := suspendClock{fakeClock: newFakeClock(), jump: 25 * time.Hour}
-	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithClock(clk), idemretry.WithBackOff(constant(time.Second)))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -148,7 +150,7 @@ func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
 // clock past the creation) the action is still refused: a transient skew
 // became a permanent outcome-unknown needing manual reconciliation.
 func TestFleetSkewKeepsPending(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	clkA, clkB := newFakeClock(), newFakeClock()
 	clkA.Advance(5 * time.Minute)
 	sent := 0

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -119,7 +121,7 @@ func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
 	defer base.CloseIdleConnections()
 	// The real clock: the 409s while the first charge is in progress are
 	// waited out.
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithBackOff(constant(100*time.Millisecond)), idemretry.WithMaxRetries(20))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -180,7 +182,7 @@ func TestMaybeProcessedAfterHiddenResend(t *testing.T) {
 	defer srv.Close()
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -221,7 +223,7 @@ func (c *cancelAtAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
 // unnamed payment reuses its key and gets a replay instead of a charge.
 func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
 	srv := newPayServer(t)
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	http1 := &http.Transport{}
 	defer http1.CloseIdleConnections()
 	cb := &cancelAtAnswer{base: http1}
@@ -246,24 +248,24 @@ func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
 	assert.Equal(t, 2, srv.chargeCount(), "the deliberate second payment was answered with the first one's replay")
 }
 
-// flakyJournal wraps a MemoryJournal: its Updates to done fail while failDone
+// flakyJournal wraps a Memory: its Updates to done fail while failDone
 // is set, and hang (until their context ends) while hang is set.
 type flakyJournal struct {
-	*idemretry.MemoryJournal
+	*journal.Memory
 	failDone, hang atomic.Bool
 }
 
 var errDiskGone = errors.New("test: storage unavailable")
 
-func (f *flakyJournal) Update(ctx context.Context, rec idemretry.Record) error {
+func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
 	if f.hang.Load() {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	if f.failDone.Load() && rec.State == idemretry.StateDone {
+	if f.failDone.Load() && rec.State == journal.StateDone {
 		return errDiskGone
 	}
-	return f.MemoryJournal.Update(ctx, rec)
+	return f.Memory.Update(ctx, rec)
 }
 
 // Item 4: an update to done that fails must not leave a record that makes
@@ -271,7 +273,7 @@ func (f *flakyJournal) Update(ctx context.Context, rec idemretry.Record) error {
 // charge, and a 201 that nobody paid).
 func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 	srv := newPayServer(t)
-	j := &flakyJournal{MemoryJournal: idemretry.NewMemoryJournal()}
+	j := &flakyJournal{Memory: journal.NewMemory()}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
@@ -307,7 +309,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 // RoundTrip past the caller's deadline (beyond a documented grace).
 func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
 	srv := newPayServer(t)
-	j := &flakyJournal{MemoryJournal: idemretry.NewMemoryJournal()}
+	j := &flakyJournal{Memory: journal.NewMemory()}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
@@ -349,7 +351,7 @@ func TestLowerCaseCallerKeyHeader(t *testing.T) {
 	resp.Body.Close()
 	require.Len(t, got, 1)
 	assert.Equal(t, []string{"order-77-pay"}, got[0], "the request left with these Idempotency-Key values")
-	rec, created, err := j.Reserve(context.Background(), idemretry.Record{ActionID: "key:order-77-pay", Key: "x"}, idemretry.ReuseAny)
+	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x"}, journal.ReuseAny)
 	require.NoError(t, err)
 	assert.False(t, created, "the caller's key did not name the action")
 	assert.Equal(t, "order-77-pay", rec.Key)

@@ -9,13 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
 )
 
 type syncJournal struct {
-	*idemretry.MemoryJournal
+	*journal.Memory
 	sync func(ctx context.Context) error
 }
 
@@ -28,7 +30,7 @@ func (j syncJournal) Sync(ctx context.Context) error { return j.sync(ctx) }
 func TestDoneSyncHonoursDeadline(t *testing.T) {
 	block := make(chan struct{})
 	defer close(block)
-	j := syncJournal{idemretry.NewMemoryJournal(), func(ctx context.Context) error {
+	j := syncJournal{journal.NewMemory(), func(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -61,7 +63,7 @@ func TestDoneSyncHonoursDeadline(t *testing.T) {
 // before RoundTrip returns.
 func TestDoneSyncFailureLogged(t *testing.T) {
 	var logs bytes.Buffer
-	j := syncJournal{idemretry.NewMemoryJournal(), func(context.Context) error { return errors.New("injected EIO") }}
+	j := syncJournal{journal.NewMemory(), func(context.Context) error { return errors.New("injected EIO") }}
 	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(newFakeClock()),
 		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))

@@ -10,7 +10,7 @@ import (
 var (
 	// ErrKeyWindowExpired: the action's key is older than the key window, so
 	// the server may have forgotten it. No request is sent with it and no new
-	// key is minted: reconcile the action, then Journal.Forget it.
+	// key is minted: reconcile the action, then journal.Journal.Forget it.
 	ErrKeyWindowExpired = errors.New("idemretry: key window expired")
 	// ErrFingerprintMismatch: an action's id or key was reused for a request
 	// with a different method, URL or body. Nothing was sent.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
@@ -35,7 +37,7 @@ func Example() {
 	defer srv.Close()
 
 	client, err := idemretry.NewClient(
-		idemretry.WithJournal(idemretry.NewMemoryJournal()), // the default is a file journal
+		idemretry.WithJournal(journal.NewMemory()), // the default is a file journal
 		idemretry.WithBackOff(func() backoff.BackOff { return idemretry.NewFullJitter(time.Millisecond, 10*time.Millisecond, nil) }),
 	)
 	if err != nil {
@@ -83,9 +85,9 @@ func ExampleNewFullJitter() {
 // At start-up, list the actions a previous run left unfinished, to resume
 // them (same key) or reconcile them with the server.
 func ExampleJournal_unfinished() {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	ctx := context.Background()
-	_, _, _ = j.Reserve(ctx, idemretry.Record{ActionID: "pay:order-9", Key: "k-9", State: idemretry.StatePending, Attempts: 2}, idemretry.ReuseAny)
+	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
 	unfinished, _ := j.Unfinished(ctx)
 	for _, r := range unfinished {
 		fmt.Println(r.ActionID, r.State, "attempts:", r.Attempts)

@@ -9,10 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemretry/idemretry/internal/journal"
+	"github.com/idemretry/idemretry/journal"
+
+	engine "github.com/idemretry/idemretry/internal/journal"
 )
 
-// FileJournal is the file-backed Journal that NewClient and NewTransport use
+// FileJournal is the file-backed journal.Journal that NewClient and NewTransport use
 // by default. It keeps, per action, the action id (or its SHA-256, see
 // WithHashedActionIDs), the key (16 bytes for a UUID), the request
 // fingerprint, the creation time, the state, the attempt count and the final
@@ -28,7 +30,7 @@ import (
 // fingerprint, where a lost one would matter).
 //
 // If a write or sync fails, the journal stops: every later call returns an
-// error wrapping ErrJournalClosed and the cause (a failed sync may have
+// error wrapping journal.ErrClosed and the cause (a failed sync may have
 // lost data that no retry on the same file could confirm). Reopen it to
 // recover from what is on disk.
 //
@@ -37,26 +39,26 @@ import (
 // ErrJournalLocked. Close it when done; the Transport closes the journal it
 // opened itself.
 type FileJournal struct {
-	s        *journal.Store
+	s        *engine.Store
 	dir      string
 	hashed   bool
 	recovery JournalRecovery
 }
 
-var _ Journal = (*FileJournal)(nil)
+var _ journal.Journal = (*FileJournal)(nil)
 
 // ErrJournalRemoved: the file journal's directory (or its journal file) was
 // removed, renamed or replaced while the journal was open. A record written
 // from then on would vanish at the next start and its action could be sent
 // under a second key, so the journal stops: Reserve (of a new action),
-// Update, Sync and Close return an error wrapping ErrJournalClosed and
+// Update, Sync and Close return an error wrapping journal.ErrClosed and
 // ErrJournalRemoved. It is noticed at the next write (a Reserve that
 // creates a record, a Forget, the lazy flush of updates within
 // WithJournalFlushInterval), at Sync and at Close, by checking that the
 // directory entry still names the open file. Nothing can undo the removal:
 // the records it took are lost. Open a journal again to go on. (It joins the
-// file journal's other errors, listed with Journal.)
-var ErrJournalRemoved = journal.ErrRemoved
+// file journal's other errors, listed with journal.Journal.)
+var ErrJournalRemoved = engine.ErrRemoved
 
 // JournalRecovery says what OpenJournal found on disk and did about it.
 type JournalRecovery struct {
@@ -107,12 +109,12 @@ type JournalRecovery struct {
 // existing directory, journal or LOCK file with wider permissions is
 // narrowed to 0700 and 0600 when the process owns it, and listed in
 // JournalRecovery.ModeNotOwned when another user does.
-// The caller must Close the journal.
+// The caller must Close the engine.
 //
 // Errors wrap ErrJournalLocked if another owner holds the directory (see
 // WithJournalLockWait); a *CorruptionError (ErrJournalCorrupt) if
 // acknowledged data is damaged, in which case nothing is changed on disk
-// (see WithJournalSalvage); ErrJournalIncompatible for a journal of an
+// (see WithJournalSalvage); journal.ErrIncompatible for a journal of an
 // unknown format version or the other WithHashedActionIDs setting; or the
 // file system's error.
 func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
@@ -122,7 +124,7 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 			o(&c)
 		}
 	}
-	s, rep, err := journal.Open(dir, journal.Options{
+	s, rep, err := engine.Open(dir, engine.Options{
 		Now:             c.now,
 		Retention:       c.retention,
 		MaxClockLead:    clockLead(c.retention),
@@ -131,8 +133,8 @@ func OpenJournal(dir string, opts ...JournalOption) (*FileJournal, error) {
 		Salvage:         c.salvage,
 		FlushInterval:   c.flushEvery,
 		CompactMinBytes: c.compactMin,
-		ErrClosed:       ErrJournalClosed,
-		ErrNotFound:     ErrActionNotFound,
+		ErrClosed:       journal.ErrClosed,
+		ErrNotFound:     journal.ErrNotFound,
 		Hooks:           c.hooks,
 	})
 	if err != nil {
@@ -199,14 +201,14 @@ func digestOf(actionID string) ([]byte, bool) {
 	return sum, err == nil
 }
 
-func toEntry(id string, rec Record) (journal.Entry, error) {
+func toEntry(id string, rec journal.Record) (engine.Entry, error) {
 	if rec.Attempts < 0 || int64(rec.Attempts) > math.MaxUint32 {
-		return journal.Entry{}, fmt.Errorf("%w: attempts %d", ErrJournalInvalidRecord, rec.Attempts)
+		return engine.Entry{}, fmt.Errorf("%w: attempts %d", journal.ErrInvalidRecord, rec.Attempts)
 	}
 	if rec.Status < 0 || rec.Status > math.MaxUint16 {
-		return journal.Entry{}, fmt.Errorf("%w: status %d", ErrJournalInvalidRecord, rec.Status)
+		return engine.Entry{}, fmt.Errorf("%w: status %d", journal.ErrInvalidRecord, rec.Status)
 	}
-	return journal.Entry{
+	return engine.Entry{
 		ID:          id,
 		Key:         rec.Key,
 		Fingerprint: rec.Fingerprint,
@@ -217,42 +219,42 @@ func toEntry(id string, rec Record) (journal.Entry, error) {
 	}, nil
 }
 
-func fromEntry(actionID string, e journal.Entry) Record {
-	return Record{
+func fromEntry(actionID string, e engine.Entry) journal.Record {
+	return journal.Record{
 		ActionID:    actionID,
 		Key:         e.Key,
 		Fingerprint: e.Fingerprint,
 		CreatedAt:   time.UnixMilli(e.CreatedMs),
-		State:       State(e.State),
+		State:       journal.State(e.State),
 		Attempts:    int(e.Attempts),
 		Status:      int(e.Status),
 	}
 }
 
-// Reserve implements Journal. A record it creates is synced to disk before
+// Reserve implements journal.Journal. A record it creates is synced to disk before
 // it returns; so is a returned record that another goroutine is still
-// creating (Reserve waits for it). A StateDone record whose retention is
+// creating (Reserve waits for it). A journal.StateDone record whose retention is
 // over, by the clock and by the time the journal has seen pass (see
 // WithJournalRetention), counts as absent. CreatedAt is kept to
 // the millisecond. If ctx ends while Reserve waits for the sync, it returns
 // ctx's error; the record may still become durable, and a later Reserve
 // returns it.
-func (j *FileJournal) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Record, bool, error) {
+func (j *FileJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	e, err := toEntry(j.storedID(rec.ActionID), rec)
 	if err != nil {
-		return Record{}, false, err
+		return journal.Record{}, false, err
 	}
-	got, created, err := j.s.Reserve(ctx, e, mode == ReusePending)
+	got, created, err := j.s.Reserve(ctx, e, mode == journal.ReusePending)
 	if err != nil {
-		return Record{}, false, fmt.Errorf("idemretry: journal reserve %q: %w", rec.ActionID, err)
+		return journal.Record{}, false, fmt.Errorf("idemretry: journal reserve %q: %w", rec.ActionID, err)
 	}
 	return fromEntry(rec.ActionID, got), created, nil
 }
 
-// Update implements Journal. The change is written lazily (see FileJournal);
+// Update implements journal.Journal. The change is written lazily (see FileJournal);
 // Sync waits for it. It changes nothing and returns an error wrapping
-// ErrActionNotFound unless the action's record has rec.Key.
-func (j *FileJournal) Update(ctx context.Context, rec Record) error {
+// journal.ErrNotFound unless the action's record has rec.Key.
+func (j *FileJournal) Update(ctx context.Context, rec journal.Record) error {
 	e, err := toEntry(j.storedID(rec.ActionID), rec)
 	if err != nil {
 		return err
@@ -263,9 +265,9 @@ func (j *FileJournal) Update(ctx context.Context, rec Record) error {
 	return nil
 }
 
-// Unfinished implements Journal. With WithHashedActionIDs, each ActionID is
+// Unfinished implements journal.Journal. With WithHashedActionIDs, each ActionID is
 // "sha256:" and the hex digest of the original id.
-func (j *FileJournal) Unfinished(ctx context.Context) ([]Record, error) {
+func (j *FileJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -273,7 +275,7 @@ func (j *FileJournal) Unfinished(ctx context.Context) ([]Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemretry: journal unfinished: %w", err)
 	}
-	out := make([]Record, len(es))
+	out := make([]journal.Record, len(es))
 	for i, e := range es {
 		id := e.ID
 		if j.hashed {

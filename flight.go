@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"sync"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // A flight is one action's attempts in progress in this process. The first
@@ -16,7 +18,7 @@ import (
 // gets its own copy of the flight's result. This is what makes a double tap
 // one payment even when the app names no action.
 type flight struct {
-	fp   Fingerprint
+	fp   journal.Fingerprint
 	done chan struct{} // closed when the result below is set
 
 	// Guarded by flights.mu.
@@ -38,7 +40,7 @@ type flights struct {
 
 // join returns the flight of action id, or starts one that the caller leads.
 // A request whose fingerprint differs from the flight's cannot join it.
-func (fs *flights) join(id string, fp Fingerprint) (f *flight, lead bool, mismatch bool) {
+func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool, mismatch bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if f = fs.m[id]; f != nil {

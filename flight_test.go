@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -77,15 +79,15 @@ func TestFlightSharedResponseRaceWithClientTimeout(t *testing.T) {
 
 // hangPendingJournal hangs Updates to pending until their context ends.
 type hangPendingJournal struct {
-	*idemretry.MemoryJournal
+	*journal.Memory
 }
 
-func (h hangPendingJournal) Update(ctx context.Context, rec idemretry.Record) error {
-	if rec.State == idemretry.StatePending {
+func (h hangPendingJournal) Update(ctx context.Context, rec journal.Record) error {
+	if rec.State == journal.StatePending {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return h.MemoryJournal.Update(ctx, rec)
+	return h.Memory.Update(ctx, rec)
 }
 
 // R3: the pending-count write made before the first retry wait uses
@@ -94,7 +96,7 @@ func (h hangPendingJournal) Update(ctx context.Context, rec idemretry.Record) er
 func TestFlightCancelDuringPendingWriteIsPrompt(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
-	j := hangPendingJournal{idemretry.NewMemoryJournal()}
+	j := hangPendingJournal{journal.NewMemory()}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
@@ -148,7 +150,7 @@ func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
 	}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(idemretry.NewMemoryJournal()))
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()))
 	require.NoError(t, err)
 	defer tr.Close()
 	actx := idemretry.WithAction(context.Background(), "pay:dl-2")
@@ -324,22 +326,22 @@ func TestFlightNotSharedLeaderReadsAll(t *testing.T) {
 }
 
 type slowReserveJournal struct {
-	*idemretry.MemoryJournal
+	*journal.Memory
 	gate chan struct{}
 }
 
-func (s *slowReserveJournal) Reserve(ctx context.Context, rec idemretry.Record, m idemretry.ReserveMode) (idemretry.Record, bool, error) {
+func (s *slowReserveJournal) Reserve(ctx context.Context, rec journal.Record, m journal.ReserveMode) (journal.Record, bool, error) {
 	select {
 	case <-s.gate:
 	case <-ctx.Done():
-		return idemretry.Record{}, false, ctx.Err()
+		return journal.Record{}, false, ctx.Err()
 	}
-	return s.MemoryJournal.Reserve(ctx, rec, m)
+	return s.Memory.Reserve(ctx, rec, m)
 }
 
 func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 	srv := newPayServer(t)
-	j := &slowReserveJournal{idemretry.NewMemoryJournal(), make(chan struct{})}
+	j := &slowReserveJournal{journal.NewMemory(), make(chan struct{})}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
@@ -372,7 +374,7 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 // unlanded outcome, journal recovers only after Forget; other actions unaffected.
 func TestFlightUnlandedForgetOtherAction(t *testing.T) {
 	srv := newPayServer(t)
-	j := &flakyJournal{MemoryJournal: idemretry.NewMemoryJournal()}
+	j := &flakyJournal{Memory: journal.NewMemory()}
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))

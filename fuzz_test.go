@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/internal/journal"
+	"github.com/idemretry/idemretry/journal"
+
+	engine "github.com/idemretry/idemretry/internal/journal"
 )
 
 // Fuzz targets for every parser of outside input in this package: the
@@ -206,7 +208,7 @@ func FuzzParseKey(f *testing.F) {
 }
 
 // fuzzNoSyncFile is a journal file whose Sync does nothing.
-type fuzzNoSyncFile struct{ journal.File }
+type fuzzNoSyncFile struct{ engine.File }
 
 func (fuzzNoSyncFile) Sync() error { return nil }
 
@@ -221,12 +223,12 @@ func fuzzShort(s string) string {
 func FuzzCheckActionID(f *testing.F) {
 	// The longest id WithAction may take: a 307/308 hop appends the
 	// redirect infix and 16 hex digits, and the result must fit the
-	// journal.
-	limit := MaxJournalActionID - len(redirectActionInfix) - 16
+	// engine.
+	limit := journal.MaxActionID - len(redirectActionInfix) - 16
 	for _, s := range []string{
 		"pay:order-A-1001", "", "key:abc", "fp:00", "KEY:abc", " key:abc", "key", "fp",
 		"key:", "fp:", "\x00", "é", "\xff\xfe", "pay: redirect:0123456789abcdef",
-		strings.Repeat("a", limit), strings.Repeat("a", limit+1), strings.Repeat("a", MaxJournalActionID),
+		strings.Repeat("a", limit), strings.Repeat("a", limit+1), strings.Repeat("a", journal.MaxActionID),
 	} {
 		f.Add(s)
 	}
@@ -234,8 +236,8 @@ func FuzzCheckActionID(f *testing.F) {
 	// without a redirect suffix. Its files skip fsync: durability is not
 	// what this checks, and an fsync per input would leave the fuzzer a few
 	// inputs a second.
-	j, err := OpenJournal(f.TempDir(), withJournalHooks(&journal.Hooks{
-		WrapFile: func(_ string, f journal.File) journal.File { return fuzzNoSyncFile{f} },
+	j, err := OpenJournal(f.TempDir(), withJournalHooks(&engine.Hooks{
+		WrapFile: func(_ string, f engine.File) engine.File { return fuzzNoSyncFile{f} },
 	}))
 	if err != nil {
 		f.Fatal(err)
@@ -265,12 +267,12 @@ func FuzzCheckActionID(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec := Record{ActionID: stored, Key: key, CreatedAt: time.Now(), State: StatePending}
-			got, created, err := j.Reserve(ctx, rec, ReuseAny)
+			rec := journal.Record{ActionID: stored, Key: key, CreatedAt: time.Now(), State: journal.StatePending}
+			got, created, err := j.Reserve(ctx, rec, journal.ReuseAny)
 			if err != nil || !created || got.Key != key {
 				t.Fatalf("journal Reserve of accepted id %q (%d bytes): created %v, key %q, %v", fuzzShort(stored), len(stored), created, got.Key, err)
 			}
-			again, created, err := j.Reserve(ctx, Record{ActionID: stored, Key: "other", CreatedAt: time.Now(), State: StatePending}, ReuseAny)
+			again, created, err := j.Reserve(ctx, journal.Record{ActionID: stored, Key: "other", CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
 			if err != nil || created || again.Key != key || again.ActionID != stored {
 				t.Fatalf("journal read back %q as %q with key %q (created %v, %v); want key %q", fuzzShort(stored), fuzzShort(again.ActionID), again.Key, created, err, key)
 			}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/require"
 
@@ -222,9 +224,9 @@ func constant(d time.Duration) func() backoff.BackOff {
 
 // newTestTransport returns a Transport over an in-memory journal with a fake
 // clock, and checks at cleanup that no goroutine of the package is left.
-func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transport, *idemretry.MemoryJournal, *fakeClock) {
+func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transport, *journal.Memory, *fakeClock) {
 	t.Helper()
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	clk := newFakeClock()
 	base := &http.Transport{}
 	all := append([]idemretry.Option{idemretry.WithJournal(j), idemretry.WithClock(clk)}, opts...)

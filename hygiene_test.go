@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -99,7 +101,7 @@ func TestDiscardedResponsesClosed(t *testing.T) {
 	srv.script = scriptFirst(status(503), status(503))
 	rec := &recordingTransport{base: &http.Transport{}}
 	defer rec.base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(rec, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+	tr, err := idemretry.NewTransport(rec, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithClock(newFakeClock()))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
@@ -177,12 +179,12 @@ func TestInvalidRequests(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, "/relative", nil)
 	_, err = tr.RoundTrip(req)
 	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithKeyWindow(0))
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithKeyWindow(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
 func TestInvalidOptions(t *testing.T) {
-	j := idemretry.WithJournal(idemretry.NewMemoryJournal())
+	j := idemretry.WithJournal(journal.NewMemory())
 	for name, o := range map[string]idemretry.Option{
 		"zero window":       idemretry.WithKeyWindow(0),
 		"negative cap":      idemretry.WithMaxRetryAfter(-time.Second),
@@ -210,7 +212,7 @@ func TestHugeKeyWindowOpensJournal(t *testing.T) {
 // closing it closes nobody else's connections; and WithJournal with
 // WithJournalDir is a mistake, refused.
 func TestNewTransportDefaults(t *testing.T) {
-	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithJournalDir(t.TempDir()))
+	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalDir(t.TempDir()))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 
 	srv := newPayServer(t)
@@ -224,7 +226,7 @@ func TestNewTransportDefaults(t *testing.T) {
 		return reused
 	}
 	get() // leaves an idle connection in http.DefaultTransport's pool
-	own, err := idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()))
+	own, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()))
 	require.NoError(t, err)
 	resp, err := own.RoundTrip(post(t, context.Background(), srv.URL, "x"))
 	require.NoError(t, err)

@@ -5,18 +5,16 @@ import (
 	"encoding/hex"
 	"testing"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/internal/journaltest"
+	"github.com/idemretry/idemretry/journal/journaltest"
 )
 
-func TestJournalConformanceMemory(t *testing.T) {
-	journaltest.Run(t, func(*testing.T) idemretry.Journal { return idemretry.NewMemoryJournal() })
-}
-
 func TestJournalConformanceFile(t *testing.T) {
-	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := idemretry.OpenJournal(t.TempDir())
 		require.NoError(t, err)
 		return j
@@ -24,7 +22,7 @@ func TestJournalConformanceFile(t *testing.T) {
 }
 
 func TestJournalConformanceFileHashed(t *testing.T) {
-	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := idemretry.OpenJournal(t.TempDir(), idemretry.WithHashedActionIDs())
 		require.NoError(t, err)
 		return j

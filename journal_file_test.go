@@ -14,15 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemretry/idemretry/internal/journal"
+	engine "github.com/idemretry/idemretry/internal/journal"
 )
 
-func jrec(id string) Record {
-	r := Record{ActionID: id, Key: uuid.NewString(), CreatedAt: time.Now(), State: StatePending}
+func jrec(id string) journal.Record {
+	r := journal.Record{ActionID: id, Key: uuid.NewString(), CreatedAt: time.Now(), State: journal.StatePending}
 	copy(r.Fingerprint[:], "fp-"+id)
 	return r
 }
@@ -39,10 +41,10 @@ func TestFileJournalSurvivesReopen(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nested", "state")
 	ctx := context.Background()
 	j := openJ(t, dir)
-	a, created, err := j.Reserve(ctx, jrec("pay-1"), ReuseAny)
+	a, created, err := j.Reserve(ctx, jrec("pay-1"), journal.ReuseAny)
 	require.NoError(t, err)
 	require.True(t, created)
-	a.State, a.Attempts, a.Status = StateDone, 2, 201
+	a.State, a.Attempts, a.Status = journal.StateDone, 2, 201
 	require.NoError(t, j.Update(ctx, a))
 	require.NoError(t, j.Close())
 	waitGoroutinesRoot(t, base)
@@ -50,11 +52,11 @@ func TestFileJournalSurvivesReopen(t *testing.T) {
 	j = openJ(t, dir)
 	defer j.Close()
 	assert.Equal(t, 1, j.Recovery().Records)
-	got, created, err := j.Reserve(ctx, jrec("pay-1"), ReuseAny)
+	got, created, err := j.Reserve(ctx, jrec("pay-1"), journal.ReuseAny)
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, a.Key, got.Key)
-	assert.Equal(t, StateDone, got.State)
+	assert.Equal(t, journal.StateDone, got.State)
 	assert.Equal(t, 201, got.Status)
 	assert.Equal(t, a.CreatedAt.UnixMilli(), got.CreatedAt.UnixMilli())
 	if runtime.GOOS != "windows" {
@@ -74,7 +76,7 @@ func TestFileJournalHashedIDs(t *testing.T) {
 	ctx := context.Background()
 	j := openJ(t, dir, WithHashedActionIDs())
 	const id = "customer-jane.doe@example.com-order-17"
-	r, _, err := j.Reserve(ctx, jrec(id), ReuseAny)
+	r, _, err := j.Reserve(ctx, jrec(id), journal.ReuseAny)
 	require.NoError(t, err)
 	assert.Equal(t, id, r.ActionID)
 	require.NoError(t, j.Sync(ctx))
@@ -94,7 +96,7 @@ func TestFileJournalHashedIDs(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	_, err = OpenJournal(dir)
-	assert.ErrorIs(t, err, ErrJournalIncompatible)
+	assert.ErrorIs(t, err, journal.ErrIncompatible)
 }
 
 func TestFileJournalLocked(t *testing.T) {
@@ -117,7 +119,7 @@ func TestFileJournalCorruption(t *testing.T) {
 	j := openJ(t, dir)
 	var keys []string
 	for _, id := range []string{"a", "b", "c", "d"} {
-		r, _, err := j.Reserve(ctx, jrec(id), ReuseAny)
+		r, _, err := j.Reserve(ctx, jrec(id), journal.ReuseAny)
 		require.NoError(t, err)
 		keys = append(keys, r.Key)
 	}
@@ -146,7 +148,7 @@ func TestFileJournalCorruption(t *testing.T) {
 	assert.Equal(t, ce.Offset, rec.Salvaged[0].Offset)
 	assert.FileExists(t, rec.CorruptCopy)
 	for n, id := range []string{"a", "c", "d"} {
-		got, created, err := j.Reserve(ctx, jrec(id), ReuseAny)
+		got, created, err := j.Reserve(ctx, jrec(id), journal.ReuseAny)
 		require.NoError(t, err)
 		assert.False(t, created, id)
 		assert.Equal(t, keys[[]int{0, 2, 3}[n]], got.Key)
@@ -160,26 +162,26 @@ func TestFileJournalExpiry(t *testing.T) {
 	ctx := context.Background()
 	j := openJ(t, t.TempDir(), WithJournalClock(clock), WithJournalRetention(time.Hour))
 	defer j.Close()
-	mk := func(id string, s State) Record {
+	mk := func(id string, s journal.State) journal.Record {
 		r := jrec(id)
 		r.CreatedAt = now
-		got, _, err := j.Reserve(ctx, r, ReuseAny)
+		got, _, err := j.Reserve(ctx, r, journal.ReuseAny)
 		require.NoError(t, err)
 		got.State = s
 		require.NoError(t, j.Update(ctx, got))
 		return got
 	}
-	done, pending, unknown := mk("done", StateDone), mk("pending", StatePending), mk("unknown", StateUnknown)
+	done, pending, unknown := mk("done", journal.StateDone), mk("pending", journal.StatePending), mk("unknown", journal.StateUnknown)
 	mu.Lock()
 	now = now.Add(100 * time.Hour)
 	mu.Unlock()
 	require.NoError(t, j.Compact(ctx))
-	got, created, err := j.Reserve(ctx, jrec("done"), ReuseAny)
+	got, created, err := j.Reserve(ctx, jrec("done"), journal.ReuseAny)
 	require.NoError(t, err)
 	assert.True(t, created)
 	assert.NotEqual(t, done.Key, got.Key)
-	for _, r := range []Record{pending, unknown} {
-		got, created, err := j.Reserve(ctx, jrec(r.ActionID), ReuseAny)
+	for _, r := range []journal.Record{pending, unknown} {
+		got, created, err := j.Reserve(ctx, jrec(r.ActionID), journal.ReuseAny)
 		require.NoError(t, err)
 		assert.False(t, created, "%s expired", r.ActionID)
 		assert.Equal(t, r.Key, got.Key)
@@ -190,31 +192,31 @@ func TestFileJournalSyncFailurePoisons(t *testing.T) {
 	dir := t.TempDir()
 	errEIO := errors.New("injected EIO")
 	var failing sync.Map
-	j := openJ(t, dir, withJournalHooks(&journal.Hooks{WrapFile: func(name string, f journal.File) journal.File {
+	j := openJ(t, dir, withJournalHooks(&engine.Hooks{WrapFile: func(name string, f engine.File) engine.File {
 		return syncFailer{f, &failing}
 	}}))
 	ctx := context.Background()
-	a, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	a, _, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 	require.NoError(t, err)
 	failing.Store(true, errEIO)
-	_, _, err = j.Reserve(ctx, jrec("b"), ReuseAny)
+	_, _, err = j.Reserve(ctx, jrec("b"), journal.ReuseAny)
 	assert.ErrorIs(t, err, errEIO)
-	assert.ErrorIs(t, err, ErrJournalClosed)
+	assert.ErrorIs(t, err, journal.ErrClosed)
 	_, err = j.Unfinished(ctx)
-	assert.ErrorIs(t, err, ErrJournalClosed)
+	assert.ErrorIs(t, err, journal.ErrClosed)
 	assert.ErrorIs(t, err, errEIO)
 	assert.Error(t, j.Close())
 
 	j = openJ(t, dir)
 	defer j.Close()
-	got, created, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	got, created, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, a.Key, got.Key)
 }
 
 type syncFailer struct {
-	journal.File
+	engine.File
 	failing *sync.Map
 }
 
@@ -229,16 +231,16 @@ func TestFileJournalInvalidRecords(t *testing.T) {
 	j := openJ(t, t.TempDir())
 	defer j.Close()
 	ctx := context.Background()
-	bad := []Record{
-		func() Record { r := jrec("a"); r.Attempts = -1; return r }(),
-		func() Record { r := jrec("a"); r.Status = 70000; return r }(),
-		func() Record { r := jrec(strings.Repeat("x", MaxJournalActionID+1)); return r }(),
-		func() Record { r := jrec("a"); r.Key = "has space"; return r }(),
-		func() Record { r := jrec("a"); r.State = 0; return r }(),
+	bad := []journal.Record{
+		func() journal.Record { r := jrec("a"); r.Attempts = -1; return r }(),
+		func() journal.Record { r := jrec("a"); r.Status = 70000; return r }(),
+		func() journal.Record { r := jrec(strings.Repeat("x", journal.MaxActionID+1)); return r }(),
+		func() journal.Record { r := jrec("a"); r.Key = "has space"; return r }(),
+		func() journal.Record { r := jrec("a"); r.State = 0; return r }(),
 	}
 	for i, r := range bad {
-		_, _, err := j.Reserve(ctx, r, ReuseAny)
-		assert.ErrorIs(t, err, ErrJournalInvalidRecord, "case %d", i)
+		_, _, err := j.Reserve(ctx, r, journal.ReuseAny)
+		assert.ErrorIs(t, err, journal.ErrInvalidRecord, "case %d", i)
 	}
 }
 
@@ -281,7 +283,7 @@ func TestFileJournalCompactsByItself(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	j := openJ(t, dir, withJournalCompactMin(4096), WithJournalFlushInterval(time.Millisecond))
-	r, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	r, _, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 	require.NoError(t, err)
 	for i := range 2000 {
 		r.Attempts = i
@@ -296,7 +298,7 @@ func TestFileJournalCompactsByItself(t *testing.T) {
 	assert.Less(t, fi.Size(), int64(3*4096), "the journal grew without compaction")
 	j = openJ(t, dir)
 	defer j.Close()
-	got, _, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+	got, _, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 	require.NoError(t, err)
 	assert.Equal(t, r.Key, got.Key)
 	assert.Equal(t, 1999, got.Attempts)
@@ -318,7 +320,7 @@ func TestFileJournalNowNeverRunsBack(t *testing.T) {
 	for _, id := range []string{"a", "b"} {
 		r := jrec(id)
 		r.CreatedAt = late
-		_, _, err := j.Reserve(ctx, r, ReuseAny)
+		_, _, err := j.Reserve(ctx, r, journal.ReuseAny)
 		require.NoError(t, err)
 	}
 	set(late.Add(-2 * time.Hour))
@@ -351,22 +353,22 @@ func TestFileJournalUpdateMatchesKey(t *testing.T) {
 		j := openJ(t, dir, opts...)
 		ctx := context.Background()
 		old := jrec("a")
-		_, _, err := j.Reserve(ctx, old, ReuseAny)
+		_, _, err := j.Reserve(ctx, old, journal.ReuseAny)
 		require.NoError(t, err)
 		require.NoError(t, j.Forget(ctx, "a"))
 		again := jrec("a")
-		_, _, err = j.Reserve(ctx, again, ReuseAny)
+		_, _, err = j.Reserve(ctx, again, journal.ReuseAny)
 		require.NoError(t, err)
-		old.State, old.Status = StateDone, 201
-		assert.ErrorIs(t, j.Update(ctx, old), ErrActionNotFound)
+		old.State, old.Status = journal.StateDone, 201
+		assert.ErrorIs(t, j.Update(ctx, old), journal.ErrNotFound)
 		require.NoError(t, j.Close())
 		j = openJ(t, dir, opts...)
-		got, created, err := j.Reserve(ctx, jrec("a"), ReuseAny)
+		got, created, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 		require.NoError(t, err)
 		assert.False(t, created)
 		assert.Equal(t, again.Key, got.Key)
-		assert.Equal(t, StatePending, got.State)
-		assert.ErrorIs(t, j.Update(ctx, old), ErrActionNotFound)
+		assert.Equal(t, journal.StatePending, got.State)
+		assert.ErrorIs(t, j.Update(ctx, old), journal.ErrNotFound)
 		require.NoError(t, j.Close())
 	}
 }

@@ -3,7 +3,7 @@ package idemretry
 import (
 	"time"
 
-	"github.com/idemretry/idemretry/internal/journal"
+	engine "github.com/idemretry/idemretry/internal/journal"
 )
 
 // Defaults of the file journal's options.
@@ -32,7 +32,7 @@ type journalConfig struct {
 	salvage    bool
 	flushEvery time.Duration
 	// Test seams.
-	hooks      *journal.Hooks
+	hooks      *engine.Hooks
 	compactMin int64
 }
 
@@ -66,7 +66,7 @@ func WithJournalClock(now func() time.Time) JournalOption {
 	}
 }
 
-// WithJournalRetention sets how long after its creation a StateDone record
+// WithJournalRetention sets how long after its creation a journal.StateDone record
 // is kept (default DefaultJournalRetention). Keep it at least as long as the
 // Transport's key window (WithKeyWindow) plus DefaultJournalGrace: the
 // journal believes its persisted clock mark, when the clock is behind it, by
@@ -84,7 +84,7 @@ func WithJournalClock(now func() time.Time) JournalOption {
 // that is rarely open keeps its done records longer (about 77 bytes on disk
 // and 140 in memory each) until it has been open for the retention in all.
 // After that, Reserve treats the record as absent and compaction drops it.
-// StatePending and StateUnknown records never expire: they are kept until
+// journal.StatePending and journal.StateUnknown records never expire: they are kept until
 // FileJournal.Forget, because dropping one would let a new key be minted for
 // an action whose outcome is unknown. A value of zero or less restores the
 // default.
@@ -111,7 +111,7 @@ func WithJournalLockWait(d time.Duration) JournalOption {
 // "sha256:" followed by the hex digest, which FileJournal.Reserve, Update
 // and Forget accept in place of the original id: they reach the same record.
 // A journal keeps the setting it was created with: opening it with the other
-// setting fails with ErrJournalIncompatible.
+// setting fails with journal.ErrIncompatible.
 func WithHashedActionIDs() JournalOption {
 	return func(c *journalConfig) { c.hashed = true }
 }
@@ -119,7 +119,7 @@ func WithHashedActionIDs() JournalOption {
 // WithJournalSalvage opens a journal whose acknowledged frames are damaged
 // by skipping them, instead of failing with a *CorruptionError. The records
 // in the skipped frames are lost: FileJournal.Recovery lists the damaged
-// ranges, the damaged file is copied aside (journal.corrupt.*), and the
+// ranges, the damaged file is copied aside (engine.corrupt.*), and the
 // journal is rewritten without them. Use it only after deciding the loss is
 // acceptable (for example after reconciling with the server); a damaged file
 // header cannot be salvaged.
@@ -140,7 +140,7 @@ func WithJournalFlushInterval(d time.Duration) JournalOption {
 }
 
 // withJournalHooks installs failpoints and file wrappers, for tests.
-func withJournalHooks(h *journal.Hooks) JournalOption {
+func withJournalHooks(h *engine.Hooks) JournalOption {
 	return func(c *journalConfig) { c.hooks = h }
 }
 

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -35,7 +37,7 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 	}
 	require.Error(t, err, "a new action was sent with a key kept in a deleted journal")
 	assert.True(t, errors.Is(err, idemretry.ErrJournalRemoved), "%v", err)
-	assert.True(t, errors.Is(err, idemretry.ErrJournalClosed), "%v", err)
+	assert.True(t, errors.Is(err, journal.ErrClosed), "%v", err)
 	assert.Len(t, srv.seen(), 1, "nothing sent")
 	err = tr.Close()
 	assert.True(t, errors.Is(err, idemretry.ErrJournalRemoved), "Close: %v", err)

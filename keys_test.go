@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -17,7 +19,7 @@ import (
 
 // I1: the key is in the journal before the first attempt leaves the process.
 func TestKeyDurableBeforeFirstSend(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	srv := newPayServer(t)
 	var inJournal []bool
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
@@ -39,12 +41,12 @@ func TestKeyDurableBeforeFirstSend(t *testing.T) {
 
 // I1: a journal that cannot store the key stops the request before it is sent.
 func TestJournalFailureSendsNothing(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	require.NoError(t, j.Close())
 	srv := newPayServer(t)
 	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
 	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.ErrorIs(t, err, idemretry.ErrJournalClosed)
+	require.ErrorIs(t, err, journal.ErrClosed)
 	assert.Empty(t, srv.seen())
 }
 
@@ -106,7 +108,7 @@ func TestConcurrentSameActionOneKey(t *testing.T) {
 // I2 across a restart: a new Transport over the same journal resends the
 // unfinished action with the same key.
 func TestSameKeyAfterRestart(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true
 	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
@@ -149,7 +151,7 @@ func TestExplicitActionKeepsKeyAfterDone(t *testing.T) {
 // Without an action id, the fingerprint finds an unfinished action (a resend
 // after a crash) but not a finished one (a deliberate repeat).
 func TestFingerprintMatchesPendingOnly(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
@@ -253,7 +255,7 @@ func TestKeyWindowExpired(t *testing.T) {
 	un, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
 	require.Len(t, un, 1)
-	assert.Equal(t, idemretry.StateUnknown, un[0].State)
+	assert.Equal(t, journal.StateUnknown, un[0].State)
 	assert.Equal(t, srv.seen()[0].Key, un[0].Key)
 }
 
@@ -286,7 +288,7 @@ func TestNoWaitPastKeyWindow(t *testing.T) {
 	assert.Equal(t, []time.Duration{40 * time.Second}, clk.Waits())
 	un, _ := j.Unfinished(context.Background())
 	require.Len(t, un, 1)
-	assert.Equal(t, idemretry.StateUnknown, un[0].State)
+	assert.Equal(t, journal.StateUnknown, un[0].State)
 }
 
 // I3: once an action is outcome-unknown it stays so, even if the clock
@@ -295,7 +297,7 @@ func TestNoWaitPastKeyWindow(t *testing.T) {
 func TestUnknownSurvivesClockJumpBack(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	tr, _, clk := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithKeyWindow(time.Minute),
 		idemretry.WithBackOff(constant(50*time.Second)))
 	ctx := idemretry.WithAction(context.Background(), "pay:jump")
@@ -371,12 +373,12 @@ func TestFingerprintDefinitionIsStable(t *testing.T) {
 		want := sha256.Sum256([]byte("POST\x00" + url + "\x00" + string(bodySum[:])))
 		un, err := j.Unfinished(context.Background())
 		require.NoError(t, err)
-		var got []idemretry.Fingerprint
+		var got []journal.Fingerprint
 		for _, r := range un {
 			if r.ActionID == "pay:fp-"+body {
 				got = append(got, r.Fingerprint)
 			}
 		}
-		assert.Equal(t, []idemretry.Fingerprint{want}, got, "body %q", body)
+		assert.Equal(t, []journal.Fingerprint{want}, got, "body %q", body)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -65,9 +67,9 @@ func TestDuplicateWindow(t *testing.T) {
 	assert.Equal(t, keys[0], keys[1])
 	assert.NotEqual(t, keys[1], keys[2])
 
-	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithDuplicateWindow(-time.Second))
+	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(-time.Second))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithDuplicateWindow(48*time.Hour))
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(48*time.Hour))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
@@ -165,26 +167,26 @@ func TestGiveUpReasons(t *testing.T) {
 }
 
 // hangingReserve is a journal whose Reserve hangs until its context ends.
-type hangingReserve struct{ *idemretry.MemoryJournal }
+type hangingReserve struct{ *journal.Memory }
 
-func (h hangingReserve) Reserve(ctx context.Context, rec idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool, error) {
+func (h hangingReserve) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	<-ctx.Done()
-	return idemretry.Record{}, false, ctx.Err()
+	return journal.Record{}, false, ctx.Err()
 }
 
 // A journal that does not answer within the journal timeout is reported as
 // unavailable, and nothing is sent.
 func TestJournalTimeoutIsUnavailable(t *testing.T) {
 	srv := newPayServer(t)
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{idemretry.NewMemoryJournal()}),
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
 		idemretry.WithJournalTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	defer tr.Close()
 	start := time.Now()
 	_, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
-	assert.ErrorIs(t, err, idemretry.ErrJournalUnavailable)
+	assert.ErrorIs(t, err, journal.ErrUnavailable)
 	assert.Less(t, time.Since(start), 2*time.Second)
 	assert.Empty(t, srv.seen())
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(idemretry.NewMemoryJournal()), idemretry.WithJournalTimeout(0))
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalTimeout(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 )
 
@@ -33,7 +35,7 @@ const (
 	DefaultMaxDrainTime = 200 * time.Millisecond
 	// DefaultJournalTimeout is the longest any journal call on the request
 	// path may take (WithJournalTimeout); the caller's context bounds it
-	// further. A Reserve cut short by it fails with ErrJournalUnavailable,
+	// further. A Reserve cut short by it fails with journal.ErrUnavailable,
 	// and nothing is sent.
 	DefaultJournalTimeout = 5 * time.Second
 	// DefaultMaxSharedResponse is how much of a response body is held in
@@ -53,7 +55,7 @@ var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 type Option func(*config)
 
 type config struct {
-	journal       Journal
+	journal       journal.Journal
 	journalDir    string
 	journalOpts   []JournalOption
 	newBackOff    func() backoff.BackOff
@@ -102,7 +104,7 @@ func defaultConfig() config {
 // journal that expires records must keep done ones for at least the key
 // window (see WithKeyWindow); the journals here keep them 48 hours by
 // default. WithJournal and WithJournalDir exclude each other.
-func WithJournal(j Journal) Option { return func(c *config) { c.journal = j } }
+func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
 
 // WithJournalDir opens the default file journal in dir instead of the
 // per-user state directory (see DefaultJournalDir). Mobile apps pass their

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // OutcomeGrace is how long past the end of the caller's context RoundTrip
@@ -17,15 +19,6 @@ import (
 // other journal wait on the request path ends with the caller's context, and
 // none lasts longer than the journal timeout (WithJournalTimeout).
 const OutcomeGrace = 250 * time.Millisecond
-
-// A Syncer is a Journal that can make the updates it has accepted durable
-// on demand. The Transport calls Sync after recording the outcome of an
-// action named by its request's fingerprint: lost, a deliberate repeat after
-// a crash would reuse the old key and be answered with the old payment's
-// replay. Sync must honour the context's deadline.
-type Syncer interface {
-	Sync(ctx context.Context) error
-}
 
 // outcomeContext bounds a journal write that records an outcome: it is not
 // cancelled with the caller's context (the answer is in hand and must be
@@ -51,8 +44,8 @@ func (t *Transport) journalContext(ctx context.Context) (context.Context, contex
 // by the journal timeout (not by the caller) means the journal is
 // unavailable.
 func journalError(ctx context.Context, err error) error {
-	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrJournalUnavailable) {
-		return fmt.Errorf("%w: %w", ErrJournalUnavailable, err)
+	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, journal.ErrUnavailable) {
+		return fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 	}
 	return err
 }
@@ -63,12 +56,12 @@ func journalError(ctx context.Context, err error) error {
 // before the next Reserve of the action, which fails while it cannot be: a
 // journal left saying "pending" for a done action would give a deliberate
 // repeat the old key, and the old payment's replay. durable asks for the
-// outcome to be synced too (see Syncer).
-func (t *Transport) record(ctx context.Context, rec Record, durable bool) {
+// outcome to be synced too (see journal.Syncer).
+func (t *Transport) record(ctx context.Context, rec journal.Record, durable bool) {
 	wctx, cancel := t.outcomeContext(ctx)
 	defer cancel()
 	err := t.write(wctx, rec, durable)
-	if err == nil || errors.Is(err, ErrActionNotFound) {
+	if err == nil || errors.Is(err, journal.ErrNotFound) {
 		t.unlanded.drop(rec)
 		return
 	}
@@ -82,17 +75,17 @@ func (t *Transport) record(ctx context.Context, rec Record, durable bool) {
 
 // progress records an attempt count, bounded by the caller's context: it is
 // not an outcome, and losing it costs at most a recount.
-func (t *Transport) progress(ctx context.Context, rec Record) {
+func (t *Transport) progress(ctx context.Context, rec journal.Record) {
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
 	_ = t.journal.Update(jctx, rec)
 }
 
-func (t *Transport) write(ctx context.Context, rec Record, durable bool) error {
+func (t *Transport) write(ctx context.Context, rec journal.Record, durable bool) error {
 	if err := t.journal.Update(ctx, rec); err != nil {
 		return err
 	}
-	if s, ok := t.journal.(Syncer); ok && durable {
+	if s, ok := t.journal.(journal.Syncer); ok && durable {
 		return s.Sync(ctx)
 	}
 	return nil
@@ -106,7 +99,7 @@ func (t *Transport) landOutcome(ctx context.Context, id string) error {
 		return nil
 	}
 	err := t.write(ctx, u.rec, u.durable)
-	if err == nil || errors.Is(err, ErrActionNotFound) {
+	if err == nil || errors.Is(err, journal.ErrNotFound) {
 		t.unlanded.drop(u.rec)
 		return nil
 	}
@@ -133,11 +126,11 @@ type unlanded struct {
 }
 
 type unlandedRecord struct {
-	rec     Record
+	rec     journal.Record
 	durable bool
 }
 
-func (u *unlanded) keep(rec Record, durable bool) {
+func (u *unlanded) keep(rec journal.Record, durable bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
@@ -154,7 +147,7 @@ func (u *unlanded) get(id string) (unlandedRecord, bool) {
 }
 
 // drop forgets rec's outcome, if it is the one held.
-func (u *unlanded) drop(rec Record) {
+func (u *unlanded) drop(rec journal.Record) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if r, ok := u.m[rec.ActionID]; ok && r.rec.Key == rec.Key {
@@ -210,7 +203,7 @@ func (t *Transport) logGiveUp(ctx context.Context, actionID, key string, attempt
 }
 
 // logUnknown says that an action's outcome must now be reconciled by hand.
-func (t *Transport) logUnknown(ctx context.Context, rec Record) {
+func (t *Transport) logUnknown(ctx context.Context, rec journal.Record) {
 	if t.cfg.logger != nil {
 		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: key window ended, outcome unknown: reconcile the action",
 			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt))

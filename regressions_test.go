@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -30,7 +32,7 @@ func resp(code int, req *http.Request) *http.Response {
 // I3: a 503 whose context ended as it arrived is not a definitive answer: the
 // action stays pending, and a fingerprint-identified resend keeps its key.
 func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	var keys []string
 	var cancel context.CancelFunc
 	n := 0
@@ -74,14 +76,14 @@ func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
 // action: a pending record that this RoundTrip did not create, even one that
 // says Attempts == 0 (a crash during the first attempt leaves that).
 func TestMaybeProcessedAfterRestart(t *testing.T) {
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	clk := newFakeClock()
 	// What a process killed during its first attempt leaves behind: the
 	// durable reservation, with the attempt count never updated.
-	_, _, err := j.Reserve(context.Background(), idemretry.Record{
+	_, _, err := j.Reserve(context.Background(), journal.Record{
 		ActionID: "pay:crashed", Key: "0b9f2f5e-8a7a-4d6e-9c43-2d1a5c7e8f90",
-		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: idemretry.StatePending,
-	}, idemretry.ReuseAny)
+		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: journal.StatePending,
+	}, journal.ReuseAny)
 	require.NoError(t, err)
 
 	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
@@ -100,10 +102,10 @@ func TestMaybeProcessedAfterRestart(t *testing.T) {
 	assert.True(t, ae.MaybeProcessed, "the previous run's attempt may have reached the server: %v", err)
 
 	// The same after the key window: ErrKeyWindowExpired with MaybeProcessed false.
-	_, _, err = j.Reserve(context.Background(), idemretry.Record{
+	_, _, err = j.Reserve(context.Background(), journal.Record{
 		ActionID: "pay:crashed2", Key: "1b9f2f5e-8a7a-4d6e-9c43-2d1a5c7e8f90",
-		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: idemretry.StatePending,
-	}, idemretry.ReuseAny)
+		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: journal.StatePending,
+	}, journal.ReuseAny)
 	require.NoError(t, err)
 	clk.Advance(25 * time.Hour)
 	req, _ = http.NewRequestWithContext(idemretry.WithAction(context.Background(), "pay:crashed2"),
@@ -116,8 +118,8 @@ func TestMaybeProcessedAfterRestart(t *testing.T) {
 
 // fpOf gets the Transport's fingerprint of a POST by letting a throwaway
 // Transport reserve it.
-func fpOf(t *testing.T, url, body string) idemretry.Fingerprint {
-	j := idemretry.NewMemoryJournal()
+func fpOf(t *testing.T, url, body string) journal.Fingerprint {
+	j := journal.NewMemory()
 	base := rtFunc(func(r *http.Request) (*http.Response, error) { r.Body.Close(); return resp(200, r), nil })
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
 	require.NoError(t, err)
@@ -125,7 +127,7 @@ func fpOf(t *testing.T, url, body string) idemretry.Fingerprint {
 	r, err := tr.RoundTrip(req)
 	require.NoError(t, err)
 	r.Body.Close()
-	rec, _, err := j.Reserve(context.Background(), idemretry.Record{ActionID: "a"}, idemretry.ReuseAny)
+	rec, _, err := j.Reserve(context.Background(), journal.Record{ActionID: "a"}, journal.ReuseAny)
 	require.NoError(t, err)
 	return rec.Fingerprint
 }
@@ -217,7 +219,7 @@ func TestBaseReturningBothIsClosed(t *testing.T) {
 		r.Body.Close()
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("broken base")
 	})
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(idemretry.NewMemoryJournal()),
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithClock(newFakeClock()), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))

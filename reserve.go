@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // action is a reserved action during one RoundTrip.
 type action struct {
-	rec Record // as the journal holds it
+	rec journal.Record // as the journal holds it
 	// fresh: this RoundTrip minted the key, at createdAt (the clock's
 	// reading, with its monotonic part on the system clock). Otherwise an
 	// earlier RoundTrip, perhaps in a process that died, may have sent it.
@@ -26,7 +28,7 @@ type action struct {
 // is reserved or sent.
 type identity struct {
 	id        string
-	fp        Fingerprint
+	fp        journal.Fingerprint
 	callerKey string // the key the caller set, bare, or ""
 	// byFingerprint: the action is named by its request's fingerprint (no
 	// caller key, no WithAction).
@@ -84,16 +86,16 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 		}
 	}
 	createdAt := t.cfg.clock.Now()
-	want := Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: StatePending}
-	mode := ReuseAny
+	want := journal.Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: journal.StatePending}
+	mode := journal.ReuseAny
 	if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
-		mode = ReusePending
+		mode = journal.ReusePending
 	}
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
-	if err == nil && !created && who.byFingerprint && mode == ReuseAny && rec.State == StateDone &&
+	if err == nil && !created && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
 		!t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow)) {
 		// A repeat after the duplicate window: a new action.
-		rec, created, err = t.journal.Reserve(jctx, want, ReusePending)
+		rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, journalError(ctx, err))
@@ -112,15 +114,15 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 	switch {
 	case rec.Fingerprint != who.fp:
 		return fail(ErrFingerprintMismatch)
-	case rec.State == StateUnknown:
+	case rec.State == journal.StateUnknown:
 		return fail(ErrKeyWindowExpired)
 	case now.Before(rec.CreatedAt.Add(-maxClockSkew)):
 		// Created in the clock's future: its age cannot be known now.
 		// Refuse, and leave it as it is for when the clocks agree again.
 		return fail(ErrClockSkew)
 	case t.windowEnds(rec, now, 0):
-		if rec.State == StatePending {
-			rec.State = StateUnknown
+		if rec.State == journal.StatePending {
+			rec.State = journal.StateUnknown
 			t.record(ctx, rec, false)
 			t.logUnknown(ctx, rec)
 		}
@@ -137,7 +139,7 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 // unnamed parent's hop is named by the parent's key, not by its own
 // fingerprint: a caller that joined the parent's flight follows the same
 // redirect, and must find the hop the leader made, done or not.
-func (t *Transport) actionID(req *http.Request, callerKey string, fp Fingerprint) (string, error) {
+func (t *Transport) actionID(req *http.Request, callerKey string, fp journal.Fingerprint) (string, error) {
 	id, explicit := req.Context().Value(actionKey{}).(string)
 	switch {
 	case callerKey != "":
@@ -217,6 +219,6 @@ func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
 }
 
 // windowEnds reports whether the key window of rec is over at now+d.
-func (t *Transport) windowEnds(rec Record, now time.Time, d time.Duration) bool {
+func (t *Transport) windowEnds(rec journal.Record, now time.Time, d time.Duration) bool {
 	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
 }

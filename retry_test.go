@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,7 +153,7 @@ func TestRetryAfterBeyondCapReturnsAtOnce(t *testing.T) {
 func TestCancelDuringWaitReturnsPromptly(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
-	j := idemretry.NewMemoryJournal()
+	j := journal.NewMemory()
 	base := &http.Transport{}
 	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:cancel"))
 	defer cancel()
@@ -234,7 +236,7 @@ func TestNetworkErrorsRetriedThenTypedError(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, un, 1)
 	assert.Equal(t, ae.Key, un[0].Key)
-	assert.Equal(t, idemretry.StatePending, un[0].State)
+	assert.Equal(t, journal.StatePending, un[0].State)
 	assert.Equal(t, idemretry.DefaultMaxRetries+1, un[0].Attempts)
 }
 

@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Transport is an http.RoundTripper that retries requests safely. Each
 // request with a keyed method (POST and PATCH by default) belongs to a
 // logical action and carries that action's Idempotency-Key on every attempt;
-// the key is durable in the Journal before the first attempt leaves the
+// the key is durable in the journal.Journal before the first attempt leaves the
 // process. GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried under the
 // same policy without a key; any other method is sent once. A key the caller
 // sets on a method that is not keyed is passed through as it is, unchecked
@@ -35,7 +37,7 @@ import (
 type Transport struct {
 	base        http.RoundTripper
 	cfg         config
-	journal     Journal
+	journal     journal.Journal
 	ownsJournal bool
 	flights     flights
 	unlanded    unlanded
@@ -141,8 +143,8 @@ func isToken(s string) bool {
 }
 
 // Journal returns the journal the Transport keeps keys in, for
-// reconciliation at start-up (Journal.Unfinished, Journal.Forget).
-func (t *Transport) Journal() Journal { return t.journal }
+// reconciliation at start-up (journal.Journal.Unfinished, journal.Journal.Forget).
+func (t *Transport) Journal() journal.Journal { return t.journal }
 
 // Close writes the outcomes that the journal could not record when they
 // came (see WithJournalTimeout), closes the journal if the Transport opened
@@ -184,8 +186,8 @@ func (t *Transport) CloseIdleConnections() {
 // same key.
 //
 // Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
-// ErrActionRequired, ErrBodyTooLarge or a journal error (ErrJournalClosed,
-// ErrJournalUnavailable, ...); for an action, an *ActionError that names it,
+// ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
+// journal.ErrUnavailable, ...); for an action, an *ActionError that names it,
 // its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
 // ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
 // ErrResponseNotShared) and the last cause.

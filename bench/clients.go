@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
@@ -75,7 +77,7 @@ func newClient(name, dir string, base http.RoundTripper) (*Client, error) {
 	case NetHTTP:
 		c.HTTP = &http.Client{Transport: base}
 	case IdemMemory, IdemFile:
-		opt := idemretry.WithJournal(idemretry.NewMemoryJournal())
+		opt := idemretry.WithJournal(journal.NewMemory())
 		if name == IdemFile {
 			opt = idemretry.WithJournalDir(dir)
 		}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // These tests state MemoryJournal's semantics as a contract and run against
@@ -16,11 +16,11 @@ import (
 // the SQL journal. Times are whole milliseconds: the SQL journal, like the
 // file journal, stores creation times in Unix milliseconds.
 
-type factory func(t *testing.T) idemretry.Journal
+type factory func(t *testing.T) journal.Journal
 
 func TestConformanceMemory(t *testing.T) {
-	runConformance(t, func(t *testing.T) idemretry.Journal {
-		j := idemretry.NewMemoryJournal()
+	runConformance(t, func(t *testing.T) journal.Journal {
+		j := journal.NewMemory()
 		t.Cleanup(func() { j.Close() })
 		return j
 	})
@@ -28,7 +28,7 @@ func TestConformanceMemory(t *testing.T) {
 
 func TestConformanceSQL(t *testing.T) {
 	db := testDB(t)
-	runConformance(t, func(t *testing.T) idemretry.Journal {
+	runConformance(t, func(t *testing.T) journal.Journal {
 		j, _ := openJournal(t, db)
 		return j
 	})
@@ -36,7 +36,7 @@ func TestConformanceSQL(t *testing.T) {
 
 func TestConformanceSQLHashed(t *testing.T) {
 	db := testDB(t)
-	runConformance(t, func(t *testing.T) idemretry.Journal {
+	runConformance(t, func(t *testing.T) journal.Journal {
 		j, _ := openJournal(t, db, sqljournalHashed())
 		return j
 	})
@@ -44,15 +44,15 @@ func TestConformanceSQLHashed(t *testing.T) {
 
 var t0 = time.UnixMilli(1_780_000_000_000)
 
-func rec(id, key string, at time.Duration, st idemretry.State) idemretry.Record {
-	return idemretry.Record{
+func rec(id, key string, at time.Duration, st journal.State) journal.Record {
+	return journal.Record{
 		ActionID: id, Key: key, Fingerprint: sha256.Sum256([]byte("body of " + id)),
 		CreatedAt: t0.Add(at), State: st,
 	}
 }
 
 // sameRecord compares records field by field, times with Equal.
-func sameRecord(t *testing.T, what string, got, want idemretry.Record) {
+func sameRecord(t *testing.T, what string, got, want journal.Record) {
 	t.Helper()
 	if got.ActionID != want.ActionID || got.Key != want.Key || got.Fingerprint != want.Fingerprint ||
 		!got.CreatedAt.Equal(want.CreatedAt) || got.State != want.State ||
@@ -61,7 +61,7 @@ func sameRecord(t *testing.T, what string, got, want idemretry.Record) {
 	}
 }
 
-func mustReserve(t *testing.T, j idemretry.Journal, r idemretry.Record, mode idemretry.ReserveMode, wantCreated bool) idemretry.Record {
+func mustReserve(t *testing.T, j journal.Journal, r journal.Record, mode journal.ReserveMode, wantCreated bool) journal.Record {
 	t.Helper()
 	got, created, err := j.Reserve(context.Background(), r, mode)
 	if err != nil {
@@ -75,78 +75,78 @@ func mustReserve(t *testing.T, j idemretry.Journal, r idemretry.Record, mode ide
 
 func runConformance(t *testing.T, newJournal factory) {
 	ctx := context.Background()
-	bg := idemretry.ReuseAny
+	bg := journal.ReuseAny
 
 	t.Run("ReserveCreatesThenReuses", func(t *testing.T) {
 		j := newJournal(t)
-		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		first := rec("pay:1", "k1", 0, journal.StatePending)
 		first.Attempts, first.Status = 2, 0
 		sameRecord(t, "created", mustReserve(t, j, first, bg, true), first)
-		again := rec("pay:1", "k2", time.Hour, idemretry.StatePending)
+		again := rec("pay:1", "k2", time.Hour, journal.StatePending)
 		sameRecord(t, "reused", mustReserve(t, j, again, bg, false), first)
-		sameRecord(t, "reused pending", mustReserve(t, j, again, idemretry.ReusePending, false), first)
+		sameRecord(t, "reused pending", mustReserve(t, j, again, journal.ReusePending, false), first)
 	})
 
 	t.Run("ReuseAnyKeepsDone", func(t *testing.T) {
 		j := newJournal(t)
-		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		first := rec("pay:1", "k1", 0, journal.StatePending)
 		mustReserve(t, j, first, bg, true)
-		first.State, first.Attempts, first.Status = idemretry.StateDone, 3, 201
+		first.State, first.Attempts, first.Status = journal.StateDone, 3, 201
 		if err := j.Update(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		sameRecord(t, "done reused", mustReserve(t, j, rec("pay:1", "k2", time.Second, idemretry.StatePending), bg, false), first)
+		sameRecord(t, "done reused", mustReserve(t, j, rec("pay:1", "k2", time.Second, journal.StatePending), bg, false), first)
 	})
 
 	t.Run("ReusePendingReplacesDoneOnly", func(t *testing.T) {
 		j := newJournal(t)
-		for _, st := range []idemretry.State{idemretry.StatePending, idemretry.StateUnknown} {
+		for _, st := range []journal.State{journal.StatePending, journal.StateUnknown} {
 			id := "fp:" + st.String()
 			first := rec(id, "k1", 0, st)
 			mustReserve(t, j, first, bg, true)
-			sameRecord(t, "kept "+st.String(), mustReserve(t, j, rec(id, "k2", time.Second, idemretry.StatePending), idemretry.ReusePending, false), first)
+			sameRecord(t, "kept "+st.String(), mustReserve(t, j, rec(id, "k2", time.Second, journal.StatePending), journal.ReusePending, false), first)
 		}
-		first := rec("fp:done", "k1", 0, idemretry.StatePending)
-		mustReserve(t, j, first, idemretry.ReusePending, true)
-		first.State, first.Status = idemretry.StateDone, 200
+		first := rec("fp:done", "k1", 0, journal.StatePending)
+		mustReserve(t, j, first, journal.ReusePending, true)
+		first.State, first.Status = journal.StateDone, 200
 		if err := j.Update(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		next := rec("fp:done", "k2", time.Minute, idemretry.StatePending)
-		sameRecord(t, "replaced", mustReserve(t, j, next, idemretry.ReusePending, true), next)
-		sameRecord(t, "replacement kept", mustReserve(t, j, rec("fp:done", "k3", time.Hour, idemretry.StatePending), idemretry.ReusePending, false), next)
+		next := rec("fp:done", "k2", time.Minute, journal.StatePending)
+		sameRecord(t, "replaced", mustReserve(t, j, next, journal.ReusePending, true), next)
+		sameRecord(t, "replacement kept", mustReserve(t, j, rec("fp:done", "k3", time.Hour, journal.StatePending), journal.ReusePending, false), next)
 	})
 
 	t.Run("UpdateTouchesStateAttemptsStatusOnly", func(t *testing.T) {
 		j := newJournal(t)
-		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		first := rec("pay:1", "k1", 0, journal.StatePending)
 		mustReserve(t, j, first, bg, true)
-		change := rec("pay:1", "k1", time.Hour, idemretry.StateDone)
+		change := rec("pay:1", "k1", time.Hour, journal.StateDone)
 		change.Fingerprint = sha256.Sum256([]byte("other"))
 		change.Attempts, change.Status = 4, 422
 		if err := j.Update(ctx, change); err != nil {
 			t.Fatal(err)
 		}
 		want := first
-		want.State, want.Attempts, want.Status = idemretry.StateDone, 4, 422
+		want.State, want.Attempts, want.Status = journal.StateDone, 4, 422
 		sameRecord(t, "after update", mustReserve(t, j, first, bg, false), want)
 	})
 
 	t.Run("UpdateMissing", func(t *testing.T) {
 		j := newJournal(t)
-		err := j.Update(ctx, rec("nobody", "k", 0, idemretry.StateDone))
-		if !errors.Is(err, idemretry.ErrActionNotFound) {
+		err := j.Update(ctx, rec("nobody", "k", 0, journal.StateDone))
+		if !errors.Is(err, journal.ErrNotFound) {
 			t.Fatalf("Update of a missing action: %v, want ErrActionNotFound", err)
 		}
 	})
 
 	t.Run("UpdateOtherKey", func(t *testing.T) {
 		j := newJournal(t)
-		first := rec("pay:1", "k1", 0, idemretry.StatePending)
+		first := rec("pay:1", "k1", 0, journal.StatePending)
 		mustReserve(t, j, first, bg, true)
-		change := rec("pay:1", "k2", 0, idemretry.StateDone)
+		change := rec("pay:1", "k2", 0, journal.StateDone)
 		change.Attempts, change.Status = 4, 201
-		if err := j.Update(ctx, change); !errors.Is(err, idemretry.ErrActionNotFound) {
+		if err := j.Update(ctx, change); !errors.Is(err, journal.ErrNotFound) {
 			t.Fatalf("Update under another key: %v, want ErrActionNotFound", err)
 		}
 		sameRecord(t, "untouched", mustReserve(t, j, first, bg, false), first)
@@ -159,13 +159,13 @@ func runConformance(t *testing.T, newJournal factory) {
 		}
 		// Equal times order by bytes: "B" < "a" < "b", whatever the
 		// database's collation says.
-		all := []idemretry.Record{
-			rec("a", "k-a", 2*time.Second, idemretry.StatePending),
-			rec("late", "k-late", time.Hour, idemretry.StateUnknown),
-			rec("done", "k-done", 0, idemretry.StateDone),
-			rec("b", "k-b", 2*time.Second, idemretry.StateUnknown),
-			rec("B", "k-B", 2*time.Second, idemretry.StatePending),
-			rec("first", "k-first", -time.Hour, idemretry.StatePending),
+		all := []journal.Record{
+			rec("a", "k-a", 2*time.Second, journal.StatePending),
+			rec("late", "k-late", time.Hour, journal.StateUnknown),
+			rec("done", "k-done", 0, journal.StateDone),
+			rec("b", "k-b", 2*time.Second, journal.StateUnknown),
+			rec("B", "k-B", 2*time.Second, journal.StatePending),
+			rec("first", "k-first", -time.Hour, journal.StatePending),
 		}
 		for _, r := range all {
 			mustReserve(t, j, r, bg, true)
@@ -200,7 +200,7 @@ func runConformance(t *testing.T, newJournal factory) {
 
 	t.Run("Forget", func(t *testing.T) {
 		j := newJournal(t)
-		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+		mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), bg, true)
 		if err := j.Forget(ctx, "pay:1"); err != nil {
 			t.Fatal(err)
 		}
@@ -210,27 +210,27 @@ func runConformance(t *testing.T, newJournal factory) {
 		if got, _ := j.Unfinished(ctx); len(got) != 0 {
 			t.Fatalf("Unfinished after Forget: %+v", got)
 		}
-		next := rec("pay:1", "k2", time.Second, idemretry.StatePending)
+		next := rec("pay:1", "k2", time.Second, journal.StatePending)
 		sameRecord(t, "after forget", mustReserve(t, j, next, bg, true), next)
 	})
 
 	t.Run("Close", func(t *testing.T) {
 		j := newJournal(t)
-		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+		mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), bg, true)
 		if err := j.Close(); err != nil {
 			t.Fatal(err)
 		}
 		if err := j.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
-		_, _, err := j.Reserve(ctx, rec("pay:2", "k", 0, idemretry.StatePending), bg)
+		_, _, err := j.Reserve(ctx, rec("pay:2", "k", 0, journal.StatePending), bg)
 		check := func(op string, err error) {
-			if !errors.Is(err, idemretry.ErrJournalClosed) {
+			if !errors.Is(err, journal.ErrClosed) {
 				t.Errorf("%s after Close: %v, want ErrJournalClosed", op, err)
 			}
 		}
 		check("Reserve", err)
-		check("Update", j.Update(ctx, rec("pay:1", "k1", 0, idemretry.StateDone)))
+		check("Update", j.Update(ctx, rec("pay:1", "k1", 0, journal.StateDone)))
 		_, err = j.Unfinished(ctx)
 		check("Unfinished", err)
 		check("Forget", j.Forget(ctx, "pay:1"))
@@ -240,10 +240,10 @@ func runConformance(t *testing.T, newJournal factory) {
 		j := newJournal(t)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, _, err := j.Reserve(cctx, rec("pay:1", "k1", 0, idemretry.StatePending), bg)
+		_, _, err := j.Reserve(cctx, rec("pay:1", "k1", 0, journal.StatePending), bg)
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("Reserve with a canceled context: %v, want context.Canceled", err)
 		}
-		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), bg, true)
+		mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), bg, true)
 	})
 }

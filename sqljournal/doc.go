@@ -1,4 +1,4 @@
-// Package sqljournal is an [idemretry.Journal] kept in a SQL database, so
+// Package sqljournal is an [journal.Journal] kept in a SQL database, so
 // that every machine of a fleet sends the same Idempotency-Key for one
 // logical action. It is written for PostgreSQL ($1 placeholders, ON CONFLICT)
 // through [database/sql], and works with any PostgreSQL driver: the
@@ -33,8 +33,8 @@
 //
 // Every call returns by its context's deadline even when the database
 // hangs, and errors of a database that does not answer wrap
-// idemretry.ErrJournalUnavailable (see [Journal]). [Open] refuses, with
-// idemretry.ErrJournalIncompatible, a table that does not fit: no unique
+// journal.ErrUnavailable (see [Journal]). [Open] refuses, with
+// journal.ErrIncompatible, a table that does not fit: no unique
 // key on action_id, other columns, or action ids hashed the other way.
 //
 // # Records and expiry

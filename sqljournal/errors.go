@@ -11,7 +11,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Errors of this package, returned wrapped; test them with errors.Is. The
@@ -21,7 +21,7 @@ var (
 	// fingerprint that is not 32 bytes, a state other than the three). It
 	// was written by something else and is left as it is for a person to
 	// see. Records a caller passes in are refused with
-	// idemretry.ErrJournalInvalidRecord instead.
+	// journal.ErrInvalidRecord instead.
 	ErrMalformedRecord = errors.New("sqljournal: malformed record")
 	// ErrContended: Reserve found the action's record changing under it
 	// (forgotten, or finished and replaced) on every one of its tries.
@@ -30,7 +30,7 @@ var (
 
 // dbError wraps err, from the statements of op, for the caller. When the
 // database did not answer (see unavailable) it also wraps
-// idemretry.ErrJournalUnavailable; when ctx ended during the call, its
+// journal.ErrUnavailable; when ctx ended during the call, its
 // error is in the chain too. err itself, the driver's, is always kept.
 func dbError(ctx context.Context, op string, err error) error {
 	if errors.Is(err, ErrMalformedRecord) || errors.Is(err, ErrContended) {
@@ -39,9 +39,9 @@ func dbError(ctx context.Context, op string, err error) error {
 	cerr := ctx.Err()
 	switch {
 	case unavailable(ctx, err) && cerr != nil && !errors.Is(err, cerr):
-		return fmt.Errorf("sqljournal: %s: %w: %w: %w", op, idemretry.ErrJournalUnavailable, cerr, err)
+		return fmt.Errorf("sqljournal: %s: %w: %w: %w", op, journal.ErrUnavailable, cerr, err)
 	case unavailable(ctx, err):
-		return fmt.Errorf("sqljournal: %s: %w: %w", op, idemretry.ErrJournalUnavailable, err)
+		return fmt.Errorf("sqljournal: %s: %w: %w", op, journal.ErrUnavailable, err)
 	case cerr != nil && !errors.Is(err, cerr):
 		return fmt.Errorf("sqljournal: %s: %w: %w", op, cerr, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -18,15 +20,15 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 	j, _ := openJournal(t, db, sqljournal.WithRetention(48*time.Hour),
 		sqljournal.WithNow(func() time.Time { return time.UnixMilli(now.Load()) }))
 	ctx := context.Background()
-	records := []idemretry.Record{
-		rec("old-done", "k1", -72*time.Hour, idemretry.StateDone),
-		rec("old-pending", "k2", -72*time.Hour, idemretry.StatePending),
-		rec("old-unknown", "k3", -72*time.Hour, idemretry.StateUnknown),
-		rec("new-done", "k4", -time.Hour, idemretry.StateDone),
-		rec("edge-done", "k5", -48*time.Hour, idemretry.StateDone), // exactly the retention: kept
+	records := []journal.Record{
+		rec("old-done", "k1", -72*time.Hour, journal.StateDone),
+		rec("old-pending", "k2", -72*time.Hour, journal.StatePending),
+		rec("old-unknown", "k3", -72*time.Hour, journal.StateUnknown),
+		rec("new-done", "k4", -time.Hour, journal.StateDone),
+		rec("edge-done", "k5", -48*time.Hour, journal.StateDone), // exactly the retention: kept
 	}
 	for _, r := range records {
-		mustReserve(t, j, r, idemretry.ReuseAny, true)
+		mustReserve(t, j, r, journal.ReuseAny, true)
 	}
 	n, err := j.Expire(ctx)
 	if err != nil || n != 1 {
@@ -36,7 +38,7 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 	for _, r := range records {
 		fresh := r
 		fresh.Key = "new"
-		got, created, err := j.Reserve(ctx, fresh, idemretry.ReuseAny)
+		got, created, err := j.Reserve(ctx, fresh, journal.ReuseAny)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,13 +64,13 @@ func TestExpireDefaultRetention(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db, sqljournal.WithNow(func() time.Time { return t0 }))
 	ctx := context.Background()
-	mustReserve(t, j, rec("inside", "k1", -sqljournal.DefaultRetention+time.Minute, idemretry.StateDone), idemretry.ReuseAny, true)
-	mustReserve(t, j, rec("outside", "k2", -sqljournal.DefaultRetention-time.Minute, idemretry.StateDone), idemretry.ReuseAny, true)
+	mustReserve(t, j, rec("inside", "k1", -sqljournal.DefaultRetention+time.Minute, journal.StateDone), journal.ReuseAny, true)
+	mustReserve(t, j, rec("outside", "k2", -sqljournal.DefaultRetention-time.Minute, journal.StateDone), journal.ReuseAny, true)
 	if n, err := j.Expire(ctx); err != nil || n != 1 {
 		t.Fatalf("Expire: %d, %v; want 1", n, err)
 	}
 	j.Close()
-	if _, err := j.Expire(ctx); !errors.Is(err, idemretry.ErrJournalClosed) {
+	if _, err := j.Expire(ctx); !errors.Is(err, journal.ErrClosed) {
 		t.Fatalf("Expire after Close: %v", err)
 	}
 }

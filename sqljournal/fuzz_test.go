@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry"
 )
 
@@ -134,7 +136,7 @@ func FuzzMark(f *testing.F) {
 		mode, found, err := parseMark(comment)
 		switch {
 		case err != nil:
-			if !errors.Is(err, idemretry.ErrJournalIncompatible) || found || mode != "" {
+			if !errors.Is(err, journal.ErrIncompatible) || found || mode != "" {
 				t.Fatalf("parseMark(%q) = %q, %v, %v", comment, mode, found, err)
 			}
 		case found:

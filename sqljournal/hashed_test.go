@@ -6,7 +6,8 @@ import (
 	"encoding/hex"
 	"testing"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -17,8 +18,8 @@ func TestHashedActionIDs(t *testing.T) {
 	j, table := openJournal(t, db, sqljournal.WithHashedActionIDs())
 	ctx := context.Background()
 	const id = "pay:customer-42"
-	r := rec(id, "k1", 0, idemretry.StatePending)
-	if got := mustReserve(t, j, r, idemretry.ReuseAny, true); got.ActionID != id {
+	r := rec(id, "k1", 0, journal.StatePending)
+	if got := mustReserve(t, j, r, journal.ReuseAny, true); got.ActionID != id {
 		t.Fatalf("Reserve returned id %q, want the caller's", got.ActionID)
 	}
 	sum := sha256.Sum256([]byte(id))
@@ -30,7 +31,7 @@ func TestHashedActionIDs(t *testing.T) {
 	if stored != digest {
 		t.Fatalf("stored id %q, want %q", stored, digest)
 	}
-	if got := mustReserve(t, j, rec(id, "k2", 0, idemretry.StatePending), idemretry.ReuseAny, false); got.Key != "k1" || got.ActionID != id {
+	if got := mustReserve(t, j, rec(id, "k2", 0, journal.StatePending), journal.ReuseAny, false); got.Key != "k1" || got.ActionID != id {
 		t.Fatalf("second Reserve: %+v", got)
 	}
 	un, err := j.Unfinished(ctx)
@@ -41,7 +42,7 @@ func TestHashedActionIDs(t *testing.T) {
 	if err := j.Forget(ctx, un[0].ActionID); err != nil {
 		t.Fatal(err)
 	}
-	mustReserve(t, j, r, idemretry.ReuseAny, true)
+	mustReserve(t, j, r, journal.ReuseAny, true)
 	if err := j.Forget(ctx, id); err != nil {
 		t.Fatal(err)
 	}

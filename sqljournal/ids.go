@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // digestPrefix marks a stored action id that is a SHA-256 digest.
@@ -70,10 +70,10 @@ func parseMark(comment string) (mode string, found bool, err error) {
 			continue
 		}
 		if v != modePlain && v != modeSHA256 {
-			return "", false, fmt.Errorf("%w: the table's comment records action ids of an unknown kind %q", idemretry.ErrJournalIncompatible, v)
+			return "", false, fmt.Errorf("%w: the table's comment records action ids of an unknown kind %q", journal.ErrIncompatible, v)
 		}
 		if found && v != mode {
-			return "", false, fmt.Errorf("%w: the table's comment records two kinds of action ids, %s and %s", idemretry.ErrJournalIncompatible, mode, v)
+			return "", false, fmt.Errorf("%w: the table's comment records two kinds of action ids, %s and %s", journal.ErrIncompatible, mode, v)
 		}
 		mode, found = v, true
 	}

@@ -7,7 +7,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -36,9 +37,9 @@ func TestReserveUnderSerializableDefault(t *testing.T) {
 		t.Fatalf("isolation %q, %v", iso, err)
 	}
 	j, _ := openJournal(t, db)
-	for _, mode := range []idemretry.ReserveMode{idemretry.ReuseAny, idemretry.ReusePending} {
+	for _, mode := range []journal.ReserveMode{journal.ReuseAny, journal.ReusePending} {
 		for round := range 20 {
-			keys, created := raceReserve(t, []idemretry.Journal{j}, fmt.Sprintf("pay:%d-%d", mode, round), 16, mode)
+			keys, created := raceReserve(t, []journal.Journal{j}, fmt.Sprintf("pay:%d-%d", mode, round), 16, mode)
 			if t.Failed() {
 				return
 			}

@@ -7,10 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry"
 )
 
-// Journal is an [idemretry.Journal] in a PostgreSQL table, shared by every
+// Journal is an [journal.Journal] in a PostgreSQL table, shared by every
 // process that opens the same table. It is safe for concurrent use; all its
 // coordination happens in the database, so any number of Journals, in one
 // process or on many machines, may use one table at once.
@@ -28,9 +30,9 @@ import (
 // server to confirm a cancellation, the call returns anyway and the
 // statement finishes in the background.
 //
-// Errors wrap [idemretry.ErrJournalClosed] after [Journal.Close],
-// [idemretry.ErrActionNotFound] from [Journal.Update], and
-// [idemretry.ErrJournalUnavailable] when the database did not answer: the
+// Errors wrap [journal.ErrClosed] after [Journal.Close],
+// [journal.ErrNotFound] from [Journal.Update], and
+// [journal.ErrUnavailable] when the database did not answer: the
 // context's deadline passed, the connection failed (refused, reset, closed,
 // killed), or the server said it cannot serve now (SQLSTATE class 08, 53
 // or 58; 57P01, 57P02, 57P03 or 57P05, shutting down or ending the session;
@@ -48,7 +50,7 @@ type Journal struct {
 	closed atomic.Bool
 }
 
-var _ idemretry.Journal = (*Journal)(nil)
+var _ journal.Journal = (*Journal)(nil)
 
 // Open returns a Journal that keeps its records in db, creating the table
 // (and two partial indexes) if it is missing, unless [WithoutCreateTable].
@@ -59,7 +61,7 @@ var _ idemretry.Journal = (*Journal)(nil)
 //	key         text              -- the Idempotency-Key, bare
 //	fingerprint bytea             -- SHA-256 of the first request
 //	created_at  bigint            -- when the key was minted, Unix milliseconds
-//	state       smallint          -- idemretry.State: 1 pending, 2 done, 3 unknown
+//	state       smallint          -- journal.State: 1 pending, 2 done, 3 unknown
 //	attempts    integer
 //	status      integer           -- final HTTP status when done, else 0
 //
@@ -69,14 +71,14 @@ var _ idemretry.Journal = (*Journal)(nil)
 // creating Open of an uncommented table made by an earlier version).
 //
 // Open fails with an error wrapping [idemretry.ErrInvalidOption] for a bad
-// option (a nil option is skipped); [idemretry.ErrJournalIncompatible] when
+// option (a nil option is skipped); [journal.ErrIncompatible] when
 // the table does not fit: a column missing or of another type, no unique
 // index or primary key on action_id alone (Reserve's INSERT ... ON CONFLICT
 // (action_id) needs one; a deferrable one does not do), or action ids
 // recorded in the other mode than this journal's (two processes in
 // different modes would give one action two keys; a table without the
 // record is judged by a sample of its rows: any id not in digest form means
-// plain, digests only mean hashed); [idemretry.ErrJournalUnavailable] when
+// plain, digests only mean hashed); [journal.ErrUnavailable] when
 // the database does not answer (see [Journal]); else the database's error.
 func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 	if db == nil {
@@ -114,7 +116,7 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 }
 
 // Close marks the Journal closed: later calls fail with an error wrapping
-// [idemretry.ErrJournalClosed]. There is nothing to flush, since every
+// [journal.ErrClosed]. There is nothing to flush, since every
 // method has finished its statement when it returns, and db stays open for
 // its owner. Close is safe to call more than once and always returns nil.
 func (j *Journal) Close() error {
@@ -125,7 +127,7 @@ func (j *Journal) Close() error {
 // usable returns why a call cannot run, if it cannot.
 func (j *Journal) usable(ctx context.Context, op string) error {
 	if j.closed.Load() {
-		return fmt.Errorf("sqljournal: %s: %w", op, idemretry.ErrJournalClosed)
+		return fmt.Errorf("sqljournal: %s: %w", op, journal.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sqljournal: %s: %w", op, err)
@@ -134,27 +136,27 @@ func (j *Journal) usable(ctx context.Context, op string) error {
 }
 
 // scanRecord reads one row in the order of columns.
-func scanRecord(row interface{ Scan(...any) error }) (idemretry.Record, error) {
+func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	var (
-		r         idemretry.Record
+		r         journal.Record
 		fp        []byte
 		createdMs int64
 		state     int16
 		att, stat int64
 	)
 	if err := row.Scan(&r.ActionID, &r.Key, &fp, &createdMs, &state, &att, &stat); err != nil {
-		return idemretry.Record{}, err
+		return journal.Record{}, err
 	}
 	// Not ours to guess at: a fingerprint that cannot match would make
 	// every resend fail as a different request.
 	if len(fp) != len(r.Fingerprint) {
-		return idemretry.Record{}, fmt.Errorf("sqljournal: action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
+		return journal.Record{}, fmt.Errorf("sqljournal: action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
 	}
-	if st := idemretry.State(state); state < 0 || state > 255 || st < idemretry.StatePending || st > idemretry.StateUnknown {
-		return idemretry.Record{}, fmt.Errorf("sqljournal: action %q: state %d: %w", r.ActionID, state, ErrMalformedRecord)
+	if st := journal.State(state); state < 0 || state > 255 || st < journal.StatePending || st > journal.StateUnknown {
+		return journal.Record{}, fmt.Errorf("sqljournal: action %q: state %d: %w", r.ActionID, state, ErrMalformedRecord)
 	}
 	copy(r.Fingerprint[:], fp)
 	r.CreatedAt = time.UnixMilli(createdMs)
-	r.State, r.Attempts, r.Status = idemretry.State(state), int(att), int(stat)
+	r.State, r.Attempts, r.Status = journal.State(state), int(att), int(stat)
 	return r, nil
 }

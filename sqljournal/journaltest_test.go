@@ -8,8 +8,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/internal/journaltest"
+	"github.com/idemretry/idemretry/journal"
+
+	"github.com/idemretry/idemretry/journal/journaltest"
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestJournalTestSuite(t *testing.T) {
 	db := testDB(t)
 	var tables sync.Map // *sqljournal.Journal -> its table
-	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, table := openJournal(t, db)
 		tables.Store(j, table)
 		return j
@@ -29,7 +30,7 @@ func TestJournalTestSuite(t *testing.T) {
 func TestJournalTestSuiteHashed(t *testing.T) {
 	db := testDB(t)
 	var tables sync.Map
-	journaltest.Run(t, func(t *testing.T) idemretry.Journal {
+	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, table := openJournal(t, db, sqljournal.WithHashedActionIDs())
 		tables.Store(j, table)
 		return j
@@ -42,8 +43,8 @@ func TestJournalTestSuiteHashed(t *testing.T) {
 // lockTable returns a stall for journaltest: a transaction of its own that
 // locks the journal's table in ACCESS EXCLUSIVE mode (which every read and
 // write waits for) until release rolls it back.
-func lockTable(db *sql.DB, tables *sync.Map) func(t *testing.T, j idemretry.Journal) func() {
-	return func(t *testing.T, j idemretry.Journal) func() {
+func lockTable(db *sql.DB, tables *sync.Map) func(t *testing.T, j journal.Journal) func() {
+	return func(t *testing.T, j journal.Journal) func() {
 		t.Helper()
 		table, ok := tables.Load(j)
 		if !ok {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -53,7 +55,7 @@ func TestOpenWithoutCreateTable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open of an existing table: %v", err)
 	}
-	mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+	mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 }
 
 func TestOpenRejectsForeignTable(t *testing.T) {
@@ -62,7 +64,7 @@ func TestOpenRejectsForeignTable(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE "` + table + `" (action_id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sqljournal.Open(context.Background(), db, sqljournal.WithTable(table)); !errors.Is(err, idemretry.ErrJournalIncompatible) {
+	if _, err := sqljournal.Open(context.Background(), db, sqljournal.WithTable(table)); !errors.Is(err, journal.ErrIncompatible) {
 		t.Fatalf("Open of a table without the journal's columns: %v, want ErrJournalIncompatible", err)
 	}
 }
@@ -82,7 +84,7 @@ func TestOpenSchemaQualified(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+	mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM "` + schema + `"."Keys"`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("rows in %s.Keys: %d, %v", schema, n, err)
@@ -128,7 +130,7 @@ func TestMalformedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	_, _, err := j.Reserve(ctx, rec("pay:1", "k2", 0, idemretry.StatePending), idemretry.ReuseAny)
+	_, _, err := j.Reserve(ctx, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny)
 	if !errors.Is(err, sqljournal.ErrMalformedRecord) {
 		t.Errorf("Reserve of a malformed record: %v, want ErrMalformedRecord", err)
 	}

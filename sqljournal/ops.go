@@ -5,21 +5,21 @@ import (
 	"database/sql"
 	"fmt"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
-// Update implements [idemretry.Journal.Update]: it stores rec's State,
+// Update implements [journal.Journal.Update]: it stores rec's State,
 // Attempts and Status in the action's record if that record has rec.Key,
 // and leaves the key, fingerprint and creation time alone. Attempts never
 // go down. Done is final: a record already done keeps its State and Status
 // whatever rec says; the rule is part of the UPDATE statement, so a stale
 // writer on another machine cannot undo a recorded outcome either. It
 // returns once the change is committed. It fails, changing nothing, with an
-// error wrapping [idemretry.ErrActionNotFound] when the action has no record or
+// error wrapping [journal.ErrNotFound] when the action has no record or
 // its record has another key (replaced, or forgotten and created again),
-// [idemretry.ErrJournalInvalidRecord] for progress values Reserve would
-// refuse, and [idemretry.ErrJournalClosed] after Close.
-func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
+// [journal.ErrInvalidRecord] for progress values Reserve would
+// refuse, and [journal.ErrClosed] after Close.
+func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
 	if err := j.usable(ctx, "update"); err != nil {
 		return err
 	}
@@ -32,7 +32,7 @@ func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
 	}
 	if checkRecord(rec) != nil {
 		// Only the key can be wrong here, and Reserve stores no such key.
-		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
+		return fmt.Errorf("sqljournal: update %q: %w", id, journal.ErrNotFound)
 	}
 	n, err := bounded(ctx, func() (int64, error) {
 		res, err := j.db.ExecContext(ctx, j.q.update, id, rec.Key, int16(rec.State), rec.Attempts, rec.Status)
@@ -45,26 +45,26 @@ func (j *Journal) Update(ctx context.Context, rec idemretry.Record) error {
 		return dbError(ctx, fmt.Sprintf("update %q", id), err)
 	}
 	if n == 0 {
-		return fmt.Errorf("sqljournal: update %q: %w", id, idemretry.ErrActionNotFound)
+		return fmt.Errorf("sqljournal: update %q: %w", id, journal.ErrNotFound)
 	}
 	return nil
 }
 
-// Unfinished implements [idemretry.Journal.Unfinished]: the pending and
+// Unfinished implements [journal.Journal.Unfinished]: the pending and
 // unknown records of every process sharing the table, oldest first, ties in
 // byte order of action id. With [WithHashedActionIDs] their ActionID is the
-// stored digest form. It fails with [idemretry.ErrJournalClosed] after Close.
-func (j *Journal) Unfinished(ctx context.Context) ([]idemretry.Record, error) {
+// stored digest form. It fails with [journal.ErrClosed] after Close.
+func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	if err := j.usable(ctx, "unfinished"); err != nil {
 		return nil, err
 	}
-	out, err := bounded(ctx, func() ([]idemretry.Record, error) {
+	out, err := bounded(ctx, func() ([]journal.Record, error) {
 		rows, err := j.db.QueryContext(ctx, j.q.unfinished)
 		if err != nil {
 			return nil, err
 		}
 		defer rows.Close()
-		var out []idemretry.Record
+		var out []journal.Record
 		for rows.Next() {
 			r, err := scanRecord(rows)
 			if err != nil {
@@ -80,11 +80,11 @@ func (j *Journal) Unfinished(ctx context.Context) ([]idemretry.Record, error) {
 	return out, nil
 }
 
-// Forget implements [idemretry.Journal.Forget]: it deletes the action's
+// Forget implements [journal.Journal.Forget]: it deletes the action's
 // record, committed on return, whatever its state. actionID may be the id
 // as given or, with [WithHashedActionIDs], the digest form that
 // [Journal.Unfinished] returns. A missing record is not an error. It fails
-// with [idemretry.ErrJournalClosed] after Close.
+// with [journal.ErrClosed] after Close.
 func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	if err := j.usable(ctx, "forget"); err != nil {
 		return err
@@ -105,7 +105,7 @@ func (j *Journal) Forget(ctx context.Context, actionID string) error {
 // and unknown records are never deleted: their outcome may be unknown, and
 // such an action must never get a new key. Call it on a schedule (hourly is
 // plenty); concurrent calls from several machines are harmless. It fails
-// with [idemretry.ErrJournalClosed] after Close.
+// with [journal.ErrClosed] after Close.
 func (j *Journal) Expire(ctx context.Context) (int64, error) {
 	if err := j.usable(ctx, "expire"); err != nil {
 		return 0, err

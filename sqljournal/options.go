@@ -61,7 +61,7 @@ func WithRetention(d time.Duration) Option { return func(c *config) { c.retentio
 // then carry the digest form as ActionID, which [Journal.Forget] accepts.
 // Every process sharing a table must agree on this option: the table
 // records the mode it was created with, and [Open] in the other mode fails
-// with an error wrapping idemretry.ErrJournalIncompatible.
+// with an error wrapping journal.ErrIncompatible.
 func WithHashedActionIDs() Option { return func(c *config) { c.hashIDs = true } }
 
 // WithNow sets the clock that [Journal.Expire] measures the retention with

@@ -3,7 +3,7 @@ package sqljournal
 import (
 	"strconv"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // columns is the order every query reads and writes a record's columns in.
@@ -12,9 +12,9 @@ const columns = `action_id, key, fingerprint, created_at, state, attempts, statu
 // stateDone and the others are idemretry's State values as SQL literals, so
 // that the constants stay the single source of truth.
 var (
-	stateDone    = strconv.Itoa(int(idemretry.StateDone))
-	statePending = strconv.Itoa(int(idemretry.StatePending))
-	stateUnknown = strconv.Itoa(int(idemretry.StateUnknown))
+	stateDone    = strconv.Itoa(int(journal.StateDone))
+	statePending = strconv.Itoa(int(journal.StatePending))
+	stateUnknown = strconv.Itoa(int(journal.StateUnknown))
 )
 
 // queries is the SQL of one journal, built once from its validated table.

@@ -6,14 +6,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
 // raceReserve has n goroutines, spread round-robin over journals, reserve
 // action id with a key of their own each, at once. It returns the keys they
 // got and how many reported creating the record.
-func raceReserve(t *testing.T, journals []idemretry.Journal, id string, n int, mode idemretry.ReserveMode) (map[string]int, int) {
+func raceReserve(t *testing.T, journals []journal.Journal, id string, n int, mode journal.ReserveMode) (map[string]int, int) {
 	t.Helper()
 	var (
 		mu      sync.Mutex
@@ -27,7 +28,7 @@ func raceReserve(t *testing.T, journals []idemretry.Journal, id string, n int, m
 		go func() {
 			defer wg.Done()
 			<-start
-			r := rec(id, fmt.Sprintf("key-%d", i), 0, idemretry.StatePending)
+			r := rec(id, fmt.Sprintf("key-%d", i), 0, journal.StatePending)
 			got, c, err := journals[i%len(journals)].Reserve(context.Background(), r, mode)
 			if err != nil {
 				t.Errorf("Reserve %d: %v", i, err)
@@ -56,9 +57,9 @@ func oneKey(t *testing.T, keys map[string]int, created, n int) {
 func TestReserveManyGoroutinesOneKey(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db)
-	for _, mode := range []idemretry.ReserveMode{idemretry.ReuseAny, idemretry.ReusePending} {
+	for _, mode := range []journal.ReserveMode{journal.ReuseAny, journal.ReusePending} {
 		id := fmt.Sprintf("pay:mode-%d", mode)
-		keys, created := raceReserve(t, []idemretry.Journal{j}, id, 100, mode)
+		keys, created := raceReserve(t, []journal.Journal{j}, id, 100, mode)
 		oneKey(t, keys, created, 100)
 	}
 }
@@ -74,7 +75,7 @@ func TestReserveTwoPoolsOneKey(t *testing.T) {
 	}
 	defer jB.Close()
 	for a := range 20 {
-		keys, created := raceReserve(t, []idemretry.Journal{jA, jB}, fmt.Sprintf("pay:%d", a), 40, idemretry.ReuseAny)
+		keys, created := raceReserve(t, []journal.Journal{jA, jB}, fmt.Sprintf("pay:%d", a), 40, journal.ReuseAny)
 		oneKey(t, keys, created, 40)
 	}
 }
@@ -91,13 +92,13 @@ func TestReusePendingReplacesDoneOnce(t *testing.T) {
 	}
 	defer jB.Close()
 	ctx := context.Background()
-	old := rec("fp:x", "old-key", 0, idemretry.StatePending)
-	mustReserve(t, jA, old, idemretry.ReusePending, true)
-	old.State, old.Status = idemretry.StateDone, 200
+	old := rec("fp:x", "old-key", 0, journal.StatePending)
+	mustReserve(t, jA, old, journal.ReusePending, true)
+	old.State, old.Status = journal.StateDone, 200
 	if err := jA.Update(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	keys, created := raceReserve(t, []idemretry.Journal{jA, jB}, "fp:x", 100, idemretry.ReusePending)
+	keys, created := raceReserve(t, []journal.Journal{jA, jB}, "fp:x", 100, journal.ReusePending)
 	oneKey(t, keys, created, 100)
 	if keys["old-key"] != 0 {
 		t.Fatalf("the done record's key was reused: %v", keys)
@@ -117,15 +118,15 @@ func TestReserveForgetChurn(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for n := range 50 {
-				r := rec("fp:churn", fmt.Sprintf("k-%d-%d", i, n), 0, idemretry.StatePending)
-				got, _, err := j.Reserve(ctx, r, idemretry.ReusePending)
+				r := rec("fp:churn", fmt.Sprintf("k-%d-%d", i, n), 0, journal.StatePending)
+				got, _, err := j.Reserve(ctx, r, journal.ReusePending)
 				if err != nil {
 					t.Errorf("Reserve: %v", err)
 					return
 				}
 				switch n % 3 {
 				case 0:
-					got.State = idemretry.StateDone
+					got.State = journal.StateDone
 					_ = j.Update(ctx, got) // may have been forgotten: fine
 				case 1:
 					if err := j.Forget(ctx, got.ActionID); err != nil {

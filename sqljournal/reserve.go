@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // reserveTries bounds Reserve's loop. Each extra try needs another client
@@ -14,9 +14,9 @@ import (
 // are plenty.
 const reserveTries = 8
 
-// Reserve implements [idemretry.Journal.Reserve]. With [idemretry.ReuseAny]
+// Reserve implements [journal.Journal.Reserve]. With [journal.ReuseAny]
 // it inserts rec unless the action has a record; with
-// [idemretry.ReusePending] it also replaces a done record. Either way the
+// [journal.ReusePending] it also replaces a done record. Either way the
 // decision is one INSERT ... ON CONFLICT statement, so concurrent Reserves
 // of an action, from any process, agree on one record. When the statement
 // wrote nothing, a SELECT reads the record that won; if that record vanished
@@ -24,11 +24,11 @@ const reserveTries = 8
 // [ErrContended]). A created record is committed, so durable, on return.
 //
 // The returned record carries rec.ActionID as given, even when ids are
-// hashed. Reserve fails with [idemretry.ErrJournalInvalidRecord] for a
+// hashed. Reserve fails with [journal.ErrInvalidRecord] for a
 // record no Transport makes (an empty id, or one the table cannot hold; a
 // key that is not 1 to 255 visible ASCII characters; a state other than
 // the three, negative Attempts or Status), and with
-// [idemretry.ErrJournalClosed] after Close.
+// [journal.ErrClosed] after Close.
 //
 // Each try runs in a transaction begun at READ COMMITTED, whatever the
 // database's or the role's default_transaction_isolation: at REPEATABLE READ
@@ -38,26 +38,26 @@ const reserveTries = 8
 // winner. At READ COMMITTED each statement sees every row committed before
 // it started, which is what the decision needs; the insert and the read
 // touch one row, so the stricter levels would add nothing.
-func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool, error) {
+func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	if err := j.usable(ctx, "reserve"); err != nil {
-		return idemretry.Record{}, false, err
+		return journal.Record{}, false, err
 	}
 	if rec.ActionID == "" {
-		return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve: %w: empty action id", idemretry.ErrJournalInvalidRecord)
+		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve: %w: empty action id", journal.ErrInvalidRecord)
 	}
 	id := j.storedID(rec.ActionID)
 	if err := checkID(id); err != nil {
-		return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve: %w", err)
+		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve: %w", err)
 	}
 	if err := checkRecord(rec); err != nil {
-		return idemretry.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
+		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
 	}
 	insert := j.q.insertKeep
-	if mode != idemretry.ReuseAny { // as MemoryJournal: any other mode reuses pending only
+	if mode != journal.ReuseAny { // as Memory: any other mode reuses pending only
 		insert = j.q.insertReplaceDone
 	}
 	type reserved struct {
-		got     idemretry.Record
+		got     journal.Record
 		created bool
 	}
 	r, err := bounded(ctx, func() (reserved, error) {
@@ -77,7 +77,7 @@ func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemre
 		return reserved{}, ErrContended
 	})
 	if err != nil {
-		return idemretry.Record{}, false, dbError(ctx, fmt.Sprintf("reserve %q", id), err)
+		return journal.Record{}, false, dbError(ctx, fmt.Sprintf("reserve %q", id), err)
 	}
 	return r.got, r.created, nil
 }
@@ -86,10 +86,10 @@ func (j *Journal) Reserve(ctx context.Context, rec idemretry.Record, mode idemre
 // Reserve): the insert, committed when it wrote the record (created), else
 // a read of the record that won. retry: that record vanished, or became
 // done under a mode that may replace it, since the insert.
-func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec idemretry.Record, mode idemretry.ReserveMode) (got idemretry.Record, created, retry bool, err error) {
+func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journal.Record, mode journal.ReserveMode) (got journal.Record, created, retry bool, err error) {
 	tx, err := j.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return idemretry.Record{}, false, false, err
+		return journal.Record{}, false, false, err
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
 	var one int
@@ -100,21 +100,21 @@ func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec idemre
 		// unknown to us, and Reserve's error keeps the caller from sending;
 		// a later Reserve returns the record if it was committed.
 		if err := tx.Commit(); err != nil {
-			return idemretry.Record{}, false, false, err
+			return journal.Record{}, false, false, err
 		}
 		return rec, true, false, nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
-		return idemretry.Record{}, false, false, err
+		return journal.Record{}, false, false, err
 	}
 	got, err = scanRecord(tx.QueryRowContext(ctx, j.q.get, id))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return idemretry.Record{}, false, true, nil // forgotten since the insert: insert again
+		return journal.Record{}, false, true, nil // forgotten since the insert: insert again
 	case err != nil:
-		return idemretry.Record{}, false, false, err
-	case mode != idemretry.ReuseAny && got.State == idemretry.StateDone:
-		return idemretry.Record{}, false, true, nil // finished since the insert: now it may be replaced
+		return journal.Record{}, false, false, err
+	case mode != journal.ReuseAny && got.State == journal.StateDone:
+		return journal.Record{}, false, true, nil // finished since the insert: now it may be replaced
 	}
 	return got, false, false, nil
 }

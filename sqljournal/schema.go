@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // querier is what the schema checks need of a *sql.DB or a *sql.Tx.
@@ -120,7 +120,7 @@ func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	}
 	if deferrable {
 		return fmt.Errorf("%w: the table has a deferrable unique key on action_id, which INSERT ... ON CONFLICT (action_id) cannot use: make it not deferrable",
-			idemretry.ErrJournalIncompatible)
+			journal.ErrIncompatible)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func incompatible(err error) error {
 	case !strings.HasPrefix(code, "42") || code == "42P01" || code == "42501":
 		return err // not a mismatch: a missing table, a missing privilege, ...
 	}
-	return fmt.Errorf("%w: the table %s: %w", idemretry.ErrJournalIncompatible, why, err)
+	return fmt.Errorf("%w: the table %s: %w", journal.ErrIncompatible, why, err)
 }
 
 // checkMode fails with ErrJournalIncompatible unless the table's id mode
@@ -162,7 +162,7 @@ func checkMode(ctx context.Context, db querier, t table, mode string) error {
 		return err
 	case got != "" && got != mode:
 		return fmt.Errorf("%w: the table holds %s action ids (%s), this journal %s: every process sharing a table must agree on WithHashedActionIDs",
-			idemretry.ErrJournalIncompatible, modeWords(got), how, modeWords(mode))
+			journal.ErrIncompatible, modeWords(got), how, modeWords(mode))
 	}
 	return nil
 }

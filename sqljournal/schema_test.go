@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -41,12 +43,12 @@ func TestOpenRefusesOtherIDMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+		mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 		j.Close()
 		for _, extra := range [][]sqljournal.Option{nil, {sqljournal.WithoutCreateTable()}} {
 			_, err := open(!first, extra...)
 			t.Logf("table made with hashed=%v, Open with hashed=%v (creating: %v): %v", first, !first, extra == nil, err)
-			if !errors.Is(err, idemretry.ErrJournalIncompatible) {
+			if !errors.Is(err, journal.ErrIncompatible) {
 				t.Errorf("table made with hashed=%v, Open with hashed=%v (creating: %v): %v, want ErrJournalIncompatible", first, !first, extra == nil, err)
 			} else if strings.Count(err.Error(), "idemretry: ") != 1 {
 				t.Errorf("error %q: want the idemretry: prefix once", err)
@@ -55,7 +57,7 @@ func TestOpenRefusesOtherIDMode(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Open in the table's own mode: %v", err)
 			}
-			mustReserve(t, j, rec("pay:1", "k2", 0, idemretry.StatePending), idemretry.ReuseAny, false)
+			mustReserve(t, j, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny, false)
 			j.Close()
 		}
 	}
@@ -77,7 +79,7 @@ func TestOpenLegacyTableIDMode(t *testing.T) {
 		t.Fatalf("Open of an empty legacy table: %v", err)
 	}
 	j.Close()
-	if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(empty)); !errors.Is(err, idemretry.ErrJournalIncompatible) {
+	if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(empty)); !errors.Is(err, journal.ErrIncompatible) {
 		t.Errorf("plain Open of a legacy table first opened hashed: %v, want ErrJournalIncompatible", err)
 	}
 
@@ -104,7 +106,7 @@ func TestOpenLegacyTableIDMode(t *testing.T) {
 			other = append(other, hashed)
 		}
 		for _, extra := range []sqljournal.Option{sqljournal.WithoutCreateTable(), sqljournal.WithTable(table)} {
-			if _, err := sqljournal.Open(ctx, db, append(other, extra)...); !errors.Is(err, idemretry.ErrJournalIncompatible) {
+			if _, err := sqljournal.Open(ctx, db, append(other, extra)...); !errors.Is(err, journal.ErrIncompatible) {
 				t.Errorf("%s legacy table, Open in the other mode: %v, want ErrJournalIncompatible", tc.name, err)
 			}
 		}
@@ -136,7 +138,7 @@ func TestOpenConcurrentModes(t *testing.T) {
 			}
 			j, err := sqljournal.Open(context.Background(), db, opts...)
 			switch {
-			case errors.Is(err, idemretry.ErrJournalIncompatible):
+			case errors.Is(err, journal.ErrIncompatible):
 			case err != nil:
 				t.Errorf("Open: %v", err)
 			default:
@@ -193,7 +195,7 @@ func TestOpenRequiresUniqueActionID(t *testing.T) {
 					if strings.Contains(tc.name, "type") {
 						want = "types"
 					}
-					if !errors.Is(err, idemretry.ErrJournalIncompatible) || !strings.Contains(err.Error(), want) {
+					if !errors.Is(err, journal.ErrIncompatible) || !strings.Contains(err.Error(), want) {
 						t.Errorf("Open: %v, want ErrJournalIncompatible saying %q", err, want)
 					}
 					continue
@@ -201,8 +203,8 @@ func TestOpenRequiresUniqueActionID(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Open: %v", err)
 				}
-				mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, extra != nil)
-				mustReserve(t, j, rec("pay:1", "k2", 0, idemretry.StatePending), idemretry.ReusePending, false)
+				mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, extra != nil)
+				mustReserve(t, j, rec("pay:1", "k2", 0, journal.StatePending), journal.ReusePending, false)
 				j.Close()
 			}
 		})
@@ -223,7 +225,7 @@ func TestOpenNilOption(t *testing.T) {
 		t.Fatalf("Open with nil options: %v", err)
 	}
 	defer j.Close()
-	mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+	mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM "` + table + `"`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the options around the nil ones were not applied: %d rows in %s (%v)", n, table, err)

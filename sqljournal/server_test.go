@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
 )
@@ -96,7 +98,7 @@ func (s *chargeServer) keysOf(body string) []string {
 
 // transportOn returns a Transport over j, with its own HTTP connections,
 // retrying quickly unless opts say otherwise.
-func transportOn(t *testing.T, j idemretry.Journal, opts ...idemretry.Option) *idemretry.Transport {
+func transportOn(t *testing.T, j journal.Journal, opts ...idemretry.Option) *idemretry.Transport {
 	t.Helper()
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
@@ -142,7 +144,7 @@ func post(ctx context.Context, rt http.RoundTripper, url, action, body string) p
 // row is an action's record as the table holds it.
 type row struct {
 	id, key  string
-	state    idemretry.State
+	state    journal.State
 	attempts int
 	status   int
 }
@@ -162,7 +164,7 @@ func rowsOf(t *testing.T, db *sql.DB, table string) []row {
 		if err := rs.Scan(&r.id, &r.key, &st, &r.attempts, &r.status); err != nil {
 			t.Fatal(err)
 		}
-		r.state = idemretry.State(st)
+		r.state = journal.State(st)
 		out = append(out, r)
 	}
 	if err := rs.Err(); err != nil {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
@@ -102,7 +104,7 @@ func staleFinish(t *testing.T, action string) {
 		t.Fatalf("A: %+v, want the charge's 200", pa)
 	}
 	rows := rowsOf(t, probe, table)
-	if len(rows) != 1 || rows[0].key != key || rows[0].state != idemretry.StateDone || rows[0].status != http.StatusOK {
+	if len(rows) != 1 || rows[0].key != key || rows[0].state != journal.StateDone || rows[0].status != http.StatusOK {
 		t.Fatalf("after A: %+v, want one done record with status 200 under %s", rows, key)
 	}
 
@@ -118,7 +120,7 @@ func staleFinish(t *testing.T, action string) {
 		t.Fatalf("B: %+v, want context.Canceled", pb)
 	}
 	rows = rowsOf(t, probe, table)
-	if len(rows) != 1 || rows[0].key != key || rows[0].state != idemretry.StateDone || rows[0].status != http.StatusOK {
+	if len(rows) != 1 || rows[0].key != key || rows[0].state != journal.StateDone || rows[0].status != http.StatusOK {
 		t.Fatalf("after B's stale finish: %+v, want the done record (status 200, key %s) kept", rows, key)
 	}
 

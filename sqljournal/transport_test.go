@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
@@ -178,8 +180,8 @@ func TestTwoMachinesOneCharge(t *testing.T) {
 			Scan(&stored, &state, &status); err != nil {
 			t.Fatal(err)
 		}
-		if idemretry.State(state) != idemretry.StateDone || status != http.StatusOK {
-			t.Errorf("%s: journal state %v, status %d; want done, 200", order, idemretry.State(state), status)
+		if journal.State(state) != journal.StateDone || status != http.StatusOK {
+			t.Errorf("%s: journal state %v, status %d; want done, 200", order, journal.State(state), status)
 		}
 		if srv.seen[order][stored] == 0 {
 			t.Errorf("%s: journal key %s never reached the server (saw %v)", order, stored, srv.seen[order])

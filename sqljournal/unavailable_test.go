@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/sqljournal"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,15 +27,15 @@ type journalCall struct {
 
 // journalCalls returns every call, on the action of r (already reserved)
 // and on fresh ones.
-func journalCalls(r idemretry.Record) []journalCall {
+func journalCalls(r journal.Record) []journalCall {
 	return []journalCall{
 		{"Reserve", func(ctx context.Context, j *sqljournal.Journal) error {
-			_, _, err := j.Reserve(ctx, rec("pay:fresh", "k-fresh", 0, idemretry.StatePending), idemretry.ReuseAny)
+			_, _, err := j.Reserve(ctx, rec("pay:fresh", "k-fresh", 0, journal.StatePending), journal.ReuseAny)
 			return err
 		}},
 		{"Update", func(ctx context.Context, j *sqljournal.Journal) error {
 			u := r
-			u.State, u.Attempts, u.Status = idemretry.StateDone, 1, 201
+			u.State, u.Attempts, u.Status = journal.StateDone, 1, 201
 			return j.Update(ctx, u)
 		}},
 		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:other") }},
@@ -44,8 +45,8 @@ func journalCalls(r idemretry.Record) []journalCall {
 }
 
 // recNow is a pending record created now, so that Expire keeps it when done.
-func recNow(id, key string) idemretry.Record {
-	r := rec(id, key, 0, idemretry.StatePending)
+func recNow(id, key string) journal.Record {
+	r := rec(id, key, 0, journal.StatePending)
 	r.CreatedAt = time.Now().Truncate(time.Millisecond)
 	return r
 }
@@ -68,7 +69,7 @@ func unavailable(t *testing.T, what string, err error) {
 	t.Helper()
 	t.Logf("%s: %v", what, err)
 	switch {
-	case !errors.Is(err, idemretry.ErrJournalUnavailable):
+	case !errors.Is(err, journal.ErrUnavailable):
 		t.Errorf("%s: %v, want an error wrapping ErrJournalUnavailable", what, err)
 	case !driverError(err) && !errors.Is(err, context.DeadlineExceeded):
 		t.Errorf("%s: %v (%T), want the driver's error kept in the chain", what, err, errors.Unwrap(err))
@@ -90,7 +91,7 @@ func TestUnavailableServerStopped(t *testing.T) {
 	}
 	defer j.Close()
 	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, idemretry.ReuseAny, true)
+	mustReserve(t, j, r, journal.ReuseAny, true)
 
 	c.stop()
 	for _, call := range journalCalls(r) {
@@ -105,7 +106,7 @@ func TestUnavailableServerStopped(t *testing.T) {
 	unavailable(t, "Open with the server stopped", err)
 
 	c.start()
-	got := mustReserve(t, j, rec("pay:1", "k2", 0, idemretry.StatePending), idemretry.ReuseAny, false)
+	got := mustReserve(t, j, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny, false)
 	if got.Key != "k1" {
 		t.Fatalf("after the restart: key %s, want k1", got.Key)
 	}
@@ -119,7 +120,7 @@ func TestUnavailableConnectionKilled(t *testing.T) {
 	j, table := openJournal(t, db)
 	ctx := context.Background()
 	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, idemretry.ReuseAny, true)
+	mustReserve(t, j, r, journal.ReuseAny, true)
 
 	for _, call := range journalCalls(r) {
 		holder, err := db.BeginTx(ctx, nil)
@@ -146,7 +147,7 @@ func TestUnavailableConnectionKilled(t *testing.T) {
 	}
 	// Nothing the killed statements ran took effect, and the journal works.
 	rows := rowsOf(t, db, table)
-	if len(rows) != 1 || rows[0].key != "k1" || rows[0].state != idemretry.StatePending {
+	if len(rows) != 1 || rows[0].key != "k1" || rows[0].state != journal.StatePending {
 		t.Fatalf("after the killed calls: %+v, want pay:1 pending alone", rows)
 	}
 	for _, call := range journalCalls(r) {
@@ -188,7 +189,7 @@ func TestUnavailableDeadline(t *testing.T) {
 	j, table := openJournal(t, db)
 	ctx := context.Background()
 	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, idemretry.ReuseAny, true)
+	mustReserve(t, j, r, journal.ReuseAny, true)
 	holder, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +251,7 @@ func TestBoundedPausedServer(t *testing.T) {
 			}
 			defer j.Close()
 			r := recNow("pay:1", "k1")
-			mustReserve(t, j, r, idemretry.ReuseAny, true)
+			mustReserve(t, j, r, journal.ReuseAny, true)
 			calls := journalCalls(r)
 			for _, call := range calls { // warm the pool: paused connections, not refused ones
 				if err := call.call(ctx, j); err != nil {
@@ -273,7 +274,7 @@ func TestBoundedPausedServer(t *testing.T) {
 				unavailable(t, call.name+" on a paused server", err)
 			}
 			c.resume()
-			if got := mustReserve(t, j, rec("pay:1", "k2", 0, idemretry.StatePending), idemretry.ReuseAny, false); got.Key != "k1" {
+			if got := mustReserve(t, j, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny, false); got.Key != "k1" {
 				t.Fatalf("after the pause: key %s, want k1", got.Key)
 			}
 		})
@@ -295,21 +296,21 @@ func TestBoundedRowLock(t *testing.T) {
 	j, table := openJournal(t, db)
 	ctx := context.Background()
 	pending := recNow("pay:pending", "k1")
-	mustReserve(t, j, pending, idemretry.ReuseAny, true)
+	mustReserve(t, j, pending, journal.ReuseAny, true)
 	done := recNow("fp:done", "k2")
-	mustReserve(t, j, done, idemretry.ReusePending, true)
-	done.State, done.Status = idemretry.StateDone, 201
+	mustReserve(t, j, done, journal.ReusePending, true)
+	done.State, done.Status = journal.StateDone, 201
 	if err := j.Update(ctx, done); err != nil {
 		t.Fatal(err)
 	}
 	calls := []journalCall{
 		{"Update", func(ctx context.Context, j *sqljournal.Journal) error {
 			u := pending
-			u.State, u.Attempts, u.Status = idemretry.StateDone, 1, 201
+			u.State, u.Attempts, u.Status = journal.StateDone, 1, 201
 			return j.Update(ctx, u)
 		}},
 		{"Reserve replacing done", func(ctx context.Context, j *sqljournal.Journal) error {
-			_, _, err := j.Reserve(ctx, recNow("fp:done", "k3"), idemretry.ReusePending)
+			_, _, err := j.Reserve(ctx, recNow("fp:done", "k3"), journal.ReusePending)
 			return err
 		}},
 		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:pending") }},

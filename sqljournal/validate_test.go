@@ -6,7 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -14,41 +15,41 @@ func TestInvalidRecordsRefused(t *testing.T) {
 	db := testDB(t)
 	j, table := openJournal(t, db)
 	ctx := context.Background()
-	bad := map[string]func(r *idemretry.Record){
-		"empty id":        func(r *idemretry.Record) { r.ActionID = "" },
-		"NUL in id":       func(r *idemretry.Record) { r.ActionID = "pay:\x00" },
-		"invalid UTF-8":   func(r *idemretry.Record) { r.ActionID = "pay:\xff" },
-		"long id":         func(r *idemretry.Record) { r.ActionID = strings.Repeat("x", idemretry.MaxJournalActionID+1) },
-		"empty key":       func(r *idemretry.Record) { r.Key = "" },
-		"long key":        func(r *idemretry.Record) { r.Key = strings.Repeat("k", 256) },
-		"space in key":    func(r *idemretry.Record) { r.Key = "a b" },
-		"NUL in key":      func(r *idemretry.Record) { r.Key = "k\x00" },
-		"state 0":         func(r *idemretry.Record) { r.State = 0 },
-		"state 4":         func(r *idemretry.Record) { r.State = 4 },
-		"attempts < 0":    func(r *idemretry.Record) { r.Attempts = -1 },
-		"status < 0":      func(r *idemretry.Record) { r.Status = -1 },
-		"attempts > 2^31": func(r *idemretry.Record) { r.Attempts = 1 << 31 },
+	bad := map[string]func(r *journal.Record){
+		"empty id":        func(r *journal.Record) { r.ActionID = "" },
+		"NUL in id":       func(r *journal.Record) { r.ActionID = "pay:\x00" },
+		"invalid UTF-8":   func(r *journal.Record) { r.ActionID = "pay:\xff" },
+		"long id":         func(r *journal.Record) { r.ActionID = strings.Repeat("x", journal.MaxActionID+1) },
+		"empty key":       func(r *journal.Record) { r.Key = "" },
+		"long key":        func(r *journal.Record) { r.Key = strings.Repeat("k", 256) },
+		"space in key":    func(r *journal.Record) { r.Key = "a b" },
+		"NUL in key":      func(r *journal.Record) { r.Key = "k\x00" },
+		"state 0":         func(r *journal.Record) { r.State = 0 },
+		"state 4":         func(r *journal.Record) { r.State = 4 },
+		"attempts < 0":    func(r *journal.Record) { r.Attempts = -1 },
+		"status < 0":      func(r *journal.Record) { r.Status = -1 },
+		"attempts > 2^31": func(r *journal.Record) { r.Attempts = 1 << 31 },
 	}
 	for name, spoil := range bad {
-		r := rec("pay:1", "k1", 0, idemretry.StatePending)
+		r := rec("pay:1", "k1", 0, journal.StatePending)
 		spoil(&r)
-		if _, _, err := j.Reserve(ctx, r, idemretry.ReuseAny); !errors.Is(err, idemretry.ErrJournalInvalidRecord) {
+		if _, _, err := j.Reserve(ctx, r, journal.ReuseAny); !errors.Is(err, journal.ErrInvalidRecord) {
 			t.Errorf("Reserve with %s: %v, want ErrJournalInvalidRecord", name, err)
 		}
 	}
-	mustReserve(t, j, rec("pay:1", "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+	mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 	for name, spoil := range bad {
-		r := rec("pay:1", "k1", 0, idemretry.StateDone)
+		r := rec("pay:1", "k1", 0, journal.StateDone)
 		spoil(&r)
 		err := j.Update(ctx, r)
 		if strings.Contains(name, "key") {
 			// No record has such a key: Update matches the key.
-			if !errors.Is(err, idemretry.ErrActionNotFound) {
+			if !errors.Is(err, journal.ErrNotFound) {
 				t.Errorf("Update with %s: %v, want ErrActionNotFound", name, err)
 			}
 			continue
 		}
-		if !errors.Is(err, idemretry.ErrJournalInvalidRecord) {
+		if !errors.Is(err, journal.ErrInvalidRecord) {
 			t.Errorf("Update with %s: %v, want ErrJournalInvalidRecord", name, err)
 		}
 	}
@@ -66,7 +67,7 @@ func TestHashedIDsTakeAnyBytes(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db, sqljournal.WithHashedActionIDs())
 	for _, id := range []string{"pay:\x00", "pay:\xff", strings.Repeat("x", 4096)} {
-		mustReserve(t, j, rec(id, "k1", 0, idemretry.StatePending), idemretry.ReuseAny, true)
+		mustReserve(t, j, rec(id, "k1", 0, journal.StatePending), journal.ReuseAny, true)
 		if err := j.Forget(context.Background(), id); err != nil {
 			t.Errorf("Forget(%.10q): %v", id, err)
 		}

@@ -10,7 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/idemretry/idemretry/examples/internal/payments"
 )
 
@@ -29,7 +30,7 @@ type paymentsOptions struct {
 
 	// wrapJournal is no flag: tests set it to break flavours 3 and 4's
 	// journals on purpose (see payments.Config.WrapJournal).
-	wrapJournal func(idemretry.Journal) idemretry.Journal
+	wrapJournal func(journal.Journal) journal.Journal
 }
 
 var payOpts paymentsOptions

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // The scenario end to end at a small size: both tables, every check
@@ -48,11 +48,11 @@ func TestRunPaymentsSmall(t *testing.T) {
 // forgetfulJournal is a broken journal: it forgets an action's record
 // before every Reserve, so each RoundTrip mints a new key, while
 // Unfinished still lists what a crashed process left pending.
-type forgetfulJournal struct{ idemretry.Journal }
+type forgetfulJournal struct{ journal.Journal }
 
-func (j forgetfulJournal) Reserve(ctx context.Context, rec idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool, error) {
+func (j forgetfulJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	if err := j.Journal.Forget(ctx, rec.ActionID); err != nil {
-		return idemretry.Record{}, false, err
+		return journal.Record{}, false, err
 	}
 	return j.Journal.Reserve(ctx, rec, mode)
 }
@@ -64,7 +64,7 @@ func TestRunPaymentsFailsWithForgetfulJournal(t *testing.T) {
 	saved := payOpts
 	t.Cleanup(func() { payOpts = saved })
 	payOpts = paymentsOptions{clients: 10, intents: 3, scale: 10, strategies: "FullJitter", flavours: "4",
-		wrapJournal: func(j idemretry.Journal) idemretry.Journal { return forgetfulJournal{j} }}
+		wrapJournal: func(j journal.Journal) journal.Journal { return forgetfulJournal{j} }}
 
 	var out, errOut bytes.Buffer
 	c := common{Seed: 3, OutDir: t.TempDir(), Stdout: &out, Stderr: &errOut}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemretry/idemretry/internal/lockfile"
+	seam "github.com/idemretry/idemretry/journal"
 )
 
 // Sentinel errors, wrapped by the errors Open and the Store return.
@@ -16,7 +17,7 @@ var (
 	ErrCorrupt = errors.New("idemretry: journal corrupt")
 	// ErrIncompatible: the file was written by an unknown major version of
 	// the format, or with other options (hashed action ids or not).
-	ErrIncompatible = errors.New("idemretry: journal incompatible")
+	ErrIncompatible = seam.ErrIncompatible
 	// ErrRemoved: the journal file the Store writes is no longer the one its
 	// directory names: the directory (or the file) was removed, renamed or
 	// replaced while the journal was open. What it acknowledged from then
@@ -25,7 +26,7 @@ var (
 	ErrRemoved = errors.New("idemretry: journal removed or replaced on disk")
 	// ErrInvalidRecord: a record cannot be stored (empty or over-long
 	// action id, invalid key, out-of-range field).
-	ErrInvalidRecord = errors.New("idemretry: invalid journal record")
+	ErrInvalidRecord = seam.ErrInvalidRecord
 )
 
 // CorruptionError describes damage to acknowledged data or to a file

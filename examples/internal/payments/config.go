@@ -3,7 +3,7 @@ package payments
 import (
 	"time"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Config is one run: one flavour, one strategy, one population of clients.
@@ -42,7 +42,7 @@ type Config struct {
 	// 3 and 4 before its Transport uses it. It is a seam for tests that
 	// break the journal on purpose (one that forgets its records, say) to
 	// show that the scenario's checks catch it. Nil in the real scenario.
-	WrapJournal func(idemretry.Journal) idemretry.Journal
+	WrapJournal func(journal.Journal) journal.Journal
 }
 
 // StormConfig is the first phase: answers lost after commit, slow charges

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemretry/idemretry/journal"
+
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
@@ -18,15 +20,15 @@ type keyedPayer struct {
 	base      *http.Transport
 	transport *idemretry.Transport
 	client    *http.Client
-	memory    *idemretry.MemoryJournal // flavour 3 only
-	file      *idemretry.FileJournal   // flavour 4 with a wrapped journal only
+	memory    *journal.Memory        // flavour 3 only
+	file      *idemretry.FileJournal // flavour 4 with a wrapped journal only
 	url, name string
 }
 
 // newKeyedPayer starts one client process. For FileJournal, dir is the
 // process's journal directory, the same across its restarts. wrap, if not
 // nil, stands between the Transport and its journal (see Config.WrapJournal).
-func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration, wrap func(idemretry.Journal) idemretry.Journal) (*keyedPayer, error) {
+func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration, wrap func(journal.Journal) journal.Journal) (*keyedPayer, error) {
 	p := &keyedPayer{base: newBase(clk, attemptTimeout), url: url + ChargesPath, name: name}
 	opts := []idemretry.Option{
 		idemretry.WithClock(clk),
@@ -34,8 +36,8 @@ func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Ran
 	}
 	switch {
 	case f == MemoryKey:
-		p.memory = idemretry.NewMemoryJournal()
-		var j idemretry.Journal = p.memory
+		p.memory = journal.NewMemory()
+		var j journal.Journal = p.memory
 		if wrap != nil {
 			j = wrap(j)
 		}
@@ -81,7 +83,7 @@ func (p *keyedPayer) pay(ctx context.Context, in *Intent) bool {
 
 // unfinished lists the actions the journal still holds as pending: after a
 // restart, what the process must resume.
-func (p *keyedPayer) unfinished(ctx context.Context) ([]idemretry.Record, error) {
+func (p *keyedPayer) unfinished(ctx context.Context) ([]journal.Record, error) {
 	return p.transport.Journal().Unfinished(ctx)
 }
 

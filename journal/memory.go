@@ -1,4 +1,4 @@
-package idemretry
+package journal
 
 import (
 	"context"
@@ -7,30 +7,30 @@ import (
 	"sync"
 )
 
-// MemoryJournal is a Journal that keeps records in memory only. Keys survive
+// Memory is a Journal that keeps records in memory only. Keys survive
 // retries and goroutines but not a restart of the process: use it in tests,
 // or for actions whose outcome an application can always check. It is safe
 // for concurrent use. Expired records are never dropped.
-type MemoryJournal struct {
+type Memory struct {
 	mu      sync.Mutex
 	closed  bool
 	records map[string]Record
 }
 
-// NewMemoryJournal returns an empty MemoryJournal.
-func NewMemoryJournal() *MemoryJournal {
-	return &MemoryJournal{records: make(map[string]Record)}
+// NewMemory returns an empty Memory journal.
+func NewMemory() *Memory {
+	return &Memory{records: make(map[string]Record)}
 }
 
 // Reserve implements Journal.
-func (j *MemoryJournal) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Record, bool, error) {
+func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return Record{}, false, ErrJournalClosed
+		return Record{}, false, ErrClosed
 	}
 	if old, ok := j.records[rec.ActionID]; ok && (mode == ReuseAny || old.State != StateDone) {
 		return old, false, nil
@@ -40,17 +40,17 @@ func (j *MemoryJournal) Reserve(ctx context.Context, rec Record, mode ReserveMod
 }
 
 // Update implements Journal.
-func (j *MemoryJournal) Update(ctx context.Context, rec Record) error {
+func (j *Memory) Update(ctx context.Context, rec Record) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return ErrJournalClosed
+		return ErrClosed
 	}
 	old, ok := j.records[rec.ActionID]
 	if !ok || old.Key != rec.Key {
 		// Another key means another action under the same id (replaced,
 		// or forgotten and created again): not the one being updated.
-		return fmt.Errorf("update %q: %w", rec.ActionID, ErrActionNotFound)
+		return fmt.Errorf("update %q: %w", rec.ActionID, ErrNotFound)
 	}
 	if old.State != StateDone { // done is final
 		old.State, old.Status = rec.State, rec.Status
@@ -61,11 +61,11 @@ func (j *MemoryJournal) Update(ctx context.Context, rec Record) error {
 }
 
 // Unfinished implements Journal.
-func (j *MemoryJournal) Unfinished(ctx context.Context) ([]Record, error) {
+func (j *Memory) Unfinished(ctx context.Context) ([]Record, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return nil, ErrJournalClosed
+		return nil, ErrClosed
 	}
 	var out []Record
 	for _, r := range j.records {
@@ -83,22 +83,22 @@ func (j *MemoryJournal) Unfinished(ctx context.Context) ([]Record, error) {
 }
 
 // Forget implements Journal.
-func (j *MemoryJournal) Forget(ctx context.Context, actionID string) error {
+func (j *Memory) Forget(ctx context.Context, actionID string) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return ErrJournalClosed
+		return ErrClosed
 	}
 	delete(j.records, actionID)
 	return nil
 }
 
 // Close implements Journal. It is safe to call more than once.
-func (j *MemoryJournal) Close() error {
+func (j *Memory) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closed = true
 	return nil
 }
 
-var _ Journal = (*MemoryJournal)(nil)
+var _ Journal = (*Memory)(nil)

@@ -1,6 +1,17 @@
-// Package journaltest is a conformance suite for idemretry.Journal
-// implementations: the semantics of MemoryJournal, which every journal (the
-// file journal, a SQL one) must match. Tests call Run with a factory.
+// Package journaltest is the conformance suite for journal.Journal
+// implementations, as testing/fstest.TestFS is for file systems: the
+// semantics of journal.Memory, which every journal (the file journal, a SQL
+// one, a Redis or key-value one of your own) must match. A journal's test
+// runs it in one line, with a factory that returns a new, empty journal:
+//
+//	func TestConformance(t *testing.T) {
+//		journaltest.Run(t, func(t *testing.T) journal.Journal { return myjournal.Open(t.TempDir()) })
+//	}
+//
+// Options adapt it to documented deviations (ReportedIDs for journals that
+// hash action ids) and add checks that need the journal's help (Stall, to
+// prove that calls return by their context's deadline when the storage
+// hangs).
 package journaltest
 
 import (
@@ -15,12 +26,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Factory returns a new, empty journal for one subtest. Run closes it (and
 // tolerates a second Close by the factory's own cleanup).
-type Factory func(t *testing.T) idemretry.Journal
+type Factory func(t *testing.T) journal.Journal
 
 // An Option adapts the suite to a journal's documented deviations.
 type Option func(*suite)
@@ -30,14 +41,14 @@ type suite struct {
 	id func(string) string
 	// stall, if set, makes j's storage stop answering until release is
 	// called (a row lock held elsewhere, a paused server).
-	stall func(t *testing.T, j idemretry.Journal) (release func())
+	stall func(t *testing.T, j journal.Journal) (release func())
 }
 
 // Stall lets the suite check that a journal whose storage stops answering
 // still returns from Reserve, Update and Forget by the context's deadline:
 // stall must make j's storage hang (for a SQL journal, hold a lock on its
 // table from another session) until release is called.
-func Stall(stall func(t *testing.T, j idemretry.Journal) (release func())) Option {
+func Stall(stall func(t *testing.T, j journal.Journal) (release func())) Option {
 	return func(s *suite) { s.stall = stall }
 }
 
@@ -65,7 +76,7 @@ func Run(t *testing.T, open Factory, opts ...Option) {
 
 var cases = []struct {
 	name string
-	run  func(t *testing.T, s *suite, j idemretry.Journal)
+	run  func(t *testing.T, s *suite, j journal.Journal)
 }{
 	{"ReserveCreatesThenReuses", reserveCreatesThenReuses},
 	{"ReusePendingReplacesDone", reusePendingReplacesDone},
@@ -86,15 +97,15 @@ var ctx = context.Background()
 
 // rec returns a fresh pending record. Times are whole milliseconds, the
 // precision journals are required to keep.
-func rec(id string, created time.Time) idemretry.Record {
-	r := idemretry.Record{ActionID: id, Key: uuid.NewString(), CreatedAt: created.Truncate(time.Millisecond), State: idemretry.StatePending}
+func rec(id string, created time.Time) journal.Record {
+	r := journal.Record{ActionID: id, Key: uuid.NewString(), CreatedAt: created.Truncate(time.Millisecond), State: journal.StatePending}
 	copy(r.Fingerprint[:], id)
 	return r
 }
 
 func now() time.Time { return time.Now().Truncate(time.Millisecond) }
 
-func same(t *testing.T, want, got idemretry.Record, msg string) {
+func same(t *testing.T, want, got journal.Record, msg string) {
 	t.Helper()
 	assert.Equal(t, want.ActionID, got.ActionID, msg)
 	assert.Equal(t, want.Key, got.Key, msg)
@@ -105,117 +116,117 @@ func same(t *testing.T, want, got idemretry.Record, msg string) {
 	assert.Equal(t, want.Status, got.Status, msg)
 }
 
-func reserve(t *testing.T, j idemretry.Journal, r idemretry.Record, mode idemretry.ReserveMode) (idemretry.Record, bool) {
+func reserve(t *testing.T, j journal.Journal, r journal.Record, mode journal.ReserveMode) (journal.Record, bool) {
 	t.Helper()
 	got, created, err := j.Reserve(ctx, r, mode)
 	require.NoError(t, err)
 	return got, created
 }
 
-func reserveCreatesThenReuses(t *testing.T, _ *suite, j idemretry.Journal) {
+func reserveCreatesThenReuses(t *testing.T, _ *suite, j journal.Journal) {
 	first := rec("a", now())
-	got, created := reserve(t, j, first, idemretry.ReuseAny)
+	got, created := reserve(t, j, first, journal.ReuseAny)
 	assert.True(t, created)
 	same(t, first, got, "created")
-	got, created = reserve(t, j, rec("a", now().Add(time.Second)), idemretry.ReuseAny)
+	got, created = reserve(t, j, rec("a", now().Add(time.Second)), journal.ReuseAny)
 	assert.False(t, created)
 	same(t, first, got, "reused")
 	// ReuseAny keeps a done action's key.
 	done := first
-	done.State, done.Attempts, done.Status = idemretry.StateDone, 2, 201
+	done.State, done.Attempts, done.Status = journal.StateDone, 2, 201
 	require.NoError(t, j.Update(ctx, done))
-	got, created = reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	got, created = reserve(t, j, rec("a", now()), journal.ReuseAny)
 	assert.False(t, created)
 	same(t, done, got, "reused done")
 	// ReusePending keeps a pending action's key.
 	p := rec("p", now())
-	reserve(t, j, p, idemretry.ReusePending)
-	got, created = reserve(t, j, rec("p", now()), idemretry.ReusePending)
+	reserve(t, j, p, journal.ReusePending)
+	got, created = reserve(t, j, rec("p", now()), journal.ReusePending)
 	assert.False(t, created)
 	same(t, p, got, "reused pending")
 }
 
-func reusePendingReplacesDone(t *testing.T, _ *suite, j idemretry.Journal) {
+func reusePendingReplacesDone(t *testing.T, _ *suite, j journal.Journal) {
 	first := rec("a", now())
-	reserve(t, j, first, idemretry.ReusePending)
-	first.State, first.Status = idemretry.StateDone, 200
+	reserve(t, j, first, journal.ReusePending)
+	first.State, first.Status = journal.StateDone, 200
 	require.NoError(t, j.Update(ctx, first))
 	second := rec("a", now())
-	got, created := reserve(t, j, second, idemretry.ReusePending)
+	got, created := reserve(t, j, second, journal.ReusePending)
 	assert.True(t, created)
 	same(t, second, got, "replaced")
 	assert.NotEqual(t, first.Key, got.Key)
 	// An unknown action is not done: it keeps its key.
 	u := rec("u", now())
-	reserve(t, j, u, idemretry.ReusePending)
-	u.State = idemretry.StateUnknown
+	reserve(t, j, u, journal.ReusePending)
+	u.State = journal.StateUnknown
 	require.NoError(t, j.Update(ctx, u))
-	got, created = reserve(t, j, rec("u", now()), idemretry.ReusePending)
+	got, created = reserve(t, j, rec("u", now()), journal.ReusePending)
 	assert.False(t, created)
 	assert.Equal(t, u.Key, got.Key)
 }
 
-func updateAndNotFound(t *testing.T, _ *suite, j idemretry.Journal) {
+func updateAndNotFound(t *testing.T, _ *suite, j journal.Journal) {
 	r := rec("a", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	// Update stores State, Attempts and Status only.
 	upd := r
-	upd.State, upd.Attempts, upd.Status = idemretry.StateUnknown, 4, 0
+	upd.State, upd.Attempts, upd.Status = journal.StateUnknown, 4, 0
 	upd.CreatedAt = r.CreatedAt.Add(time.Hour)
 	copy(upd.Fingerprint[:], "another fingerprint")
 	require.NoError(t, j.Update(ctx, upd))
-	got, _ := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	got, _ := reserve(t, j, rec("a", now()), journal.ReuseAny)
 	want := r
-	want.State, want.Attempts = idemretry.StateUnknown, 4
+	want.State, want.Attempts = journal.StateUnknown, 4
 	same(t, want, got, "updated")
 	err := j.Update(ctx, rec("missing", now()))
-	assert.ErrorIs(t, err, idemretry.ErrActionNotFound)
+	assert.ErrorIs(t, err, journal.ErrNotFound)
 }
 
 // updateMatchesKey: Update changes only the record of rec.ActionID whose key
 // is rec.Key. A record replaced under ReusePending, or forgotten and created
 // again, is another action under the same id: an update meant for the old
 // one fails with ErrActionNotFound and leaves the new one alone.
-func updateMatchesKey(t *testing.T, _ *suite, j idemretry.Journal) {
+func updateMatchesKey(t *testing.T, _ *suite, j journal.Journal) {
 	// Another key on the action's own record.
 	r := rec("a", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	other := r
 	other.Key = uuid.NewString()
-	other.State, other.Attempts, other.Status = idemretry.StateDone, 3, 201
-	assert.ErrorIs(t, j.Update(ctx, other), idemretry.ErrActionNotFound)
-	got, _ := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	other.State, other.Attempts, other.Status = journal.StateDone, 3, 201
+	assert.ErrorIs(t, j.Update(ctx, other), journal.ErrNotFound)
+	got, _ := reserve(t, j, rec("a", now()), journal.ReuseAny)
 	same(t, r, got, "other key")
 
 	// Replaced under ReusePending.
 	old := rec("p", now())
-	reserve(t, j, old, idemretry.ReusePending)
-	old.State, old.Attempts, old.Status = idemretry.StateDone, 1, 200
+	reserve(t, j, old, journal.ReusePending)
+	old.State, old.Attempts, old.Status = journal.StateDone, 1, 200
 	require.NoError(t, j.Update(ctx, old))
 	repl := rec("p", now())
-	got, created := reserve(t, j, repl, idemretry.ReusePending)
+	got, created := reserve(t, j, repl, journal.ReusePending)
 	require.True(t, created)
 	same(t, repl, got, "replacement")
 	late := old
-	late.State, late.Attempts, late.Status = idemretry.StateUnknown, 7, 0
-	assert.ErrorIs(t, j.Update(ctx, late), idemretry.ErrActionNotFound)
-	got, _ = reserve(t, j, rec("p", now()), idemretry.ReuseAny)
+	late.State, late.Attempts, late.Status = journal.StateUnknown, 7, 0
+	assert.ErrorIs(t, j.Update(ctx, late), journal.ErrNotFound)
+	got, _ = reserve(t, j, rec("p", now()), journal.ReuseAny)
 	same(t, repl, got, "replaced")
 
 	// Forgotten and created again.
 	f := rec("f", now())
-	reserve(t, j, f, idemretry.ReuseAny)
+	reserve(t, j, f, journal.ReuseAny)
 	require.NoError(t, j.Forget(ctx, "f"))
 	again := rec("f", now())
-	reserve(t, j, again, idemretry.ReuseAny)
-	f.State, f.Attempts, f.Status = idemretry.StateDone, 2, 201
-	assert.ErrorIs(t, j.Update(ctx, f), idemretry.ErrActionNotFound)
-	got, _ = reserve(t, j, rec("f", now()), idemretry.ReuseAny)
+	reserve(t, j, again, journal.ReuseAny)
+	f.State, f.Attempts, f.Status = journal.StateDone, 2, 201
+	assert.ErrorIs(t, j.Update(ctx, f), journal.ErrNotFound)
+	got, _ = reserve(t, j, rec("f", now()), journal.ReuseAny)
 	same(t, again, got, "recreated")
 	// The new record itself is updated as usual.
-	again.State, again.Attempts, again.Status = idemretry.StateDone, 1, 201
+	again.State, again.Attempts, again.Status = journal.StateDone, 1, 201
 	require.NoError(t, j.Update(ctx, again))
-	got, _ = reserve(t, j, rec("f", now()), idemretry.ReuseAny)
+	got, _ = reserve(t, j, rec("f", now()), journal.ReuseAny)
 	same(t, again, got, "updated")
 }
 
@@ -224,25 +235,25 @@ func updateMatchesKey(t *testing.T, _ *suite, j idemretry.Journal) {
 // and records "pending") must not undo an outcome another one recorded:
 // for an action named by its fingerprint, the next deliberate repeat would
 // reuse the old key and be answered with the first payment's replay.
-func doneIsFinal(t *testing.T, _ *suite, j idemretry.Journal) {
-	for _, late := range []idemretry.State{idemretry.StatePending, idemretry.StateUnknown, idemretry.StateDone} {
+func doneIsFinal(t *testing.T, _ *suite, j journal.Journal) {
+	for _, late := range []journal.State{journal.StatePending, journal.StateUnknown, journal.StateDone} {
 		id := "d-" + late.String()
 		r := rec(id, now())
-		reserve(t, j, r, idemretry.ReusePending)
+		reserve(t, j, r, journal.ReusePending)
 		done := r
-		done.State, done.Attempts, done.Status = idemretry.StateDone, 1, 201
+		done.State, done.Attempts, done.Status = journal.StateDone, 1, 201
 		require.NoError(t, j.Update(ctx, done))
 		stale := r
 		stale.State, stale.Attempts, stale.Status = late, 2, 0
-		if late == idemretry.StateDone {
+		if late == journal.StateDone {
 			stale.Status = 500
 		}
 		if err := j.Update(ctx, stale); err != nil {
 			// Refusing the stale update is allowed; changing the record is not.
 			t.Logf("stale update to %v refused: %v", late, err)
 		}
-		got, _ := reserve(t, j, rec(id, now()), idemretry.ReuseAny)
-		assert.Equal(t, idemretry.StateDone, got.State, "after a stale update to %v", late)
+		got, _ := reserve(t, j, rec(id, now()), journal.ReuseAny)
+		assert.Equal(t, journal.StateDone, got.State, "after a stale update to %v", late)
 		assert.Equal(t, 201, got.Status, "after a stale update to %v", late)
 		assert.Equal(t, r.Key, got.Key)
 		unf, err := j.Unfinished(ctx)
@@ -251,7 +262,7 @@ func doneIsFinal(t *testing.T, _ *suite, j idemretry.Journal) {
 			assert.NotEqual(t, r.Key, u.Key, "a done record is not unfinished after a stale update to %v", late)
 		}
 		// Under ReusePending the done record is still replaced by a new action.
-		got, created := reserve(t, j, rec(id, now()), idemretry.ReusePending)
+		got, created := reserve(t, j, rec(id, now()), journal.ReusePending)
 		assert.True(t, created, "a deliberate repeat after a stale update to %v is a new action", late)
 		assert.NotEqual(t, r.Key, got.Key)
 	}
@@ -259,9 +270,9 @@ func doneIsFinal(t *testing.T, _ *suite, j idemretry.Journal) {
 
 // boundedByContext: every call that takes a context returns by its deadline
 // (plus a little for scheduling), even when the storage hangs (with Stall).
-func boundedByContext(t *testing.T, s *suite, j idemretry.Journal) {
+func boundedByContext(t *testing.T, s *suite, j journal.Journal) {
 	r := rec("bound", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	if s.stall != nil {
 		release := s.stall(t, j)
 		defer release()
@@ -272,12 +283,12 @@ func boundedByContext(t *testing.T, s *suite, j idemretry.Journal) {
 		call func(context.Context) error
 	}{
 		{"Reserve", func(c context.Context) error {
-			_, _, err := j.Reserve(c, rec("bound-new", now()), idemretry.ReuseAny)
+			_, _, err := j.Reserve(c, rec("bound-new", now()), journal.ReuseAny)
 			return err
 		}},
 		{"Update", func(c context.Context) error {
 			u := r
-			u.State, u.Attempts, u.Status = idemretry.StateDone, 1, 200
+			u.State, u.Attempts, u.Status = journal.StateDone, 1, 200
 			return j.Update(c, u)
 		}},
 		{"Forget", func(c context.Context) error { return j.Forget(c, "bound-other") }},
@@ -296,14 +307,14 @@ func boundedByContext(t *testing.T, s *suite, j idemretry.Journal) {
 	}
 }
 
-func unfinishedOldestFirst(t *testing.T, s *suite, j idemretry.Journal) {
+func unfinishedOldestFirst(t *testing.T, s *suite, j journal.Journal) {
 	t0 := now().Add(-time.Minute)
-	states := map[string]idemretry.State{"d": idemretry.StateDone, "c": idemretry.StatePending, "b": idemretry.StateUnknown, "a": idemretry.StatePending, "e": idemretry.StatePending}
+	states := map[string]journal.State{"d": journal.StateDone, "c": journal.StatePending, "b": journal.StateUnknown, "a": journal.StatePending, "e": journal.StatePending}
 	created := map[string]time.Time{"a": t0.Add(2 * time.Second), "b": t0, "c": t0.Add(time.Second), "d": t0, "e": t0.Add(time.Second)}
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
 		r := rec(id, created[id])
-		reserve(t, j, r, idemretry.ReuseAny)
-		if states[id] != idemretry.StatePending {
+		reserve(t, j, r, journal.ReuseAny)
+		if states[id] != journal.StatePending {
 			r.State = states[id]
 			require.NoError(t, j.Update(ctx, r))
 		}
@@ -330,17 +341,17 @@ func unfinishedOldestFirst(t *testing.T, s *suite, j idemretry.Journal) {
 	}
 }
 
-func forget(t *testing.T, _ *suite, j idemretry.Journal) {
+func forget(t *testing.T, _ *suite, j journal.Journal) {
 	r := rec("a", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	require.NoError(t, j.Forget(ctx, "a"))
 	require.NoError(t, j.Forget(ctx, "a"))
 	require.NoError(t, j.Forget(ctx, "never"))
 	un, err := j.Unfinished(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, un)
-	assert.ErrorIs(t, j.Update(ctx, r), idemretry.ErrActionNotFound)
-	got, created := reserve(t, j, rec("a", now()), idemretry.ReuseAny)
+	assert.ErrorIs(t, j.Update(ctx, r), journal.ErrNotFound)
+	got, created := reserve(t, j, rec("a", now()), journal.ReuseAny)
 	assert.True(t, created)
 	assert.NotEqual(t, r.Key, got.Key)
 }
@@ -348,41 +359,41 @@ func forget(t *testing.T, _ *suite, j idemretry.Journal) {
 // reportedIDsResolve: the ActionID that Unfinished reports (see ReportedIDs)
 // reaches the same record in Reserve, Update and Forget, so resuming a
 // listed action never mints a second key for it.
-func reportedIDsResolve(t *testing.T, s *suite, j idemretry.Journal) {
+func reportedIDsResolve(t *testing.T, s *suite, j journal.Journal) {
 	r := rec("pay:order-17", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	un, err := j.Unfinished(ctx)
 	require.NoError(t, err)
 	require.Len(t, un, 1)
 	listed := un[0]
 	assert.Equal(t, s.id(r.ActionID), listed.ActionID)
 
-	got, created := reserve(t, j, rec(listed.ActionID, now()), idemretry.ReuseAny)
+	got, created := reserve(t, j, rec(listed.ActionID, now()), journal.ReuseAny)
 	assert.False(t, created, "Reserve of the reported id created a record")
 	assert.Equal(t, r.Key, got.Key)
 
-	listed.State, listed.Attempts = idemretry.StateUnknown, 2
+	listed.State, listed.Attempts = journal.StateUnknown, 2
 	require.NoError(t, j.Update(ctx, listed), "Update of the reported id")
-	got, created = reserve(t, j, r, idemretry.ReuseAny)
+	got, created = reserve(t, j, r, journal.ReuseAny)
 	assert.False(t, created)
-	assert.Equal(t, idemretry.StateUnknown, got.State)
+	assert.Equal(t, journal.StateUnknown, got.State)
 	assert.Equal(t, 2, got.Attempts)
 
 	require.NoError(t, j.Forget(ctx, listed.ActionID))
 	un, err = j.Unfinished(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, un)
-	got, created = reserve(t, j, rec(r.ActionID, now()), idemretry.ReuseAny)
+	got, created = reserve(t, j, rec(r.ActionID, now()), journal.ReuseAny)
 	assert.True(t, created, "the record survived Forget of the reported id")
 	assert.NotEqual(t, r.Key, got.Key)
 }
 
-func customKeys(t *testing.T, _ *suite, j idemretry.Journal) {
+func customKeys(t *testing.T, _ *suite, j journal.Journal) {
 	for i, k := range []string{"k", "order-42:attempt/1~x", "8E03978E-40D5-43E8-BC93-6894A57F9324", string(make255())} {
 		r := rec(fmt.Sprintf("c%d", i), now())
 		r.Key = k
-		reserve(t, j, r, idemretry.ReuseAny)
-		got, created := reserve(t, j, rec(r.ActionID, now()), idemretry.ReuseAny)
+		reserve(t, j, r, journal.ReuseAny)
+		got, created := reserve(t, j, rec(r.ActionID, now()), journal.ReuseAny)
 		assert.False(t, created)
 		assert.Equal(t, k, got.Key)
 	}
@@ -396,7 +407,7 @@ func make255() []byte {
 	return b
 }
 
-func concurrentReservesOneKey(t *testing.T, _ *suite, j idemretry.Journal) {
+func concurrentReservesOneKey(t *testing.T, _ *suite, j journal.Journal) {
 	const n = 100
 	var wg sync.WaitGroup
 	keys := make([]string, n)
@@ -406,7 +417,7 @@ func concurrentReservesOneKey(t *testing.T, _ *suite, j idemretry.Journal) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got, created, err := j.Reserve(ctx, rec("same", now()), idemretry.ReuseAny)
+			got, created, err := j.Reserve(ctx, rec("same", now()), journal.ReuseAny)
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -425,23 +436,23 @@ func concurrentReservesOneKey(t *testing.T, _ *suite, j idemretry.Journal) {
 	}
 }
 
-func canceledContext(t *testing.T, _ *suite, j idemretry.Journal) {
+func canceledContext(t *testing.T, _ *suite, j journal.Journal) {
 	c, cancel := context.WithCancel(ctx)
 	cancel()
-	_, _, err := j.Reserve(c, rec("a", now()), idemretry.ReuseAny)
+	_, _, err := j.Reserve(c, rec("a", now()), journal.ReuseAny)
 	assert.ErrorIs(t, err, context.Canceled)
 }
 
-func closed(t *testing.T, _ *suite, j idemretry.Journal) {
+func closed(t *testing.T, _ *suite, j journal.Journal) {
 	r := rec("a", now())
-	reserve(t, j, r, idemretry.ReuseAny)
+	reserve(t, j, r, journal.ReuseAny)
 	require.NoError(t, j.Close())
 	require.NoError(t, j.Close(), "second Close")
-	_, _, err := j.Reserve(ctx, rec("b", now()), idemretry.ReuseAny)
-	assert.ErrorIs(t, err, idemretry.ErrJournalClosed)
-	assert.ErrorIs(t, j.Update(ctx, r), idemretry.ErrJournalClosed)
+	_, _, err := j.Reserve(ctx, rec("b", now()), journal.ReuseAny)
+	assert.ErrorIs(t, err, journal.ErrClosed)
+	assert.ErrorIs(t, j.Update(ctx, r), journal.ErrClosed)
 	_, err = j.Unfinished(ctx)
-	assert.ErrorIs(t, err, idemretry.ErrJournalClosed)
-	assert.ErrorIs(t, j.Forget(ctx, "a"), idemretry.ErrJournalClosed)
-	assert.False(t, errors.Is(err, idemretry.ErrActionNotFound))
+	assert.ErrorIs(t, err, journal.ErrClosed)
+	assert.ErrorIs(t, j.Forget(ctx, "a"), journal.ErrClosed)
+	assert.False(t, errors.Is(err, journal.ErrNotFound))
 }

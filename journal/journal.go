@@ -1,0 +1,137 @@
+// Package journal is the seam between idemretry's Transport and the stores
+// that keep each action's Idempotency-Key, as database/sql/driver is to
+// database/sql: the Journal interface a store implements, the Record it
+// keeps, the sentinel errors it returns, the rules every store applies to
+// keys and ids, the optional capabilities the Transport looks for (Syncer,
+// Timekeeper), an in-memory Journal, and, in package journaltest, the
+// conformance suite any Journal runs in one line. It imports nothing else
+// of the module.
+package journal
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"time"
+)
+
+// Journal is where a Transport keeps each action's Idempotency-Key, so that
+// every attempt of the action, in any goroutine and after a restart, sends the
+// same key. The filejournal package holds the file-backed Journal that
+// idemretry uses by default; NewMemory keeps keys for the life of the
+// process only; the sqljournal module shares them between machines.
+//
+// Implementations must be safe for concurrent use, must pass the
+// conformance suite in package journaltest, and wrap this package's
+// sentinel errors (ErrClosed, ErrNotFound, ...) so that callers can test
+// them with errors.Is. They must store CreatedAt to the millisecond at
+// least (a record read back may be truncated to whole milliseconds), action
+// ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
+type Journal interface {
+	// Reserve returns the record of rec.ActionID, creating it from rec when
+	// there is none, or when mode is ReusePending and the existing record is
+	// StateDone. created reports which. A record it creates is durable when
+	// Reserve returns: it survives a crash of the process (and, for journals
+	// that promise it, of the machine). Concurrent Reserves of one action
+	// return the same key.
+	Reserve(ctx context.Context, rec Record, mode ReserveMode) (got Record, created bool, err error)
+
+	// Update stores the State, Attempts and Status of an existing action with
+	// the same key: the record of rec.ActionID whose Key is rec.Key. Done is
+	// final: a record in StateDone keeps its State and Status whatever later
+	// updates say (a stale writer must not undo a recorded outcome); Update
+	// may then change Attempts only, and returns nil or an error. It may
+	// return before the change is durable: losing an update costs one resend
+	// with the same key. A journal that offers a Sync(context.Context) error
+	// method (a Syncer) makes earlier updates durable with it; the
+	// Transport calls it where a lost update would matter. It returns an error wrapping
+	// ErrNotFound, and changes nothing, if the action has no record or
+	// its record has another key (it was replaced under ReusePending, or
+	// forgotten and created again, since rec was read).
+	Update(ctx context.Context, rec Record) error
+
+	// Unfinished returns the actions whose state is StatePending or
+	// StateUnknown, oldest first: what an application should resume or
+	// reconcile at start-up. A journal that hashes action ids returns
+	// them in a digest form ("sha256:" and the hex digest) that its
+	// Reserve, Update and Forget accept in place of the original id: a
+	// listed record can be resumed, updated or forgotten as returned.
+	Unfinished(ctx context.Context) ([]Record, error)
+
+	// Forget removes an action's record durably, once the application has
+	// reconciled it. The next request for the action gets a new key.
+	// Forgetting an action that has no record is not an error.
+	Forget(ctx context.Context, actionID string) error
+
+	// Close flushes pending updates and releases the journal. Calls after
+	// Close fail with an error wrapping ErrClosed.
+	Close() error
+}
+
+// ReserveMode says which existing record Journal.Reserve returns.
+type ReserveMode uint8
+
+const (
+	// ReuseAny returns an existing record whatever its state: an explicit
+	// action id keeps its key for the whole key window, even after the action
+	// completed (the server then replays its stored answer).
+	ReuseAny ReserveMode = iota
+	// ReusePending returns an existing record only while it is not done; a
+	// done record is replaced by a new one with a new key. It is for actions
+	// identified by a request fingerprint, where a resend after a crash must
+	// reuse the key but a deliberate repeat after completion is a new action.
+	ReusePending
+)
+
+// State is where an action stands.
+type State uint8
+
+const (
+	// StatePending: the key is reserved and no definitive answer has been
+	// seen. The request may or may not have reached the server.
+	StatePending State = 1
+	// StateDone: a definitive answer (2xx, or a status that is not retried)
+	// was received; Record.Status holds it.
+	StateDone State = 2
+	// StateUnknown: the key window ended with no definitive answer. The
+	// server may have performed the action. It is never sent again under a
+	// new key: the application must reconcile it (check the server) and then
+	// call Journal.Forget.
+	StateUnknown State = 3
+)
+
+// String returns "pending", "done" or "unknown".
+func (s State) String() string {
+	switch s {
+	case StatePending:
+		return "pending"
+	case StateDone:
+		return "done"
+	case StateUnknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Fingerprint is the SHA-256 of a request's method, URL and body. It tells
+// whether a retried request is the same payload as the first.
+type Fingerprint [sha256.Size]byte
+
+// Record is what a Journal keeps per action: what resuming needs, and never
+// the request's body, headers or credentials.
+type Record struct {
+	// ActionID names the logical action. Action ids are stored as given (or
+	// hashed, if the journal is opened so): they must not carry personal data.
+	ActionID string
+	// Key is the Idempotency-Key value in its bare form.
+	Key string
+	// Fingerprint of the action's first request.
+	Fingerprint Fingerprint
+	// CreatedAt is when the key was minted; the key window runs from it.
+	CreatedAt time.Time
+	State     State
+	// Attempts counts the requests sent under Key so far (as far as recorded).
+	Attempts int
+	// Status is the final HTTP status when State is StateDone, else 0.
+	Status int
+}
