@@ -1,9 +1,20 @@
 package idemretry
 
+// This file holds every time decision of the Transport: the clock, how old
+// a key is, and when its window ends. Windows are wall-clock spans, as the
+// server's key retention is. Keys minted by the current RoundTrip are aged
+// monotonically from their minting; any other key by the best time known:
+// the clock, or, when the journal keeps a never-backwards time
+// (journal.Timekeeper) that is ahead of the clock by no more than
+// maxClockLead, that time.
+
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Clock is the Transport's source of time: it reads the key window from Now
@@ -39,3 +50,66 @@ func (s *systemTimer) Stop() {
 }
 
 func (s *systemTimer) C() <-chan time.Time { return s.t.C }
+
+// now is the time key windows are judged by: the clock's, or, when the
+// journal has seen a later time (it keeps a persisted high-water mark, see
+// FileJournal.Now) no more than maxClockLead ahead, that time. So a clock
+// set back by up to maxClockLead cannot make a key look younger than it is;
+// a mark further ahead was left by a clock that ran ahead and was corrected,
+// and is not believed, as the journal's expiry does not believe it. Keys are
+// created at the clock's time, so a mark ahead only ever makes keys look
+// older: refused sooner, never sent later.
+func (t *Transport) now() time.Time {
+	now := t.cfg.clock.Now()
+	if seen, ok := t.journalNow(); ok && seen.After(now) && seen.Sub(now) <= maxClockLead {
+		return seen
+	}
+	return now
+}
+
+// journalNow returns the journal's never-backwards time, if it keeps one.
+func (t *Transport) journalNow() (time.Time, bool) {
+	if jc, ok := t.journal.(interface{ Now() time.Time }); ok {
+		return jc.Now(), true
+	}
+	return time.Time{}, false
+}
+
+const (
+	// maxClockSkew is how far in the future a key's creation may lie (the
+	// clocks of a fleet disagree a little) before it counts as made by a
+	// clock that has been set back since: ErrClockSkew.
+	maxClockSkew = time.Minute
+	// maxClockLead is how far ahead of the clock the journal's time is
+	// believed; the file journal's expiry uses the same bound.
+	maxClockLead = DefaultJournalGrace
+)
+
+// windowEndsFor reports whether the key window of a is over d from now. A
+// key minted by this RoundTrip is aged by the clock since then (monotonic on
+// the system clock); any other by the best time known (see now).
+func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
+	if a.fresh {
+		return t.cfg.clock.Now().Sub(a.createdAt)+d >= t.cfg.keyWindow
+	}
+	return t.windowEnds(a.rec, t.now(), d)
+}
+
+// windowEnds reports whether the key window of rec is over at now+d.
+func (t *Transport) windowEnds(rec journal.Record, now time.Time, d time.Duration) bool {
+	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
+}
+
+// logClock warns when the clock is behind times the journal has seen (it
+// was set back): key windows are then judged by the journal's time, up to
+// maxClockLead ahead.
+func (t *Transport) logClock() {
+	seen, ok := t.journalNow()
+	now := t.cfg.clock.Now()
+	if t.cfg.logger == nil || !ok || !now.Before(seen.Add(-maxClockSkew)) || seen.Sub(now) > maxClockLead {
+		return
+	}
+	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"idemretry: the clock is behind times the journal has seen; key windows are judged by the journal's time",
+		slog.Time("clock", now), slog.Time("journal", seen))
+}

@@ -280,20 +280,6 @@ var idempotentMethods = map[string]bool{
 	http.MethodPut: true, http.MethodDelete: true,
 }
 
-// logClock warns when the clock is behind times the journal has seen (it
-// was set back): key windows are then judged by the journal's time, up to
-// maxClockLead ahead.
-func (t *Transport) logClock() {
-	seen, ok := t.journalNow()
-	now := t.cfg.clock.Now()
-	if t.cfg.logger == nil || !ok || !now.Before(seen.Add(-maxClockSkew)) || seen.Sub(now) > maxClockLead {
-		return
-	}
-	t.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
-		"idemretry: the clock is behind times the journal has seen; key windows are judged by the journal's time",
-		slog.Time("clock", now), slog.Time("journal", seen))
-}
-
 // logRecovery reports at Warn what opening the journal found damaged or
 // changed: a torn tail (a crash mid-write; a damaged last frame looks the
 // same), ranges a salvage skipped, frames written twice, permissions it
