@@ -53,7 +53,7 @@ func (s *systemTimer) C() <-chan time.Time { return s.t.C }
 
 // now is the time key windows are judged by: the clock's, or, when the
 // journal has seen a later time (it keeps a persisted high-water mark, see
-// FileJournal.Now) no more than maxClockLead ahead, that time. So a clock
+// journal.Timekeeper) no more than maxClockLead ahead, that time. So a clock
 // set back by up to maxClockLead cannot make a key look younger than it is;
 // a mark further ahead was left by a clock that ran ahead and was corrected,
 // and is not believed, as the journal's expiry does not believe it. Keys are
@@ -69,7 +69,7 @@ func (t *Transport) now() time.Time {
 
 // journalNow returns the journal's never-backwards time, if it keeps one.
 func (t *Transport) journalNow() (time.Time, bool) {
-	if jc, ok := t.journal.(interface{ Now() time.Time }); ok {
+	if jc, ok := t.journal.(journal.Timekeeper); ok {
 		return jc.Now(), true
 	}
 	return time.Time{}, false
