@@ -1,11 +1,12 @@
 package idemretry
 
+// This file holds the attempt loop: send, classify, wait, go again.
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -136,76 +137,6 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	return resp, true, err
 }
 
-// retrying reports a retry about to happen and frees the attempt.
-func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
-	t := r.t
-	ev := RetryEvent{Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Wait: wait, Status: statusOf(resp), Err: err}
-	if t.cfg.onRetry != nil {
-		t.cfg.onRetry(ev)
-	}
-	if t.cfg.logger != nil {
-		t.cfg.logger.LogAttrs(r.ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
-			slog.String("key", ev.Key), slog.Int("attempt", ev.Attempt), slog.Duration("wait", ev.Wait),
-			slog.Int("status", ev.Status), slog.Any("error", ev.Err))
-	}
-	r.discard(resp)
-	if r.sent == 1 && r.a != nil {
-		r.t.progress(r.ctx, r.record(journal.StatePending, 0)) // a crash during the waits keeps the count
-	}
-}
-
-// end records where the action stands and returns what RoundTrip returns:
-// resp if there is one (a final answer, or the last retryable one when the
-// retries stop for reason), else an *ActionError. What the caller is given
-// is what the journal records: done only with a final answer in hand.
-// pending reports that the action is left unfinished.
-func (r *run) end(state journal.State, resp *http.Response, reason, cause error) (_ *http.Response, pending bool, _ error) {
-	t := r.t
-	if r.a != nil {
-		rec := r.record(state, 0)
-		if state == journal.StateDone {
-			rec.Status = statusOf(resp)
-		}
-		if r.a.rec.State == journal.StateDone {
-			// Done is final: a resend that failed does not make a known
-			// outcome unknown, nor does a replay change it.
-			rec.State, rec.Status = journal.StateDone, r.a.rec.Status
-		}
-		// A fingerprint-named action's new done must be durable before
-		// RoundTrip returns: lost, a deliberate repeat after a crash would
-		// reuse the old key and be answered with this payment's replay.
-		if rec.State == journal.StatePending {
-			t.progress(r.ctx, rec)
-		} else {
-			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
-		}
-		if rec.State == journal.StateUnknown {
-			t.logUnknown(r.ctx, rec)
-		}
-		state = rec.State
-	}
-	if reason != nil {
-		t.logGiveUp(r.ctx, r.id(), r.key(), r.prior()+r.sent, r.lastStatus, reason, cause)
-	}
-	if resp != nil {
-		if reason != nil {
-			markGiveUp(resp, r.out, reason)
-		}
-		if resp.Body != nil {
-			resp.Body = &cancelOnClose{resp.Body, r.cancel}
-		}
-		return resp, state != journal.StateDone, nil
-	}
-	if r.cancel != nil {
-		r.cancel()
-	}
-	if reason == ErrKeyWindowExpired && cause == nil {
-		cause = r.lastErr
-	}
-	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
-		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause}
-}
-
 // cancelOnClose ends a returned response's attempt context when the caller
 // closes its body.
 type cancelOnClose struct {
@@ -217,34 +148,6 @@ func (c *cancelOnClose) Close() error {
 	err := c.ReadCloser.Close()
 	c.cancel()
 	return err
-}
-
-// record returns the action's record as it stands after this run.
-func (r *run) record(state journal.State, status int) journal.Record {
-	rec := r.a.rec
-	rec.State, rec.Attempts, rec.Status = state, r.prior()+r.sent, status
-	return rec
-}
-
-func (r *run) id() string {
-	if r.a == nil {
-		return ""
-	}
-	return r.a.rec.ActionID
-}
-
-func (r *run) key() string {
-	if r.a == nil {
-		return ""
-	}
-	return r.a.rec.Key
-}
-
-func (r *run) prior() int {
-	if r.a == nil {
-		return 0
-	}
-	return r.a.rec.Attempts
 }
 
 // discard drains and closes a response that is not returned: at most
@@ -263,13 +166,6 @@ func (r *run) discard(resp *http.Response) {
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
 	resp.Body.Close()
-}
-
-func statusOf(resp *http.Response) int {
-	if resp == nil {
-		return 0
-	}
-	return resp.StatusCode
 }
 
 // newAttempt clones req for one attempt, with a fresh body and the key.

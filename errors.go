@@ -100,7 +100,7 @@ func (e *ActionError) Error() string {
 	}
 	if e.Err != nil {
 		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
+		b.WriteString(strings.TrimPrefix(e.Err.Error(), "idemretry: "))
 	}
 	return b.String()
 }
@@ -116,3 +116,21 @@ func (e *ActionError) Unwrap() []error {
 	}
 	return out
 }
+
+// prefixed is an error whose message carries the package prefix once: the
+// wrapped error's own "idemretry: " is dropped from the message.
+type prefixed struct {
+	msg string
+	err error
+}
+
+// wrapf returns err wrapped with the message "idemretry: <format>: <err>".
+func wrapf(err error, format string, args ...any) error {
+	return &prefixed{msg: fmt.Sprintf(format, args...), err: err}
+}
+
+func (e *prefixed) Error() string {
+	return "idemretry: " + e.msg + ": " + strings.TrimPrefix(e.err.Error(), "idemretry: ")
+}
+
+func (e *prefixed) Unwrap() error { return e.err }

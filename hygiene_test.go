@@ -192,13 +192,18 @@ func TestInvalidOptions(t *testing.T) {
 		"header with colon": idemretry.WithKeyHeader("Idempotency:Key"),
 		"header with space": idemretry.WithKeyHeader("Idempotency Key"),
 		"negative buffer":   idemretry.WithMaxBufferedBody(-1),
-		"nil backoff":       idemretry.WithBackOff(nil),
+		"negative retries":  idemretry.WithMaxRetries(-1),
+		"negative share":    idemretry.WithMaxSharedResponse(-1),
+		"zero jtimeout":     idemretry.WithJournalTimeout(0),
 	} {
 		_, err := idemretry.NewTransport(nil, j, o)
 		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, name)
 	}
 	_, err := idemretry.NewTransport(nil, j, idemretry.WithKeyHeader("X-Idempotency-Key"), nil)
 	assert.NoError(t, err, "a nil Option is skipped")
+	_, err = idemretry.NewTransport(nil, j, idemretry.WithBackOff(nil), idemretry.WithRetryPolicy(nil),
+		idemretry.WithClock(nil), idemretry.WithKeyGenerator(nil))
+	assert.NoError(t, err, "a nil function restores the default")
 }
 
 // A huge key window must not overflow the retention of the journal it opens.

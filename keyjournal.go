@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	engine "github.com/idemretry/idemretry/internal/journal"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Errors of the file journal (OpenJournal, FileJournal), wrapped; test them
@@ -27,3 +28,18 @@ var (
 // returned by OpenJournal, and listed in JournalRecovery.Salvaged for
 // ranges a salvage skipped.
 type CorruptionError = engine.CorruptionError
+
+// WithJournal makes the Transport keep keys in j instead of the default file
+// journal. The caller keeps ownership: Transport.Close does not close j. A
+// journal that expires records must keep done ones for at least the key
+// window (see WithKeyWindow); the journals here keep them 48 hours by
+// default. WithJournal and WithJournalDir exclude each other.
+func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
+
+// WithJournalDir opens the default file journal in dir instead of the
+// per-user state directory (see DefaultJournalDir). Mobile apps pass their
+// private files directory. The Transport owns the journal it opens and
+// closes it in Transport.Close.
+func WithJournalDir(dir string, opts ...JournalOption) Option {
+	return func(c *config) { c.journalDir, c.journalOpts = dir, opts }
+}

@@ -190,3 +190,15 @@ func TestJournalTimeoutIsUnavailable(t *testing.T) {
 	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalTimeout(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
+
+// Error messages carry the package prefix once, however deep the wrapping.
+func TestErrorPrefixOnce(t *testing.T) {
+	j := journal.NewMemory()
+	require.NoError(t, j.Close())
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), "http://127.0.0.1:1/", "x"))
+	require.ErrorIs(t, err, journal.ErrClosed)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+}

@@ -44,14 +44,12 @@ const (
 	DefaultMaxSharedResponse = 1 << 20
 )
 
-// DefaultKeyedMethods are the methods that get an Idempotency-Key unless
-// WithKeyedMethods says otherwise. Of the others, GET, HEAD, OPTIONS, TRACE,
-// PUT and DELETE (idempotent by definition) are retried without a key, and
-// any other method is sent once. Do not modify it.
-var DefaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
-
 // An Option configures a Transport (and a Client). Options apply in order;
-// a later one overrides an earlier one.
+// a later one overrides an earlier one. NewTransport validates them all in
+// one place: a value an option cannot use (a negative count or duration, a
+// header name that is not a token...) makes it fail with an error wrapping
+// ErrInvalidOption; a nil function restores the option's default.
+
 type Option func(*config)
 
 type config struct {
@@ -81,7 +79,7 @@ type config struct {
 
 func defaultConfig() config {
 	c := config{
-		newBackOff:    func() backoff.BackOff { return NewFullJitter(DefaultBaseDelay, DefaultMaxDelay, nil) },
+		newBackOff:    defaultBackOff,
 		maxRetries:    DefaultMaxRetries,
 		policy:        DefaultRetryPolicy,
 		maxRetryAfter: DefaultMaxRetryAfter,
@@ -95,45 +93,28 @@ func defaultConfig() config {
 		journalTimeout: DefaultJournalTimeout,
 		maxShared:      DefaultMaxSharedResponse,
 	}
-	WithKeyedMethods(DefaultKeyedMethods...)(&c)
+	WithKeyedMethods(http.MethodPost, http.MethodPatch)(&c)
 	return c
-}
-
-// WithJournal makes the Transport keep keys in j instead of the default file
-// journal. The caller keeps ownership: Transport.Close does not close j. A
-// journal that expires records must keep done ones for at least the key
-// window (see WithKeyWindow); the journals here keep them 48 hours by
-// default. WithJournal and WithJournalDir exclude each other.
-func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
-
-// WithJournalDir opens the default file journal in dir instead of the
-// per-user state directory (see DefaultJournalDir). Mobile apps pass their
-// private files directory. The Transport owns the journal it opens and
-// closes it in Transport.Close.
-func WithJournalDir(dir string, opts ...JournalOption) Option {
-	return func(c *config) { c.journalDir, c.journalOpts = dir, opts }
 }
 
 // WithBackOff sets how the Transport waits between attempts. newBackOff is
 // called once per RoundTrip, so stateful backoffs are never shared; it must
-// be safe for concurrent use. If a
-// BackOff returns backoff.Stop, the retries end. The default is full jitter
-// with DefaultBaseDelay and DefaultMaxDelay.
+// be safe for concurrent use. If a BackOff returns backoff.Stop, the retries
+// end. The default (and what nil restores) is full jitter with
+// DefaultBaseDelay and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
-	return func(c *config) { c.newBackOff = newBackOff }
+	return func(c *config) {
+		if newBackOff == nil {
+			newBackOff = defaultBackOff
+		}
+		c.newBackOff = newBackOff
+	}
 }
 
 // WithMaxRetries sets how many retries may follow the first attempt
 // (default DefaultMaxRetries). Zero disables retries but keeps the keys; a
-// negative n counts as zero.
-func WithMaxRetries(n int) Option {
-	return func(c *config) {
-		if n < 0 {
-			n = 0
-		}
-		c.maxRetries = n
-	}
-}
+// negative n is invalid.
+func WithMaxRetries(n int) Option { return func(c *config) { c.maxRetries = n } }
 
 // WithRetryPolicy replaces DefaultRetryPolicy. A nil policy restores it.
 func WithRetryPolicy(p RetryPolicy) Option {
@@ -174,9 +155,10 @@ func WithClock(clk Clock) Option {
 	}
 }
 
-// WithKeyedMethods sets which methods carry an Idempotency-Key (default
-// DefaultKeyedMethods). Method names are matched case-sensitively, as
-// net/http does.
+// WithKeyedMethods sets which methods carry an Idempotency-Key (default POST
+// and PATCH). Of the others, GET, HEAD, OPTIONS, TRACE, PUT and DELETE
+// (idempotent by definition) are retried without a key, and any other method
+// is sent once. Method names are matched case-sensitively, as net/http does.
 func WithKeyedMethods(methods ...string) Option {
 	return func(c *config) {
 		c.keyed = make(map[string]bool, len(methods))
@@ -259,4 +241,8 @@ type RetryEvent struct {
 	Wait    time.Duration // how long the Transport waits before the next one
 	Status  int           // the failed attempt's status, or 0 on a transport error
 	Err     error         // the failed attempt's transport error, or nil
+}
+
+func defaultBackOff() backoff.BackOff {
+	return NewFullJitter(DefaultBaseDelay, DefaultMaxDelay, nil)
 }

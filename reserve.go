@@ -98,7 +98,7 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 		rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("idemretry: reserve key for action %q: %w", id, journalError(ctx, err))
+		return nil, wrapf(journalError(ctx, err), "reserve key for action %q", id)
 	}
 	fail := func(reason error) (*action, error) {
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,

@@ -96,8 +96,8 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 
 func (c *config) validate() error {
 	switch {
-	case c.newBackOff == nil:
-		return fmt.Errorf("%w: nil backoff constructor", ErrInvalidOption)
+	case c.maxRetries < 0:
+		return fmt.Errorf("%w: max retries %d, want >= 0", ErrInvalidOption, c.maxRetries)
 	case c.keyWindow <= 0:
 		return fmt.Errorf("%w: key window %v, want > 0", ErrInvalidOption, c.keyWindow)
 	case c.maxRetryAfter < 0:

@@ -1,0 +1,169 @@
+package idemretry
+
+// This file writes to the journal from the request path: every wait
+// bounded, and outcomes the journal could not take kept in memory until
+// they land.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+)
+
+// OutcomeGrace is how long past the end of the caller's context RoundTrip
+// still waits for the journal to record the outcome it is about to return
+// (a final answer that arrived just as the deadline passed must be recorded
+// as done, or a deliberate repeat would be answered with its replay). Every
+// other journal wait on the request path ends with the caller's context, and
+// none lasts longer than the journal timeout (WithJournalTimeout).
+const OutcomeGrace = 250 * time.Millisecond
+
+// outcomeContext bounds a journal write that records an outcome: it is not
+// cancelled with the caller's context (the answer is in hand and must be
+// recorded), but ends OutcomeGrace after the caller's deadline, or after the
+// journal timeout, whichever is first.
+func (t *Transport) outcomeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := t.cfg.journalTimeout
+	if ctx.Err() != nil {
+		d = min(d, OutcomeGrace)
+	} else if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)+OutcomeGrace)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
+// journalContext bounds a journal call made before sending: by the caller's
+// context and the journal timeout.
+func (t *Transport) journalContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.cfg.journalTimeout)
+}
+
+// journalError reports a journal call that did not complete: one cut short
+// by the journal timeout (not by the caller) means the journal is
+// unavailable.
+func journalError(ctx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, journal.ErrUnavailable) {
+		return fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
+	}
+	return err
+}
+
+// record stores an action's outcome: done or unknown. A write that fails is not reported to
+// the caller (the response in hand is still right), but an outcome (done or
+// unknown) that did not reach the journal is kept in memory and written
+// before the next Reserve of the action, which fails while it cannot be: a
+// journal left saying "pending" for a done action would give a deliberate
+// repeat the old key, and the old payment's replay. durable asks for the
+// outcome to be synced too (see journal.Syncer).
+func (t *Transport) record(ctx context.Context, rec journal.Record, durable bool) {
+	wctx, cancel := t.outcomeContext(ctx)
+	defer cancel()
+	err := t.write(wctx, rec, durable)
+	if err == nil || errors.Is(err, journal.ErrNotFound) {
+		t.unlanded.drop(rec)
+		return
+	}
+	t.unlanded.keep(rec, durable)
+	if t.cfg.logger != nil {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal did not record an outcome; it is kept in memory and written before the action is sent again",
+			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.String("state", rec.State.String()),
+			slog.Int("status", rec.Status), slog.Any("error", err))
+	}
+}
+
+// progress records an attempt count, bounded by the caller's context: it is
+// not an outcome, and losing it costs at most a recount.
+func (t *Transport) progress(ctx context.Context, rec journal.Record) {
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	_ = t.journal.Update(jctx, rec)
+}
+
+func (t *Transport) write(ctx context.Context, rec journal.Record, durable bool) error {
+	if err := t.journal.Update(ctx, rec); err != nil {
+		return err
+	}
+	if s, ok := t.journal.(journal.Syncer); ok && durable {
+		return s.Sync(ctx)
+	}
+	return nil
+}
+
+// landOutcome writes the outcome of action id that an earlier RoundTrip
+// could not, before the action is reserved again.
+func (t *Transport) landOutcome(ctx context.Context, id string) error {
+	u, ok := t.unlanded.get(id)
+	if !ok {
+		return nil
+	}
+	err := t.write(ctx, u.rec, u.durable)
+	if err == nil || errors.Is(err, journal.ErrNotFound) {
+		t.unlanded.drop(u.rec)
+		return nil
+	}
+	return wrapf(journalError(ctx, err), "action %q: its last outcome (%v, status %d) is not yet in the journal, so it is not sent again",
+		id, u.rec.State, u.rec.Status)
+}
+
+// landAll writes every outcome still held in memory, for Close.
+func (t *Transport) landAll() error {
+	var errs []error
+	for _, u := range t.unlanded.all() {
+		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.journalTimeout)
+		err := t.landOutcome(ctx, u.rec.ActionID)
+		cancel()
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unlanded holds outcomes the journal has not accepted yet, by action id.
+type unlanded struct {
+	mu sync.Mutex
+	m  map[string]unlandedRecord
+}
+
+type unlandedRecord struct {
+	rec     journal.Record
+	durable bool
+}
+
+func (u *unlanded) keep(rec journal.Record, durable bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = make(map[string]unlandedRecord)
+	}
+	u.m[rec.ActionID] = unlandedRecord{rec, durable}
+}
+
+func (u *unlanded) get(id string) (unlandedRecord, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	r, ok := u.m[id]
+	return r, ok
+}
+
+// drop forgets rec's outcome, if it is the one held.
+func (u *unlanded) drop(rec journal.Record) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if r, ok := u.m[rec.ActionID]; ok && r.rec.Key == rec.Key {
+		delete(u.m, rec.ActionID)
+	}
+}
+
+func (u *unlanded) all() []unlandedRecord {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]unlandedRecord, 0, len(u.m))
+	for _, r := range u.m {
+		out = append(out, r)
+	}
+	return out
+}
