@@ -29,22 +29,20 @@ type Random interface {
 	Int64N(n int64) int64
 }
 
-// Attempt numbering, shared by every backoff in this file: the first call to
-// NextBackOff after creation or Reset returns the wait before the first retry,
-// and for it n = 0, so its ceiling is Base. The ceiling of the wait before
-// retry k (k = 1, 2, ...) is min(Cap, Base*2^(k-1)). The AWS Architecture
-// Blog's simulator numbers the first retry n = 1; pass twice its base to get
-// its ceilings.
-//
-// None of these backoffs ever returns backoff.Stop: how many retries are made
-// is the Transport's decision (see WithMaxRetries). Wrap one in
-// backoff.WithMaxRetries to use it elsewhere.
-
 // FullJitter is exponential backoff with full jitter: the wait before retry
 // n is drawn uniformly from [0, min(Cap, Base*2^n)). It spreads retries evenly
 // over the whole window and, in the AWS study, costs the server the least work.
 // It is the Transport's default. A FullJitter is not safe for concurrent use;
 // the Transport makes one per action.
+//
+// Attempt numbering, shared by every backoff in this file: the first call to
+// NextBackOff after creation or Reset returns the wait before the first retry,
+// and for it n = 0, so its ceiling is Base. The ceiling of the wait before
+// retry k (k = 1, 2, ...) is min(Cap, Base*2^(k-1)). The AWS Architecture
+// Blog's simulator numbers the first retry n = 1; pass twice its base to get
+// its ceilings. None of these backoffs ever returns backoff.Stop: how many
+// retries are made is the Transport's decision (see WithMaxRetries). Wrap one
+// in backoff.WithMaxRetries to use it elsewhere.
 type FullJitter struct {
 	Base, Cap time.Duration
 	Rand      Random // nil: math/rand/v2's package functions
