@@ -5,21 +5,86 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 )
+
+// DefaultRetention is how long the journals of this module keep a done
+// record: the default key window (24 h) plus a day of grace, so that a
+// repeat within the window always finds its key.
+const DefaultRetention = 48 * time.Hour
 
 // Memory is a Journal that keeps records in memory only. Keys survive
 // retries and goroutines but not a restart of the process: use it in tests,
 // or for actions whose outcome an application can always check. It is safe
-// for concurrent use. Expired records are never dropped.
+// for concurrent use.
+//
+// A done record is dropped once its retention (DefaultRetention, or
+// MemoryRetention) has passed since it was reserved, measured on the
+// monotonic clock of this process, so a wall clock set forward cannot make
+// it vanish early. Pending and outcome-unknown records are kept until
+// Forget. Expired records are swept as new ones are reserved, so memory
+// stays bounded by the actions of one retention period.
 type Memory struct {
-	mu      sync.Mutex
-	closed  bool
-	records map[string]Record
+	mu        sync.Mutex
+	closed    bool
+	records   map[string]memRecord
+	retention time.Duration
+	now       func() time.Time
+	swept     time.Time
+}
+
+type memRecord struct {
+	Record
+	added time.Time // when reserved, on now
+}
+
+// A MemoryOption configures a Memory journal.
+type MemoryOption func(*Memory)
+
+// MemoryRetention sets how long a done record is kept (default
+// DefaultRetention); it must be at least the Transport's key window, and
+// positive (a zero or negative d keeps the default).
+func MemoryRetention(d time.Duration) MemoryOption {
+	return func(j *Memory) {
+		if d > 0 {
+			j.retention = d
+		}
+	}
+}
+
+// MemoryClock replaces time.Now, for tests and simulations.
+func MemoryClock(now func() time.Time) MemoryOption {
+	return func(j *Memory) {
+		if now != nil {
+			j.now = now
+		}
+	}
 }
 
 // NewMemory returns an empty Memory journal.
-func NewMemory() *Memory {
-	return &Memory{records: make(map[string]Record)}
+func NewMemory(opts ...MemoryOption) *Memory {
+	j := &Memory{records: make(map[string]memRecord), retention: DefaultRetention, now: time.Now}
+	for _, o := range opts {
+		if o != nil {
+			o(j)
+		}
+	}
+	j.swept = j.now()
+	return j
+}
+
+// sweep drops expired done records, at most once per tenth of the
+// retention.
+func (j *Memory) sweep(now time.Time) {
+	if now.Sub(j.swept) < j.retention/10 {
+		return
+	}
+	j.swept = now
+	for id, r := range j.records {
+		if r.State == StateDone && now.Sub(r.added) >= j.retention {
+			delete(j.records, id)
+		}
+	}
 }
 
 // Reserve implements Journal.
@@ -32,10 +97,13 @@ func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Rec
 	if j.closed {
 		return Record{}, false, ErrClosed
 	}
-	if old, ok := j.records[rec.ActionID]; ok && (mode == ReuseAny || old.State != StateDone) {
-		return old, false, nil
+	now := j.now()
+	j.sweep(now)
+	if old, ok := j.records[rec.ActionID]; ok && (mode == ReuseAny || old.State != StateDone) &&
+		(old.State != StateDone || now.Sub(old.added) < j.retention) {
+		return old.Record, false, nil
 	}
-	j.records[rec.ActionID] = rec
+	j.records[rec.ActionID] = memRecord{rec, now}
 	return rec, true, nil
 }
 
@@ -70,7 +138,7 @@ func (j *Memory) Unfinished(ctx context.Context) ([]Record, error) {
 	var out []Record
 	for _, r := range j.records {
 		if r.State == StatePending || r.State == StateUnknown {
-			out = append(out, r)
+			out = append(out, r.Record)
 		}
 	}
 	sort.Slice(out, func(a, b int) bool {
