@@ -13,21 +13,32 @@ import (
 
 // RetryPolicy decides whether an attempt's outcome is worth another attempt
 // with the same key. resp is nil when err is not. ctx is the request's
-// context. A policy must not read or close resp.Body; it must be safe for
-// concurrent use. Replace DefaultRetryPolicy with WithRetryPolicy.
+// context. A policy must not close resp.Body nor consume it: to look at the
+// body it may only replace resp.Body with one that yields the same bytes,
+// as KeyReuseRejected does. It must be safe for concurrent use. Replace
+// DefaultRetryPolicy with WithRetryPolicy.
 type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
 
-// DefaultRetryPolicy retries what can heal and nothing else:
+// DefaultRetryPolicy retries what can heal and nothing else. In order:
 //
 //   - never once ctx is done: the caller's own cancellation or deadline;
-//   - transport errors (refused, reset, EOF, timeouts, HTTP/2 GOAWAY, ...),
-//     except those that cannot heal: certificate verification failures,
-//     and a TLS handshake with a server that does not speak TLS;
-//   - a response marked as a replay (Idempotent-Replayed: true) is final: the
-//     server stored that answer and will only replay it again;
-//   - Stripe-Should-Retry: true or false overrides the status rule;
-//   - 409, 429 and 5xx except 501 Not Implemented and 505 HTTP Version Not
-//     Supported are retried; every other status is final.
+//   - transport errors (refused, reset, EOF, timeouts, HTTP/2 GOAWAY, ...)
+//     are retried, except those that cannot heal: certificate verification
+//     failures, and a TLS handshake with a server that does not speak TLS;
+//   - an answer marked as a replay (see IsReplay) is final: the server
+//     stored it and will only replay it again, whatever else it says;
+//   - a retry hint overrides the status rule: Stripe-Should-Retry,
+//     X-Should-Retry or Transient-Error set to "true" retries, "false" is
+//     final. When they disagree, "false" wins;
+//   - without a hint, 409, 429 and 5xx except 501 Not Implemented and 505
+//     HTTP Version Not Supported are retried; every other status is final
+//     (see RetryableStatus). A 409 is the IETF draft's "a request with this
+//     key is still being processed": the resend waits for it;
+//   - an answer that would be retried is final after all if the server
+//     says the key was used before with another payload (see
+//     KeyReuseRejected): that cannot heal, whatever a hint says. To tell,
+//     the policy may read the first 8 KiB of a JSON body of a 400, 409 or
+//     422, and leaves resp.Body yielding the whole body.
 func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) bool {
 	if ctx != nil && ctx.Err() != nil {
 		return false
@@ -35,23 +46,18 @@ func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) boo
 	if err != nil {
 		return retryableError(err)
 	}
-	if resp == nil {
+	if resp == nil || IsReplay(resp) {
 		return false
 	}
-	if IsReplay(resp) {
-		return false
+	retry, hinted := retryHint(resp.Header)
+	if !hinted {
+		retry = RetryableStatus(resp.StatusCode)
 	}
-	switch strings.ToLower(strings.TrimSpace(resp.Header.Get("Stripe-Should-Retry"))) {
-	case "true":
-		return true
-	case "false":
-		return false
-	}
-	return RetryableStatus(resp.StatusCode)
+	return retry && !KeyReuseRejected(resp)
 }
 
 // RetryableStatus reports whether DefaultRetryPolicy retries a response with
-// this status and no overriding header: 409, 429 and 5xx except 501 and 505.
+// this status and no hint: 409, 429 and 5xx except 501 and 505.
 func RetryableStatus(code int) bool {
 	switch {
 	case code == http.StatusConflict, code == http.StatusTooManyRequests:
@@ -62,12 +68,6 @@ func RetryableStatus(code int) bool {
 		return true
 	}
 	return false
-}
-
-// IsReplay reports whether the server says resp replays a stored answer to
-// an earlier request with the same key (the Idempotent-Replayed header).
-func IsReplay(resp *http.Response) bool {
-	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get("Idempotent-Replayed")), "true")
 }
 
 // retryableError reports whether a transport error may heal on its own.

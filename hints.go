@@ -1,0 +1,373 @@
+package idemretry
+
+// This file reads what servers say about an answer beyond its status: retry
+// hints, replay marks, and refusals of a key reused with another payload.
+// DefaultRetryPolicy, IsReplay and KeyReuseRejected all ask it; the README's
+// "Hints recognised" table lists every name with its source.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// ErrKeyReused: the server says the action's key was used before with
+// another payload (KeyReuseRejected recognised its answer). No resend with
+// that key can succeed and none is made: the key belongs to a different
+// request, so find out which (another process, a caller-supplied key
+// reused, a server that fingerprints more than the body) before acting.
+var ErrKeyReused = errors.New("idemretry: idempotency key reused with another payload")
+
+// retryHeaders are the headers a server uses to say, whatever the status,
+// whether a resend with the same key may succeed: "true" or "false".
+var retryHeaders = [...]string{
+	"Stripe-Should-Retry", // Stripe; read by stripe-go, stripe-node, stripe-ruby
+	"X-Should-Retry",      // OpenAI and Anthropic APIs; read by their SDKs
+	"Transient-Error",     // Adyen, on idempotency errors
+}
+
+// replayHeaders are the headers a server sets to "true" on an answer it
+// replays from its idempotency store instead of processing the request.
+var replayHeaders = [...]string{
+	"Idempotent-Replayed",    // Stripe, Whop, ePay
+	"Idempotency-Replayed",   // server middlewares
+	"X-Idempotency-Replayed", // fiskaly
+	"Idempotency-Replay",     // Crunchy Data (Brandur Leach)
+	"X-Idempotency-Replay",   // theculprit.ai
+}
+
+// retryHint returns what the retry headers say: retry is whether to retry,
+// ok whether any of them said anything. When they disagree, "false" wins:
+// a server that says a resend cannot succeed is never overridden.
+func retryHint(h http.Header) (retry, ok bool) {
+	for _, name := range retryHeaders {
+		switch strings.ToLower(unquote(h.Get(name))) {
+		case "false":
+			return false, true
+		case "true":
+			retry, ok = true, true
+		}
+	}
+	return retry, ok
+}
+
+// IsReplay reports whether the server says resp replays a stored answer to
+// an earlier request with the same key: one of Idempotent-Replayed,
+// Idempotency-Replayed, X-Idempotency-Replayed, Idempotency-Replay or
+// X-Idempotency-Replay is "true" (case-insensitive, optionally quoted). A
+// replayed answer is final: the server will only replay it again.
+func IsReplay(resp *http.Response) bool {
+	if resp == nil {
+		return false
+	}
+	for _, name := range replayHeaders {
+		if strings.EqualFold(unquote(resp.Header.Get(name)), "true") {
+			return true
+		}
+	}
+	return false
+}
+
+// unquote trims v and the double quotes of a quoted string around it.
+func unquote(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	return v
+}
+
+// maxPeek is the most of a response body KeyReuseRejected reads.
+const maxPeek = 8 << 10
+
+// KeyReuseRejected reports whether resp is the server's refusal of a key
+// already used with another payload: an answer no resend with that key can
+// change. It recognises, on a 400, 409 or 422:
+//
+//   - the IETF draft (draft-ietf-httpapi-idempotency-key-header, section
+//     "Error Scenarios"): a 422 whose problem details (RFC 9457) or JSON
+//     error speak of idempotency in their type, title, detail or code, or
+//     whose Link header points to a rel="describedby" document about
+//     idempotency; on any of the three statuses, the draft's title
+//     "Idempotency-Key is already used";
+//   - Stripe: an error of type "idempotency_error" on a 400 (Stripe answers
+//     409 with code "idempotency_key_in_use" while the first request is in
+//     flight: that one is not a refusal), or the message "Keys for
+//     idempotent requests can only be used with the same parameters";
+//   - PayPal: the error name or issue DUPLICATE_REQUEST_ID or
+//     PAYPAL_REQUEST_ID_PREVIOUSLY_USED;
+//   - the codes idempotency_key_reused and idempotency_key_mismatch, in
+//     the problem type or title or in an error code, in any case and with
+//     '-', '_' or ' ' between the words.
+//
+// A bare 422 is not enough: many APIs (Adyen among them) answer 422 to any
+// request they cannot validate. A 409 that says a request with the key is
+// still in flight is not a refusal either: it is retried.
+//
+// To read a body it needs a JSON media type (application/json or a +json
+// type such as application/problem+json); then KeyReuseRejected reads at
+// most the first 8 KiB, and replaces resp.Body with a body that yields
+// those bytes and then the rest, and whose Close closes the original: the
+// caller still reads the whole body, once. A body larger than that is
+// judged on the fields that fit. The read waits for the body as any reader
+// of it would: a body that stalls, until the request's context ends. KeyReuseRejected is not safe for
+// concurrent use with other readers of resp.Body; calling it again on the
+// same response reads nothing more.
+func KeyReuseRejected(resp *http.Response) bool {
+	if resp == nil {
+		return false
+	}
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
+	default:
+		return false
+	}
+	if resp.StatusCode == http.StatusUnprocessableEntity && linksToIdempotency(resp.Header) {
+		return true
+	}
+	if !jsonMediaType(resp.Header.Get("Content-Type")) {
+		return false
+	}
+	return keyReuseBody(resp.StatusCode, jsonFields(peek(resp)))
+}
+
+// keyReuseBody applies KeyReuseRejected's rules to the fields of a JSON
+// error body.
+func keyReuseBody(status int, f map[string][]string) bool {
+	if f == nil {
+		return false
+	}
+	var named []string
+	for _, k := range [...]string{"type", "title", "code", "errorcode", "error", "error.type", "error.code", "name", "details.issue"} {
+		named = append(named, f[k]...)
+	}
+	for _, v := range named {
+		w := words(v)
+		switch {
+		case strings.Contains(w, "idempotency_key_is_already_used"), // the draft's title
+			strings.Contains(w, "idempotency_key_reused"),
+			strings.Contains(w, "idempotency_key_mismatch"),
+			w == "duplicate_request_id", w == "paypal_request_id_previously_used":
+			return true
+		case status == http.StatusUnprocessableEntity && strings.Contains(w, "idempoten"):
+			return true
+		}
+	}
+	if status == http.StatusUnprocessableEntity {
+		for _, v := range f["detail"] {
+			if strings.Contains(strings.ToLower(v), "idempoten") {
+				return true
+			}
+		}
+	}
+	for _, k := range [...]string{"error.message", "message"} {
+		for _, v := range f[k] {
+			if strings.Contains(words(v), "idempotent_requests_can_only_be_used_with_the_same_parameters") {
+				return true
+			}
+		}
+	}
+	if status == http.StatusBadRequest {
+		for _, v := range f["error.type"] {
+			if strings.EqualFold(v, "idempotency_error") && !hasFold(f["error.code"], "idempotency_key_in_use") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// words lower-cases s and turns every run of characters other than letters
+// and digits into one '_': "Idempotency-Key is already used" becomes
+// "idempotency_key_is_already_used".
+func words(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	sep := false
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			if sep && b.Len() > 0 {
+				b.WriteByte('_')
+			}
+			b.WriteRune(r)
+			sep = false
+		} else {
+			sep = true
+		}
+	}
+	return b.String()
+}
+
+func hasFold(vs []string, s string) bool {
+	for _, v := range vs {
+		if strings.EqualFold(v, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// linksToIdempotency reports whether a Link header points, with
+// rel="describedby", to a document whose address speaks of idempotency:
+// the draft's alternative to a problem details body.
+func linksToIdempotency(h http.Header) bool {
+	for _, v := range h.Values("Link") {
+		for _, link := range strings.Split(v, ",") {
+			target, params, ok := strings.Cut(link, ">")
+			if !ok || !strings.Contains(strings.ToLower(target), "idempoten") {
+				continue
+			}
+			for _, p := range strings.Split(params, ";") {
+				name, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+				if strings.EqualFold(strings.TrimSpace(name), "rel") {
+					for _, rel := range strings.Fields(unquote(val)) {
+						if strings.EqualFold(rel, "describedby") {
+							return true
+						}
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// jsonMediaType reports whether a Content-Type is JSON: application/json
+// or a structured +json type (application/problem+json).
+func jsonMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// peekedBody is a response body whose first bytes were read to classify
+// it: it yields prefix, then the rest of the original, and closes the
+// original.
+type peekedBody struct {
+	io.Reader
+	prefix []byte
+	orig   io.Closer
+}
+
+func (p *peekedBody) Close() error { return p.orig.Close() }
+
+// peek returns up to maxPeek bytes from the start of resp.Body, and leaves
+// resp.Body yielding the whole body. A read error is kept for the caller,
+// after the bytes read before it.
+func peek(resp *http.Response) []byte {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return nil
+	}
+	if p, ok := resp.Body.(*peekedBody); ok {
+		return p.prefix
+	}
+	orig := resp.Body
+	buf, err := io.ReadAll(io.LimitReader(orig, maxPeek))
+	resp.Body = &peekedBody{Reader: io.MultiReader(bytes.NewReader(buf), errReader(err, orig)), prefix: buf, orig: orig}
+	return buf
+}
+
+// jsonFields returns the string and number members of a JSON object, to
+// two levels, keyed by their lower-cased dotted path ("error.code"; the
+// objects of an array share its name: "details.issue"). b may be cut short:
+// the members before the cut are returned. It returns nil if b does not
+// start with an object.
+func jsonFields(b []byte) map[string][]string {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	out := map[string][]string{}
+	w := fieldWalker{dec: dec, out: out}
+	w.object("", 1)
+	return out
+}
+
+// fieldWalker walks a JSON object for jsonFields; its methods return false
+// once the input ends or is malformed.
+type fieldWalker struct {
+	dec *json.Decoder
+	out map[string][]string
+}
+
+const maxFieldDepth = 2
+
+// object reads the members of an object whose '{' was read, and its '}'.
+func (w *fieldWalker) object(path string, depth int) bool {
+	for w.dec.More() {
+		t, err := w.dec.Token()
+		if err != nil {
+			return false
+		}
+		key, ok := t.(string)
+		if !ok {
+			return false
+		}
+		key = strings.ToLower(key)
+		if path != "" {
+			key = path + "." + key
+		}
+		if !w.value(key, depth, false) {
+			return false
+		}
+	}
+	_, err := w.dec.Token()
+	return err == nil
+}
+
+// value reads one value at path; the elements of an array are read at
+// their array's path, and an array in an array is skipped.
+func (w *fieldWalker) value(path string, depth int, inArray bool) bool {
+	t, err := w.dec.Token()
+	if err != nil {
+		return false
+	}
+	switch t := t.(type) {
+	case string:
+		w.out[path] = append(w.out[path], t)
+	case json.Number:
+		w.out[path] = append(w.out[path], t.String())
+	case json.Delim:
+		switch {
+		case t == '{' && depth < maxFieldDepth:
+			return w.object(path, depth+1)
+		case t == '[' && !inArray:
+			for w.dec.More() {
+				if !w.value(path, depth, true) {
+					return false
+				}
+			}
+			_, err := w.dec.Token()
+			return err == nil
+		default:
+			return w.skip()
+		}
+	}
+	return true
+}
+
+// skip reads the rest of an object or array whose opening was read.
+func (w *fieldWalker) skip() bool {
+	for n := 1; n > 0; {
+		t, err := w.dec.Token()
+		if err != nil {
+			return false
+		}
+		if d, ok := t.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				n++
+			default:
+				n--
+			}
+		}
+	}
+	return true
+}
