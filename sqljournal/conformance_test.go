@@ -11,8 +11,8 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// These tests state MemoryJournal's semantics as a contract and run against
-// both MemoryJournal (so the contract is checked to be its behaviour) and
+// These tests state journal.Memory's semantics as a contract and run against
+// both journal.Memory (so the contract is checked to be its behaviour) and
 // the SQL journal. Times are whole milliseconds: the SQL journal, like the
 // file journal, stores creation times in Unix milliseconds.
 
@@ -136,7 +136,7 @@ func runConformance(t *testing.T, newJournal factory) {
 		j := newJournal(t)
 		err := j.Update(ctx, rec("nobody", "k", 0, journal.StateDone))
 		if !errors.Is(err, journal.ErrNotFound) {
-			t.Fatalf("Update of a missing action: %v, want ErrActionNotFound", err)
+			t.Fatalf("Update of a missing action: %v, want journal.ErrNotFound", err)
 		}
 	})
 
@@ -147,7 +147,7 @@ func runConformance(t *testing.T, newJournal factory) {
 		change := rec("pay:1", "k2", 0, journal.StateDone)
 		change.Attempts, change.Status = 4, 201
 		if err := j.Update(ctx, change); !errors.Is(err, journal.ErrNotFound) {
-			t.Fatalf("Update under another key: %v, want ErrActionNotFound", err)
+			t.Fatalf("Update under another key: %v, want journal.ErrNotFound", err)
 		}
 		sameRecord(t, "untouched", mustReserve(t, j, first, bg, false), first)
 	})
@@ -226,7 +226,7 @@ func runConformance(t *testing.T, newJournal factory) {
 		_, _, err := j.Reserve(ctx, rec("pay:2", "k", 0, journal.StatePending), bg)
 		check := func(op string, err error) {
 			if !errors.Is(err, journal.ErrClosed) {
-				t.Errorf("%s after Close: %v, want ErrJournalClosed", op, err)
+				t.Errorf("%s after Close: %v, want journal.ErrClosed", op, err)
 			}
 		}
 		check("Reserve", err)

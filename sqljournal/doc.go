@@ -1,4 +1,4 @@
-// Package sqljournal is an [journal.Journal] kept in a SQL database, so
+// Package sqljournal is a [journal.Journal] kept in a SQL database, so
 // that every machine of a fleet sends the same Idempotency-Key for one
 // logical action. It is written for PostgreSQL ($1 placeholders, ON CONFLICT)
 // through [database/sql], and works with any PostgreSQL driver: the
@@ -9,6 +9,10 @@
 //	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 //	j, err := sqljournal.Open(ctx, db)
 //	t, err := idemretry.NewTransport(http.DefaultTransport, idemretry.WithJournal(j))
+//
+// It imports only the seam package [journal] of idemretry's module, and
+// applies its rules: [journal.CheckRecord] for records, [journal.Digest]
+// for hashed action ids.
 //
 // # Guarantees
 //
@@ -33,17 +37,19 @@
 //
 // Every call returns by its context's deadline even when the database
 // hangs, and errors of a database that does not answer wrap
-// journal.ErrUnavailable (see [Journal]). [Open] refuses, with
-// journal.ErrIncompatible, a table that does not fit: no unique
+// [journal.ErrUnavailable] (see [Journal]). [Open] refuses, with
+// [journal.ErrIncompatible], a table that does not fit: no unique
 // key on action_id, other columns, or action ids hashed the other way.
 //
 // # Records and expiry
 //
-// Done records are kept for a retention (see [WithRetention]) and deleted by
-// [Journal.Expire], which the application calls on a schedule. Pending and
-// unknown records are never expired: an action whose outcome may be unknown
-// must never get a new key. They leave the table only through
-// [Journal.Forget], once the application has reconciled them.
+// The journal is told the Transport's key window ([WithKeyWindow], default
+// 24 hours) and a grace beyond it ([WithGrace], default 24 hours). Done
+// records are kept for the two together after their key was minted, and
+// then deleted by [Journal.Expire], which the application calls on a
+// schedule. Pending and unknown records are never expired: an action whose
+// outcome may be unknown must never get a new key. They leave the table
+// only through [Journal.Forget], once the application has reconciled them.
 //
 // Action ids are stored as given, or as SHA-256 digests with
 // [WithHashedActionIDs]. Either way they must not carry personal data.

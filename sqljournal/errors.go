@@ -15,17 +15,22 @@ import (
 )
 
 // Errors of this package, returned wrapped; test them with errors.Is. The
-// Journal also wraps idemretry's sentinels (see [Journal]).
+// Journal also wraps the sentinels of package journal (see [Journal]).
 var (
+	// ErrInvalidOption: [Open] was given a nil *sql.DB or a bad option
+	// value (a table name outside [WithTable]'s rule, a key window that is
+	// not positive, a negative grace, a nil clock). Nothing is clamped or
+	// replaced by a default: the error says which value is wrong.
+	ErrInvalidOption = errors.New("idemretry: invalid sqljournal option")
 	// ErrMalformedRecord: a row holds values no Journal writes (a
 	// fingerprint that is not 32 bytes, a state other than the three). It
 	// was written by something else and is left as it is for a person to
 	// see. Records a caller passes in are refused with
 	// journal.ErrInvalidRecord instead.
-	ErrMalformedRecord = errors.New("sqljournal: malformed record")
+	ErrMalformedRecord = errors.New("idemretry: malformed record in the journal's table")
 	// ErrContended: Reserve found the action's record changing under it
 	// (forgotten, or finished and replaced) on every one of its tries.
-	ErrContended = errors.New("sqljournal: action record changed concurrently on every try")
+	ErrContended = errors.New("idemretry: action record changed concurrently on every try")
 )
 
 // dbError wraps err, from the statements of op, for the caller. When the

@@ -47,3 +47,28 @@ func ExampleOpen() {
 	client := &http.Client{Transport: t}
 	_ = client // POST payments with idemretry.WithAction(ctx, "pay:order-1001")
 }
+
+// A server that keeps keys for a week: the Transport and the journal are
+// told the same key window, and the journal keeps done records for the
+// window plus its grace (a day by default), so that a done payment sent
+// again within the week reuses its key and gets the server's stored answer.
+func ExampleWithKeyWindow() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	const window = 7 * 24 * time.Hour
+	j, err := sqljournal.Open(ctx, db, sqljournal.WithKeyWindow(window))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer j.Close()
+	t, err := idemretry.NewTransport(http.DefaultTransport, idemretry.WithJournal(j), idemretry.WithKeyWindow(window))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = &http.Client{Transport: t}
+}

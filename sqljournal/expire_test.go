@@ -17,7 +17,8 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 	db := testDB(t)
 	var now atomic.Int64
 	now.Store(t0.UnixMilli())
-	j, _ := openJournal(t, db, sqljournal.WithRetention(48*time.Hour),
+	// Kept for the key window plus the grace: 48 hours.
+	j, _ := openJournal(t, db, sqljournal.WithKeyWindow(36*time.Hour), sqljournal.WithGrace(12*time.Hour),
 		sqljournal.WithNow(func() time.Time { return time.UnixMilli(now.Load()) }))
 	ctx := context.Background()
 	records := []journal.Record{
@@ -25,7 +26,7 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 		rec("old-pending", "k2", -72*time.Hour, journal.StatePending),
 		rec("old-unknown", "k3", -72*time.Hour, journal.StateUnknown),
 		rec("new-done", "k4", -time.Hour, journal.StateDone),
-		rec("edge-done", "k5", -48*time.Hour, journal.StateDone), // exactly the retention: kept
+		rec("edge-done", "k5", -48*time.Hour, journal.StateDone), // exactly window + grace: kept
 	}
 	for _, r := range records {
 		mustReserve(t, j, r, journal.ReuseAny, true)
@@ -57,20 +58,43 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 	}
 }
 
-func TestExpireDefaultRetention(t *testing.T) {
-	if want := idemretry.DefaultKeyWindow + 24*time.Hour; sqljournal.DefaultRetention != want {
-		t.Fatalf("DefaultRetention = %v, want %v", sqljournal.DefaultRetention, want)
+// The journal is told the key window and the grace, and keeps a done
+// record for the two together: by default idemretry's key window and a day.
+func TestExpireKeyWindowAndGrace(t *testing.T) {
+	if sqljournal.DefaultKeyWindow != idemretry.DefaultKeyWindow {
+		t.Fatalf("DefaultKeyWindow = %v, idemretry's is %v", sqljournal.DefaultKeyWindow, idemretry.DefaultKeyWindow)
+	}
+	if sqljournal.DefaultGrace != 24*time.Hour {
+		t.Fatalf("DefaultGrace = %v, want 24h", sqljournal.DefaultGrace)
 	}
 	db := testDB(t)
-	j, _ := openJournal(t, db, sqljournal.WithNow(func() time.Time { return t0 }))
 	ctx := context.Background()
-	mustReserve(t, j, rec("inside", "k1", -sqljournal.DefaultRetention+time.Minute, journal.StateDone), journal.ReuseAny, true)
-	mustReserve(t, j, rec("outside", "k2", -sqljournal.DefaultRetention-time.Minute, journal.StateDone), journal.ReuseAny, true)
-	if n, err := j.Expire(ctx); err != nil || n != 1 {
-		t.Fatalf("Expire: %d, %v; want 1", n, err)
-	}
-	j.Close()
-	if _, err := j.Expire(ctx); !errors.Is(err, journal.ErrClosed) {
-		t.Fatalf("Expire after Close: %v", err)
+	for _, tc := range []struct {
+		name string
+		opts []sqljournal.Option
+		kept time.Duration
+	}{
+		{"defaults", nil, 48 * time.Hour},
+		{"a week's window", []sqljournal.Option{sqljournal.WithKeyWindow(7 * 24 * time.Hour)}, 8 * 24 * time.Hour},
+		{"an hour's window, no grace", []sqljournal.Option{sqljournal.WithKeyWindow(time.Hour), sqljournal.WithGrace(0)}, time.Hour},
+		{"the last option wins", []sqljournal.Option{sqljournal.WithGrace(0), sqljournal.WithKeyWindow(time.Hour),
+			sqljournal.WithGrace(2 * time.Hour), sqljournal.WithKeyWindow(3 * time.Hour)}, 5 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := append([]sqljournal.Option{sqljournal.WithNow(func() time.Time { return t0 })}, tc.opts...)
+			j, _ := openJournal(t, db, opts...)
+			mustReserve(t, j, rec("inside", "k1", -tc.kept+time.Millisecond, journal.StateDone), journal.ReuseAny, true)
+			mustReserve(t, j, rec("edge", "k2", -tc.kept, journal.StateDone), journal.ReuseAny, true)
+			mustReserve(t, j, rec("outside", "k3", -tc.kept-time.Millisecond, journal.StateDone), journal.ReuseAny, true)
+			if n, err := j.Expire(ctx); err != nil || n != 1 {
+				t.Fatalf("Expire: %d, %v; want 1 (the record older than %v)", n, err, tc.kept)
+			}
+			mustReserve(t, j, rec("edge", "new", 0, journal.StatePending), journal.ReuseAny, false)
+			mustReserve(t, j, rec("outside", "new", 0, journal.StatePending), journal.ReuseAny, true)
+			j.Close()
+			if _, err := j.Expire(ctx); !errors.Is(err, journal.ErrClosed) {
+				t.Fatalf("Expire after Close: %v", err)
+			}
+		})
 	}
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry"
 )
 
 // The parsers of outside input in this package, each checked against a
@@ -35,7 +33,7 @@ func FuzzTableName(f *testing.F) {
 			t.Fatalf("parseTable(%q): %v, want accepted = %v", name, err, want)
 		}
 		if err != nil {
-			if !errors.Is(err, idemretry.ErrInvalidOption) || !strings.HasPrefix(err.Error(), "sqljournal: ") {
+			if !errors.Is(err, ErrInvalidOption) || !strings.HasPrefix(err.Error(), "sqljournal: ") {
 				t.Fatalf("parseTable(%q): %v, want an ErrInvalidOption with the package's prefix", name, err)
 			}
 			if tb != (table{}) {
@@ -86,8 +84,8 @@ func FuzzActionID(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, id string, hashed bool) {
-		if got, want := isDigestID(id), digestRE.MatchString(id); got != want {
-			t.Fatalf("isDigestID(%q) = %v, want %v", id, got, want)
+		if got, want := journal.IsDigest(id), digestRE.MatchString(id); got != want {
+			t.Fatalf("journal.IsDigest(%q) = %v, want %v", id, got, want)
 		}
 		j := &Journal{cfg: config{hashIDs: hashed}}
 		stored := j.storedID(id)
@@ -95,7 +93,7 @@ func FuzzActionID(f *testing.F) {
 			if stored != id {
 				t.Fatalf("plain storedID(%q) = %q", id, stored)
 			}
-			if mode := modeOfIDs([]string{stored}); id != "" && !isDigestID(id) && mode != modePlain {
+			if mode := modeOfIDs([]string{stored}); id != "" && !journal.IsDigest(id) && mode != modePlain {
 				t.Fatalf("a plain id %q judged %s", id, mode)
 			}
 			return
@@ -122,7 +120,7 @@ func FuzzActionID(f *testing.F) {
 
 // FuzzMark: a table's comment yields a mode only from a mark line with a
 // known mode; a mark line this version does not know, or two that
-// disagree, refuse the table (ErrJournalIncompatible) instead of guessing;
+// disagree, refuse the table (journal.ErrIncompatible) instead of guessing;
 // a comment without a mark records nothing; and the mark Open writes reads
 // back, alone or after someone's comment.
 func FuzzMark(f *testing.F) {

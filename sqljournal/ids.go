@@ -1,40 +1,21 @@
 package sqljournal
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strings"
 
 	"github.com/idemretry/idemretry/journal"
 )
 
-// digestPrefix marks a stored action id that is a SHA-256 digest.
-const digestPrefix = "sha256:"
-
-// storedID is the action id as the table holds it. With hashing, an id that
-// already has the digest form is taken as is, so that ids read back from
-// Unfinished can be passed to Forget; another id of that form is a SHA-256
-// preimage, which nobody can make on purpose.
+// storedID is the action id as the table holds it: as given, or with
+// WithHashedActionIDs its digest form (journal.Digest), which takes an id
+// already in that form as it is, so that ids read back from Unfinished
+// reach the same row.
 func (j *Journal) storedID(id string) string {
-	if !j.cfg.hashIDs || isDigestID(id) {
-		return id
+	if j.cfg.hashIDs {
+		return journal.Digest(id)
 	}
-	sum := sha256.Sum256([]byte(id))
-	return digestPrefix + hex.EncodeToString(sum[:])
-}
-
-func isDigestID(id string) bool {
-	h, ok := strings.CutPrefix(id, digestPrefix)
-	if !ok || len(h) != 2*sha256.Size {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		if c := h[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return id
 }
 
 // Id modes, as recorded in a table's comment.
@@ -61,7 +42,7 @@ func markComment(mode string) string { return markPrefix + mode }
 // is markPrefix and a mode, alone but for surrounding blanks. A comment
 // without such a line records nothing (found false). A mark line with a
 // mode this version does not know, or two that disagree, is an error
-// wrapping ErrJournalIncompatible: a newer version, or someone else, wrote
+// wrapping journal.ErrIncompatible: a newer version, or someone else, wrote
 // it, and guessing could give an action two keys.
 func parseMark(comment string) (mode string, found bool, err error) {
 	for _, line := range strings.Split(comment, "\n") {
@@ -88,7 +69,7 @@ func modeOfIDs(ids []string) string {
 		return ""
 	}
 	for _, id := range ids {
-		if !isDigestID(id) {
+		if !journal.IsDigest(id) {
 			return modePlain
 		}
 	}

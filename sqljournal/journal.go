@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry"
 )
 
-// Journal is an [journal.Journal] in a PostgreSQL table, shared by every
+// Journal is a [journal.Journal] in a PostgreSQL table, shared by every
 // process that opens the same table. It is safe for concurrent use; all its
 // coordination happens in the database, so any number of Journals, in one
 // process or on many machines, may use one table at once.
@@ -68,10 +66,10 @@ var _ journal.Journal = (*Journal)(nil)
 // The table records whether its action ids are hashed
 // ([WithHashedActionIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
 // or "...=sha256", written by the Open that creates it (or by the first
-// creating Open of an uncommented table made by an earlier version).
+// creating Open of an uncommented table made without Open, by hand).
 //
-// Open fails with an error wrapping [idemretry.ErrInvalidOption] for a bad
-// option (a nil option is skipped); [journal.ErrIncompatible] when
+// Open fails with an error wrapping [ErrInvalidOption] for a nil db or a
+// bad option value (a nil option is skipped); [journal.ErrIncompatible] when
 // the table does not fit: a column missing or of another type, no unique
 // index or primary key on action_id alone (Reserve's INSERT ... ON CONFLICT
 // (action_id) needs one; a deferrable one does not do), or action ids
@@ -82,7 +80,7 @@ var _ journal.Journal = (*Journal)(nil)
 // the database does not answer (see [Journal]); else the database's error.
 func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 	if db == nil {
-		return nil, fmt.Errorf("sqljournal: nil *sql.DB: %w", idemretry.ErrInvalidOption)
+		return nil, fmt.Errorf("sqljournal: nil *sql.DB: %w", ErrInvalidOption)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -150,10 +148,10 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	// Not ours to guess at: a fingerprint that cannot match would make
 	// every resend fail as a different request.
 	if len(fp) != len(r.Fingerprint) {
-		return journal.Record{}, fmt.Errorf("sqljournal: action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
+		return journal.Record{}, fmt.Errorf("action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
 	}
 	if st := journal.State(state); state < 0 || state > 255 || st < journal.StatePending || st > journal.StateUnknown {
-		return journal.Record{}, fmt.Errorf("sqljournal: action %q: state %d: %w", r.ActionID, state, ErrMalformedRecord)
+		return journal.Record{}, fmt.Errorf("action %q: state %d: %w", r.ActionID, state, ErrMalformedRecord)
 	}
 	copy(r.Fingerprint[:], fp)
 	r.CreatedAt = time.UnixMilli(createdMs)

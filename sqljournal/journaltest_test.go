@@ -1,7 +1,6 @@
 package sqljournal_test
 
 import (
-	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
@@ -24,7 +23,7 @@ func TestJournalTestSuite(t *testing.T) {
 		j, table := openJournal(t, db)
 		tables.Store(j, table)
 		return j
-	}, journaltest.Stall(lockTable(db, &tables)))
+	}, journaltest.Stall(stallTable(db, &tables)))
 }
 
 func TestJournalTestSuiteHashed(t *testing.T) {
@@ -37,26 +36,21 @@ func TestJournalTestSuiteHashed(t *testing.T) {
 	}, journaltest.ReportedIDs(func(id string) string {
 		sum := sha256.Sum256([]byte(id))
 		return "sha256:" + hex.EncodeToString(sum[:])
-	}), journaltest.Stall(lockTable(db, &tables)))
+	}), journaltest.Stall(stallTable(db, &tables)))
 }
 
-// lockTable returns a stall for journaltest: a transaction of its own that
+// stallTable returns a stall for journaltest: a transaction of its own that
 // locks the journal's table in ACCESS EXCLUSIVE mode (which every read and
 // write waits for) until release rolls it back.
-func lockTable(db *sql.DB, tables *sync.Map) func(t *testing.T, j journal.Journal) func() {
+func stallTable(db *sql.DB, tables *sync.Map) func(t *testing.T, j journal.Journal) func() {
 	return func(t *testing.T, j journal.Journal) func() {
 		t.Helper()
 		table, ok := tables.Load(j)
 		if !ok {
 			t.Fatalf("stall: unknown journal %p", j)
 		}
-		ctx := context.Background()
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := holdLock(db, lockTable(table.(string)))
 		if err != nil {
-			t.Fatalf("stall: %v", err)
-		}
-		if _, err := tx.ExecContext(ctx, `LOCK TABLE "`+table.(string)+`" IN ACCESS EXCLUSIVE MODE`); err != nil {
-			tx.Rollback()
 			t.Fatalf("stall: %v", err)
 		}
 		return func() {

@@ -5,38 +5,51 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
 func TestOpenRejectsBadOptions(t *testing.T) {
 	ctx := context.Background()
-	if _, err := sqljournal.Open(ctx, nil); !errors.Is(err, idemretry.ErrInvalidOption) {
-		t.Errorf("nil db: %v", err)
+	invalid := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, sqljournal.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", what, err)
+		} else if msg := err.Error(); !strings.HasPrefix(msg, "sqljournal: ") || strings.Count(msg, "idemretry: ") != 1 {
+			t.Errorf("%s: %q, want the sqljournal: prefix and idemretry: once", what, msg)
+		}
 	}
+	_, err := sqljournal.Open(ctx, nil)
+	invalid("nil db", err)
 	db := testDB(t)
 	bad := []string{"", "1abc", "a-b", `a"; DROP TABLE x; --`, "a.b.c", ".a", "a.", "tab le",
 		"é", strings.Repeat("a", 49), "a\x00"}
 	for _, name := range bad {
-		if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(name)); !errors.Is(err, idemretry.ErrInvalidOption) {
-			t.Errorf("table %q: %v, want ErrInvalidOption", name, err)
-		}
+		_, err := sqljournal.Open(ctx, db, sqljournal.WithTable(name))
+		invalid(fmt.Sprintf("table %q", name), err)
 	}
-	for _, d := range []time.Duration{0, -time.Hour} {
-		if _, err := sqljournal.Open(ctx, db, sqljournal.WithRetention(d)); !errors.Is(err, idemretry.ErrInvalidOption) {
-			t.Errorf("retention %v: %v, want ErrInvalidOption", d, err)
-		}
+	for _, d := range []time.Duration{0, -time.Hour, math.MinInt64} {
+		_, err := sqljournal.Open(ctx, db, sqljournal.WithKeyWindow(d))
+		invalid(fmt.Sprintf("key window %v", d), err)
 	}
-	if _, err := sqljournal.Open(ctx, db, sqljournal.WithNow(nil)); !errors.Is(err, idemretry.ErrInvalidOption) {
-		t.Errorf("nil clock: %v, want ErrInvalidOption", err)
+	for _, d := range []time.Duration{-time.Nanosecond, -time.Hour, math.MinInt64} {
+		_, err := sqljournal.Open(ctx, db, sqljournal.WithGrace(d))
+		invalid(fmt.Sprintf("grace %v", d), err)
 	}
+	// Their sum must be a time.Duration: not wrapped round, not clamped.
+	_, err = sqljournal.Open(ctx, db, sqljournal.WithKeyWindow(math.MaxInt64/2+1), sqljournal.WithGrace(math.MaxInt64/2+1))
+	invalid("key window and grace over the longest duration", err)
+	_, err = sqljournal.Open(ctx, db, sqljournal.WithKeyWindow(math.MaxInt64), sqljournal.WithGrace(time.Nanosecond))
+	invalid("the longest key window plus a nanosecond", err)
+	_, err = sqljournal.Open(ctx, db, sqljournal.WithNow(nil))
+	invalid("nil clock", err)
 }
 
 func TestOpenWithoutCreateTable(t *testing.T) {
@@ -65,7 +78,7 @@ func TestOpenRejectsForeignTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := sqljournal.Open(context.Background(), db, sqljournal.WithTable(table)); !errors.Is(err, journal.ErrIncompatible) {
-		t.Fatalf("Open of a table without the journal's columns: %v, want ErrJournalIncompatible", err)
+		t.Fatalf("Open of a table without the journal's columns: %v, want journal.ErrIncompatible", err)
 	}
 }
 
@@ -130,11 +143,16 @@ func TestMalformedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	malformed := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, sqljournal.ErrMalformedRecord) {
+			t.Errorf("%s: %v, want ErrMalformedRecord", what, err)
+		} else if msg := err.Error(); strings.Count(msg, "idemretry: ") != 1 || strings.Count(msg, "sqljournal: ") != 1 {
+			t.Errorf("%s: %q, want the sqljournal: and idemretry: prefixes once each", what, msg)
+		}
+	}
 	_, _, err := j.Reserve(ctx, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny)
-	if !errors.Is(err, sqljournal.ErrMalformedRecord) {
-		t.Errorf("Reserve of a malformed record: %v, want ErrMalformedRecord", err)
-	}
-	if _, err := j.Unfinished(ctx); !errors.Is(err, sqljournal.ErrMalformedRecord) {
-		t.Errorf("Unfinished with a malformed record: %v, want ErrMalformedRecord", err)
-	}
+	malformed("Reserve of a malformed record", err)
+	_, err = j.Unfinished(ctx)
+	malformed("Unfinished with a malformed record", err)
 }

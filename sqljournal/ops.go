@@ -27,11 +27,10 @@ func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
 	if err := checkID(id); err != nil {
 		return fmt.Errorf("sqljournal: update: %w", err)
 	}
-	if err := checkProgress(rec); err != nil {
+	if err := journal.CheckProgress(rec); err != nil {
 		return fmt.Errorf("sqljournal: update %q: %w", id, err)
 	}
-	if checkRecord(rec) != nil {
-		// Only the key can be wrong here, and Reserve stores no such key.
+	if !journal.ValidKey(rec.Key) { // Reserve stores no such key
 		return fmt.Errorf("sqljournal: update %q: %w", id, journal.ErrNotFound)
 	}
 	n, err := bounded(ctx, func() (int64, error) {
@@ -100,17 +99,18 @@ func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	return nil
 }
 
-// Expire deletes the done records whose key was minted more than the
-// retention ago ([WithRetention]) and returns how many it deleted. Pending
-// and unknown records are never deleted: their outcome may be unknown, and
-// such an action must never get a new key. Call it on a schedule (hourly is
-// plenty); concurrent calls from several machines are harmless. It fails
-// with [journal.ErrClosed] after Close.
+// Expire deletes the done records whose key was minted more than the key
+// window plus the grace ago ([WithKeyWindow], [WithGrace]: 48 hours by
+// default) and returns how many it deleted. Pending and unknown records are
+// never deleted: their outcome may be unknown, and such an action must
+// never get a new key. Call it on a schedule (hourly is plenty); concurrent
+// calls from several machines are harmless. It fails with
+// [journal.ErrClosed] after Close.
 func (j *Journal) Expire(ctx context.Context) (int64, error) {
 	if err := j.usable(ctx, "expire"); err != nil {
 		return 0, err
 	}
-	cutoff := j.cfg.now().Add(-j.cfg.retention).UnixMilli()
+	cutoff := j.cfg.now().Add(-j.cfg.retention()).UnixMilli()
 	n, err := bounded(ctx, func() (int64, error) {
 		res, err := j.db.ExecContext(ctx, j.q.expire, cutoff)
 		if err != nil {

@@ -2,7 +2,6 @@ package sqljournal_test
 
 import (
 	"context"
-	"database/sql"
 	"net/http"
 	"testing"
 	"time"
@@ -31,14 +30,11 @@ func TestFailedDoneNoReusedKey(t *testing.T) {
 			// Before the answer leaves: lock the action's row, so that the
 			// Transport's update to done waits; kill that update's
 			// connection, then let go.
-			holder, err := db.BeginTx(context.Background(), nil)
+			holder, err := holdLock(db, lockRows(table))
 			if err != nil {
 				t.Error(err)
 				close(killed)
 				return
-			}
-			if _, err := holder.Exec(`SELECT 1 FROM "` + table + `" FOR UPDATE`); err != nil {
-				t.Error(err)
 			}
 			go func() {
 				defer close(killed)
@@ -107,21 +103,5 @@ func secondPayment(t *testing.T, srv *chargeServer, rt http.RoundTripper, restor
 	}
 	if srv.chargeCount() != 2 || keys[len(keys)-1] == keys[0] {
 		t.Fatalf("second payment: %+v; %d charges, keys %v; want a second charge under a new key", second, srv.chargeCount(), keys)
-	}
-}
-
-// lockWaiter returns the pid of the backend whose statement on table waits
-// for a lock, once there is one.
-func lockWaiter(db *sql.DB, table string) (int, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var pid int
-		err := db.QueryRow(`SELECT pid FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()
-			AND strpos(query, $1) > 0 LIMIT 1`, `"`+table+`"`).Scan(&pid)
-		if err != sql.ErrNoRows || time.Now().After(deadline) {
-			return pid, err
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -68,10 +70,60 @@ func newTable(t testing.TB, db *sql.DB) string {
 func openJournal(t testing.TB, db *sql.DB, opts ...sqljournal.Option) (*sqljournal.Journal, string) {
 	t.Helper()
 	table := newTable(t, db)
+	return openOn(t, db, table, opts...), table
+}
+
+// openOn opens a Journal on table through db, closed when t ends. Given a
+// pool of its own (testDB), it is another machine as far as the database
+// can tell: separate connections, no shared memory.
+func openOn(t testing.TB, db *sql.DB, table string, opts ...sqljournal.Option) *sqljournal.Journal {
+	t.Helper()
 	j, err := sqljournal.Open(context.Background(), db, append([]sqljournal.Option{sqljournal.WithTable(table)}, opts...)...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { j.Close() })
-	return j, table
+	return j
+}
+
+// lockTable and lockRows are statements for holdLock: an ACCESS EXCLUSIVE
+// lock on the table, which every read and write of it waits for, or row
+// locks on every row, which updates and deletes of them wait for.
+func lockTable(table string) string { return `LOCK TABLE "` + table + `" IN ACCESS EXCLUSIVE MODE` }
+func lockRows(table string) string  { return `SELECT 1 FROM "` + table + `" FOR UPDATE` }
+
+// holdLock begins a transaction of its own on db and runs lock in it (see
+// lockTable and lockRows). The lock is held until the caller rolls the
+// transaction back.
+func holdLock(db *sql.DB, lock string) (*sql.Tx, error) {
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(lock); err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
+}
+
+// lockWaiter returns the pid of the backend whose statement on table waits
+// for a lock, once there is one (within 30 s).
+func lockWaiter(db *sql.DB, table string) (int, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var pid int
+		err := db.QueryRow(`SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()
+			AND strpos(query, $1) > 0 LIMIT 1`, `"`+table+`"`).Scan(&pid)
+		switch {
+		case err == nil:
+			return pid, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return 0, err
+		case time.Now().After(deadline):
+			return 0, fmt.Errorf("no statement on %s waits for a lock", table)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -9,7 +9,7 @@ import (
 // columns is the order every query reads and writes a record's columns in.
 const columns = `action_id, key, fingerprint, created_at, state, attempts, status`
 
-// stateDone and the others are idemretry's State values as SQL literals, so
+// stateDone and the others are journal.State values as SQL literals, so
 // that the constants stay the single source of truth.
 var (
 	stateDone    = strconv.Itoa(int(journal.StateDone))
@@ -41,7 +41,7 @@ func newQueries(t table) queries {
 		// The key must match too: a record replaced (ReusePending) or
 		// forgotten and created again is another action under the same id.
 		// Done is final: a done row keeps its state and status whatever the
-		// update says, and attempts never go down (as MemoryJournal). The
+		// update says, and attempts never go down (as journal.Memory). The
 		// rule is in the statement, so it holds against writers on other
 		// machines: SET reads the row as locked by this UPDATE (at READ
 		// COMMITTED, the latest committed version; a concurrent writer's
@@ -52,7 +52,7 @@ func newQueries(t table) queries {
 			` attempts = GREATEST(attempts, $4)` +
 			` WHERE action_id = $1 AND key = $2`,
 		forget: `DELETE FROM ` + t.quoted + ` WHERE action_id = $1`,
-		// COLLATE "C" orders equal times by bytes, as MemoryJournal does,
+		// COLLATE "C" orders equal times by bytes, as journal.Memory does,
 		// whatever the database's collation.
 		unfinished: `SELECT ` + columns + ` FROM ` + t.quoted +
 			` WHERE state IN (` + statePending + `, ` + stateUnknown + `) ORDER BY created_at, action_id COLLATE "C"`,

@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry/sqljournal"
 )
 
 // raceReserve has n goroutines, spread round-robin over journals, reserve
@@ -67,13 +65,8 @@ func TestReserveManyGoroutinesOneKey(t *testing.T) {
 // Two pools are two machines as far as the database can tell: separate
 // connections, no shared memory.
 func TestReserveTwoPoolsOneKey(t *testing.T) {
-	dbA, dbB := testDB(t), testDB(t)
-	jA, table := openJournal(t, dbA)
-	jB, err := sqljournal.Open(context.Background(), dbB, sqljournal.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer jB.Close()
+	jA, table := openJournal(t, testDB(t))
+	jB := openOn(t, testDB(t), table)
 	for a := range 20 {
 		keys, created := raceReserve(t, []journal.Journal{jA, jB}, fmt.Sprintf("pay:%d", a), 40, journal.ReuseAny)
 		oneKey(t, keys, created, 40)
@@ -84,13 +77,8 @@ func TestReserveTwoPoolsOneKey(t *testing.T) {
 // replaced exactly once: the first replacement is pending, so every other
 // reserver reuses it.
 func TestReusePendingReplacesDoneOnce(t *testing.T) {
-	dbA, dbB := testDB(t), testDB(t)
-	jA, table := openJournal(t, dbA)
-	jB, err := sqljournal.Open(context.Background(), dbB, sqljournal.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer jB.Close()
+	jA, table := openJournal(t, testDB(t))
+	jB := openOn(t, testDB(t), table)
 	ctx := context.Background()
 	old := rec("fp:x", "old-key", 0, journal.StatePending)
 	mustReserve(t, jA, old, journal.ReusePending, true)

@@ -24,11 +24,10 @@ const reserveTries = 8
 // [ErrContended]). A created record is committed, so durable, on return.
 //
 // The returned record carries rec.ActionID as given, even when ids are
-// hashed. Reserve fails with [journal.ErrInvalidRecord] for a
-// record no Transport makes (an empty id, or one the table cannot hold; a
-// key that is not 1 to 255 visible ASCII characters; a state other than
-// the three, negative Attempts or Status), and with
-// [journal.ErrClosed] after Close.
+// hashed. Reserve fails with [journal.ErrInvalidRecord] for a record no
+// Transport makes: one that [journal.CheckRecord] refuses (the id judged as
+// stored), or whose id PostgreSQL text cannot hold (a NUL byte, invalid
+// UTF-8); and with [journal.ErrClosed] after Close.
 //
 // Each try runs in a transaction begun at READ COMMITTED, whatever the
 // database's or the role's default_transaction_isolation: at REPEATABLE READ
@@ -42,14 +41,16 @@ func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.
 	if err := j.usable(ctx, "reserve"); err != nil {
 		return journal.Record{}, false, err
 	}
-	if rec.ActionID == "" {
+	if rec.ActionID == "" { // even hashed: its digest would pass
 		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve: %w: empty action id", journal.ErrInvalidRecord)
 	}
 	id := j.storedID(rec.ActionID)
 	if err := checkID(id); err != nil {
 		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve: %w", err)
 	}
-	if err := checkRecord(rec); err != nil {
+	stored := rec
+	stored.ActionID = id // a hashed id may be longer than the rule allows
+	if err := journal.CheckRecord(stored); err != nil {
 		return journal.Record{}, false, fmt.Errorf("sqljournal: reserve %q: %w", id, err)
 	}
 	insert := j.q.insertKeep

@@ -93,7 +93,7 @@ func markMode(ctx context.Context, tx *sql.Tx, t table, mode string) error {
 // on action_id alone that INSERT ... ON CONFLICT (action_id) can use, so
 // that a wrong table is reported by Open, not by the first payment. The
 // statements are planned (EXPLAIN), not run: PostgreSQL itself judges
-// whether they fit. A table that does not wraps ErrJournalIncompatible.
+// whether they fit. A table that does not wraps journal.ErrIncompatible.
 func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	rows, err := db.QueryContext(ctx, `SELECT `+columns+` FROM `+t.quoted+` WHERE false`)
 	if err != nil {
@@ -134,7 +134,7 @@ const deferrableKey = `SELECT EXISTS (SELECT 1 FROM pg_index i
 
 // incompatible wraps an error that says the table does not fit the
 // journal's statements (SQLSTATE class 42, a missing table or privilege
-// aside) with ErrJournalIncompatible and why; any other error is returned
+// aside) with journal.ErrIncompatible and why; any other error is returned
 // as it is.
 func incompatible(err error) error {
 	var st interface{ SQLState() string }
@@ -153,7 +153,7 @@ func incompatible(err error) error {
 	return fmt.Errorf("%w: the table %s: %w", journal.ErrIncompatible, why, err)
 }
 
-// checkMode fails with ErrJournalIncompatible unless the table's id mode
+// checkMode fails with journal.ErrIncompatible unless the table's id mode
 // (see readMode) is mode or unknown.
 func checkMode(ctx context.Context, db querier, t table, mode string) error {
 	got, how, err := readMode(ctx, db, t)

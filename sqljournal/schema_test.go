@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -28,7 +26,7 @@ const legacyDDL = `(
 // Processes that disagree on WithHashedActionIDs over one table would give
 // one action two keys (one under its id, one under its digest): the table
 // records its mode when Open creates it, and an Open in the other mode is
-// refused with ErrJournalIncompatible, as the file journal refuses it.
+// refused with journal.ErrIncompatible, as the file journal refuses it.
 func TestOpenRefusesOtherIDMode(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
@@ -49,7 +47,7 @@ func TestOpenRefusesOtherIDMode(t *testing.T) {
 			_, err := open(!first, extra...)
 			t.Logf("table made with hashed=%v, Open with hashed=%v (creating: %v): %v", first, !first, extra == nil, err)
 			if !errors.Is(err, journal.ErrIncompatible) {
-				t.Errorf("table made with hashed=%v, Open with hashed=%v (creating: %v): %v, want ErrJournalIncompatible", first, !first, extra == nil, err)
+				t.Errorf("table made with hashed=%v, Open with hashed=%v (creating: %v): %v, want journal.ErrIncompatible", first, !first, extra == nil, err)
 			} else if strings.Count(err.Error(), "idemretry: ") != 1 {
 				t.Errorf("error %q: want the idemretry: prefix once", err)
 			}
@@ -80,7 +78,7 @@ func TestOpenLegacyTableIDMode(t *testing.T) {
 	}
 	j.Close()
 	if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(empty)); !errors.Is(err, journal.ErrIncompatible) {
-		t.Errorf("plain Open of a legacy table first opened hashed: %v, want ErrJournalIncompatible", err)
+		t.Errorf("plain Open of a legacy table first opened hashed: %v, want journal.ErrIncompatible", err)
 	}
 
 	for _, tc := range []struct {
@@ -107,7 +105,7 @@ func TestOpenLegacyTableIDMode(t *testing.T) {
 		}
 		for _, extra := range []sqljournal.Option{sqljournal.WithoutCreateTable(), sqljournal.WithTable(table)} {
 			if _, err := sqljournal.Open(ctx, db, append(other, extra)...); !errors.Is(err, journal.ErrIncompatible) {
-				t.Errorf("%s legacy table, Open in the other mode: %v, want ErrJournalIncompatible", tc.name, err)
+				t.Errorf("%s legacy table, Open in the other mode: %v, want journal.ErrIncompatible", tc.name, err)
 			}
 		}
 		j, err := sqljournal.Open(ctx, db, same...)
@@ -196,7 +194,7 @@ func TestOpenRequiresUniqueActionID(t *testing.T) {
 						want = "types"
 					}
 					if !errors.Is(err, journal.ErrIncompatible) || !strings.Contains(err.Error(), want) {
-						t.Errorf("Open: %v, want ErrJournalIncompatible saying %q", err, want)
+						t.Errorf("Open: %v, want journal.ErrIncompatible saying %q", err, want)
 					}
 					continue
 				}
@@ -215,7 +213,7 @@ func TestOpenRequiresUniqueActionID(t *testing.T) {
 // skips one.
 func TestOpenNilOption(t *testing.T) {
 	ctx := context.Background()
-	if _, err := sqljournal.Open(ctx, nil, nil); !errors.Is(err, idemretry.ErrInvalidOption) {
+	if _, err := sqljournal.Open(ctx, nil, nil); !errors.Is(err, sqljournal.ErrInvalidOption) {
 		t.Errorf("nil db, nil option: %v, want ErrInvalidOption", err)
 	}
 	db := testDB(t)

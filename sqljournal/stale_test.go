@@ -38,14 +38,7 @@ func staleFinish(t *testing.T, action string) {
 	const body = `{"order":77,"amount":1200}`
 	probe := testDB(t)
 	table := newTable(t, probe)
-	open := func() *sqljournal.Journal {
-		j, err := sqljournal.Open(context.Background(), testDB(t), sqljournal.WithTable(table))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { j.Close() })
-		return j
-	}
+	open := func() *sqljournal.Journal { return openOn(t, testDB(t), table) }
 
 	srv := newChargeServer(t)
 	inflight, gate := make(chan string, 1), make(chan struct{})

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
-
-	"github.com/idemretry/idemretry"
 )
 
 // maxIdentLen leaves room under PostgreSQL's 63-byte identifier limit for
@@ -25,12 +23,12 @@ type table struct {
 func parseTable(name string) (table, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
-		return table{}, fmt.Errorf("sqljournal: table name %q: more than one dot: %w", name, idemretry.ErrInvalidOption)
+		return table{}, fmt.Errorf("sqljournal: table name %q: more than one dot: %w", name, ErrInvalidOption)
 	}
 	for _, p := range parts {
 		if !validIdent(p) {
 			return table{}, fmt.Errorf("sqljournal: table name %q: want 1 to %d letters, digits or underscores, not starting with a digit: %w",
-				name, maxIdentLen, idemretry.ErrInvalidOption)
+				name, maxIdentLen, ErrInvalidOption)
 		}
 	}
 	q := make([]string, len(parts))

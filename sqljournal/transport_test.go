@@ -15,7 +15,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/sqljournal"
 )
 
 // stripeLike is a payment server with Stripe's idempotency semantics: the
@@ -85,22 +84,10 @@ func (s *stripeLike) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // connections; only the database is shared.
 func machine(t *testing.T, table string) *http.Client {
 	t.Helper()
-	db := testDB(t)
-	j, err := sqljournal.Open(context.Background(), db, sqljournal.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { j.Close() })
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithMaxRetries(10),
+	tr := transportOn(t, openOn(t, testDB(t), table), idemretry.WithMaxRetries(10),
 		idemretry.WithBackOff(func() backoff.BackOff {
 			return idemretry.NewFullJitter(time.Millisecond, 20*time.Millisecond, nil)
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Close() })
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 

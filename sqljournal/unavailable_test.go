@@ -51,6 +51,16 @@ func recNow(id, key string) journal.Record {
 	return r
 }
 
+// reservedJournal opens a Journal on a fresh table of db, closed when t
+// ends, and reserves in it the record that journalCalls then works on.
+func reservedJournal(t *testing.T, db *sql.DB) (*sqljournal.Journal, string, journal.Record) {
+	t.Helper()
+	j, table := openJournal(t, db)
+	r := recNow("pay:1", "k1")
+	mustReserve(t, j, r, journal.ReuseAny, true)
+	return j, table, r
+}
+
 // driverError reports whether err carries an error of the driver or the
 // network underneath the Journal's own wrapping.
 func driverError(err error) bool {
@@ -70,7 +80,7 @@ func unavailable(t *testing.T, what string, err error) {
 	t.Logf("%s: %v", what, err)
 	switch {
 	case !errors.Is(err, journal.ErrUnavailable):
-		t.Errorf("%s: %v, want an error wrapping ErrJournalUnavailable", what, err)
+		t.Errorf("%s: %v, want an error wrapping journal.ErrUnavailable", what, err)
 	case !driverError(err) && !errors.Is(err, context.DeadlineExceeded):
 		t.Errorf("%s: %v (%T), want the driver's error kept in the chain", what, err, errors.Unwrap(err))
 	case strings.Count(err.Error(), "idemretry: ") != 1:
@@ -79,19 +89,13 @@ func unavailable(t *testing.T, what string, err error) {
 }
 
 // With the server stopped, every call fails at once with an error that
-// wraps ErrJournalUnavailable and the driver's error; once it is back, the
+// wraps journal.ErrUnavailable and the driver's error; once it is back, the
 // same Journal works again.
 func TestUnavailableServerStopped(t *testing.T) {
 	c := ownCluster(t)
 	db := c.db()
 	ctx := context.Background()
-	j, err := sqljournal.Open(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
-	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, journal.ReuseAny, true)
+	j, _, r := reservedJournal(t, db)
 
 	c.stop()
 	for _, call := range journalCalls(r) {
@@ -101,7 +105,7 @@ func TestUnavailableServerStopped(t *testing.T) {
 		unavailable(t, call.name+" with the server stopped", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	_, err = sqljournal.Open(cctx, db, sqljournal.WithTable("another"))
+	_, err := sqljournal.Open(cctx, db, sqljournal.WithTable("another"))
 	cancel()
 	unavailable(t, "Open with the server stopped", err)
 
@@ -113,26 +117,24 @@ func TestUnavailableServerStopped(t *testing.T) {
 }
 
 // A connection killed (pg_terminate_backend) while its statement waits
-// fails the call with ErrJournalUnavailable and the server's error, and the
+// fails the call with journal.ErrUnavailable and the server's error, and the
 // statement did not take effect.
 func TestUnavailableConnectionKilled(t *testing.T) {
 	db := testDB(t)
-	j, table := openJournal(t, db)
+	j, table, r := reservedJournal(t, db)
 	ctx := context.Background()
-	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, journal.ReuseAny, true)
 
 	for _, call := range journalCalls(r) {
-		holder, err := db.BeginTx(ctx, nil)
+		holder, err := holdLock(db, lockTable(table))
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := holder.ExecContext(ctx, `LOCK TABLE "`+table+`" IN ACCESS EXCLUSIVE MODE`); err != nil {
 			t.Fatal(err)
 		}
 		errc := make(chan error, 1)
 		go func() { errc <- call.call(ctx, j) }()
-		pid := waitingBackend(t, db, table)
+		pid, err := lockWaiter(db, table)
+		if err != nil {
+			t.Fatal(err)
+		}
 		var killed bool
 		if err := db.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&killed); err != nil || !killed {
 			t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, killed, err)
@@ -157,47 +159,19 @@ func TestUnavailableConnectionKilled(t *testing.T) {
 	}
 }
 
-// waitingBackend returns the pid of the backend whose statement on table
-// waits for a lock.
-func waitingBackend(t *testing.T, db *sql.DB, table string) int {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var pid int
-		err := db.QueryRowContext(context.Background(), `SELECT pid FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()
-			AND strpos(query, $1) > 0 LIMIT 1`, `"`+table+`"`).Scan(&pid)
-		if err == nil {
-			return pid
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no statement waits on the locked table")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // A call that runs out of its context's time while the database hangs (a
 // lock held elsewhere) returns by the deadline with an error wrapping both
-// ErrJournalUnavailable and context.DeadlineExceeded. A caller's own
+// journal.ErrUnavailable and context.DeadlineExceeded. A caller's own
 // cancellation is reported as such.
 func TestUnavailableDeadline(t *testing.T) {
 	db := testDB(t)
-	j, table := openJournal(t, db)
+	j, table, r := reservedJournal(t, db)
 	ctx := context.Background()
-	r := recNow("pay:1", "k1")
-	mustReserve(t, j, r, journal.ReuseAny, true)
-	holder, err := db.BeginTx(ctx, nil)
+	holder, err := holdLock(db, lockTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Rollback()
-	if _, err := holder.ExecContext(ctx, `LOCK TABLE "`+table+`" IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	for _, call := range journalCalls(r) {
 		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		err := call.call(cctx, j)
@@ -242,16 +216,8 @@ func TestBoundedPausedServer(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := tc.db()
+			j, _, r := reservedJournal(t, tc.db())
 			ctx := context.Background()
-			table := newTable(t, db)
-			j, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer j.Close()
-			r := recNow("pay:1", "k1")
-			mustReserve(t, j, r, journal.ReuseAny, true)
 			calls := journalCalls(r)
 			for _, call := range calls { // warm the pool: paused connections, not refused ones
 				if err := call.call(ctx, j); err != nil {
@@ -316,11 +282,8 @@ func TestBoundedRowLock(t *testing.T) {
 		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:pending") }},
 	}
 	for _, call := range calls {
-		holder, err := db.BeginTx(ctx, nil)
+		holder, err := holdLock(db, lockRows(table))
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := holder.ExecContext(ctx, `SELECT 1 FROM "`+table+`" FOR UPDATE`); err != nil {
 			t.Fatal(err)
 		}
 		release := time.AfterFunc(3*time.Second, func() { holder.Rollback() })

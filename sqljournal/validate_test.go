@@ -34,7 +34,9 @@ func TestInvalidRecordsRefused(t *testing.T) {
 		r := rec("pay:1", "k1", 0, journal.StatePending)
 		spoil(&r)
 		if _, _, err := j.Reserve(ctx, r, journal.ReuseAny); !errors.Is(err, journal.ErrInvalidRecord) {
-			t.Errorf("Reserve with %s: %v, want ErrJournalInvalidRecord", name, err)
+			t.Errorf("Reserve with %s: %v, want journal.ErrInvalidRecord", name, err)
+		} else if strings.Count(err.Error(), "idemretry: ") != 1 {
+			t.Errorf("Reserve with %s: %q, want the idemretry: prefix once", name, err)
 		}
 	}
 	mustReserve(t, j, rec("pay:1", "k1", 0, journal.StatePending), journal.ReuseAny, true)
@@ -45,12 +47,12 @@ func TestInvalidRecordsRefused(t *testing.T) {
 		if strings.Contains(name, "key") {
 			// No record has such a key: Update matches the key.
 			if !errors.Is(err, journal.ErrNotFound) {
-				t.Errorf("Update with %s: %v, want ErrActionNotFound", name, err)
+				t.Errorf("Update with %s: %v, want journal.ErrNotFound", name, err)
 			}
 			continue
 		}
 		if !errors.Is(err, journal.ErrInvalidRecord) {
-			t.Errorf("Update with %s: %v, want ErrJournalInvalidRecord", name, err)
+			t.Errorf("Update with %s: %v, want journal.ErrInvalidRecord", name, err)
 		}
 	}
 	if err := j.Forget(ctx, "pay:\x00"); err != nil {
