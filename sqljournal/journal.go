@@ -65,8 +65,10 @@ var _ journal.Journal = (*Journal)(nil)
 //
 // The table records whether its action ids are hashed
 // ([WithHashedActionIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
-// or "...=sha256", written by the Open that creates it (or by the first
-// creating Open of an uncommented table made without Open, by hand).
+// or "...=sha256", written by the Open that creates it, or, for a table
+// made without Open (by hand, or by an earlier version), by the first Open
+// without [WithoutCreateTable], which adds that line to a comment the table
+// already has and keeps the comment's text.
 //
 // Open fails with an error wrapping [ErrInvalidOption] for a nil db or a
 // bad option value (a nil option is skipped); [journal.ErrIncompatible] when

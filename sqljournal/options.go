@@ -52,7 +52,11 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 // still checks that the table fits (its columns, its unique key on
 // action_id, its id mode), and writes nothing: a table made without Open
 // carries no record of its id mode until a creating Open marks it, and is
-// judged by its rows meanwhile.
+// judged by its rows meanwhile, so an empty one accepts either mode. Mark a
+// table made by hand yourself, with a line of its comment (see [Open]),
+// for example:
+//
+//	COMMENT ON TABLE idemretry_actions IS 'idemretry.sqljournal.action_ids=plain';
 func WithoutCreateTable() Option { return func(c *config) { c.createTable = false } }
 
 // WithKeyWindow tells the journal the Transport's key window (default

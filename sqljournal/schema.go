@@ -65,26 +65,41 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 	return tx.Commit()
 }
 
-// markMode records mode in the table's comment if the table has none and
-// its rows do not show the other mode (checkMode then refuses the Open). It
-// runs under createSchema's lock, so two machines cannot mark one table
-// with two modes. Like the DDL before it, it needs the table's owner.
+// markMode records mode in the table's comment unless the comment records
+// a mode already or the table's rows show the other mode (checkMode then
+// refuses the Open). A comment of someone else's (a table made by hand)
+// keeps its text: the mark is added as a line of its own after it, so that
+// a table with a comment is marked as surely as one without. It runs under
+// createSchema's lock, and the comment is read under it, so two machines
+// cannot mark one table with two modes: the second sees the first's mark.
+// Like the DDL before it, it needs the table's owner.
 func markMode(ctx context.Context, tx *sql.Tx, t table, mode string) error {
 	var comment sql.NullString
 	if err := tx.QueryRowContext(ctx, `SELECT obj_description($1::text::regclass, 'pg_class')`, t.quoted).Scan(&comment); err != nil {
 		return err
 	}
-	if comment.Valid {
-		return nil // recorded, or someone else's comment: left alone
+	if _, found, err := parseMark(comment.String); err != nil || found {
+		return err // recorded already, or a mark no Open may overwrite
 	}
 	rowsMode, err := modeOfRows(ctx, tx, t)
 	if err != nil || (rowsMode != "" && rowsMode != mode) {
 		return err
 	}
-	// The comment is a constant of this package (markComment), never
-	// outside text: it is safe to put in the statement, which takes no
-	// parameters.
-	_, err = tx.ExecContext(ctx, `COMMENT ON TABLE `+t.quoted+` IS '`+markComment(mode)+`'`)
+	text := markComment(mode)
+	switch {
+	case comment.String == "":
+	case strings.HasSuffix(comment.String, "\n"):
+		text = comment.String + text
+	default:
+		text = comment.String + "\n" + text
+	}
+	// COMMENT takes a literal, not a parameter: the server quotes the text
+	// (quote_literal), which may be anyone's, for the statement.
+	var literal string
+	if err := tx.QueryRowContext(ctx, `SELECT quote_literal($1::text)`, text).Scan(&literal); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `COMMENT ON TABLE `+t.quoted+` IS `+literal)
 	return err
 }
 
@@ -168,9 +183,10 @@ func checkMode(ctx context.Context, db querier, t table, mode string) error {
 }
 
 // readMode returns the table's id mode: the one recorded in its comment
-// (how "recorded in its comment") or, for a table without one (made before
-// modes were recorded, or by another owner), the one its rows show (how
-// "judged by its rows"); "" when neither tells.
+// (how "recorded in its comment") or, for a table without the mark (made
+// before modes were recorded, or by hand, and opened only
+// WithoutCreateTable since), the one its rows show (how "judged by its
+// rows"); "" when neither tells.
 func readMode(ctx context.Context, db querier, t table) (mode, how string, err error) {
 	var comment sql.NullString
 	if err := db.QueryRowContext(ctx, `SELECT obj_description($1::text::regclass, 'pg_class')`, t.quoted).Scan(&comment); err != nil {
