@@ -21,20 +21,20 @@ import (
 // attempts sends req until the policy calls an outcome final or the retries
 // stop. a is nil for methods that carry no key; retry is false for requests
 // that must be sent once. pending reports that the action is left unfinished.
-func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) (resp *http.Response, pending bool, err error) {
+func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
 	r := &run{t: t, ctx: ctx, a: a}
-	bo := t.cfg.newBackOff()
+	bo := s.newBackOff()
 	bo.Reset()
-	maxRetries := t.cfg.maxRetries
-	if !retry {
-		maxRetries = 0
-	}
+	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
 		// slow clock): never send a key the server may have forgotten.
 		if a != nil && n > 0 && t.windowEndsFor(a, 0) {
 			return r.end(journal.StateUnknown, nil, ErrKeyWindowExpired, nil)
+		}
+		if n == 0 {
+			t.budget.deposit()
 		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
@@ -42,9 +42,15 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		}
 		// The answer is judged on its own; the caller's context is checked
 		// after, so that a final answer arriving as it ends is still final.
-		if !t.cfg.policy(context.WithoutCancel(ctx), resp, err) {
+		if !s.policy(context.WithoutCancel(ctx), resp, err) {
 			if err != nil {
 				return r.end(journal.StatePending, nil, nil, err)
+			}
+			if KeyReuseRejected(resp) {
+				// The server holds this key for another payload: this
+				// action's own outcome is not known, and the key is spent.
+				r.discard(resp)
+				return r.end(journal.StateUnknown, nil, ErrKeyReused, nil)
 			}
 			return r.end(journal.StateDone, resp, nil, nil)
 		}
@@ -55,6 +61,12 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, retry bool) 
 		reason := ctx.Err()
 		if reason == nil {
 			wait, reason = t.nextWait(ctx, bo, n, maxRetries, resp)
+		}
+		if reason == ErrParked {
+			// The budget refused: no response is returned, so that a
+			// parked action is never mistaken for the server's answer.
+			r.discard(resp)
+			return r.end(journal.StatePending, nil, reason, err)
 		}
 		if reason != nil {
 			return r.end(journal.StatePending, resp, reason, err)
@@ -83,10 +95,16 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 		if ra > t.cfg.maxRetryAfter {
 			return 0, ErrRetryAfterTooLong
 		}
-		wait = max(wait, ra)
+		// Retry-After is a floor; the drawn wait spreads the clients that
+		// were all told the same time above it, instead of bringing them
+		// back at once.
+		wait += ra
 	}
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 		return 0, ErrWaitExceedsDeadline
+	}
+	if !t.budget.withdraw() {
+		return 0, ErrParked
 	}
 	return wait, nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -82,7 +83,7 @@ const (
 	maxClockSkew = time.Minute
 	// maxClockLead is how far ahead of the clock the journal's time is
 	// believed; the file journal's expiry uses the same bound.
-	maxClockLead = DefaultJournalGrace
+	maxClockLead = filejournal.DefaultGrace
 )
 
 // windowEndsFor reports whether the key window of a is over d from now. A
@@ -90,14 +91,14 @@ const (
 // the system clock); any other by the best time known (see now).
 func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
 	if a.fresh {
-		return t.cfg.clock.Now().Sub(a.createdAt)+d >= t.cfg.keyWindow
+		return t.cfg.clock.Now().Sub(a.createdAt)+d >= a.window
 	}
-	return t.windowEnds(a.rec, t.now(), d)
+	return windowEnds(a.rec, t.now(), d, a.window)
 }
 
 // windowEnds reports whether the key window of rec is over at now+d.
-func (t *Transport) windowEnds(rec journal.Record, now time.Time, d time.Duration) bool {
-	return !now.Add(d).Before(rec.CreatedAt.Add(t.cfg.keyWindow))
+func windowEnds(rec journal.Record, now time.Time, d, window time.Duration) bool {
+	return !now.Add(d).Before(rec.CreatedAt.Add(window))
 }
 
 // logClock warns when the clock is behind times the journal has seen (it

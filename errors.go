@@ -38,6 +38,14 @@ var (
 	ErrInvalidAction = errors.New("idemretry: invalid action id")
 	// ErrInvalidRequest: the request is nil or has no URL or host.
 	ErrInvalidRequest = errors.New("idemretry: invalid request")
+	// ErrParked: the retry budget (WithRetryBudget) refused the next retry,
+	// as it does when many requests fail at once (an outage). The action is
+	// parked, not lost: it stays pending with its key, and a resend of it
+	// (the same action id, or the same request) goes out under that key.
+	// RoundTrip returns an *ActionError with this reason, the last status
+	// and the last cause, never the last response: a parked action must not
+	// be mistaken for the server's answer.
+	ErrParked = errors.New("idemretry: parked by the retry budget")
 	// ErrRetryAfterTooLong: the server asked, with Retry-After, for a wait
 	// longer than the cap (WithMaxRetryAfter), so the retries stopped and
 	// its response was returned (see GiveUpReason).

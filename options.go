@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 
 	"github.com/cenkalti/backoff/v4"
@@ -55,7 +56,7 @@ type Option func(*config)
 type config struct {
 	journal       journal.Journal
 	journalDir    string
-	journalOpts   []JournalOption
+	journalOpts   []filejournal.Option
 	newBackOff    func() backoff.BackOff
 	maxRetries    int
 	policy        RetryPolicy
@@ -71,6 +72,7 @@ type config struct {
 	maxDrain      int64
 	newKey        func() (string, error)
 
+	budget          *budget
 	requireAction   bool
 	duplicateWindow time.Duration
 	journalTimeout  time.Duration
@@ -90,6 +92,7 @@ func defaultConfig() config {
 		maxDrain:      DefaultMaxDrain,
 		newKey:        newUUIDKey,
 
+		budget:         newBudget(DefaultBudgetTokens, DefaultBudgetRatio),
 		journalTimeout: DefaultJournalTimeout,
 		maxShared:      DefaultMaxSharedResponse,
 	}
@@ -135,7 +138,7 @@ func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxR
 // (default DefaultKeyWindow). Set it to your server's key retention, or less.
 // Windows are wall-clock spans, as the server's retention is: they are
 // judged by the Transport's Clock or, when the journal has seen a later time
-// (FileJournal.Now) no more than DefaultJournalGrace ahead, by that time, so
+// (filejournal.Journal.Now) no more than filejournal.DefaultGrace ahead, by that time, so
 // a clock set back cannot make a key look younger. A key whose creation lies
 // more than a minute in the future even so is refused with ErrClockSkew.
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
@@ -143,7 +146,7 @@ func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindo
 // WithClock replaces the system clock, for tests and simulations. The
 // Transport reads the key window from it and waits on its timers. A journal
 // the Transport opens gets the same clock; give one you pass with
-// WithJournal the same clock too (WithJournalClock), or its expiry and the
+// WithJournal the same clock too (filejournal.WithClock), or its expiry and the
 // key window disagree. Context
 // deadlines are judged against its durations as if they were real time.
 func WithClock(clk Clock) Option {
@@ -202,6 +205,18 @@ func WithKeyGenerator(gen func() (string, error)) Option {
 		}
 		c.newKey = gen
 	}
+}
+
+// WithRetryBudget sets the Transport's retry budget (default
+// DefaultBudgetTokens and DefaultBudgetRatio): a token bucket holding at most
+// tokens, that every first attempt fills by ratio and every retry drains by
+// one. A retry that finds less than a token is not made: the action is
+// parked (ErrParked) with its key. Isolated failures find the bucket full
+// and get every retry; in a total outage retries add about ratio to the
+// first attempts (plus the capacity, once). tokens == 0 turns the budget
+// off: every retry the other limits allow is made.
+func WithRetryBudget(tokens, ratio float64) Option {
+	return func(c *config) { c.budget = newBudget(tokens, ratio) }
 }
 
 // WithRequireAction makes every keyed request name its action, with a key

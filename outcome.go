@@ -50,11 +50,13 @@ func (t *Transport) logGiveUp(ctx context.Context, actionID, key string, attempt
 		slog.Int("status", status), slog.Any("reason", reason), slog.Any("error", cause))
 }
 
-// logUnknown says that an action's outcome must now be reconciled by hand.
-func (t *Transport) logUnknown(ctx context.Context, rec journal.Record) {
+// logUnknown says that an action's outcome must now be reconciled by hand,
+// and why (ErrKeyWindowExpired, ErrKeyReused).
+func (t *Transport) logUnknown(ctx context.Context, rec journal.Record, reason error) {
 	if t.cfg.logger != nil {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: key window ended, outcome unknown: reconcile the action",
-			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt))
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: outcome unknown: reconcile the action",
+			slog.String("action", rec.ActionID), slog.String("key", rec.Key), slog.Time("created", rec.CreatedAt),
+			slog.Any("reason", reason))
 	}
 }
 
@@ -102,7 +104,7 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
 		}
 		if rec.State == journal.StateUnknown {
-			t.logUnknown(r.ctx, rec)
+			t.logUnknown(r.ctx, rec, reason)
 		}
 		state = rec.State
 	}

@@ -22,6 +22,8 @@ type action struct {
 	// byFingerprint: the action is named by its request's fingerprint, so
 	// its "done" must be durable before RoundTrip returns (see run.end).
 	byFingerprint bool
+	// window is the action's key window for this RoundTrip.
+	window time.Duration
 }
 
 // identity is what names a keyed request's action, found before anything
@@ -71,7 +73,7 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 // reserve reserves the key of the action named by who, durably. It sends
 // nothing. Only the leader of the action's flight calls it, so calls for
 // one action never overlap within a Transport.
-func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) {
+func (t *Transport) reserve(ctx context.Context, who identity, window time.Duration) (*action, error) {
 	id := who.id
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
@@ -108,7 +110,7 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 		// A key minted just now: its age is measured from createdAt (on the
 		// system clock, monotonically), never inferred, so no clock
 		// disagreement can refuse it.
-		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint}, nil
+		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window}, nil
 	}
 	now := t.now()
 	switch {
@@ -120,15 +122,15 @@ func (t *Transport) reserve(ctx context.Context, who identity) (*action, error) 
 		// Created in the clock's future: its age cannot be known now.
 		// Refuse, and leave it as it is for when the clocks agree again.
 		return fail(ErrClockSkew)
-	case t.windowEnds(rec, now, 0):
+	case windowEnds(rec, now, 0, window):
 		if rec.State == journal.StatePending {
 			rec.State = journal.StateUnknown
 			t.record(ctx, rec, false)
-			t.logUnknown(ctx, rec)
+			t.logUnknown(ctx, rec, ErrKeyWindowExpired)
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, byFingerprint: who.byFingerprint}, nil
+	return &action{rec: rec, byFingerprint: who.byFingerprint, window: window}, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server

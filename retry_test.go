@@ -128,9 +128,10 @@ func TestRetryAfter(t *testing.T) {
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
 	require.NoError(t, err)
 	readAll(t, resp)
-	// Retry-After: 3 waits 3 s; the date is 7 s after the start and the clock
-	// is then 3 s on, so 4 s. The constant backoff's 1 s is shorter both times.
-	assert.Equal(t, []time.Duration{3 * time.Second, 4 * time.Second}, clk.Waits())
+	// Retry-After is a floor with the drawn wait on top: 3 s + the constant
+	// backoff's 1 s; the date is 7 s after the start and the clock is then
+	// 4 s on, so 3 s + 1 s again.
+	assert.Equal(t, []time.Duration{4 * time.Second, 4 * time.Second}, clk.Waits())
 }
 
 // A Retry-After beyond the cap ends the retries at once: the caller gets the

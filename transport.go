@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -41,14 +39,15 @@ type Transport struct {
 	ownsJournal bool
 	flights     flights
 	unlanded    unlanded
+	budget      *budget
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
 // clone of http.DefaultTransport, so that Close affects no one else). Unless
-// WithJournal gives one, it opens the
-// file journal in WithJournalDir's directory or DefaultJournalDir, owns it and
-// closes it in Close; opening fails with an error wrapping ErrJournalLocked
-// if another Transport or process holds that journal.
+// WithJournal gives one, it opens the file journal in WithJournalDir's
+// directory or filejournal.DefaultDir, owns it and closes it in Close;
+// opening fails with an error wrapping filejournal.ErrLocked if another
+// Transport or process holds that journal.
 func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -66,29 +65,11 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 			base = http.DefaultTransport
 		}
 	}
-	t := &Transport{base: base, cfg: cfg, journal: cfg.journal}
+	t := &Transport{base: base, cfg: cfg, journal: cfg.journal, budget: cfg.budget}
 	if t.journal == nil {
-		dir := cfg.journalDir
-		if dir == "" {
-			var err error
-			if dir, err = DefaultJournalDir(); err != nil {
-				return nil, err
-			}
-		}
-		// Done records must outlive the key window, whatever its length, or
-		// a repeat within the window would get a new key; and expiry must
-		// read the same clock as the window. The caller's options come
-		// after, and win.
-		opts := append([]JournalOption{
-			WithJournalRetention(addSaturating(cfg.keyWindow, DefaultJournalGrace)),
-			WithJournalClock(cfg.clock.Now),
-		}, cfg.journalOpts...)
-		j, err := OpenJournal(dir, opts...)
-		if err != nil {
+		if err := t.openJournal(); err != nil {
 			return nil, err
 		}
-		t.journal, t.ownsJournal = j, true
-		t.logRecovery(j)
 	}
 	t.logClock()
 	return t, nil
@@ -96,6 +77,8 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 
 func (c *config) validate() error {
 	switch {
+	case c.budget.validate() != nil:
+		return c.budget.validate()
 	case c.maxRetries < 0:
 		return fmt.Errorf("%w: max retries %d, want >= 0", ErrInvalidOption, c.maxRetries)
 	case c.keyWindow <= 0:
@@ -116,15 +99,6 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: duplicate window %v, want 0 (off) up to the key window %v", ErrInvalidOption, c.duplicateWindow, c.keyWindow)
 	}
 	return nil
-}
-
-// addSaturating returns a+b for non-negative durations, capped at the
-// longest Duration.
-func addSaturating(a, b time.Duration) time.Duration {
-	if a > maxDuration-b {
-		return maxDuration
-	}
-	return a + b
 }
 
 // isToken reports whether s is a non-empty HTTP token (RFC 9110, 5.6.2),
@@ -209,6 +183,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	defer b.close()
 
+	s, err := t.settingsFor(req.Context())
+	if err != nil {
+		return nil, err
+	}
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
@@ -216,7 +194,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.cfg.keyed[method] {
 		// Without a key, only a method that is idempotent by definition may
 		// be sent twice; any other is sent once.
-		resp, _, err := t.attempts(req, b, nil, idempotentMethods[method])
+		if !idempotentMethods[method] {
+			s.maxRetries = 0
+		}
+		resp, _, err := t.attempts(req, b, nil, s)
 		return resp, err
 	}
 	who, err := t.identify(req, b)
@@ -230,7 +211,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case mismatch:
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
 		case lead:
-			return t.lead(req, b, who, f)
+			return t.lead(req, b, who, f, s)
 		}
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
@@ -246,7 +227,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // cut the retries short) with the action unfinished, a waiting caller
 // carries it on instead. A panic (in a policy, a hook, the journal) still
 // lands the flight, so that its joiners and later requests are not stranded.
-func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight) (resp *http.Response, err error) {
+func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s settings) (resp *http.Response, err error) {
 	shared := false
 	defer func() {
 		if !shared {
@@ -255,10 +236,10 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight) (r
 		}
 	}()
 	var pending bool
-	a, err := t.reserve(req.Context(), who)
+	a, err := t.reserve(req.Context(), who, s.keyWindow)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)
-		resp, pending, err = t.attempts(req, b, a, true)
+		resp, pending, err = t.attempts(req, b, a, s)
 	}
 	n := t.flights.land(who.id, f)
 	shared = true
@@ -278,29 +259,6 @@ func cutShort(ctx context.Context, resp *http.Response, err error, pending bool)
 var idempotentMethods = map[string]bool{
 	http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true, http.MethodTrace: true,
 	http.MethodPut: true, http.MethodDelete: true,
-}
-
-// logRecovery reports at Warn what opening the journal found damaged or
-// changed: a torn tail (a crash mid-write; a damaged last frame looks the
-// same), ranges a salvage skipped, frames written twice, permissions it
-// could not narrow.
-func (t *Transport) logRecovery(j *FileJournal) {
-	r := j.Recovery()
-	if t.cfg.logger == nil {
-		return
-	}
-	ctx := context.Background()
-	if r.TornTail || len(r.Salvaged) > 0 || r.Duplicates > 0 {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal recovered from damage",
-			slog.String("dir", j.Dir()), slog.Bool("torn_tail", r.TornTail), slog.Int64("torn_offset", r.TornOffset),
-			slog.Int64("torn_bytes", r.TornBytes), slog.String("torn_copy", r.TornCopy), slog.Any("torn_copy_error", r.TornCopyErr),
-			slog.Int("salvaged_ranges", len(r.Salvaged)), slog.String("corrupt_copy", r.CorruptCopy),
-			slog.Int("duplicate_frames", r.Duplicates))
-	}
-	if len(r.ModeNotOwned) > 0 {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal files owned by another user are readable by others",
-			slog.String("dir", j.Dir()), slog.Any("paths", r.ModeNotOwned))
-	}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
