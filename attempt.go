@@ -128,9 +128,9 @@ type run struct {
 // resend's dial error), and a cancel that bounds the drain of a discarded
 // body.
 func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ error) {
-	var wrote atomic.Bool
+	var writes atomic.Int32
 	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { writes.Add(1) },
 	}))
 	out, err := r.t.newAttempt(req.WithContext(ctx), b, r.key())
 	if err != nil {
@@ -139,16 +139,20 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	r.out, r.cancel = out, cancel
 	resp, err := r.t.base.RoundTrip(out)
-	r.sent++
+	// Requests written, as far as the base reports them: a base that
+	// retries by itself (stacked retries), or net/http's own resend, writes
+	// more than one per attempt.
+	r.sent += max(1, int(writes.Load()))
 	if err == nil && resp == nil {
 		err = errors.New("idemretry: base RoundTripper returned neither response nor error")
 	}
-	if err != nil && resp != nil { // a broken base: keep the error, free the response
+	r.lastStatus = statusOf(resp)
+	if err != nil && resp != nil { // a broken base, or one giving up: keep the error and the status, free the response
 		r.discard(resp)
 		resp = nil
 	}
-	r.maybe = r.maybe || resp != nil || wrote.Load() || mayHaveReachedServer(err)
-	r.lastStatus, r.lastErr = statusOf(resp), err
+	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
+	r.lastErr = err
 	if err != nil {
 		cancel()
 	}
