@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 )
 
 // A key whose creation lies in the clock's future (the clock was set back
@@ -178,11 +179,11 @@ func TestFleetSkewKeepsPending(t *testing.T) {
 }
 
 // README (guarantee 5): "NewTransport logs a clock that is behind times its
-// journal has seen". Not when the caller passes the FileJournal.
+// journal has seen". Not when the caller passes a filejournal.Journal.
 func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
 	dir := t.TempDir()
 	clk := newFakeClock()
-	j, err := idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+	j, err := filejournal.Open(dir, filejournal.WithClock(clk.Now))
 	require.NoError(t, err)
 	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk))
@@ -193,7 +194,7 @@ func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	clk.Advance(-3 * time.Hour)
-	j, err = idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+	j, err = filejournal.Open(dir, filejournal.WithClock(clk.Now))
 	require.NoError(t, err)
 	defer j.Close()
 	var logs bytes.Buffer
@@ -204,7 +205,7 @@ func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
 }
 
 // A clock that ran a year ahead and was corrected: logRecovery compares the
-// clock with FileJournal.Now (the unbounded mark, not the MaxClockLead-bounded
+// clock with filejournal.Journal.Now (the unbounded mark, not the MaxClockLead-bounded
 // one expiry uses) and warns at every start for a year that windows "may look
 // younger", though the clock is right.
 func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
@@ -251,11 +252,11 @@ func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
 }
 
 // WithClock says the Transport reads the key window from its clock. With a
-// caller-supplied FileJournal (its own, real clock), Transport.now() now takes
+// caller-supplied filejournal.Journal (its own, real clock), Transport.now() now takes
 // the later of the two: a fake clock that lags the real one can never end a
 // window, so a key is sent 25 fake hours after its creation.
 func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
-	j, err := idemretry.OpenJournal(t.TempDir())
+	j, err := filejournal.Open(t.TempDir())
 	require.NoError(t, err)
 	defer j.Close()
 	clk := newFakeClock()        // 2026-11-29 12:00 UTC
@@ -327,7 +328,7 @@ func TestForwardBlipNeverRekeysDoneInsideWindow(t *testing.T) {
 		return resp(201, r), nil
 	})
 	tr, err := idemretry.NewTransport(base,
-		idemretry.WithJournalDir(t.TempDir(), idemretry.WithJournalRetention(idemretry.DefaultKeyWindow)),
+		idemretry.WithJournalDir(t.TempDir(), filejournal.WithGrace(0)),
 		idemretry.WithClock(clk))
 	require.NoError(t, err)
 	defer tr.Close()

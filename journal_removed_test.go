@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 )
 
 // Issue 7, item 14: the journal directory deleted under a running process.
@@ -36,11 +37,11 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 		readAll(t, resp)
 	}
 	require.Error(t, err, "a new action was sent with a key kept in a deleted journal")
-	assert.True(t, errors.Is(err, idemretry.ErrJournalRemoved), "%v", err)
+	assert.True(t, errors.Is(err, filejournal.ErrRemoved), "%v", err)
 	assert.True(t, errors.Is(err, journal.ErrClosed), "%v", err)
 	assert.Len(t, srv.seen(), 1, "nothing sent")
 	err = tr.Close()
-	assert.True(t, errors.Is(err, idemretry.ErrJournalRemoved), "Close: %v", err)
+	assert.True(t, errors.Is(err, filejournal.ErrRemoved), "Close: %v", err)
 
 	tr, err = idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)

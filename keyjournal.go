@@ -1,33 +1,17 @@
 package idemretry
 
+// How the Transport uses its journal: the one WithJournal gives it, or the
+// default file journal (package filejournal) that NewTransport opens, owns
+// and closes.
+
 import (
-	engine "github.com/idemretry/idemretry/internal/journal"
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
-
-// Errors of the file journal (OpenJournal, FileJournal), wrapped; test them
-// with errors.Is.
-var (
-	// ErrJournalLocked: another owner, in this process or another one,
-	// holds the journal directory's lock. OpenJournal returns it at once,
-	// or after the wait set with WithJournalLockWait. A process that dies
-	// releases its lock, however it dies.
-	ErrJournalLocked = engine.ErrLocked
-	// ErrJournalCorrupt: acknowledged data or the file header is damaged.
-	// The error is a *CorruptionError naming the file and offset. Nothing
-	// was changed on disk. Reopen with WithJournalSalvage to skip the
-	// damaged frames (their records are lost and reported), or move the
-	// directory away to start afresh.
-	ErrJournalCorrupt = engine.ErrCorrupt
-)
-
-// CorruptionError describes damage found when opening a file journal: Path
-// and Offset of the damaged range, its Length, the sequence numbers of the
-// frames lost in it (FirstLostSeq, LastLostSeq; both 0 for a damaged file
-// header) and a Reason. It matches ErrJournalCorrupt with errors.Is. It is
-// returned by OpenJournal, and listed in JournalRecovery.Salvaged for
-// ranges a salvage skipped.
-type CorruptionError = engine.CorruptionError
 
 // WithJournal makes the Transport keep keys in j instead of the default file
 // journal. The caller keeps ownership: Transport.Close does not close j. A
@@ -37,9 +21,72 @@ type CorruptionError = engine.CorruptionError
 func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
 
 // WithJournalDir opens the default file journal in dir instead of the
-// per-user state directory (see DefaultJournalDir). Mobile apps pass their
-// private files directory. The Transport owns the journal it opens and
-// closes it in Transport.Close.
-func WithJournalDir(dir string, opts ...JournalOption) Option {
+// per-user state directory (see filejournal.DefaultDir), with the options
+// given (filejournal.WithLockWait, say). Mobile apps pass their private
+// files directory. The Transport owns the journal it opens and closes it in
+// Transport.Close.
+func WithJournalDir(dir string, opts ...filejournal.Option) Option {
 	return func(c *config) { c.journalDir, c.journalOpts = dir, opts }
+}
+
+// openJournal opens the file journal the Transport owns: in the directory
+// WithJournalDir gave, or filejournal.DefaultDir. The journal is told the
+// key window, so that done records outlive it whatever its length (or a
+// repeat within the window would get a new key), and the Transport's clock,
+// so that expiry reads the same clock as the window; the options given to
+// WithJournalDir come after, and win. Opening fails with an error wrapping
+// filejournal.ErrLocked if another Transport or process holds the journal;
+// a bad option fails with ErrInvalidOption (and filejournal.ErrInvalidOption).
+func (t *Transport) openJournal() error {
+	dir := t.cfg.journalDir
+	if dir == "" {
+		var err error
+		if dir, err = filejournal.DefaultDir(); err != nil {
+			return err
+		}
+	}
+	opts := append([]filejournal.Option{
+		filejournal.WithKeyWindow(t.cfg.keyWindow),
+		filejournal.WithClock(t.cfg.clock.Now),
+	}, t.cfg.journalOpts...)
+	j, err := filejournal.Open(dir, opts...)
+	if errors.Is(err, filejournal.ErrInvalidOption) {
+		return &journalOptionError{err}
+	}
+	if err != nil {
+		return err
+	}
+	t.journal, t.ownsJournal = j, true
+	t.logRecovery(j)
+	return nil
+}
+
+// journalOptionError is a bad file journal option given to WithJournalDir:
+// a bad option of NewTransport too.
+type journalOptionError struct{ err error }
+
+func (e *journalOptionError) Error() string   { return e.err.Error() }
+func (e *journalOptionError) Unwrap() []error { return []error{ErrInvalidOption, e.err} }
+
+// logRecovery reports at Warn what opening the journal found damaged or
+// changed: a torn tail (a crash mid-write; a damaged last frame looks the
+// same), ranges a salvage skipped, frames written twice, permissions it
+// could not narrow.
+func (t *Transport) logRecovery(j *filejournal.Journal) {
+	r := j.Recovery()
+	if t.cfg.logger == nil {
+		return
+	}
+	ctx := context.Background()
+	if r.TornTail || len(r.Salvaged) > 0 || r.Duplicates > 0 {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal recovered from damage",
+			slog.String("dir", j.Dir()), slog.Bool("torn_tail", r.TornTail), slog.Int64("torn_offset", r.TornOffset),
+			slog.Int64("torn_bytes", r.TornBytes), slog.String("torn_copy", r.TornCopy), slog.Any("torn_copy_error", r.TornCopyErr),
+			slog.Int("salvaged_ranges", len(r.Salvaged)), slog.String("corrupt_copy", r.CorruptCopy),
+			slog.Int("duplicate_frames", r.Duplicates))
+	}
+	if len(r.ModeNotOwned) > 0 {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal files owned by another user are readable by others",
+			slog.String("dir", j.Dir()), slog.Any("paths", r.ModeNotOwned))
+	}
 }

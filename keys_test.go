@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 )
 
 // I1: the key is in the journal before the first attempt leaves the process.
@@ -339,7 +340,7 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 	readAll(t, resp)
 	require.NoError(t, tr.Close())
 
-	clk.Advance(idemretry.DefaultJournalRetention + 24*time.Hour) // past the journal's default, inside the window
+	clk.Advance(filejournal.DefaultKeyWindow + filejournal.DefaultGrace + 24*time.Hour) // past the journal's default, inside the window
 	tr = open()
 	defer tr.Close()
 	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 )
 
 // rtFunc adapts a function to http.RoundTripper.
@@ -254,7 +255,7 @@ func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
 	srv := newPayServer(t)
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(&http.Transport{},
-		idemretry.WithJournalDir(dir, idemretry.WithJournalFlushInterval(time.Hour)))
+		idemretry.WithJournalDir(dir, filejournal.WithFlushInterval(time.Hour)))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
 	require.NoError(t, err)

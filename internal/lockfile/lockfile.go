@@ -21,12 +21,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
 // ErrLocked means another owner, in this process or another one, holds the
 // lock. Test it with errors.Is.
-var ErrLocked = errors.New("idemretry: journal locked by another owner")
+var ErrLocked = errors.New("lockfile: locked by another owner")
 
 // errBusy is what the per-OS tryLock returns when the lock is held.
 var errBusy = errors.New("lock busy")
@@ -53,6 +55,7 @@ func Acquire(path string, wait time.Duration) (*Lock, error) {
 	for {
 		err := tryLock(f)
 		if err == nil {
+			writePID(f)
 			return &Lock{f: f}, nil
 		}
 		if !errors.Is(err, errBusy) {
@@ -66,6 +69,32 @@ func Acquire(path string, wait time.Duration) (*Lock, error) {
 		}
 		time.Sleep(min(left, pollInterval))
 	}
+}
+
+// writePID records the holder's process id in the lock file, for Holder.
+// It is a hint for error messages only: not synced, and errors are ignored.
+func writePID(f *os.File) {
+	if f.Truncate(0) == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+}
+
+// Holder returns the process id that the holder of the lock on path
+// recorded, or 0 if it cannot be read (on Windows, the locked file cannot
+// be read by others). It may name a holder that has just released the lock.
+func Holder(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var b [24]byte
+	n, _ := f.Read(b[:])
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }
 
 // Release unlocks and closes the lock file. The file stays in place: removing

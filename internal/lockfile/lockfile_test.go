@@ -1,7 +1,9 @@
 package lockfile
 
 import (
+	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -31,4 +33,17 @@ func TestExclusiveWithinProcess(t *testing.T) {
 	require.NoError(t, l2.Release(), "second Release")
 	var nilLock *Lock
 	assert.NoError(t, nilLock.Release())
+}
+
+// The holder records its process id; a waiter can read it (not on Windows,
+// where the locked byte cannot be read by others).
+func TestHolderPID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "LOCK")
+	assert.Zero(t, Holder(path), "no lock file")
+	l, err := Acquire(path, 0)
+	require.NoError(t, err)
+	if runtime.GOOS != "windows" {
+		assert.Equal(t, os.Getpid(), Holder(path))
+	}
+	require.NoError(t, l.Release())
 }

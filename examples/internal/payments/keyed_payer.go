@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 )
 
 // keyedPayer is flavours 3 and 4: the idemretry Transport, one action per
@@ -20,8 +21,8 @@ type keyedPayer struct {
 	base      *http.Transport
 	transport *idemretry.Transport
 	client    *http.Client
-	memory    *journal.Memory        // flavour 3 only
-	file      *idemretry.FileJournal // flavour 4 with a wrapped journal only
+	memory    *journal.Memory      // flavour 3 only
+	file      *filejournal.Journal // flavour 4 with a wrapped journal only
 	url, name string
 }
 
@@ -45,11 +46,11 @@ func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Ran
 	case wrap == nil:
 		// The Transport opens and owns the file journal; its expiry runs on
 		// the same virtual clock as the keys' creation times.
-		opts = append(opts, idemretry.WithJournalDir(dir, idemretry.WithJournalClock(clk.Now)))
+		opts = append(opts, idemretry.WithJournalDir(dir, filejournal.WithClock(clk.Now)))
 	default:
 		// The same journal, opened here so that it can be wrapped; the
 		// payer then owns it.
-		fj, err := idemretry.OpenJournal(dir, idemretry.WithJournalClock(clk.Now))
+		fj, err := filejournal.Open(dir, filejournal.WithClock(clk.Now))
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,205 @@
+package filejournal
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+)
+
+// run is the committer goroutine. It alone writes and syncs the file, so
+// batch s+1 is never written before the sync of batch s returned, which is
+// what recovery's torn-or-corrupt rule relies on.
+func (j *Journal) run() {
+	defer close(j.done)
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	armed := false
+	expiry := time.NewTicker(j.opts.expiryEvery)
+	defer expiry.Stop()
+	var compactBackoff time.Time // after a failed automatic compaction
+	for {
+		stopping, flushDue := false, false
+		select {
+		case <-j.wake:
+		case <-flush.C:
+			armed, flushDue = false, true
+		case <-j.stop:
+			stopping = true
+		case reply := <-j.compactCh:
+			err := j.commitQueued(true)
+			if err == nil {
+				err = j.compact()
+			}
+			reply <- err
+			continue
+		case <-expiry.C:
+			j.queueSeen(seenMarkEvery)
+			if j.commitQueued(true) == nil && j.hasExpired() {
+				_ = j.compact() // a failure before the rename changes nothing
+			}
+			continue
+		}
+		if stopping {
+			j.queueSeen(seenMarkClose)
+			err := j.commitQueued(true)
+			if err == nil && j.f != nil {
+				err = j.checkPresent()
+			}
+			if j.f != nil {
+				if cerr := j.f.Close(); err == nil && cerr != nil {
+					err = fmt.Errorf("journal: close: %w", cerr)
+				}
+				j.f = nil
+			}
+			j.mu.Lock()
+			if j.poison != nil {
+				// What stopped the Journal, now or earlier.
+				err = fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
+			}
+			j.mu.Unlock()
+			j.closeErr = err
+			flush.Stop()
+			return
+		}
+		j.mu.Lock()
+		lazyOnly := len(j.queue) > 0 && !j.durable
+		j.mu.Unlock()
+		if lazyOnly && !flushDue {
+			if !armed {
+				flush.Reset(j.opts.flushEvery)
+				armed = true
+			}
+			continue
+		}
+		if err := j.commitQueued(flushDue); err != nil {
+			continue // the Journal is poisoned; Close will report it
+		}
+		if time.Now().After(compactBackoff) && j.needsCompaction() {
+			if err := j.compact(); err != nil {
+				compactBackoff = time.Now().Add(time.Minute)
+			}
+		}
+	}
+}
+
+// commitQueued takes the queue as one batch, writes and syncs it, and
+// acknowledges its waiters. Lazy-only queues are written only when force is
+// set. On failure the Journal is poisoned and every waiter gets the error.
+func (j *Journal) commitQueued(force bool) error {
+	j.mu.Lock()
+	if j.poison != nil {
+		err := j.poison
+		j.mu.Unlock()
+		return err
+	}
+	if len(j.queue) == 0 || (!j.durable && !force) {
+		j.mu.Unlock()
+		return nil
+	}
+	ops, b := j.queue, j.cur
+	j.queue, j.cur, j.durable = nil, newBatch(), false
+	j.writing = b // Sync waits for it while it is written and synced
+	if j.high > j.savedHigh {
+		// Persist the clock's high-water mark, so that a clock set back
+		// before a restart cannot revive a record that had expired.
+		ops = append(ops, op{kind: opClock, clock: j.high})
+		j.savedHigh = j.high
+	}
+	if obs := j.obsNs / 1e6; obs-j.savedObs >= seenMarkEvery.Milliseconds() {
+		// And the observed time, now and then: what a crash loses of it
+		// only makes done records expire that much later.
+		ops = append(ops, op{kind: opSeen, clock: obs})
+		j.savedObs = obs
+	}
+	j.mu.Unlock()
+
+	err := j.writeOps(ops)
+	if err == nil {
+		// Acknowledge only what went to the journal the directory names.
+		err = j.present()
+	}
+	if err == nil {
+		j.opts.hooks.fail(fpAfterSync)
+	}
+
+	j.mu.Lock()
+	if err != nil {
+		j.poisonLocked(err)
+		b.err = fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
+	}
+	for _, id := range b.ids {
+		if j.inflight[id] == b {
+			delete(j.inflight, id)
+		}
+	}
+	for _, id := range b.dels {
+		if j.deleting[id] == b {
+			delete(j.deleting, id)
+		}
+	}
+	j.sizeSeen = j.size
+	j.writing = nil
+	j.mu.Unlock()
+	close(b.done)
+	return err
+}
+
+// How far the observed time may run ahead of the last one written before a
+// batch carries it, and before Close writes it.
+const (
+	seenMarkEvery = time.Minute
+	seenMarkClose = time.Second
+)
+
+// queueSeen reads the clock and queues the observed time, lazily, if it is
+// at least atLeast past the last one written.
+func (j *Journal) queueSeen(atLeast time.Duration) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.poison != nil {
+		return
+	}
+	j.observe(j.opts.now())
+	if obs := j.obsNs / 1e6; obs-j.savedObs >= atLeast.Milliseconds() {
+		j.enqueue(op{kind: opSeen, clock: obs}, false)
+		j.savedObs = obs
+	}
+}
+
+// poisonLocked records the first failure and fails the current batch, whose
+// operations will never be written. Callers hold mu.
+func (j *Journal) poisonLocked(err error) {
+	if j.poison != nil {
+		return
+	}
+	j.poison = fmt.Errorf("journal failed, reopen to recover: %w", err)
+	cur := j.cur
+	j.queue, j.cur, j.durable = nil, newBatch(), false
+	cur.err = fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
+	close(cur.done)
+}
+
+// writeOps writes ops as frames of at most maxPayload bytes of payload,
+// syncing after each frame, so a huge batch keeps the one-unsynced-frame
+// rule.
+func (j *Journal) writeOps(ops []op) error {
+	w := frameWriter{gen: j.gen, seq: j.nextSeq, frame: j.buf, emit: func(frame []byte) error {
+		j.opts.hooks.fail(fpBeforeWrite)
+		if _, err := j.f.Write(frame); err != nil {
+			return fmt.Errorf("write %s: %w", j.path, err)
+		}
+		j.opts.hooks.fail(fpAfterWrite)
+		if err := j.f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", j.path, err)
+		}
+		j.nextSeq++
+		j.size += int64(len(frame))
+		return nil
+	}}
+	err := w.write(ops...)
+	if j.buf = w.frame; cap(j.buf) > 4*maxPayload {
+		j.buf = nil // do not pin a huge buffer
+	}
+	return err
+}

@@ -1,0 +1,257 @@
+package filejournal
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Names of the files in a journal directory.
+const (
+	journalName = "journal"
+	tmpName     = "journal.tmp"
+	lockName    = "LOCK"
+	tornPrefix  = "journal.torn."
+	corruptPref = "journal.corrupt."
+	// asideTmpName is where a copy aside is written before it is renamed
+	// to its final name (see copyAside).
+	asideTmpName = "journal.aside.tmp"
+)
+
+// needsCompaction: the file is past the minimum size and more than twice
+// its live records, so a rewrite at least halves it.
+func (j *Journal) needsCompaction() bool {
+	j.mu.Lock()
+	live := j.live
+	j.mu.Unlock()
+	return j.size > j.opts.compactMin && j.size > 2*(live+headerSize+frameHeaderSize)
+}
+
+func (j *Journal) hasExpired() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := j.now()
+	for _, sl := range j.m {
+		if j.expired(&sl, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// compact rewrites the journal with its live records. It runs on the
+// committer goroutine (or in Open before it starts), so no batch is written
+// meanwhile. Operations queued meanwhile are already in the index, hence in
+// the snapshot, and are appended again after it: replaying full-state
+// records is idempotent, so the overlap is harmless.
+func (j *Journal) compact() error {
+	if j.f != nil {
+		// A journal removed under the Journal must not be recreated by a
+		// compaction in a directory whose lock the Journal does not hold.
+		if err := j.checkPresent(); err != nil {
+			return err
+		}
+	}
+	j.mu.Lock()
+	if j.poison != nil {
+		err := j.poison
+		j.mu.Unlock()
+		return err
+	}
+	now := j.now()
+	recs := make([]rec, 0, len(j.m))
+	for id, sl := range j.m {
+		if j.expired(&sl, now) {
+			j.del(id)
+			continue
+		}
+		recs = append(recs, j.recOf(id, &sl))
+	}
+	high, obs := j.high, j.obsNs/1e6
+	j.mu.Unlock()
+	if err := j.writeSnapshot(recs, high, obs); err != nil {
+		// Before the rename the old file, without this mark, is still the
+		// journal: the next batch must carry the mark. After it the Journal
+		// is poisoned and the mark no longer matters.
+		return err
+	}
+	j.mu.Lock()
+	j.savedHigh = max(j.savedHigh, high)
+	j.savedObs = max(j.savedObs, obs)
+	j.mu.Unlock()
+	return nil
+}
+
+// writeSnapshot writes recs and an end record to journal.tmp, syncs it,
+// renames it over journal (durably: renameDurable, then syncDir), and makes
+// it the active file. A crash at any step leaves either the complete old
+// journal or the complete new one, possibly still named journal.tmp where
+// the rename cannot be made durable: Open adopts a complete journal.tmp when
+// journal is missing or journal.tmp starts past journal's last frame, and
+// removes it otherwise (see the package doc). A failure before the rename
+// leaves the Journal as it was; a failure after it poisons the Journal.
+func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
+	tmpPath := filepath.Join(j.dir, tmpName)
+	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	f := j.opts.hooks.wrap(tmpName, osFile{of})
+	gen, seq := rand.Uint32(), j.nextSeq
+	flags := flagSeen
+	if j.opts.hashed {
+		flags |= flagHashedIDs
+	}
+	buf := header{minor: versionMinor, flags: flags, gen: gen, baseSeq: seq}.append(make([]byte, 0, 1<<20))
+	var size int64
+	write := func() error {
+		if _, err := f.Write(buf); err != nil {
+			return err
+		}
+		size += int64(len(buf))
+		buf = buf[:0]
+		return nil
+	}
+	// The records, then a frame of their own for the observed time and
+	// the end record.
+	w := frameWriter{gen: gen, seq: seq, emit: func(frame []byte) error {
+		buf = append(buf, frame...)
+		if len(buf) >= 1<<20 {
+			return write()
+		}
+		return nil
+	}}
+	werr := func() error {
+		for i := range recs {
+			if err := w.add(&op{kind: opUpsert, r: recs[i]}); err != nil {
+				return err
+			}
+		}
+		if err := w.flush(); err != nil {
+			return err
+		}
+		mark := op{kind: opSeen, clock: obs}
+		end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
+		if err := w.write(mark, end); err != nil {
+			return err
+		}
+		if err := write(); err != nil {
+			return err
+		}
+		j.opts.hooks.fail(fpTmpWritten)
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		j.opts.hooks.fail(fpTmpSynced)
+		return nil
+	}()
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		_ = os.Remove(tmpPath)
+		return fmt.Errorf("compact: write %s: %w", tmpPath, werr)
+	}
+
+	// From the rename until the new file's identity is recorded, the
+	// directory entry names a file other than j.ident: Sync's check waits.
+	j.identMu.Lock()
+	defer j.identMu.Unlock()
+	// Windows cannot rename over an open file: close the old one first. It
+	// is synced, so nothing is lost if the rename then fails.
+	hadOld := j.f != nil
+	if hadOld {
+		cerr := j.f.Close()
+		j.f = nil
+		if cerr != nil {
+			_ = os.Remove(tmpPath)
+			j.failCompaction(fmt.Errorf("compact: close old journal: %w", cerr))
+			return j.poison
+		}
+	}
+	if err := renameDurable(tmpPath, j.path); err != nil {
+		_ = os.Remove(tmpPath)
+		if hadOld { // the old journal is still in place: keep using it
+			if af, oerr := j.openActive(); oerr == nil {
+				j.f = af
+				return fmt.Errorf("compact: %w", err)
+			}
+		}
+		j.failCompaction(fmt.Errorf("compact: rename: %w", err))
+		return j.poison
+	}
+	j.opts.hooks.fail(fpRenamed)
+	if err := syncDir(j.dir); err != nil {
+		// Appends acknowledged from now on could vanish with the directory
+		// entry at a power loss: stop.
+		j.failCompaction(fmt.Errorf("compact: sync directory: %w", err))
+		return j.poison
+	}
+	j.opts.hooks.fail(fpDirSynced)
+	af, err := j.openActive()
+	if err != nil {
+		j.failCompaction(fmt.Errorf("compact: reopen: %w", err))
+		return j.poison
+	}
+	j.f, j.gen, j.nextSeq, j.size = af, gen, w.seq, size
+	j.mu.Lock()
+	j.sizeSeen = size
+	j.mu.Unlock()
+	return nil
+}
+
+func (j *Journal) failCompaction(err error) {
+	j.mu.Lock()
+	j.poisonLocked(err)
+	j.mu.Unlock()
+}
+
+// openActive opens the journal file for appending and records its identity
+// (see present). Callers hold identMu, or are Open before the Journal is
+// shared.
+func (j *Journal) openActive() (file, error) {
+	of, err := os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := of.Stat()
+	if err != nil {
+		_ = of.Close()
+		return nil, err
+	}
+	j.ident = fi
+	return j.opts.hooks.wrap(journalName, osFile{of}), nil
+}
+
+// present checks that the journal's directory entry still names the file
+// the Journal writes, whose identity openActive recorded: a directory (or
+// file) removed, renamed or replaced under an open journal would take every
+// record acknowledged from then on with it. It costs one stat of the path.
+// Callers are the committer goroutine, which alone changes the file, or hold
+// identMu.
+func (j *Journal) present() error {
+	fi, err := os.Stat(j.path)
+	switch {
+	case err == nil && os.SameFile(fi, j.ident):
+		return nil
+	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return &removedError{path: j.path}
+	}
+	return fmt.Errorf("check %s: %w", j.path, err)
+}
+
+// checkPresent runs present and stops the Journal if the journal is gone.
+// Callers do not hold mu.
+func (j *Journal) checkPresent() error {
+	if err := j.present(); err != nil {
+		j.mu.Lock()
+		j.poisonLocked(err)
+		j.mu.Unlock()
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+// Package filejournal is the file-backed journal.Journal that idemretry's
+// NewClient and NewTransport use by default: one directory per program, one
+// append-only file with group commit, crash recovery and compaction, and an
+// exclusive lock so that one Journal at a time writes it.
+//
+//	j, err := filejournal.Open(dir, filejournal.WithHashedIDs())
+//	...
+//	t, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+//
+// (idemretry.WithJournalDir(dir, opts...) has the Transport open, own and
+// close it instead.) What follows is how it keeps its promises: the files,
+// the format, the rule recovery relies on. A change of the on-disk format
+// goes here (format.go, record.go, scan.go) and into this description.
+//
+// # Layout
+//
+//	<dir>/LOCK          never renamed; locked (internal/lockfile) while open,
+//	                    and holding the holder's process id (for ErrLocked)
+//	<dir>/journal       the active file
+//	<dir>/journal.tmp   exists only while a compaction (or the journal's
+//	                    creation) writes and renames it
+//	<dir>/journal.torn.*     torn tails cut off by recovery (a few newest kept)
+//	<dir>/journal.corrupt.*  whole files set aside by a salvage (a few kept)
+//	<dir>/journal.aside.tmp  exists only while such a copy is written; it is
+//	                         renamed to its name once complete and synced
+//
+// A copy aside is never left empty or partial under a copy's name, and the
+// newest few of each kind are kept. A torn tail that cannot be copied (a
+// full disk) is cut all the same, and Recovery.TornCopyErr says why there
+// is no copy: the copy is for diagnosis,
+// the tail holds no acknowledged record, and no frame could be appended
+// after it. A salvage whose copy of the damaged file cannot be written
+// fails: that copy is the only trace of the records it would drop.
+//
+// # Format, version 1
+//
+// A 32-byte file header (magic, version, flags, a random 32-bit generation,
+// the sequence number of the first frame, a CRC32C of the header), then one
+// frame per group-commit batch:
+//
+//	masked CRC32C (4) | payload length (4) | sequence (8) | payload
+//
+// The CRC is Castagnoli, seeded with the file's generation (so a frame left
+// over from an older file never validates in a newer one) and covers length,
+// sequence and payload; it is masked as LevelDB does so that a CRC of data
+// holding CRCs is not degenerate. Sequences rise by one per frame and continue
+// across compactions. A payload is a record count then records (see
+// record.go): full-state upserts (with the observed time at the record's
+// creation, see WithKeyWindow), deletes (Forget), the end of a compaction
+// snapshot (its record count and the clock), the clock's high-water mark,
+// and the observed time. Header flag flagSeen says the file holds observed
+// times: a version that does not know them refuses the file as
+// incompatible, and so does this one a file without the flag (written
+// before observed times): journal.ErrIncompatible. An upsert without its
+// observed time is malformed.
+// Replaying full-state upserts is idempotent, which lets a compaction
+// snapshot and later appends overlap harmlessly. Replay applies the rule
+// that Update follows: an upsert of a done record's action with the same
+// key changes its attempts only (done is final), so a stale update written
+// after done cannot undo it on restart; a replacement under the same key is
+// written as a delete then an upsert.
+//
+// # The rule recovery relies on
+//
+// The committer never writes frame s+1 before the sync of frame s returned.
+// So a damaged frame followed, anywhere later, by a valid frame with sequence
+// >= s+2 must have been synced and acknowledged: that is corruption of
+// acknowledged data, and opening fails with a *CorruptionError unless salvage
+// was asked for. A damaged frame with nothing valid after it is a torn tail
+// (a crash during its write): it is copied aside, cut off and synced. A
+// damaged final frame cannot be told from a torn write; like etcd, LevelDB,
+// RocksDB and SQLite, recovery treats it as torn. After a crash that is
+// right: a torn frame's records were never acknowledged, because
+// acknowledgement follows the sync. If instead the disk damaged a final frame
+// that had been synced, its records are lost; the copy set aside and
+// Recovery.TornTail are how that shows.
+//
+// A valid frame whose sequence was already applied is not the next frame:
+// it is a copy. An exact copy of the applied frame (a write repeated below
+// the file system) holds nothing new: it is skipped, the frames after it are
+// read as usual, Recovery.Duplicates counts it, and Open rewrites the journal
+// without it. Anything else out of sequence is damage. So is a stretch of
+// bytes that is no frame followed by the intact next frame: nothing is lost,
+// but the file is not what the writer wrote, and opening fails with a
+// *CorruptionError whose FirstLostSeq is 0 (salvage skips the bytes and
+// keeps the frame). Copies or damage with no new frame after them are a torn
+// tail; cutting them loses nothing acknowledged. The search for a later
+// frame starts at the next expected sequence, so an intact frame is never
+// cut with the damage before it.
+//
+// # journal.tmp at recovery
+//
+// A compaction (and the creation of a new journal) writes journal.tmp,
+// syncs it, renames it over journal and makes the rename durable: a
+// directory fsync on unix, MoveFileEx with MOVEFILE_WRITE_THROUGH on
+// Windows. Where a rename cannot be made durable, a power loss may undo it
+// while keeping the batches appended afterwards to the renamed file: they
+// are then under journal.tmp, acknowledged. So Open never deletes a
+// journal.tmp that may hold them. It adopts journal.tmp (syncs it, then
+// renames it over journal durably) when journal.tmp is a complete snapshot
+// (valid header, valid frames up to an end record that counts the records
+// before it, then only valid batch frames, apart from a torn tail) and
+// either journal is missing or journal.tmp's base sequence is past
+// journal's last valid sequence. Sequences continue across files and a
+// compaction starts its file at journal's next sequence, so journal.tmp is
+// then the newer file. Otherwise it removes journal.tmp, after syncing
+// journal: an incomplete journal.tmp never replaced anything, and one whose
+// base journal's frames reach was left by a compaction that failed, its
+// removal lost. If journal's header is unreadable, journal.tmp is left in
+// place and Open reports the damage.
+//
+// # A journal removed while open
+//
+// Appends to a file whose directory was removed (or renamed, or replaced)
+// succeed and sync, into an inode nobody will open again: records
+// acknowledged from then on vanish at the next start, and their actions
+// could be sent under a second key. So the committer checks, after each
+// batch's sync and before acknowledging it, that the journal's path still
+// names the file it writes (one stat, compared with os.SameFile); Sync with
+// nothing to write, Close and compaction check too. On a mismatch the Journal
+// stops with an error wrapping ErrRemoved. A removal between the check and
+// the next batch cannot be seen by that batch's waiters, who were
+// acknowledged before it; the next batch fails.
+//
+// # Where this departs from the project's recommended design, and why
+//
+//   - Expiry drops only done records. Pending and unknown ones are kept until
+//     Forget: dropping one would let the transport mint a new key for an
+//     action whose outcome is unknown.
+//   - A done record expires only when its retention is over both by the
+//     clock and by the observed time: the time the Journal has seen pass
+//     since the record's creation, on the monotonic clock, while open
+//     (persisted at most a minute behind with batches, at Close, hourly and
+//     in snapshots). A wall clock that was wrong when a record was made, or
+//     jumps while the journal is closed, thus never expires a record early;
+//     the price is that an application rarely open keeps its done records
+//     for much longer than the retention in real time (see WithKeyWindow).
+//   - The clock's high-water mark is persisted (with batches and in
+//     snapshots), so a clock set back, even across a restart, revives no
+//     expired record. A mark more than the grace (WithGrace) ahead of the
+//     clock is not believed (the clock ran ahead and was corrected; expiring
+//     by it would drop done records early). The retention of done records is
+//     the key window plus the same grace (WithKeyWindow): one bound.
+//   - A torn tail's bytes are copied aside, not the whole file: torn tails
+//     follow any crash during a write, and copying a large journal each time
+//     would be costly. A salvage copies the whole damaged file.
+//   - The end record holds the snapshot's record count and clock; its last
+//     sequence is implicit (the end record's own frame).
+//   - Open reads the whole file into memory to verify and replay it (about
+//     77 bytes per record: 77 MB for 1M records, for the duration of Open).
+//   - A batch larger than maxPayload is written as several frames, each
+//     synced before the next is written, to keep the rule above.
+package filejournal

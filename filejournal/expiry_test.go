@@ -1,0 +1,185 @@
+package filejournal
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+// T13: done records past the retention are dropped by compaction and ignored
+// by lookups; pending and unknown ones never expire; a clock set back
+// neither revives nor loses anything, across restarts too.
+func TestExpiryFakeClock(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	o := testOpts()
+	o.now, o.retention = clk.Now, time.Hour
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	mk := func(id string, state journal.State) journal.Record {
+		e := entry(id)
+		e.CreatedAt = time.UnixMilli(t0.UnixMilli())
+		got := reserve(t, s, e)
+		if state != journal.StatePending {
+			require.NoError(t, update(s, id, got.Key, state, 1, 200))
+		}
+		return got
+	}
+	done := mk("done", journal.StateDone)
+	mk("done2", journal.StateDone)
+	pending, unknown := mk("pending", journal.StatePending), mk("unknown", journal.StateUnknown)
+
+	clk.Set(t0.Add(59 * time.Minute)) // within the retention
+	got, created, err := s.Reserve(context.Background(), entry("done"), journal.ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, done.Key, got.Key)
+
+	clk.Set(t0.Add(61 * time.Minute)) // past it
+	_, ok, _ := s.get("done2")
+	assert.False(t, ok, "expired done record visible")
+	clk.Set(t0) // the clock jumps back: done2 stays expired
+	_, ok, _ = s.get("done2")
+	assert.False(t, ok, "clock set back revived an expired record")
+	got, created, err = s.Reserve(context.Background(), entry("done"), journal.ReuseAny)
+	require.NoError(t, err)
+	assert.True(t, created, "expired done record reused")
+	assert.NotEqual(t, done.Key, got.Key)
+
+	clk.Set(t0.Add(1000 * time.Hour))
+	require.NoError(t, s.Compact(context.Background()))
+	require.NoError(t, s.Close())
+
+	clk.Set(t0) // restart with the clock set back
+	s, rep := mustOpen(t, dir, o)
+	defer s.Close()
+	// Only pending and unknown records survive (the new "done" is pending).
+	assert.Equal(t, 3, rep.Records)
+	for _, e := range []journal.Record{pending, unknown} {
+		got, ok, _ := s.get(e.ActionID)
+		require.True(t, ok, e.ActionID)
+		assert.Equal(t, e.Key, got.Key)
+	}
+	_, ok, _ = s.get("done2")
+	assert.False(t, ok)
+	un, err := s.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, un, 3)
+}
+
+// A clock set back before a restart, with no compaction in between, must
+// not revive a record that had expired: the high-water mark is persisted.
+func TestClockHighWaterPersists(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	o := testOpts()
+	o.now, o.retention = clk.Now, time.Hour
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	e := entry("d")
+	e.CreatedAt, e.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	reserve(t, s, e)
+	clk.Set(t0.Add(2 * time.Hour))
+	other := entry("other")
+	other.CreatedAt = time.UnixMilli(clk.Now().UnixMilli())
+	reserve(t, s, other) // a batch carries the clock
+	require.NoError(t, s.Close())
+	clk.Set(t0)
+	s, _ = mustOpen(t, dir, o)
+	_, ok, _ := s.get("d")
+	assert.False(t, ok)
+	require.NoError(t, s.Close())
+
+	// A mark further ahead than MaxClockLead was set by a clock that ran
+	// ahead and was corrected: it is not believed, so a done record created
+	// after the correction is not expired early.
+	o.maxClockLead = time.Hour
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	fresh := entry("fresh")
+	fresh.CreatedAt, fresh.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	reserve(t, s, fresh)
+	got, ok, _ := s.get("fresh")
+	require.True(t, ok, "a done record made after the correction is kept")
+	assert.Equal(t, fresh.Key, got.Key)
+}
+
+// Now never runs backwards: records written at T+25h, then the clock set
+// back 2h, and the same across a reopen.
+func TestNowNeverRunsBack(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	o := testOpts()
+	o.now = clk.Now
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	assert.True(t, s.Now().Equal(t0))
+	late := t0.Add(25 * time.Hour)
+	clk.Set(late)
+	e := entry("a")
+	e.CreatedAt = time.UnixMilli(late.UnixMilli())
+	reserve(t, s, e)
+	clk.Set(late.Add(-2 * time.Hour))
+	assert.False(t, s.Now().Before(late), "clock set back: %v", s.Now())
+	require.NoError(t, s.Close())
+
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.False(t, s.Now().Before(late), "after reopen: %v", s.Now())
+	// A clock ahead again is returned as is, to the nanosecond.
+	ahead := late.Add(time.Hour + time.Nanosecond)
+	clk.Set(ahead)
+	assert.True(t, s.Now().Equal(ahead))
+}
+
+// A compaction that fails before its rename must not make the Journal think
+// the clock's high-water mark is on disk: the next batch has to carry it,
+// or a clock set back before a restart revives an expired record.
+func TestFailedCompactionKeepsClockMark(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	var fail sync.Map
+	o := testOpts()
+	o.now, o.retention = clk.Now, time.Hour
+	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	d := entry("d")
+	d.CreatedAt, d.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	reserve(t, s, d)
+	p := entry("p")
+	p.CreatedAt = time.UnixMilli(t0.UnixMilli())
+	p = reserve(t, s, p)
+
+	clk.Set(t0.Add(2 * time.Hour)) // d has expired
+	fail.Store("short:"+tmpName, true)
+	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
+	fail.Delete("short:" + tmpName)
+	require.NoError(t, update(s, "p", p.Key, journal.StateUnknown, 1, 0))
+	require.NoError(t, s.Sync(context.Background())) // a batch after the failure
+	require.NoError(t, s.Close())
+
+	clk.Set(t0) // restart with the clock set back
+	o.hooks = nil
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.False(t, s.Now().Before(t0.Add(2*time.Hour)), "clock mark lost: %v", s.Now())
+	_, ok, _ := s.get("d")
+	assert.False(t, ok, "expired record revived")
+	got, ok, _ := s.get("p")
+	require.True(t, ok)
+	assert.Equal(t, journal.StateUnknown, got.State)
+}

@@ -1,0 +1,45 @@
+package filejournal
+
+import (
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Test-only seams and views of a Journal.
+
+// withHooks installs failpoints and file wrappers.
+func withHooks(h *hooks) Option {
+	return func(c *config) { c.hooks = h }
+}
+
+// withCompactMin lowers the file size below which no compaction runs.
+func withCompactMin(n int64) Option {
+	return func(c *config) { c.compactMin = n }
+}
+
+// get returns the unexpired record of a stored id.
+func (j *Journal) get(id string) (journal.Record, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.usable(); err != nil {
+		return journal.Record{}, false, err
+	}
+	sl, ok := j.m[id]
+	if !ok || j.expired(&sl, j.now()) {
+		return journal.Record{}, false, nil
+	}
+	r := j.recOf(id, &sl)
+	return r.record(id), true, nil
+}
+
+// stats describes a Journal.
+type stats struct {
+	Records   int   // live records in memory
+	LiveBytes int64 // their encoded size
+	FileBytes int64 // the journal file's size after the last batch
+}
+
+func (j *Journal) stats() stats {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return stats{Records: len(j.m), LiveBytes: j.live, FileBytes: j.sizeSeen}
+}

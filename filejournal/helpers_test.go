@@ -1,0 +1,140 @@
+package filejournal
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+	"github.com/stretchr/testify/require"
+)
+
+// testOpts returns the default config, checked: a retention of 48 h and a
+// clock lead of 24 h.
+func testOpts() config {
+	c := defaultConfig()
+	if err := c.check(); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// openWith opens a journal in dir with o, a config that tests may have
+// changed after testOpts, and returns its Recovery too.
+func openWith(dir string, o config) (*Journal, Recovery, error) {
+	j, err := open(dir, o)
+	if err != nil {
+		return nil, Recovery{}, err
+	}
+	return j, j.Recovery(), nil
+}
+
+// update is Journal.Update of the state, attempts and status of the
+// record of id with key.
+func update(s *Journal, id, key string, state journal.State, attempts uint32, status uint16) error {
+	return s.Update(context.Background(), journal.Record{ActionID: id, Key: key, State: state, Attempts: int(attempts), Status: int(status)})
+}
+
+func mustOpen(t testing.TB, dir string, o config) (*Journal, Recovery) {
+	t.Helper()
+	s, rep, err := openWith(dir, o)
+	require.NoError(t, err)
+	return s, rep
+}
+
+func newKey() string {
+	var k [16]byte
+	_, _ = rand.Read(k[:])
+	return formatUUID(&k)
+}
+
+func entry(id string) journal.Record {
+	e := journal.Record{ActionID: id, Key: newKey(), CreatedAt: time.UnixMilli(time.Now().UnixMilli()), State: journal.StatePending}
+	copy(e.Fingerprint[:], id)
+	return e
+}
+
+func reserve(t testing.TB, s *Journal, e journal.Record) journal.Record {
+	t.Helper()
+	got, created, err := s.Reserve(context.Background(), e, journal.ReuseAny)
+	require.NoError(t, err)
+	require.True(t, created)
+	return got
+}
+
+// frameOffsets returns the start offset of every valid frame of a journal
+// file, and the file's end.
+func frameOffsets(t testing.TB, data []byte) []int {
+	t.Helper()
+	h, err := parseHeader(data)
+	require.NoError(t, err)
+	var offs []int
+	for off := headerSize; off < len(data); {
+		_, _, next, ok := frameAt(data, off, h.gen)
+		require.True(t, ok, "frame at %d", off)
+		offs = append(offs, off)
+		off = next
+	}
+	return offs
+}
+
+// buildJournal writes n records, one frame each, and returns the file's
+// bytes and the entries.
+func buildJournal(t testing.TB, n int) ([]byte, []journal.Record) {
+	t.Helper()
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, testOpts())
+	var es []journal.Record
+	for i := range n {
+		es = append(es, reserve(t, s, entry(fmt.Sprintf("action-%03d", i))))
+	}
+	require.NoError(t, s.Close())
+	data, err := os.ReadFile(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	return data, es
+}
+
+func writeJournal(t testing.TB, data []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, journalName), data, 0o600))
+	return dir
+}
+
+func flipBit(data []byte, off int, bit uint) []byte {
+	d := append([]byte(nil), data...)
+	d[off] ^= 1 << bit
+	return d
+}
+
+// waitGoroutines fails if the goroutine count does not come back to at
+// most n: a Journal must leave no goroutine behind after Close.
+func waitGoroutines(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > n {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("goroutines: %d > %d\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// keyOf returns the key of id's record, or "" if there is none.
+func keyOf(t testing.TB, s *Journal, id string) string {
+	t.Helper()
+	e, _, err := s.get(id)
+	if err != nil {
+		return ""
+	}
+	return e.Key
+}

@@ -1,0 +1,481 @@
+package filejournal
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idemretry/idemretry/internal/lockfile"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Recovery says what Open found on disk and did about it.
+type Recovery struct {
+	// Records is the number of live records loaded.
+	Records int
+	// TornTail: the journal ended in a partly written frame, left by a crash
+	// during a write. Its TornBytes bytes from TornOffset were copied to the
+	// file TornCopy and cut off. They held no acknowledged record: a
+	// record is acknowledged only after the sync that follows its write.
+	TornTail   bool
+	TornOffset int64
+	TornBytes  int64
+	TornCopy   string
+	// TornCopyErr says why the torn tail could not be copied aside (a full
+	// disk, say): TornCopy is then empty. The tail was cut all the same: it
+	// held no acknowledged record, and the copy is for diagnosis only. A
+	// copy is never left empty or partial.
+	TornCopyErr error
+	// Salvaged lists the damaged ranges that WithSalvage skipped: their
+	// records are lost. The damaged file was copied to CorruptCopy; a
+	// salvage whose copy cannot be written fails and changes nothing.
+	Salvaged    []*CorruptionError
+	CorruptCopy string
+	// ModeTightened lists the paths (the directory, the journal, LOCK)
+	// whose permissions were wider than 0700 (directory) or 0600 (files)
+	// and that Open narrowed to them, the process owning them.
+	// ModeNotOwned lists those it left wider because another user owns
+	// them. Both are empty on systems without Unix modes (Windows).
+	ModeTightened, ModeNotOwned []string
+	// Duplicates counts exact copies of earlier frames found in the file (a
+	// write repeated below the file system): they held nothing new and were
+	// skipped, and the journal was rewritten without them.
+	Duplicates int
+	// AdoptedTemp: a compaction's (or the journal's creation's) complete
+	// output, journal.tmp, had not been put in place, because of a crash
+	// before its rename or a rename lost at a power loss (it may then hold
+	// later records too); Open finished it. RemovedTemp: an incomplete or
+	// superseded journal.tmp was removed. See the package doc, "journal.tmp
+	// at recovery".
+	AdoptedTemp, RemovedTemp bool
+	// Compacted: Open rewrote the journal (it was mostly dead records,
+	// expired records, duplicated frames, or salvaged).
+	Compacted bool
+}
+
+// Open opens the file journal in dir, creating the directory (mode 0700,
+// and its missing parents) and its files (mode 0600) if needed, takes its
+// lock and recovers it: a torn tail left by a crash is set aside and cut
+// off (see Journal.Recovery). An existing directory, journal or LOCK file
+// with wider permissions is narrowed to 0700 and 0600 when the process
+// owns it, and listed in Recovery.ModeNotOwned when another user does: the
+// journal's action ids and keys are for its owner alone, and a directory
+// others can write to lets them remove the journal. The caller must Close
+// the Journal.
+//
+// Errors wrap ErrInvalidOption for an option out of its range; ErrLocked
+// if another Journal holds the directory (see WithLockWait); ErrCorrupt
+// (a *CorruptionError) if acknowledged data is damaged, in which case
+// nothing is changed on disk (see WithSalvage); journal.ErrIncompatible
+// for a journal of an unknown or earlier format version, or of the other
+// WithHashedIDs setting; or the file system's error.
+func Open(dir string, opts ...Option) (*Journal, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return open(dir, c)
+}
+
+// Dir returns the journal's directory.
+func (j *Journal) Dir() string { return j.dir }
+
+// Recovery returns what Open found and did.
+func (j *Journal) Recovery() Recovery { return j.recovery }
+
+// open is Open with a checked config.
+func open(dir string, c config) (*Journal, error) {
+	if err := mkdirDurable(dir); err != nil {
+		return nil, wrap(err, "open %s", dir)
+	}
+	lockPath := filepath.Join(dir, lockName)
+	lk, err := lockfile.Acquire(lockPath, c.lockWait)
+	if errors.Is(err, lockfile.ErrLocked) {
+		return nil, &lockedError{dir: dir, pid: lockfile.Holder(lockPath)}
+	}
+	if err != nil {
+		return nil, wrap(err, "open %s", dir)
+	}
+	var modes Recovery
+	for _, p := range []struct {
+		path string
+		max  fs.FileMode
+	}{{dir, 0o700}, {filepath.Join(dir, journalName), 0o600}, {lockPath, 0o600}} {
+		tightened, notOwned, err := tighten(p.path, p.max)
+		if err != nil {
+			_ = lk.Release()
+			return nil, wrap(err, "open %s: permissions", dir)
+		}
+		if tightened {
+			modes.ModeTightened = append(modes.ModeTightened, p.path)
+		}
+		if notOwned {
+			modes.ModeNotOwned = append(modes.ModeNotOwned, p.path)
+		}
+	}
+	j := &Journal{
+		opts:      c,
+		dir:       dir,
+		path:      filepath.Join(dir, journalName),
+		lock:      lk,
+		custom:    make(map[string]string),
+		inflight:  make(map[string]*batch),
+		deleting:  make(map[string]*batch),
+		cur:       newBatch(),
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		closed:    make(chan struct{}),
+		compactCh: make(chan chan error),
+		obsRef:    c.now(),
+	}
+	rep, err := j.recover()
+	if err == nil && j.poison != nil {
+		err = j.poison
+	}
+	if err != nil {
+		if j.f != nil {
+			_ = j.f.Close()
+		}
+		_ = lk.Release()
+		return nil, wrap(err, "open %s", dir)
+	}
+	rep.Records = len(j.m)
+	rep.ModeTightened, rep.ModeNotOwned = modes.ModeTightened, modes.ModeNotOwned
+	j.recovery = rep
+	j.sizeSeen = j.size
+	go j.run()
+	return j, nil
+}
+
+// mkdirDurable creates dir and its missing parents with mode 0700, as
+// os.MkdirAll does, and then syncs the parent of each directory it created,
+// shallowest first, so that a power loss cannot take the new directory (and
+// the journal in it) away. It syncs nothing when dir exists.
+func mkdirDurable(dir string) error {
+	var created []string
+	for d := filepath.Clean(dir); ; {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			break // exists, or MkdirAll will report the error
+		}
+		created = append(created, d)
+		p := filepath.Dir(d)
+		if p == d {
+			break
+		}
+		d = p
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for i := len(created) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Dir(created[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *Journal) recover() (Recovery, error) {
+	var rep Recovery
+	// A copy aside cut short by a crash: it was never renamed to a copy's
+	// name, and holds nothing recovery needs.
+	_ = os.Remove(filepath.Join(j.dir, asideTmpName))
+	tmpPath := filepath.Join(j.dir, tmpName)
+	_, jerr := os.Stat(j.path)
+	missing := errors.Is(jerr, fs.ErrNotExist)
+	if jerr != nil && !missing {
+		return rep, jerr
+	}
+	tdata, terr := os.ReadFile(tmpPath)
+	switch {
+	case terr == nil:
+		adopt, keep, err := j.chooseTemp(tdata, tmpPath, missing)
+		switch {
+		case err != nil:
+			return rep, err
+		case adopt:
+			// journal.tmp is synced: only now may it replace journal.
+			if err := renameDurable(tmpPath, j.path); err != nil {
+				return rep, fmt.Errorf("adopt %s: %w", tmpPath, err)
+			}
+			if err := syncDir(j.dir); err != nil {
+				return rep, err
+			}
+			rep.AdoptedTemp, missing = true, false
+		case !keep:
+			if err := os.Remove(tmpPath); err != nil {
+				return rep, err
+			}
+			if err := syncDir(j.dir); err != nil {
+				return rep, err
+			}
+			rep.RemovedTemp = true
+		}
+	case !errors.Is(terr, fs.ErrNotExist):
+		return rep, terr
+	}
+
+	j.m = make(map[string]slot)
+	if missing {
+		// A new journal is created like a compaction's output, so that a
+		// journal file, once it exists, always has a complete header.
+		j.nextSeq = 1
+		j.high = j.opts.now().UnixMilli()
+		return rep, j.writeSnapshot(nil, j.high, 0)
+	}
+
+	data, err := os.ReadFile(j.path)
+	if err != nil {
+		return rep, err
+	}
+	j.m = make(map[string]slot, len(data)/96)
+	res, err := scan(data, j.path, j.opts.salvage, j.applyFrame)
+	if err != nil {
+		return rep, err
+	}
+	if hashed := res.hdr.flags&flagHashedIDs != 0; hashed != j.opts.hashed {
+		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", journal.ErrIncompatible, j.path, hashed)
+	}
+	j.gen, j.nextSeq, j.size = res.hdr.gen, res.lastSeq+1, int64(res.end)
+	j.savedHigh, j.savedObs = j.high, j.obsNs/1e6
+
+	rep.Duplicates = len(res.dups)
+	if len(res.salvaged) > 0 {
+		rep.Salvaged = res.salvaged
+		// Unlike a torn tail's, this copy is the only trace of the
+		// acknowledged records the salvage drops: no copy, no salvage,
+		// and nothing changed (it is made before the torn tail is cut).
+		if rep.CorruptCopy, err = j.copyAside(corruptPref, data); err != nil {
+			return rep, err
+		}
+	}
+	if res.torn {
+		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), int64(len(data)-res.end)
+		// Only the tail is copied aside, not the whole file as etcd does:
+		// torn tails follow every crash during a write, and the tail is
+		// all a post-mortem needs. The copy is for diagnosis only: the
+		// tail holds no acknowledged record (see the package doc), and no
+		// frame can be appended after it, so when the copy cannot be
+		// written (a full disk) the tail is cut all the same and the
+		// Recovery says why there is no copy. Refusing to open instead
+		// would keep the application from starting, or from reconciling
+		// its unfinished actions, until space is freed, and would protect
+		// no acknowledged record.
+		rep.TornCopy, rep.TornCopyErr = j.copyAside(tornPrefix, data[res.end:])
+		if err := truncate(j.path, int64(res.end)); err != nil {
+			return rep, fmt.Errorf("cut torn tail: %w", err)
+		}
+	}
+
+	if j.f, err = j.openActive(); err != nil {
+		return rep, err
+	}
+	now, dead := j.now(), 0
+	for id, sl := range j.m {
+		if j.expired(&sl, now) {
+			j.del(id)
+			dead++
+		}
+	}
+	switch {
+	case len(res.salvaged) > 0:
+		// The damage must not stay in the file, or every later open
+		// would need salvage again.
+		if err := j.compact(); err != nil {
+			return rep, err
+		}
+		rep.Compacted = true
+	case len(res.dups) > 0 || j.needsCompaction() || (dead > 0 && j.size > j.opts.compactMin):
+		// Optional: a failure before the rename leaves the journal as it
+		// was; one after it poisons the Journal, which Open reports.
+		rep.Compacted = j.compact() == nil
+	}
+	return rep, nil
+}
+
+// applyFrame replays one frame into the index.
+func (j *Journal) applyFrame(_ uint64, payload []byte) error {
+	return decodePayload(payload, func(o *op) error {
+		switch o.kind {
+		case opUpsert:
+			if sl, ok := j.m[o.r.id]; ok && j.sameKey(&sl, &o.r) {
+				// The same action: an update, under the rule Update
+				// follows (done is final).
+				r := j.recOf(o.r.id, &sl)
+				if applyUpdate(&r, o.r.state, o.r.attempts, o.r.status) {
+					j.put(&r)
+				}
+			} else {
+				j.put(&o.r)
+			}
+			j.high = max(j.high, o.r.created)
+			j.obsNs = max(j.obsNs, o.r.seen*1e6)
+		case opDelete:
+			j.del(o.r.id)
+		case opEnd, opClock:
+			j.high = max(j.high, o.clock)
+		case opSeen:
+			j.obsNs = max(j.obsNs, o.clock*1e6)
+		}
+		return nil
+	})
+}
+
+// chooseTemp decides what to do with a leftover journal.tmp, tdata (see the
+// package doc, "journal.tmp at recovery"): adopt it in place of journal,
+// keep it (journal cannot be read, so nothing is decided and Open reports
+// journal's error), or else remove it. Whichever file wins is synced before
+// chooseTemp returns, so the other is dropped only once the winner is on
+// disk.
+func (j *Journal) chooseTemp(tdata []byte, tmpPath string, missing bool) (adopt, keep bool, err error) {
+	tres, ok := checkSnapshot(tdata, tmpPath)
+	if !ok {
+		return false, false, nil
+	}
+	if !missing {
+		jdata, err := os.ReadFile(j.path)
+		if err != nil {
+			return false, false, err
+		}
+		// Salvage only to learn the last valid sequence: nothing is
+		// changed here, and the journal is scanned again for real below.
+		jres, err := scan(jdata, j.path, true, func(uint64, []byte) error { return nil })
+		if err != nil {
+			return false, true, nil
+		}
+		if tres.hdr.baseSeq <= jres.lastSeq {
+			// journal went on after journal.tmp was written: tmp is stale
+			// (a failed compaction whose removal did not last).
+			return false, false, syncFile(j.path)
+		}
+	}
+	return true, false, syncFile(tmpPath)
+}
+
+// snapshotComplete reports whether data holds a whole compaction snapshot
+// (see checkSnapshot).
+func snapshotComplete(data []byte, path string) bool {
+	_, ok := checkSnapshot(data, path)
+	return ok
+}
+
+// checkSnapshot reports whether data holds a whole compaction output: a
+// valid header, every frame up to the end record valid, and the end record
+// counting the records before it. The snapshot may be followed by batch
+// frames, appended after a rename that did not last (see the package doc):
+// they must be valid too, except for a torn tail, which recovery cuts off
+// as in any journal.
+func checkSnapshot(data []byte, path string) (scanResult, bool) {
+	var n uint64
+	ended := false
+	res, err := scan(data, path, false, func(_ uint64, p []byte) error {
+		if ended {
+			return nil // an appended batch
+		}
+		return decodePayload(p, func(o *op) error {
+			switch {
+			case ended:
+			case o.kind == opUpsert:
+				n++
+			case o.kind == opEnd:
+				if o.count != n {
+					return errPayload
+				}
+				ended = true
+			case o.kind == opSeen: // the observed time, before the end
+			default:
+				return errPayload // a snapshot holds only upserts, then its end
+			}
+			return nil
+		})
+	})
+	return res, err == nil && ended
+}
+
+// syncFile makes the file at path durable (fdatasync where available).
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = datasync(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return nil
+}
+
+// copyAside copies data, durably, to a new file named prefix and the time,
+// and prunes the copies to maxAside. The copy is written to asideTmpName,
+// synced, and only then renamed to its name, so that no empty or partial
+// copy is ever left under a copy's name: on any failure the temporary file
+// is removed and nothing else is changed.
+func (j *Journal) copyAside(prefix string, data []byte) (string, error) {
+	name := filepath.Join(j.dir, prefix+time.Now().UTC().Format("20060102T150405.000000000"))
+	tmp := filepath.Join(j.dir, asideTmpName)
+	of, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("copy aside: %w", err)
+	}
+	f := j.opts.hooks.wrap(asideTmpName, osFile{of})
+	_, werr := f.Write(data)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, name)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return "", fmt.Errorf("copy aside: %w", werr)
+	}
+	j.pruneAside(prefix, name)
+	return name, syncDir(j.dir)
+}
+
+// pruneAside removes the oldest copies named prefix* (their names sort by
+// time) beyond maxAside, keep included; it never removes keep.
+func (j *Journal) pruneAside(prefix, keep string) {
+	ents, err := os.ReadDir(j.dir) // sorted by name
+	if err != nil {
+		return
+	}
+	var copies []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) && e.Name() != filepath.Base(keep) {
+			copies = append(copies, e.Name())
+		}
+	}
+	for len(copies)+1 > j.opts.maxAside && len(copies) > 0 {
+		_ = os.Remove(filepath.Join(j.dir, copies[0]))
+		copies = copies[1:]
+	}
+}
+
+func truncate(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if err == nil {
+		err = datasync(f)
+	}
+	return errors.Join(err, f.Close())
+}

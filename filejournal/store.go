@@ -1,0 +1,630 @@
+package filejournal
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemretry/idemretry/internal/lockfile"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Journal is the file-backed journal.Journal that idemretry's NewClient and
+// NewTransport use by default. It keeps, per action, the action id (or its
+// SHA-256, see WithHashedIDs), the key (16 bytes for a UUID), the request
+// fingerprint, the creation time, the state, the attempt count and the
+// final status: about 77 bytes on disk and 140 bytes of memory per record
+// for a short action id. Never a body, a header or a credential.
+//
+// A record that Reserve creates is on disk, synced, when Reserve returns;
+// concurrent Reserves share one write and one sync (group commit). Updates
+// are written lazily: with the next Reserve or Forget, within the flush
+// interval (WithFlushInterval), at Close, or at once with Sync; losing one
+// to a crash costs one resend under the same key, which the server answers
+// with a replay (the Transport Syncs the "done" of actions named by their
+// fingerprint, where a lost one would matter).
+//
+// If a write or sync fails, the journal stops: every later call returns an
+// error wrapping journal.ErrClosed and the cause (a failed sync may have
+// lost data that no retry on the same file could confirm). Reopen it to
+// recover from what is on disk.
+//
+// A Journal is safe for concurrent use. Only one Journal can be open on a
+// directory at a time, in this process or any other: see ErrLocked. Close
+// it when done; the Transport closes the journal it opened itself.
+//
+// Inside, one mutex guards the in-memory index and the queue of operations
+// to write; one committer goroutine owns the file, takes the whole queue as
+// a batch, writes it as one frame (or a few, for huge batches), syncs, and
+// then wakes the batch's waiters. Callers that arrive while a batch syncs
+// form the next batch: natural group commit.
+type Journal struct {
+	opts     config
+	dir      string
+	path     string
+	lock     *lockfile.Lock
+	recovery Recovery
+
+	mu        sync.Mutex
+	m         map[string]slot   // live records by stored id
+	custom    map[string]string // non-UUID keys, by stored id (rare)
+	live      int64             // encoded size of the records in m
+	inflight  map[string]*batch // records created by a batch not yet synced
+	deleting  map[string]*batch // records removed by a batch not yet synced
+	queue     []op
+	cur       *batch // the batch that queue's operations belong to
+	writing   *batch // the batch the committer is writing and syncing, or nil
+	durable   bool   // cur has a waiter: write it now, not lazily
+	closing   bool
+	poison    error // set once a write or sync failed; the Journal is dead
+	high      int64 // clock high-water mark, Unix ms: time never runs back
+	savedHigh int64 // the high-water mark last written to the file
+	// The observed time (see expired): obsNs is the time the Journal has seen
+	// pass while open, accumulated across opens (persisted in ms); obsRef
+	// is the clock reading it was last advanced at; savedObs is the
+	// observed time, in ms, last written to the file.
+	obsNs    int64
+	obsRef   time.Time
+	savedObs int64
+
+	wake      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closed    chan struct{} // closed once Close has finished: lock released
+	compactCh chan chan error
+
+	// ident is the identity of the file f (see present). The committer
+	// changes it, holding identMu from a compaction's rename until it is
+	// updated; others read it holding identMu.
+	identMu sync.Mutex
+	ident   os.FileInfo
+
+	// Owned by the committer goroutine (by Open before it starts).
+	f        file
+	gen      uint32
+	nextSeq  uint64
+	size     int64
+	sizeSeen int64 // size under mu, for tests (stats)
+	buf      []byte
+	closeErr error
+}
+
+// slot is a record in memory: 72 bytes plus the map's id string.
+type slot struct {
+	key      [16]byte
+	fp       [32]byte
+	created  int64
+	seen     int64 // the observed time at creation, ms (see expired)
+	attempts uint32
+	status   uint16
+	state    journal.State
+	custom   bool // the key is in Journal.custom
+}
+
+// batch is a group of operations written and synced together.
+type batch struct {
+	done chan struct{} // closed once err is set
+	err  error
+	ids  []string // ids whose creation waits on this batch (inflight)
+	dels []string // ids whose removal waits on this batch (deleting)
+}
+
+func newBatch() *batch { return &batch{done: make(chan struct{})} }
+
+func (j *Journal) slotOf(r *rec) slot {
+	return slot{key: r.key, fp: r.fp, created: r.created, seen: r.seen, attempts: r.attempts, status: r.status, state: r.state, custom: r.custom != ""}
+}
+
+func (j *Journal) recOf(id string, sl *slot) rec {
+	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, seen: sl.seen, attempts: sl.attempts, status: sl.status, state: sl.state}
+	if sl.custom {
+		r.custom = j.custom[id]
+	}
+	return r
+}
+
+// put and del keep m, custom and live consistent. Callers hold mu.
+func (j *Journal) put(r *rec) {
+	j.del(r.id)
+	j.m[r.id] = j.slotOf(r)
+	if r.custom != "" {
+		j.custom[r.id] = r.custom
+	}
+	j.live += r.size()
+}
+
+func (j *Journal) del(id string) {
+	sl, ok := j.m[id]
+	if !ok {
+		return
+	}
+	r := j.recOf(id, &sl)
+	j.live -= r.size()
+	delete(j.m, id)
+	if sl.custom {
+		delete(j.custom, id)
+	}
+}
+
+// times are the two times expiry judges by (see expired).
+type times struct {
+	// wall is the clock's time, Unix ms: the highest time seen, so that a
+	// clock set back cannot bring an expired record back; unless that mark
+	// is more than MaxClockLead ahead of the clock, which means the clock
+	// ran ahead and was corrected, and then the clock.
+	wall int64
+	// obs is the observed time, ms: how much time the Journal has seen pass
+	// while open, over all its opens.
+	obs int64
+}
+
+// now reads the clock and returns the times expiry judges by. Callers hold
+// mu.
+func (j *Journal) now() times {
+	c := j.opts.now()
+	j.observe(c)
+	t := c.UnixMilli()
+	if t > j.high {
+		j.high = t
+	}
+	if j.high-t > j.opts.maxClockLead.Milliseconds() {
+		return times{wall: t, obs: j.obsNs / 1e6}
+	}
+	return times{wall: j.high, obs: j.obsNs / 1e6}
+}
+
+// observe advances the observed time by what passed since the last reading
+// that advanced it. Readings of time.Now carry Go's monotonic clock, which
+// no setting of the wall clock moves (and which stands still while the
+// machine sleeps), so the observed time is a lower bound of the time that
+// really passed while the Journal was open. A clock without monotonic
+// readings (a test's fake) is believed when it moves forward past its
+// highest reading; a step back advances nothing until it is passed again.
+// Callers hold mu (Open: before the Journal is shared).
+func (j *Journal) observe(c time.Time) {
+	if d := c.Sub(j.obsRef); d > 0 {
+		j.obsNs += int64(d)
+		j.obsRef = c
+	}
+}
+
+// seenAt is the observed time to record in a record created now (after
+// now), in ms, rounded up: a record never looks older than it is. Callers
+// hold mu.
+func (j *Journal) seenAt() int64 { return (j.obsNs + 1e6 - 1) / 1e6 }
+
+// Now returns the journal's time (it makes the Journal a
+// journal.Timekeeper): the later of its clock (WithClock) and the highest
+// time it has seen, in the records it holds, in the clock marks persisted
+// with its batches and snapshots, and from the clock itself. It never runs
+// backwards, even across a reopen, whatever the clock does. When the clock
+// is ahead it is returned as is; otherwise the mark, to the millisecond. A
+// clock reading well behind it means the wall clock was set back (by NTP,
+// or a user changing the phone's time): NewTransport logs that, since key
+// windows are judged by the clock.
+func (j *Journal) Now() time.Time {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	t := j.opts.now()
+	if ms := t.UnixMilli(); ms >= j.high {
+		j.high = ms
+		return t
+	}
+	return time.UnixMilli(j.high)
+}
+
+// expired reports whether a record's retention is over. Only done records
+// expire. Pending and unknown ones are kept until Forget: dropping them
+// would let a new key be minted for an action whose outcome is unknown.
+//
+// A record whose outcome may exist must never vanish because of a clock. A
+// wall clock can be wrong when a record is made (a phone 49 h behind, then
+// corrected) and can jump while the journal is closed, so the creation time
+// read against the clock can make a ten-minute-old record look two days
+// old: dropping it would let Reserve mint a new key for an action that the
+// server has just performed. So a done record expires only when both say
+// its retention is over: the clock (its creation time against the times
+// mark, as the Transport reads key windows), and the observed time, the
+// time the Journal has itself seen pass since the record's creation, counted
+// on the monotonic clock while open and persisted with its writes. Time
+// while the journal is closed is never counted: nothing can tell how long
+// that was. Since the observed time is a lower bound of the time that
+// passed, a record disappears only once its retention has passed as far as
+// the journal can know; no clock setting, before or during a run, can
+// shorten that.
+//
+// The cost is disk and memory (about 77 bytes on disk and 140 in memory per
+// done record) for an application that is rarely open: its done records
+// stay until it has been open for the retention in all (48 h of use by
+// default: for an app open a few minutes a day, years). An application that
+// must bound that can Forget the actions it has reconciled.
+func (j *Journal) expired(sl *slot, now times) bool {
+	ret := j.opts.retention.Milliseconds()
+	return sl.state == journal.StateDone && now.wall-sl.created > ret && now.obs-sl.seen > ret
+}
+
+// usable returns the error for calls on a closed or failed Journal.
+func (j *Journal) usable() error {
+	if j.poison != nil {
+		return fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
+	}
+	if j.closing {
+		return journal.ErrClosed
+	}
+	return nil
+}
+
+func (j *Journal) signal() {
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// enqueue adds o to the current batch; with durable, the caller will wait
+// for it. Callers hold mu.
+func (j *Journal) enqueue(o op, durable bool) *batch {
+	j.queue = append(j.queue, o)
+	if durable && !j.durable {
+		j.durable = true
+		j.signal()
+	} else if len(j.queue) == 1 {
+		j.signal() // let the committer arm its lazy-flush timer
+	}
+	return j.cur
+}
+
+func (j *Journal) wait(ctx context.Context, b *batch) error {
+	select {
+	case <-b.done:
+		return b.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// storedID is the id as the journal keys it. With WithHashedIDs it is the
+// raw SHA-256 of the action id; an id already in the digest form that
+// Unfinished returns (see journal.Digest) is taken as that digest, so a
+// listed action can be passed back to Reserve, Update and Forget and
+// reaches the same record.
+func (j *Journal) storedID(actionID string) string {
+	if !j.opts.hashed {
+		return actionID
+	}
+	sum, _ := hex.DecodeString(strings.TrimPrefix(journal.Digest(actionID), journal.DigestPrefix))
+	return string(sum)
+}
+
+// reportedID is the id Unfinished reports for a stored id: the id itself,
+// or with WithHashedIDs its digest form.
+func (j *Journal) reportedID(id string) string {
+	if !j.opts.hashed {
+		return id
+	}
+	return journal.DigestPrefix + hex.EncodeToString([]byte(id))
+}
+
+// checkStatus refuses a status that the file format cannot hold (it keeps
+// 16 bits); journal.CheckProgress has refused the rest.
+func checkStatus(rec journal.Record) error {
+	if rec.Status > math.MaxUint16 {
+		return fmt.Errorf("%w: status %d", journal.ErrInvalidRecord, rec.Status)
+	}
+	return nil
+}
+
+// Reserve implements journal.Journal. A record it creates is synced to
+// disk before it returns; so is a returned record that another goroutine
+// is still creating (Reserve waits for it). A journal.StateDone record
+// whose retention is over, by the clock and by the time the journal has
+// seen pass (see WithKeyWindow), counts as absent (and is forgotten
+// lazily). CreatedAt is kept to the millisecond. If ctx ends while Reserve
+// waits for the sync, it returns ctx's error; the record may still become
+// durable, and a later Reserve returns it.
+func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	got, created, err := j.reserve(ctx, rec, mode)
+	return got, created, wrap(err, "reserve %q", rec.ActionID)
+}
+
+func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return journal.Record{}, false, err
+	}
+	if err := journal.CheckRecord(want); err != nil {
+		return journal.Record{}, false, err
+	}
+	if err := checkStatus(want); err != nil {
+		return journal.Record{}, false, err
+	}
+	r := toRec(j.storedID(want.ActionID), want)
+	j.mu.Lock()
+	if err := j.usable(); err != nil {
+		j.mu.Unlock()
+		return journal.Record{}, false, err
+	}
+	now := j.now()
+	if sl, ok := j.m[r.id]; ok {
+		if j.expired(&sl, now) {
+			j.remove(r.id, false)
+		} else if mode == journal.ReuseAny || sl.state != journal.StateDone {
+			old := j.recOf(r.id, &sl)
+			b := j.inflight[r.id]
+			j.mu.Unlock()
+			if b != nil {
+				if err := j.wait(ctx, b); err != nil {
+					return journal.Record{}, false, err
+				}
+			}
+			return old.record(want.ActionID), false, nil
+		}
+	}
+	if sl, ok := j.m[r.id]; ok && j.sameKey(&sl, &r) {
+		// A done record replaced by a record with the same key (a caller's
+		// own key): write the removal first, or replay would take the new
+		// record for a stale update of the done one (see applyUpdate).
+		j.remove(r.id, false)
+	}
+	r.seen = j.seenAt()
+	j.put(&r)
+	b := j.enqueue(op{kind: opUpsert, r: r}, true)
+	j.inflight[r.id] = b
+	b.ids = append(b.ids, r.id)
+	j.mu.Unlock()
+	if err := j.wait(ctx, b); err != nil {
+		return journal.Record{}, false, err
+	}
+	return r.record(want.ActionID), true, nil
+}
+
+// Update implements journal.Journal: it stores the State, Attempts and
+// Status of the action's record if that record has rec.Key. Done is final:
+// a done record keeps its state and status, and attempts never go down
+// (see applyUpdate); an update that changes nothing is not written. The
+// change is written lazily (see Journal), with the next batch, within the
+// flush interval, or at Close, whichever comes first; Sync waits for it.
+// It returns an error wrapping journal.ErrNotFound, and changes nothing, if
+// the action has no (unexpired) record or if its record has another key
+// (it was replaced, or forgotten and created anew, since the caller read
+// it).
+func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
+	return wrap(j.update(rec), "update %q", rec.ActionID)
+}
+
+func (j *Journal) update(rec journal.Record) error {
+	if err := journal.CheckProgress(rec); err != nil {
+		return err
+	}
+	if err := checkStatus(rec); err != nil {
+		return err
+	}
+	id := j.storedID(rec.ActionID)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.usable(); err != nil {
+		return err
+	}
+	sl, ok := j.m[id]
+	if !ok || j.expired(&sl, j.now()) || !j.hasKey(id, &sl, rec.Key) {
+		return journal.ErrNotFound
+	}
+	r := j.recOf(id, &sl)
+	if !applyUpdate(&r, rec.State, uint32(rec.Attempts), uint16(rec.Status)) {
+		return nil // nothing changes: a done record's late, stale update
+	}
+	j.put(&r)
+	j.enqueue(op{kind: opUpsert, r: r}, false)
+	return nil
+}
+
+// applyUpdate applies an update of state, attempts and status to r, the
+// record with the update's key, and reports whether r changed. Done is
+// final: a done record keeps its state and status whatever a later update
+// says (a stale writer must not undo a recorded outcome), and attempts
+// never go down. Replay applies the same rule to the upserts it reads, so a
+// stale frame written after a done one cannot undo it on restart either.
+func applyUpdate(r *rec, state journal.State, attempts uint32, status uint16) bool {
+	old := *r
+	if r.state != journal.StateDone {
+		r.state, r.status = state, status
+	}
+	r.attempts = max(r.attempts, attempts)
+	return *r != old
+}
+
+// hasKey reports whether the record sl of id has the given key, compared
+// in storage form: a canonical UUID as 16 bytes, any other key as is.
+// Callers hold mu.
+func (j *Journal) hasKey(id string, sl *slot, key string) bool {
+	var k [16]byte
+	if parseUUID(key, &k) {
+		return !sl.custom && sl.key == k
+	}
+	return sl.custom && j.custom[id] == key
+}
+
+// sameKey reports whether the record sl has r's key. Callers hold mu.
+func (j *Journal) sameKey(sl *slot, r *rec) bool {
+	if r.custom != "" {
+		return sl.custom && j.custom[r.id] == r.custom
+	}
+	return !sl.custom && sl.key == r.key
+}
+
+// remove drops id from the index and queues its delete, recording the
+// batch in deleting until it is synced. Callers hold mu.
+func (j *Journal) remove(id string, durable bool) *batch {
+	j.del(id)
+	b := j.enqueue(op{kind: opDelete, r: rec{id: id}}, durable)
+	j.deleting[id] = b
+	b.dels = append(b.dels, id)
+	return b
+}
+
+// Forget implements journal.Journal: it removes an action's record and
+// returns once the removal is synced. With WithHashedIDs it accepts the
+// original id or the digest form that Unfinished returns, as Reserve and
+// Update do. An already-ended ctx is refused before anything changes.
+// Forgetting an absent action returns at once, unless an earlier removal
+// of it (another Forget, or Reserve dropping it as expired) is still queued
+// or being written: then Forget waits for that removal to be synced too.
+func (j *Journal) Forget(ctx context.Context, actionID string) error {
+	return wrap(j.forget(ctx, j.storedID(actionID)), "forget %q", actionID)
+}
+
+func (j *Journal) forget(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	if err := j.usable(); err != nil {
+		j.mu.Unlock()
+		return err
+	}
+	var b *batch
+	if _, ok := j.m[id]; ok {
+		b = j.remove(id, true)
+	} else if b = j.deleting[id]; b == nil {
+		j.mu.Unlock()
+		return nil
+	} else if b == j.cur && !j.durable {
+		// A lazy delete (of an expired record) still queued: write it now.
+		j.durable = true
+		j.signal()
+	}
+	j.mu.Unlock()
+	return j.wait(ctx, b)
+}
+
+// Unfinished implements journal.Journal: the pending and unknown records,
+// oldest first (ties by reported id). With WithHashedIDs, each ActionID is
+// in digest form (journal.Digest of the original id).
+func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, wrap(err, "unfinished")
+	}
+	j.mu.Lock()
+	if err := j.usable(); err != nil {
+		j.mu.Unlock()
+		return nil, wrap(err, "unfinished")
+	}
+	var out []journal.Record
+	for id, sl := range j.m {
+		if sl.state == journal.StatePending || sl.state == journal.StateUnknown {
+			r := j.recOf(id, &sl)
+			out = append(out, r.record(j.reportedID(id)))
+		}
+	}
+	j.mu.Unlock()
+	slices.SortFunc(out, func(a, b journal.Record) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ActionID, b.ActionID)
+	})
+	return out, nil
+}
+
+// Sync waits until every Update made so far is on disk (it makes the
+// Journal a journal.Syncer): those still queued, and those of a batch the
+// committer has taken but not yet synced. Batches are committed in order,
+// so waiting for the queue's batch covers the one being written too.
+func (j *Journal) Sync(ctx context.Context) error {
+	return wrap(j.sync(ctx), "sync")
+}
+
+func (j *Journal) sync(ctx context.Context) error {
+	j.mu.Lock()
+	if err := j.usable(); err != nil {
+		j.mu.Unlock()
+		return err
+	}
+	if len(j.queue) == 0 {
+		b := j.writing
+		j.mu.Unlock()
+		if b == nil {
+			// Nothing to write: check that there is still a journal to
+			// have written to (see present).
+			j.identMu.Lock()
+			err := j.present()
+			j.identMu.Unlock()
+			if err != nil {
+				j.mu.Lock()
+				j.poisonLocked(err)
+				err = j.usable()
+				j.mu.Unlock()
+			}
+			return err
+		}
+		return j.wait(ctx, b)
+	}
+	b := j.cur
+	if !j.durable {
+		j.durable = true
+		j.signal()
+	}
+	j.mu.Unlock()
+	return j.wait(ctx, b)
+}
+
+// Compact rewrites the journal now, without its forgotten and expired
+// records (it also happens by itself when the file is mostly dead records,
+// and at Open). Reserves wait while it runs.
+func (j *Journal) Compact(ctx context.Context) error {
+	return wrap(j.compactNow(ctx), "compact")
+}
+
+func (j *Journal) compactNow(ctx context.Context) error {
+	reply := make(chan error, 1)
+	select {
+	case j.compactCh <- reply:
+	case <-j.done:
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.usable()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close implements journal.Journal: it writes and syncs the queued
+// updates, stops the journal's goroutine, closes its file and releases its
+// lock. It returns the error of that last write, or the one that stopped
+// the journal earlier. Later calls, concurrent ones included, wait until
+// the journal is fully closed (the lock released) and return nil.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	if j.closing {
+		j.mu.Unlock()
+		<-j.closed
+		return nil
+	}
+	j.closing = true
+	j.mu.Unlock()
+	defer close(j.closed)
+	close(j.stop)
+	<-j.done
+	err := j.closeErr
+	if lerr := j.lock.Release(); err == nil && lerr != nil {
+		err = fmt.Errorf("release lock: %w", lerr)
+	}
+	return wrap(err, "close")
+}
+
+var (
+	_ journal.Journal    = (*Journal)(nil)
+	_ journal.Syncer     = (*Journal)(nil)
+	_ journal.Timekeeper = (*Journal)(nil)
+)

@@ -1,0 +1,56 @@
+package idemretry_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// The issue's example: a RoundTrip on a closed file journal said
+// `idemretry: reserve key for action "pay:1": journal reserve "pay:1":
+// idemretry: journal closed`. The prefix comes once.
+func TestFileJournalErrorPrefixOnce(t *testing.T) {
+	j, err := filejournal.Open(t.TempDir())
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), "http://127.0.0.1:1/", "x"))
+	require.ErrorIs(t, err, journal.ErrClosed)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+}
+
+// A bad option of the file journal given to WithJournalDir is a bad option
+// of NewTransport: it wraps ErrInvalidOption (and the file journal's).
+func TestJournalDirBadOption(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "j")
+	_, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, filejournal.WithLockWait(-time.Second)))
+	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
+	assert.ErrorIs(t, err, filejournal.ErrInvalidOption)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	assert.NoDirExists(t, dir)
+}
+
+// Two Transports on one directory: the second is refused with
+// filejournal.ErrLocked, and the error says what to do.
+func TestSecondTransportOnDirLocked(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.ErrorIs(t, err, filejournal.ErrLocked)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	assert.Contains(t, err.Error(), dir)
+	assert.Contains(t, err.Error(), "WithLockWait")
+}
