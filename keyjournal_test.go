@@ -15,19 +15,23 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// wantPrefixOnce checks that err's message carries "idemretry:" once.
+func wantPrefixOnce(t *testing.T, err error) {
+	t.Helper()
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+}
+
 // The issue's example: a RoundTrip on a closed file journal said
-// `idemretry: reserve key for action "pay:1": journal reserve "pay:1":
-// idemretry: journal closed`. The prefix comes once.
+// `idemretry: reserve key for action "pay:1": idemretry: journal reserve
+// "pay:1": idemretry: journal closed`. The prefix comes once.
 func TestFileJournalErrorPrefixOnce(t *testing.T) {
-	j, err := filejournal.Open(t.TempDir())
-	require.NoError(t, err)
-	require.NoError(t, j.Close())
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
 	defer tr.Close()
+	require.NoError(t, tr.Journal().Close()) // the journal stops under the Transport
 	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), "http://127.0.0.1:1/", "x"))
 	require.ErrorIs(t, err, journal.ErrClosed)
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	wantPrefixOnce(t, err)
 }
 
 // A bad option of the file journal given to WithJournalDir is a bad option
@@ -37,7 +41,7 @@ func TestJournalDirBadOption(t *testing.T) {
 	_, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, filejournal.WithLockWait(-time.Second)))
 	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
 	assert.ErrorIs(t, err, filejournal.ErrInvalidOption)
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	wantPrefixOnce(t, err)
 	assert.NoDirExists(t, dir)
 }
 
@@ -50,7 +54,7 @@ func TestSecondTransportOnDirLocked(t *testing.T) {
 	defer tr.Close()
 	_, err = idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.ErrorIs(t, err, filejournal.ErrLocked)
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	wantPrefixOnce(t, err)
 	assert.Contains(t, err.Error(), dir)
 	assert.Contains(t, err.Error(), "WithLockWait")
 }
