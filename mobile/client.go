@@ -1,0 +1,331 @@
+package idemretry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Defaults of Options.
+const (
+	// DefaultTimeoutMillis bounds a Send, retries included, when neither
+	// the Request nor the Options say otherwise: one minute.
+	DefaultTimeoutMillis int64 = 60_000
+	// DefaultKeyWindowMillis is how long an action's key may be sent after
+	// it was made: 24 hours, as long as Stripe keeps a key.
+	DefaultKeyWindowMillis = int64(root.DefaultKeyWindow / time.Millisecond)
+)
+
+// journalCallTimeout bounds Unfinished, Forget and Sync.
+const journalCallTimeout = 10 * time.Second
+
+// Options configure a Client. Null, or a field left at 0, means the
+// default.
+type Options struct {
+	// KeyWindowMillis is how long an action's key may be sent after it
+	// was made (default DefaultKeyWindowMillis): set it to how long your
+	// server keeps idempotency keys, or less. After it, the action fails
+	// with KindWindowExpired instead of being sent.
+	KeyWindowMillis int64
+	// TimeoutMillis bounds each Send, retries included, unless the Request
+	// sets its own (default DefaultTimeoutMillis).
+	TimeoutMillis int64
+}
+
+// NewOptions returns the default options.
+func NewOptions() *Options {
+	return &Options{KeyWindowMillis: DefaultKeyWindowMillis, TimeoutMillis: DefaultTimeoutMillis}
+}
+
+// Client sends requests that are safe to send again: each action's
+// Idempotency-Key is on disk before its first attempt leaves the device,
+// and every attempt, retry and resend after a restart carries it. Retries
+// (network errors, 409, 429 and 5xx, with full-jitter backoff) happen
+// inside Send. A Client is safe to use from several threads at once; two
+// Sends of one action at the same time share one request. Only one Client
+// (in any process) may hold a journal directory at a time.
+type Client struct {
+	transport *root.Transport
+	http      *http.Client
+	timeout   time.Duration
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	busy   sync.WaitGroup // Sends and journal calls in progress
+}
+
+// NewClient opens a Client whose journal is in dir, an absolute path to a
+// directory that the Client owns (it is created if missing, and its
+// permissions are narrowed to the app's user): for example
+// File(context.filesDir, "idemretry") on Android, or a directory
+// "idemretry" in Application Support on iOS. Keep dir across app updates:
+// it holds the keys of unfinished payments. opts may be null.
+//
+// It fails with KindJournal if another Client, in this process or another
+// one, holds dir (Close the first), or if the journal cannot be read;
+// with KindInvalidRequest for a relative dir or a negative option.
+func NewClient(dir string, opts *Options) (*Client, error) {
+	if opts == nil {
+		opts = NewOptions()
+	}
+	switch {
+	case dir == "":
+		return nil, newFailure(KindInvalidRequest, root.ErrInvalidOption, "invalid option: empty journal directory")
+	case !filepath.IsAbs(dir):
+		return nil, newFailure(KindInvalidRequest, root.ErrInvalidOption, "invalid option: journal directory "+quote(dir)+" is not an absolute path")
+	case opts.KeyWindowMillis < 0:
+		return nil, newFailure(KindInvalidRequest, root.ErrInvalidOption, "invalid option: negative KeyWindowMillis")
+	case opts.TimeoutMillis < 0:
+		return nil, newFailure(KindInvalidRequest, root.ErrInvalidOption, "invalid option: negative TimeoutMillis")
+	}
+	window := root.DefaultKeyWindow
+	if opts.KeyWindowMillis > 0 {
+		window = millis(opts.KeyWindowMillis)
+	}
+	timeout := time.Duration(DefaultTimeoutMillis) * time.Millisecond
+	if opts.TimeoutMillis > 0 {
+		timeout = millis(opts.TimeoutMillis)
+	}
+	t, err := root.NewTransport(nil,
+		root.WithJournalDir(dir),
+		root.WithKeyWindow(window),
+		root.WithRequireAction(),
+	)
+	if err != nil {
+		kind := KindJournal
+		if errors.Is(err, root.ErrInvalidOption) {
+			kind = KindInvalidRequest
+		}
+		return nil, newFailure(kind, err, err.Error())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Client{
+		transport: t,
+		http:      &http.Client{Transport: t},
+		timeout:   timeout,
+		ctx:       ctx,
+		cancel:    cancel,
+	}, nil
+}
+
+// millis converts a positive count of milliseconds to a Duration,
+// saturating.
+func millis(ms int64) time.Duration {
+	const most = int64(1<<63-1) / int64(time.Millisecond)
+	if ms > most {
+		ms = most
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// begin registers a call in progress, or fails if the Client is closed.
+func (c *Client) begin() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return newFailure(KindClosed, journal.ErrClosed, "client closed")
+	}
+	c.busy.Add(1)
+	return nil
+}
+
+// Send sends req and returns the server's final answer: a 2xx, or a status
+// that retrying cannot change (4xx other than 409 and 429, 501, 505). On
+// the way it retries what may heal, always with the action's key. It
+// returns an error, never with a Response, when no final answer came: test
+// it with ErrorKind. With KindMaybeProcessed or KindGaveUp the server may
+// have performed the action: send it again with the same ActionID (now,
+// later, or through Resume on the next start) and never as a new action.
+func (c *Client) Send(req *Request) (*Response, error) {
+	if err := c.begin(); err != nil {
+		return nil, err
+	}
+	defer c.busy.Done()
+	return c.send(req)
+}
+
+func (c *Client) send(req *Request) (*Response, error) {
+	hreq, cancel, ferr := c.prepare(req)
+	if ferr != nil {
+		return nil, ferr
+	}
+	defer cancel()
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, classify(err, req.ActionID)
+	}
+	defer resp.Body.Close()
+	if reason := root.GiveUpReason(resp); reason != nil {
+		msg := "gave up: " + trimPrefix(reason.Error()) + ", last status " + strconv.Itoa(resp.StatusCode)
+		if req.ActionID != "" {
+			msg = "action " + quote(req.ActionID) + ": " + msg
+		}
+		f := newFailure(KindGaveUp, reason, msg)
+		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
+		if resp.Request != nil {
+			f.f.Key = resp.Request.Header.Get(root.DefaultKeyHeader)
+		}
+		return nil, f
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		// The final answer came and is recorded; its body did not. A
+		// resend with the same action id gets the server's replay.
+		msg := "reading the response body: " + trimPrefix(err.Error())
+		if req.ActionID != "" {
+			msg = "action " + quote(req.ActionID) + ": " + msg
+		}
+		f := newFailure(KindMaybeProcessed, err, msg)
+		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
+		return nil, f
+	}
+	return &Response{
+		Status:   clampInt32(resp.StatusCode),
+		Headers:  headersFrom(resp.Header),
+		Body:     body,
+		Replayed: root.IsReplay(resp),
+	}, nil
+}
+
+// prepare checks req and builds its http.Request, bounded by its timeout
+// and the Client's life.
+func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *failure) {
+	if req == nil {
+		return nil, nil, invalid("null request")
+	}
+	if !isToken(req.Method) {
+		return nil, nil, invalid("method " + quote(req.Method) + " is not an HTTP token")
+	}
+	method := req.Method
+	for _, m := range standardMethods {
+		// "post" is POST: sent as written, it would go without a key.
+		if strings.EqualFold(method, m) {
+			method = m
+		}
+	}
+	u, err := url.Parse(req.URL)
+	switch {
+	case err != nil:
+		return nil, nil, invalid("URL " + quote(req.URL) + " does not parse")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, nil, invalid("URL " + quote(req.URL) + " is not http or https")
+	case u.Host == "":
+		return nil, nil, invalid("URL " + quote(req.URL) + " has no host")
+	case req.TimeoutMillis < 0:
+		return nil, nil, invalid("negative TimeoutMillis")
+	}
+	if msg := req.Headers.check(); msg != "" {
+		return nil, nil, invalid(msg)
+	}
+	timeout := c.timeout
+	if req.TimeoutMillis > 0 {
+		timeout = millis(req.TimeoutMillis)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	if req.ActionID != "" {
+		ctx = root.WithAction(ctx, req.ActionID)
+	}
+	// A private copy of the body: the app may reuse its array.
+	var body io.Reader = http.NoBody
+	if len(req.Body) > 0 {
+		body = bytes.NewReader(bytes.Clone(req.Body))
+	}
+	hreq, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		cancel()
+		return nil, nil, invalid(err.Error())
+	}
+	hreq.Header = req.Headers.toHTTP()
+	return hreq, cancel, nil
+}
+
+// standardMethods are the methods of RFC 9110 (and PATCH), which Send
+// spells in upper case however the app spells them.
+var standardMethods = []string{"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+
+// Forget removes actionID from the journal, once the app has learned from
+// the server what became of it (an action that failed with
+// KindWindowExpired, say). The next Send of actionID is a new action with
+// a new key. Forgetting an action the journal does not hold is not an
+// error.
+func (c *Client) Forget(actionID string) error {
+	if actionID == "" {
+		return invalid("empty action id")
+	}
+	if err := c.begin(); err != nil {
+		return err
+	}
+	defer c.busy.Done()
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	if err := c.transport.Journal().Forget(ctx, actionID); err != nil {
+		return journalFailure(err, "forget "+quote(actionID))
+	}
+	return nil
+}
+
+// Sync writes to disk every answer the journal has recorded: call it when
+// the app goes to the background (onStop on Android,
+// applicationDidEnterBackground or a scenePhase of .background on iOS),
+// where the system may kill the app without warning. Keys are always on
+// disk before their first send; what Sync adds is the "done" of actions
+// answered in the last second, which, if lost, makes the next Resume send
+// them once more (the server then replays its answer, so nothing is
+// charged twice, but the app sees the action as unfinished).
+func (c *Client) Sync() error {
+	if err := c.begin(); err != nil {
+		return err
+	}
+	defer c.busy.Done()
+	s, ok := c.transport.Journal().(journal.Syncer)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	if err := s.Sync(ctx); err != nil {
+		return journalFailure(err, "sync")
+	}
+	return nil
+}
+
+// Close ends the Sends in progress (an action cut short stays pending with
+// its key, for Resume), writes what the journal holds to disk and releases
+// the journal directory. Call it when the app exits for good; a closed
+// Client fails every call with KindClosed. Closing twice is not an error.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.busy.Wait()
+	if err := c.transport.Close(); err != nil {
+		return journalFailure(err, "close")
+	}
+	return nil
+}
+
+// journalFailure classifies an error of a journal call.
+func journalFailure(err error, what string) *failure {
+	return newFailure(KindJournal, err, "journal "+what+": "+trimPrefix(err.Error()))
+}
+
+func trimPrefix(s string) string { return strings.TrimPrefix(s, "idemretry: ") }

@@ -1,0 +1,218 @@
+package idemretry
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+
+	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Error kinds: what ErrorKind returns and Failure.Kind holds. Their values
+// never change between versions; new kinds get new values.
+const (
+	// KindNone: no error (ErrorKind of null).
+	KindNone int32 = 0
+	// KindOther: an error this package does not classify, such as one
+	// returned by the app's own Rebuilder. Read its message.
+	KindOther int32 = 1
+	// KindInvalidRequest: the request (or an argument) was refused before
+	// anything was sent: no method, a URL that is not absolute http or
+	// https, a header name or value that cannot be sent, a negative
+	// timeout, a POST or PATCH without an ActionID (or an Idempotency-Key
+	// header), an ActionID that is too long or starts with "key:" or "fp:".
+	// Fix the request; nothing happened on the server.
+	KindInvalidRequest int32 = 2
+	// KindNetwork: the attempts ended (on the timeout, or after every
+	// retry) and none of them can have reached the server: every one
+	// failed before a byte was written (no network, connection refused,
+	// a name that does not resolve). The action is still pending with its
+	// key: send it again, with the same ActionID, when the network is back.
+	KindNetwork int32 = 3
+	// KindMaybeProcessed: the attempts ended without an answer after at
+	// least one reached the server (the connection broke or the timeout
+	// came while waiting for the answer), or the answer came and its body
+	// was lost. The server may have performed the action: send it again
+	// with the same ActionID (or let Resume do it on the next start) to get
+	// its answer; never make it a new action. MaybeProcessed is true.
+	KindMaybeProcessed int32 = 4
+	// KindGaveUp: the server answered every attempt with a status that may
+	// heal (5xx except 501 and 505, 429, 409) until the retries stopped,
+	// or asked to be called back later than the retries may wait
+	// (Retry-After). Status holds its last status. The action is pending
+	// with its key: send it again later with the same ActionID. A 5xx or
+	// 409 may come after the server acted, so MaybeProcessed is true.
+	KindGaveUp int32 = 5
+	// KindWindowExpired: the action's key is older than the key window
+	// (24 hours unless Options.KeyWindowMillis says otherwise), so the
+	// server may have forgotten it. Nothing was sent and no new key will
+	// ever be made for the action: ask the server what became of it, then
+	// Forget it. MaybeProcessed is true.
+	KindWindowExpired int32 = 6
+	// KindFingerprintMismatch: the ActionID was used before for a request
+	// with another method, URL or body. Nothing was sent. This is a bug in
+	// the app: one ActionID must always mean one payload.
+	KindFingerprintMismatch int32 = 7
+	// KindClockSkew: the action's key was made at a time the device's clock
+	// now says is in the future (the clock was set back). Nothing was sent
+	// and the action is kept: send it again once the clock is right.
+	KindClockSkew int32 = 8
+	// KindJournal: the journal could not be opened or could not store the
+	// key, so nothing was sent: another Client (in this process or another)
+	// holds the directory, the disk is full, the directory was removed, or
+	// the journal is damaged. The message says which.
+	KindJournal int32 = 9
+	// KindClosed: the Client was closed.
+	KindClosed int32 = 10
+	// KindParked is reserved for actions that a retry budget sets aside
+	// with their key, to be resent later; this version never returns it.
+	KindParked int32 = 11
+)
+
+// Failure is what an error of this package says, as fields the app can
+// branch on. Get it from an error with FailureOf.
+type Failure struct {
+	// Kind is one of the Kind constants.
+	Kind int32
+	// MaybeProcessed is true when the server may have performed the
+	// action: it must then be sent again with the same ActionID (or
+	// reconciled with the server), never as a new action. It is false only
+	// when nothing can have reached the server.
+	MaybeProcessed bool
+	// ActionID is the action the error is about, if any.
+	ActionID string
+	// Key is the Idempotency-Key the action's attempts carried, if known:
+	// with it the app can ask the server what became of the action.
+	Key string
+	// Attempts counts the requests sent for the action, in this run and
+	// earlier ones, when known.
+	Attempts int32
+	// Status is the last HTTP status the server answered, or 0.
+	Status int32
+	// Message is the error's text, for logs; do not parse it.
+	Message string
+}
+
+// failure is the error every Client method returns: a Failure and the
+// error it classifies, which errors.Is and errors.As reach through Unwrap.
+type failure struct {
+	f     Failure
+	cause error
+}
+
+func (e *failure) Error() string { return e.f.Message }
+func (e *failure) Unwrap() error { return e.cause }
+
+// FailureOf returns the details of an error returned by this package, or
+// null for null. An error from elsewhere (one the app's own Rebuilder
+// threw, say) comes back as KindOther with its message.
+func FailureOf(err error) *Failure {
+	if err == nil {
+		return nil
+	}
+	var e *failure
+	if errors.As(err, &e) {
+		f := e.f
+		return &f
+	}
+	return &Failure{Kind: KindOther, Message: err.Error()}
+}
+
+// ErrorKind returns the kind of an error returned by this package (one of
+// the Kind constants): KindNone for null, KindOther for an error from
+// elsewhere.
+func ErrorKind(err error) int32 {
+	if err == nil {
+		return KindNone
+	}
+	return FailureOf(err).Kind
+}
+
+// newFailure returns a failure of kind with the message "idemretry: msg"
+// (msg may carry the prefix already, once or more: it is kept once) that
+// unwraps to cause.
+func newFailure(kind int32, cause error, msg string) *failure {
+	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
+	return &failure{f: Failure{Kind: kind, Message: msg}, cause: cause}
+}
+
+// invalid returns a KindInvalidRequest failure wrapping root.ErrInvalidRequest.
+func invalid(msg string) *failure {
+	return newFailure(KindInvalidRequest, root.ErrInvalidRequest, "invalid request: "+msg)
+}
+
+// classify turns an error from the Transport (through http.Client) into a
+// failure for actionID.
+func classify(err error, actionID string) *failure {
+	var fe *failure
+	if errors.As(err, &fe) {
+		return fe
+	}
+	// http.Client wraps the Transport's error in a *url.Error whose message
+	// repeats the method and URL; the Transport's own message says more.
+	msgErr := err
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		msgErr = ue.Err
+	}
+	f := newFailure(KindOther, err, msgErr.Error())
+	f.f.ActionID = actionID
+
+	var ae *root.ActionError
+	if errors.As(err, &ae) {
+		if ae.Action != "" {
+			f.f.ActionID = ae.Action
+		}
+		f.f.Key = ae.Key
+		f.f.Attempts = clampInt32(ae.Attempts)
+		f.f.Status = clampInt32(ae.Status)
+		f.f.MaybeProcessed = ae.MaybeProcessed
+		switch {
+		case errors.Is(ae.Reason, root.ErrKeyWindowExpired):
+			f.f.Kind, f.f.MaybeProcessed = KindWindowExpired, true
+		case errors.Is(ae.Reason, root.ErrFingerprintMismatch):
+			f.f.Kind = KindFingerprintMismatch
+		case errors.Is(ae.Reason, root.ErrClockSkew):
+			f.f.Kind = KindClockSkew
+		case errors.Is(ae.Reason, root.ErrResponseNotShared):
+			// The action completed in another Send of the same action;
+			// sending it again gets the server's replay.
+			f.f.Kind, f.f.MaybeProcessed = KindMaybeProcessed, true
+		case ae.MaybeProcessed:
+			f.f.Kind = KindMaybeProcessed
+		default:
+			f.f.Kind = KindNetwork
+		}
+		return f
+	}
+	switch {
+	case errors.Is(err, root.ErrInvalidRequest), errors.Is(err, root.ErrInvalidKey),
+		errors.Is(err, root.ErrInvalidAction), errors.Is(err, root.ErrActionRequired),
+		errors.Is(err, root.ErrBodyTooLarge):
+		f.f.Kind = KindInvalidRequest
+	case isJournalError(err):
+		f.f.Kind = KindJournal
+	}
+	return f
+}
+
+// isJournalError reports whether err is one of the errors journals return.
+func isJournalError(err error) bool {
+	for _, s := range []error{journal.ErrClosed, journal.ErrUnavailable, journal.ErrInvalidRecord, journal.ErrIncompatible, journal.ErrNotFound} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func clampInt32(n int) int32 {
+	switch {
+	case n > 1<<31-1:
+		return 1<<31 - 1
+	case n < -1<<31:
+		return -1 << 31
+	}
+	return int32(n)
+}

@@ -1,0 +1,187 @@
+package idemretry
+
+import (
+	"context"
+
+	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Action is an action a previous run (or this one) left unfinished: sent,
+// or about to be, with no final answer recorded.
+type Action struct {
+	// ActionID is the id the action was sent with, or "key:" and the key
+	// for an action the app named with its own Idempotency-Key header.
+	ActionID string
+	// Key is its Idempotency-Key: with it the app can ask the server what
+	// became of the action.
+	Key string
+	// CreatedAtMillis is when the key was made, in milliseconds since
+	// 1970-01-01 UTC.
+	CreatedAtMillis int64
+	// Attempts counts the requests sent under Key, as far as recorded.
+	Attempts int32
+	// OutcomeUnknown is true when the key window ended with no final
+	// answer: the server may have performed the action and may have
+	// forgotten the key, so the action is never sent again. Ask the server
+	// what became of it, then Forget it. When false, the action is pending:
+	// send it again with the same ActionID (Resume does).
+	OutcomeUnknown bool
+}
+
+// ActionList is a list of actions: Len of them, Get(0) to Get(Len()-1).
+type ActionList struct {
+	items []*Action
+}
+
+// Len returns the number of actions.
+func (l *ActionList) Len() int32 { return int32(len(l.items)) }
+
+// Get returns action i (0 to Len()-1), or null if there is none.
+func (l *ActionList) Get(i int32) *Action {
+	if i < 0 || int(i) >= len(l.items) {
+		return nil
+	}
+	return l.items[i]
+}
+
+// Unfinished lists the actions left unfinished, oldest first: pending ones
+// (resend them with the same ActionID, or let Resume do it) and ones whose
+// outcome is unknown (reconcile, then Forget).
+func (c *Client) Unfinished() (*ActionList, error) {
+	if err := c.begin(); err != nil {
+		return nil, err
+	}
+	defer c.busy.Done()
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	recs, err := c.transport.Journal().Unfinished(ctx)
+	if err != nil {
+		return nil, journalFailure(err, "unfinished")
+	}
+	l := &ActionList{items: make([]*Action, 0, len(recs))}
+	for _, r := range recs {
+		l.items = append(l.items, &Action{
+			ActionID:        r.ActionID,
+			Key:             r.Key,
+			CreatedAtMillis: r.CreatedAt.UnixMilli(),
+			Attempts:        clampInt32(r.Attempts),
+			OutcomeUnknown:  r.State == journal.StateUnknown,
+		})
+	}
+	return l, nil
+}
+
+// Rebuilder is implemented by the app: it rebuilds the request of an
+// unfinished action from its id, for Resume. The journal keeps ids and
+// keys, never requests (no bodies, headers or credentials), so the app
+// keeps what it needs to rebuild them (an order in its database, say).
+type Rebuilder interface {
+	// Rebuild returns the request of actionID: the same method, URL and
+	// body as when it was first sent (another payload under the same id
+	// fails with KindFingerprintMismatch), with fresh credentials if they
+	// changed. Its ActionID may be left empty (Resume sets it). Return
+	// null to leave the action pending and unsent for now (an id the app
+	// does not know, say), or throw to report why it cannot be rebuilt.
+	Rebuild(actionID string) (*Request, error)
+}
+
+// Outcome is what became of one action in Resume: a Response, or a
+// Failure, or neither when it was Skipped.
+type Outcome struct {
+	// ActionID is the action's id, as Unfinished lists it.
+	ActionID string
+	// Response is the server's final answer, or null. Its Replayed is
+	// true when the server had performed the action before, in the run
+	// that left it unfinished.
+	Response *Response
+	// Failure says why there is no Response, or is null: what Send would
+	// have thrown, or, when Skipped, the error Rebuild threw.
+	Failure *Failure
+	// Skipped is true when nothing was sent: Rebuild returned null or
+	// threw, or the action's outcome is unknown (Failure then has
+	// KindWindowExpired: reconcile it, then Forget it).
+	Skipped bool
+}
+
+// OutcomeList is a list of outcomes: Len of them, Get(0) to Get(Len()-1).
+type OutcomeList struct {
+	items []*Outcome
+}
+
+// Len returns the number of outcomes.
+func (l *OutcomeList) Len() int32 { return int32(len(l.items)) }
+
+// Get returns outcome i (0 to Len()-1), or null if there is none.
+func (l *OutcomeList) Get(i int32) *Outcome {
+	if i < 0 || int(i) >= len(l.items) {
+		return nil
+	}
+	return l.items[i]
+}
+
+// Resume sends again, one after the other and with their old keys, the
+// actions a previous run left pending, each rebuilt by rebuilder, and
+// returns an outcome per unfinished action, oldest first. Call it once at
+// start, after NewClient and before new Sends of the same actions, from a
+// background thread: it waits for each answer. An action the server
+// performed before the app died gets its stored answer (Response.Replayed);
+// one that never reached it is performed now, once.
+//
+// It fails only when the journal cannot be listed or the Client is closed;
+// each action's own error is in its Outcome.
+func (c *Client) Resume(rebuilder Rebuilder) (*OutcomeList, error) {
+	if rebuilder == nil {
+		return nil, invalid("null rebuilder")
+	}
+	actions, err := c.Unfinished()
+	if err != nil {
+		return nil, err
+	}
+	out := &OutcomeList{items: make([]*Outcome, 0, len(actions.items))}
+	for _, a := range actions.items {
+		out.items = append(out.items, c.resumeOne(rebuilder, a))
+	}
+	return out, nil
+}
+
+func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
+	o := &Outcome{ActionID: a.ActionID}
+	if a.OutcomeUnknown {
+		f := newFailure(KindWindowExpired, root.ErrKeyWindowExpired,
+			"action "+quote(a.ActionID)+": key window expired with no final answer: reconcile it with the server, then Forget it")
+		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
+		o.Failure, o.Skipped = &f.f, true
+		return o
+	}
+	req, err := rebuilder.Rebuild(a.ActionID)
+	if err != nil {
+		f := FailureOf(err)
+		if f.ActionID == "" {
+			f.ActionID = a.ActionID
+		}
+		o.Failure, o.Skipped = f, true
+		return o
+	}
+	if req == nil {
+		o.Skipped = true
+		return o
+	}
+	r := *req
+	switch {
+	case r.ActionID == "" && !r.Headers.Has(root.DefaultKeyHeader):
+		r.ActionID = a.ActionID
+	case r.ActionID != "" && r.ActionID != a.ActionID:
+		f := invalid("rebuilt request of action " + quote(a.ActionID) + " names action " + quote(r.ActionID))
+		f.f.ActionID = a.ActionID
+		o.Failure = &f.f
+		return o
+	}
+	resp, err := c.Send(&r)
+	if err != nil {
+		o.Failure = FailureOf(err)
+		return o
+	}
+	o.Response = resp
+	return o
+}

@@ -1,0 +1,172 @@
+package idemretry_test
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+)
+
+// payServer is a loopback payment server with Stripe's idempotency
+// semantics: a POST without an Idempotency-Key is refused (400); a new key
+// is charged once and its answer stored; a known key with the same payload
+// gets the stored answer again with Idempotent-Replayed: true; with another
+// payload, 422; while its charge is in progress, 409.
+type payServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	requests []seenRequest
+	charges  map[string]int // key -> charges made under it
+	stored   map[string]answer
+	payload  map[string][32]byte
+	inflight map[string]bool
+	// before, if set, answers a request itself (returning true) before
+	// the idempotency layer sees it: an outage, say.
+	before func(w http.ResponseWriter, r *http.Request) bool
+	// afterCommit, if set, runs once a new key's charge is committed and
+	// its answer stored, and may withhold the answer (returning true): hold
+	// it until the client is gone, or cut the connection.
+	afterCommit func(w http.ResponseWriter, r *http.Request) bool
+	// committed receives the key of every charge committed, if not full.
+	committed chan string
+}
+
+type seenRequest struct {
+	Key    string
+	Header http.Header
+	Body   string
+}
+
+type answer struct {
+	status int
+	body   string
+}
+
+func newPayServer(t *testing.T) *payServer {
+	t.Helper()
+	s := &payServer{
+		charges:   map[string]int{},
+		stored:    map[string]answer{},
+		payload:   map[string][32]byte{},
+		inflight:  map[string]bool{},
+		committed: make(chan string, 64),
+	}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *payServer) setBefore(f func(w http.ResponseWriter, r *http.Request) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.before = f
+}
+
+func (s *payServer) setAfterCommit(f func(w http.ResponseWriter, r *http.Request) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.afterCommit = f
+}
+
+func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\n"), body...))
+
+	s.mu.Lock()
+	s.requests = append(s.requests, seenRequest{Key: key, Header: r.Header.Clone(), Body: string(body)})
+	before, afterCommit := s.before, s.afterCommit
+	s.mu.Unlock()
+	if before != nil && before(w, r) {
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("X-Server", "pay")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "pong")
+		return
+	}
+	if key == "" {
+		http.Error(w, `{"error":"missing Idempotency-Key"}`, http.StatusBadRequest)
+		return
+	}
+
+	s.mu.Lock()
+	if p, ok := s.payload[key]; ok && p != sum {
+		s.mu.Unlock()
+		http.Error(w, `{"error":"key reused with another payload"}`, http.StatusUnprocessableEntity)
+		return
+	}
+	if s.inflight[key] {
+		s.mu.Unlock()
+		http.Error(w, `{"error":"in progress"}`, http.StatusConflict)
+		return
+	}
+	if a, ok := s.stored[key]; ok {
+		s.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(a.status)
+		_, _ = io.WriteString(w, a.body)
+		return
+	}
+	s.payload[key] = sum
+	s.inflight[key] = true
+	s.charges[key]++
+	n := 0
+	for _, c := range s.charges {
+		n += c
+	}
+	a := answer{status: http.StatusOK, body: fmt.Sprintf(`{"charge":"ch_%d"}`, n)}
+	s.stored[key] = a
+	delete(s.inflight, key)
+	s.mu.Unlock()
+	select {
+	case s.committed <- key:
+	default:
+	}
+	if afterCommit != nil && afterCommit(w, r) {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Add("X-Multi", "b")
+	w.Header().Add("X-Multi", "a")
+	w.WriteHeader(a.status)
+	_, _ = io.WriteString(w, a.body)
+}
+
+// holdUntilGone withholds the answer until the client goes away.
+func holdUntilGone(w http.ResponseWriter, r *http.Request) bool {
+	<-r.Context().Done()
+	return true
+}
+
+// cutConnection closes the connection without an answer.
+func cutConnection(w http.ResponseWriter, r *http.Request) bool {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err == nil {
+		_ = conn.Close()
+	}
+	return true
+}
+
+// snapshot returns the requests seen and the charges per key.
+func (s *payServer) snapshot() ([]seenRequest, map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reqs := append([]seenRequest(nil), s.requests...)
+	charges := make(map[string]int, len(s.charges))
+	for k, v := range s.charges {
+		charges[k] = v
+	}
+	return reqs, charges
+}
+
+func (s *payServer) requestCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.requests)
+}
