@@ -36,6 +36,9 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 		if n == 0 {
 			t.budget.deposit()
 		}
+		if lost := t.checkLease(ctx, a); lost != nil { // lease.go
+			return r.end(journal.StatePending, nil, lost, nil)
+		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
 			return r.end(journal.StatePending, nil, nil, err)
@@ -138,11 +141,18 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		return nil, false, err
 	}
 	r.out, r.cancel = out, cancel
+	start := time.Now()
 	resp, err := r.t.base.RoundTrip(out)
 	// Requests written, as far as the base reports them: a base that
 	// retries by itself (stacked retries), or net/http's own resend, writes
 	// more than one per attempt.
-	r.sent += max(1, int(writes.Load()))
+	n := max(1, int(writes.Load()))
+	r.sent += n
+	r.t.counters.attempts.Add(int64(n))
+	defer func() {
+		r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
+			Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
+	}()
 	if err == nil && resp == nil {
 		err = errors.New("idemretry: base RoundTripper returned neither response nor error")
 	}

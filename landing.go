@@ -89,7 +89,10 @@ func (t *Transport) write(ctx context.Context, rec journal.Record, durable bool)
 		return err
 	}
 	if s, ok := t.journal.(journal.Syncer); ok && durable {
-		return s.Sync(ctx)
+		start := time.Now()
+		err := s.Sync(ctx)
+		t.synced(time.Since(start))
+		return err
 	}
 	return nil
 }

@@ -66,7 +66,7 @@ type config struct {
 	keyed         map[string]bool
 	quoted        bool
 	header        string
-	onRetry       func(RetryEvent)
+	observers     []Observer
 	logger        *slog.Logger
 	maxBuffered   int64
 	maxDrain      int64
@@ -77,6 +77,7 @@ type config struct {
 	duplicateWindow time.Duration
 	journalTimeout  time.Duration
 	maxShared       int64
+	leaseTTL        time.Duration // lease.go: WithLeaseTTL
 }
 
 func defaultConfig() config {
@@ -181,11 +182,6 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
 }
 
-// WithOnRetry registers a function called before each wait, from the
-// goroutine running RoundTrip. It must not block for long and must be safe
-// for concurrent use.
-func WithOnRetry(f func(RetryEvent)) Option { return func(c *config) { c.onRetry = f } }
-
 // WithLogger makes the Transport log to l: each retry at Debug level, an
 // action that becomes outcome-unknown at Warn. Keys are logged; request
 // bodies and headers never are. The default logs nothing.
@@ -247,16 +243,6 @@ func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.jou
 // to share it among the callers of one flight (default
 // DefaultMaxSharedResponse); see Transport.RoundTrip.
 func WithMaxSharedResponse(n int64) Option { return func(c *config) { c.maxShared = n } }
-
-// RetryEvent describes a retry about to happen, for WithOnRetry.
-type RetryEvent struct {
-	Action  string        // the action's id
-	Key     string        // the key every attempt carries
-	Attempt int           // the attempt that just failed, from 1
-	Wait    time.Duration // how long the Transport waits before the next one
-	Status  int           // the failed attempt's status, or 0 on a transport error
-	Err     error         // the failed attempt's transport error, or nil
-}
 
 func defaultBackOff() backoff.BackOff {
 	return NewFullJitter(DefaultBaseDelay, DefaultMaxDelay, nil)

@@ -63,10 +63,8 @@ func (t *Transport) logUnknown(ctx context.Context, rec journal.Record, reason e
 // retrying reports a retry about to happen and frees the attempt.
 func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
 	t := r.t
-	ev := RetryEvent{Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Wait: wait, Status: statusOf(resp), Err: err}
-	if t.cfg.onRetry != nil {
-		t.cfg.onRetry(ev)
-	}
+	ev := Event{Kind: EventRetry, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Wait: wait, Status: statusOf(resp), Err: err}
+	t.emit(r.ctx, ev)
 	if t.cfg.logger != nil {
 		t.cfg.logger.LogAttrs(r.ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
 			slog.String("key", ev.Key), slog.Int("attempt", ev.Attempt), slog.Duration("wait", ev.Wait),
@@ -103,14 +101,9 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		} else {
 			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
 		}
-		if rec.State == journal.StateUnknown {
-			t.logUnknown(r.ctx, rec, reason)
-		}
 		state = rec.State
 	}
-	if reason != nil {
-		t.logGiveUp(r.ctx, r.id(), r.key(), r.prior()+r.sent, r.lastStatus, reason, cause)
-	}
+	r.report(state, resp, reason, cause)
 	if resp != nil {
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
@@ -163,4 +156,29 @@ func statusOf(resp *http.Response) int {
 		return 0
 	}
 	return resp.StatusCode
+}
+
+// report tells the observers, the counters and the log how the attempts
+// ended.
+func (r *run) report(state journal.State, resp *http.Response, reason, cause error) {
+	t := r.t
+	ev := Event{Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Status: r.lastStatus, Err: r.lastErr, Reason: reason}
+	switch {
+	case state == journal.StateUnknown:
+		ev.Kind = EventUnknown
+		if r.a != nil {
+			t.logUnknown(r.ctx, r.record(state, 0), reason)
+		}
+	case reason == ErrParked:
+		ev.Kind = EventParked
+		t.logGiveUp(r.ctx, ev.Action, ev.Key, ev.Attempt, ev.Status, reason, cause)
+	case resp != nil && reason == nil:
+		ev.Kind, ev.Replayed = EventDone, IsReplay(resp)
+	default:
+		ev.Kind = EventGiveUp
+		if reason != nil {
+			t.logGiveUp(r.ctx, ev.Action, ev.Key, ev.Attempt, ev.Status, reason, cause)
+		}
+	}
+	t.emit(r.ctx, ev)
 }

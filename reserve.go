@@ -127,6 +127,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 			rec.State = journal.StateUnknown
 			t.record(ctx, rec, false)
 			t.logUnknown(ctx, rec, ErrKeyWindowExpired)
+			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
 		}
 		return fail(ErrKeyWindowExpired)
 	}

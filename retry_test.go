@@ -160,7 +160,10 @@ func TestCancelDuringWaitReturnsPromptly(t *testing.T) {
 	defer cancel()
 	var cancelledAt atomic.Int64
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithBackOff(constant(time.Hour)),
-		idemretry.WithOnRetry(func(idemretry.RetryEvent) {
+		idemretry.WithObserver(func(ev idemretry.Event) {
+			if ev.Kind != idemretry.EventRetry {
+				return
+			}
 			go func() {
 				time.Sleep(20 * time.Millisecond)
 				cancelledAt.Store(time.Now().UnixNano())
@@ -338,8 +341,12 @@ func TestIdempotentMethodsRetriedWithoutKey(t *testing.T) {
 func TestOnRetryHook(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503), status(429))
-	var events []idemretry.RetryEvent
-	tr, _, _ := newTestTransport(t, idemretry.WithOnRetry(func(e idemretry.RetryEvent) { events = append(events, e) }))
+	var events []idemretry.Event
+	tr, _, _ := newTestTransport(t, idemretry.WithObserver(func(e idemretry.Event) {
+		if e.Kind == idemretry.EventRetry {
+			events = append(events, e)
+		}
+	}))
 	ctx := idemretry.WithAction(context.Background(), "pay:hook")
 	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)

@@ -40,6 +40,8 @@ type Transport struct {
 	flights     flights
 	unlanded    unlanded
 	budget      *budget
+	leases      leases // lease.go
+	counters    counters
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -79,6 +81,8 @@ func (c *config) validate() error {
 	switch {
 	case c.budget.validate() != nil:
 		return c.budget.validate()
+	case c.validateLease() != nil:
+		return c.validateLease()
 	case c.maxRetries < 0:
 		return fmt.Errorf("%w: max retries %d, want >= 0", ErrInvalidOption, c.maxRetries)
 	case c.keyWindow <= 0:
@@ -236,7 +240,8 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		}
 	}()
 	var pending bool
-	a, err := t.reserve(req.Context(), who, s.keyWindow)
+	a, err := t.reserveLeased(req.Context(), who, s.keyWindow) // lease.go: one machine in flight per action
+	defer t.releaseLease(a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s)

@@ -15,7 +15,7 @@ import (
 )
 
 // Two machines (two Transports, each with its own pool and Journal on one
-// table) send one payment action, over real HTTP, to a server that
+// table, B one that does not lease actions) send one payment action, over real HTTP, to a server that
 // processes the first request slowly and answers a concurrent one with the
 // same key 409. A gets 200 and records done; B, which got the 409 and is
 // waiting to retry, is cancelled and records its stale "pending". Done is
@@ -50,11 +50,13 @@ func staleFinish(t *testing.T, action string) {
 	}
 	a := transportOn(t, open())
 	waiting := make(chan struct{}, 1)
-	b := transportOn(t, open(),
+	// B does not lease actions (an older version, or a journal without
+	// leases): it sends while A is in flight, and is answered 409.
+	b := transportOn(t, noLease{open()},
 		// B waits long after its 409, long enough to be cancelled while waiting.
 		idemretry.WithBackOff(func() backoff.BackOff { return backoff.NewConstantBackOff(10 * time.Minute) }),
-		idemretry.WithOnRetry(func(ev idemretry.RetryEvent) {
-			if ev.Status == http.StatusConflict {
+		idemretry.WithObserver(func(ev idemretry.Event) {
+			if ev.Kind == idemretry.EventRetry && ev.Status == http.StatusConflict {
 				select {
 				case waiting <- struct{}{}:
 				default:
@@ -138,3 +140,7 @@ func staleFinish(t *testing.T, action string) {
 			again, last, srv.chargeCount(), key, pa.body)
 	}
 }
+
+// noLease is a journal.Journal without the Leaser capability of the one
+// it wraps: a machine that does not lease actions.
+type noLease struct{ journal.Journal }
