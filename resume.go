@@ -1,0 +1,144 @@
+package idemretry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/idemretry/idemretry/journal"
+)
+
+// DefaultResumeConcurrency is how many actions Resume sends at once unless
+// told otherwise.
+const DefaultResumeConcurrency = 4
+
+// A Resumer is what an application gives Resume: the two things the journal
+// cannot know, since it keeps keys and never requests.
+type Resumer interface {
+	// Rebuild returns the request of a pending action: the same method,
+	// URL and body as when it was first sent (the journal checks the
+	// fingerprint). Resume names the action itself (its WithAction id or
+	// its key) unless the action was named by its fingerprint. A nil
+	// request, or an error, leaves the action pending.
+	Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error)
+	// Resolve reconciles an action whose outcome is unknown (its key
+	// window ended), for instance by asking the payment provider about
+	// rec.Key, and says whether Resume may forget it. Nothing is sent.
+	Resolve(ctx context.Context, rec journal.Record) (forget bool, err error)
+}
+
+// A ResumeResult says what Resume did with one unfinished action.
+type ResumeResult struct {
+	Record journal.Record // as the journal listed it
+	// Sent: the action was pending and its rebuilt request was sent with
+	// its key; Status is the final answer's, or 0 with Err.
+	Sent   bool
+	Status int
+	// Forgotten: the action was outcome-unknown, the Resumer resolved it,
+	// and it was forgotten.
+	Forgotten bool
+	Err       error // what went wrong with this action, or nil
+}
+
+// Resume walks the journal's unfinished actions, oldest first, at start-up
+// (or at any time: it is safe while the Transport serves other requests).
+// Each pending action's request is rebuilt by r and sent through the
+// Transport under the usual rules (the key window, the fingerprint, the
+// retry budget, one flight per action), so it goes out with its stored key
+// and the server answers with the original outcome or performs it once.
+// Each outcome-unknown action is handed to r.Resolve, and forgotten only
+// if that says so. At most concurrency actions are handled at once
+// (DefaultResumeConcurrency if concurrency <= 0); response bodies are read
+// and closed. Resume returns a result per action, and an error only if the
+// journal could not be listed or ctx ended.
+func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
+	if r == nil {
+		return nil, fmt.Errorf("%w: nil Resumer", ErrInvalidOption)
+	}
+	recs, err := t.journal.Unfinished(ctx)
+	if err != nil {
+		return nil, wrapf(err, "resume: list unfinished actions")
+	}
+	if concurrency <= 0 {
+		concurrency = DefaultResumeConcurrency
+	}
+	out := make([]ResumeResult, len(recs))
+	sem := make(chan struct{}, concurrency)
+	var wg sync.WaitGroup
+	for i, rec := range recs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return out[:i], ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			out[i] = t.resumeOne(ctx, r, rec)
+		}()
+	}
+	wg.Wait()
+	return out, ctx.Err()
+}
+
+func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) ResumeResult {
+	res := ResumeResult{Record: rec}
+	if rec.State == journal.StateUnknown {
+		forget, err := r.Resolve(ctx, rec)
+		if err == nil && forget {
+			if err = t.journal.Forget(ctx, rec.ActionID); err == nil {
+				res.Forgotten = true
+			}
+		}
+		res.Err = err
+		return res
+	}
+	req, err := r.Rebuild(ctx, rec)
+	if err != nil || req == nil {
+		res.Err = err
+		return res
+	}
+	req, done := t.nameForResume(ctx, req, rec)
+	defer done()
+	resp, err := t.RoundTrip(req)
+	res.Sent = true
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	res.Status = resp.StatusCode
+	if reason := GiveUpReason(resp); reason != nil {
+		res.Err = reason
+	}
+	t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
+	return res
+}
+
+// nameForResume gives a rebuilt request its action's name: the key, for an
+// action the caller named by its key; the id, for one named with
+// WithAction; nothing for one named by its fingerprint (the rebuilt
+// request's own fingerprint finds it). The request keeps its context's
+// values and deadline, and ends when Resume's ctx does too.
+func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec journal.Record) (*http.Request, context.CancelFunc) {
+	rctx, cancel := context.WithCancel(req.Context())
+	stop := context.AfterFunc(ctx, cancel)
+	done := func() { stop(); cancel() }
+	id := rec.ActionID
+	switch {
+	case strings.HasPrefix(id, fingerprintActionPrefix) || strings.Contains(id, redirectActionInfix):
+	case strings.HasPrefix(id, keyActionPrefix):
+		if len(headerValues(req.Header, t.cfg.header)) == 0 {
+			req = req.Clone(rctx)
+			req.Header.Set(t.cfg.header, formatKey(rec.Key, t.cfg.quoted))
+		}
+	default:
+		rctx = WithAction(rctx, id)
+	}
+	return req.WithContext(rctx), done
+}
