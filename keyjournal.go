@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 
 	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
@@ -57,6 +58,12 @@ func (t *Transport) openJournal() error {
 		return err
 	}
 	t.journal, t.ownsJournal = j, true
+	// An app that never calls Close (or drops the Transport) would leave the
+	// journal's flusher running and its lock held for the life of the
+	// process: once the Transport is unreachable, the journal is closed.
+	// Its lazy updates reach the disk within filejournal's flush interval
+	// (DefaultFlushInterval, 1 s) in any case.
+	runtime.AddCleanup(t, func(j *filejournal.Journal) { _ = j.Close() }, j)
 	t.logRecovery(j)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -103,4 +104,34 @@ func TestResumeAfterRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, un)
 	assert.Equal(t, int64(3), second.Stats().Resumed)
+}
+
+func filejournalGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "idemretry/filejournal.")
+}
+
+// A Transport that is dropped without Close closes the journal it opened
+// once it is garbage collected: no goroutine is left, the lock is released.
+func TestDroppedTransportReleasesJournal(t *testing.T) {
+	srv := newPayServer(t)
+	dir := t.TempDir()
+	before := filejournalGoroutines()
+	func() {
+		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:dropped"), srv.URL, "x"))
+		require.NoError(t, err)
+		readAll(t, resp)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for filejournalGoroutines() > before && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.LessOrEqual(t, filejournalGoroutines(), before, "the dropped Transport's journal is still running")
+	again, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err, "the lock is released")
+	require.NoError(t, again.Close())
 }
