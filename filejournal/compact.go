@@ -64,9 +64,13 @@ func (j *Journal) compact() error {
 	}
 	now := j.now()
 	recs := make([]rec, 0, len(j.m))
+	var expired map[string]slot
 	for id, sl := range j.m {
 		if j.expired(&sl, now) {
-			j.del(id)
+			if expired == nil {
+				expired = make(map[string]slot)
+			}
+			expired[id] = sl
 			continue
 		}
 		recs = append(recs, j.recOf(id, &sl))
@@ -74,12 +78,23 @@ func (j *Journal) compact() error {
 	high, obs := j.high, j.obsNs/1e6
 	j.mu.Unlock()
 	if err := j.writeSnapshot(recs, high, obs); err != nil {
-		// Before the rename the old file, without this mark, is still the
-		// journal: the next batch must carry the mark. After it the Journal
-		// is poisoned and the mark no longer matters.
+		// Before the rename the old file, with the expired records and
+		// without this mark, is still the journal: the index keeps them
+		// (dropping them with no delete written would let replay take a
+		// new record of one of their actions for an update of it), and the
+		// next batch must carry the mark. After it the Journal is poisoned
+		// and neither matters.
 		return err
 	}
 	j.mu.Lock()
+	// The expired records left the file only now. Reserve may have removed
+	// one meanwhile (writing its delete) and created a new record of the
+	// action, which has another observed time: drop only those unchanged.
+	for id, sl := range expired {
+		if cur, ok := j.m[id]; ok && cur == sl {
+			j.del(id)
+		}
+	}
 	j.savedHigh = max(j.savedHigh, high)
 	j.savedObs = max(j.savedObs, obs)
 	j.mu.Unlock()

@@ -25,48 +25,87 @@ func buildDamageFixture(t testing.TB, seed uint64) damageFixture {
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	ctx := context.Background()
+	// model: id -> "key state"; states: the model after each frame.
 	model := map[string]string{}
-	snap := func() map[string]string {
+	keys := map[string]string{} // id -> its last key, forgotten ones too
+	var states []map[string]string
+	step := func() { // a frame was written and synced
 		m := make(map[string]string, len(model))
 		for k, v := range model {
 			m[k] = v
 		}
-		return m
+		states = append(states, m)
 	}
-	states := []map[string]string{snap()} // after the empty snapshot's end frame
+	step() // the empty snapshot's end frame
 	var ids []string
+	live := func(want string) (string, bool) { // a random live id in state want ("" any)
+		id := ids[rng.IntN(len(ids))]
+		v, ok := model[id]
+		return id, ok && (want == "" || v == keys[id]+" "+want)
+	}
+	create := func(e journal.Record, mode journal.ReserveMode) {
+		if _, created, err := s.Reserve(ctx, e, mode); err != nil || !created {
+			t.Fatalf("reserve %s: created %v, %v", e.ActionID, created, err)
+		}
+		model[e.ActionID], keys[e.ActionID] = e.Key+" pending", e.Key
+		step()
+	}
+	// A new record of an action with the key of its earlier record (a
+	// caller's key used again): replay must not take it for an update of
+	// the earlier one (done is final).
+	again := func(id string) journal.Record {
+		e := entry(id)
+		e.Key = keys[id]
+		e.Fingerprint[0] ^= 0xff
+		return e
+	}
 	for i := range 4 + rng.IntN(8) {
-		switch k := rng.IntN(10); {
+		switch k := rng.IntN(12); {
 		case k < 6 || len(ids) == 0:
 			e := entry(fmt.Sprintf("a%d", i))
 			if rng.IntN(4) == 0 {
 				e.Key = fmt.Sprintf("custom-%d", rng.Uint32())
 			}
-			reserve(t, s, e)
-			model[e.ActionID] = e.Key
+			create(e, journal.ReuseAny)
 			ids = append(ids, e.ActionID)
 		case k < 8:
-			id := ids[rng.IntN(len(ids))]
-			if _, ok := model[id]; !ok {
+			id, ok := live("")
+			if !ok {
 				continue
 			}
-			if err := update(s, id, model[id], journal.StateDone, uint32(i), 200); err != nil {
+			if err := update(s, id, keys[id], journal.StateDone, uint32(i), 200); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-		default:
-			id := ids[rng.IntN(len(ids))]
-			if _, ok := model[id]; !ok {
+			model[id] = keys[id] + " done"
+			step()
+		case k < 10:
+			id, ok := live("")
+			if !ok {
 				continue
 			}
 			if err := s.Forget(ctx, id); err != nil {
 				t.Fatal(err)
 			}
 			delete(model, id)
+			step()
+		case k == 10: // a done record replaced under its own key
+			if id, ok := live("done"); ok {
+				create(again(id), journal.ReusePending)
+			}
+		default: // forgotten, then created again under its old key
+			id := ids[rng.IntN(len(ids))]
+			if _, ok := model[id]; ok {
+				if err := s.Forget(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				delete(model, id)
+				step()
+			}
+			create(again(id), journal.ReuseAny)
 		}
-		states = append(states, snap())
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -197,10 +236,10 @@ func FuzzDamage(f *testing.F) {
 		if st.Records != len(want) {
 			t.Fatalf("kind %d at %d: %d records, want %d (frames up to %d)", kind%6, p, st.Records, len(want), wantFrames)
 		}
-		for id, key := range want {
+		for id, v := range want {
 			got, ok, _ := s.get(id)
-			if !ok || got.Key != key {
-				t.Fatalf("kind %d at %d: %s lost or changed", kind%6, p, id)
+			if !ok || got.Key+" "+got.State.String() != v {
+				t.Fatalf("kind %d at %d: %s lost or changed: %v %+v, want %s", kind%6, p, id, ok, got, v)
 			}
 		}
 	})

@@ -57,8 +57,14 @@
 // snapshot and later appends overlap harmlessly. Replay applies the rule
 // that Update follows: an upsert of a done record's action with the same
 // key changes its attempts only (done is final), so a stale update written
-// after done cannot undo it on restart; a replacement under the same key is
-// written as a delete then an upsert.
+// after done cannot undo it on restart. So a batch writes every new record
+// (Reserve) as a delete of its action then an upsert, whatever the index
+// holds: replay never takes a new record for an update of an earlier one
+// with the same key (a caller's key used again once its done record
+// expired), even where the file still holds that earlier record. Expired
+// records leave the index only with their deletes on the way (queued when
+// Open or Reserve drops them) or once a compaction's snapshot without them
+// has replaced the file.
 //
 // # The rule recovery relies on
 //

@@ -36,7 +36,8 @@ var (
 	// removal: the records it took are lost. Open a journal again to go on.
 	ErrRemoved = errors.New("idemretry: journal removed or replaced on disk")
 	// ErrInvalidOption: Open was given an option with a value out of its
-	// range (a negative wait, a key window that is not positive, ...).
+	// range (a negative wait, a key window that is not positive, ...), or
+	// an empty directory.
 	ErrInvalidOption = errors.New("idemretry: invalid file journal option")
 )
 

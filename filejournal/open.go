@@ -64,15 +64,17 @@ type Recovery struct {
 // with wider permissions is narrowed to 0700 and 0600 when the process
 // owns it, and listed in Recovery.ModeNotOwned when another user does: the
 // journal's action ids and keys are for its owner alone, and a directory
-// others can write to lets them remove the journal. The caller must Close
-// the Journal.
+// others can write to lets them remove the journal. A relative dir is made
+// absolute (filepath.Abs) against the working directory at Open: a later
+// os.Chdir does not move the journal. The caller must Close the Journal.
 //
-// Errors wrap ErrInvalidOption for an option out of its range; ErrLocked
-// if another Journal holds the directory (see WithLockWait); ErrCorrupt
-// (a *CorruptionError) if acknowledged data is damaged, in which case
-// nothing is changed on disk (see WithSalvage); journal.ErrIncompatible
-// for a journal of an unknown or earlier format version, or of the other
-// WithHashedIDs setting; or the file system's error.
+// Errors wrap ErrInvalidOption for an option out of its range or an empty
+// dir; ErrLocked if another Journal holds the directory (see
+// WithLockWait); ErrCorrupt (a *CorruptionError) if acknowledged data is
+// damaged, in which case nothing is changed on disk (see WithSalvage);
+// journal.ErrIncompatible for a journal of an unknown or earlier format
+// version, or of the other WithHashedIDs setting; or the file system's
+// error.
 func Open(dir string, opts ...Option) (*Journal, error) {
 	c := defaultConfig()
 	for _, o := range opts {
@@ -86,7 +88,7 @@ func Open(dir string, opts ...Option) (*Journal, error) {
 	return open(dir, c)
 }
 
-// Dir returns the journal's directory.
+// Dir returns the journal's directory, as an absolute path (see Open).
 func (j *Journal) Dir() string { return j.dir }
 
 // Recovery returns what Open found and did.
@@ -94,6 +96,18 @@ func (j *Journal) Recovery() Recovery { return j.recovery }
 
 // open is Open with a checked config.
 func open(dir string, c config) (*Journal, error) {
+	// Every path is kept absolute: a relative one would follow the
+	// process's working directory, so that after an os.Chdir the check that
+	// the journal is still there (see present) would report it removed and
+	// a compaction would write journal.tmp elsewhere.
+	if dir == "" {
+		return nil, fmt.Errorf("%w: empty journal directory", ErrInvalidOption)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, wrap(err, "open %s", dir)
+	}
+	dir = abs
 	if err := mkdirDurable(dir); err != nil {
 		return nil, wrap(err, "open %s", dir)
 	}
@@ -280,13 +294,7 @@ func (j *Journal) recover() (Recovery, error) {
 	if j.f, err = j.openActive(); err != nil {
 		return rep, err
 	}
-	now, dead := j.now(), 0
-	for id, sl := range j.m {
-		if j.expired(&sl, now) {
-			j.del(id)
-			dead++
-		}
-	}
+	dead := j.expiredIDs()
 	switch {
 	case len(res.salvaged) > 0:
 		// The damage must not stay in the file, or every later open
@@ -295,12 +303,34 @@ func (j *Journal) recover() (Recovery, error) {
 			return rep, err
 		}
 		rep.Compacted = true
-	case len(res.dups) > 0 || j.needsCompaction() || (dead > 0 && j.size > j.opts.compactMin):
+	case len(res.dups) > 0 || j.needsCompaction() || (len(dead) > 0 && j.size > j.opts.compactMin):
 		// Optional: a failure before the rename leaves the journal as it
-		// was; one after it poisons the Journal, which Open reports.
+		// was; one after it poisons the Journal, which Open reports. (With
+		// expired records in the index, live overstates the live bytes;
+		// any expired record and a file past compactMin compact anyway.)
 		rep.Compacted = j.compact() == nil
 	}
+	// Expired records that no compaction removed from the file are dropped
+	// from the index with their deletes queued (written lazily, with the
+	// next batch or at Close), as Reserve drops them: the decision is
+	// final, and the file never holds a record the index dropped without
+	// its delete on the way.
+	for _, id := range j.expiredIDs() {
+		j.remove(id, false)
+	}
 	return rep, nil
+}
+
+// expiredIDs returns the ids of the expired records in the index.
+func (j *Journal) expiredIDs() []string {
+	now := j.now()
+	var ids []string
+	for id, sl := range j.m {
+		if j.expired(&sl, now) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // applyFrame replays one frame into the index.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/idemretry/idemretry/journal"
@@ -105,4 +106,56 @@ func TestCompactionIsNotRemoval(t *testing.T) {
 			reserve(t, s, entry(fmt.Sprintf("r%d", i)))
 		}
 	}
+}
+
+// A journal opened under a relative directory keeps working after the
+// process changes its working directory: the directory is made absolute at
+// Open, so the check that the journal is still there (see present) and a
+// compaction's journal.tmp do not follow the working directory. (Issue 7
+// follow-up, found in review: it was reported as ErrRemoved and the
+// Journal stopped.) t.Chdir restores the working directory and keeps this
+// test from running in parallel with others.
+func TestRelativeDirSurvivesChdir(t *testing.T) {
+	ctx := context.Background()
+	base, elsewhere := t.TempDir(), t.TempDir()
+	t.Chdir(base)
+	s, _ := mustOpen(t, filepath.Join("state", "idemretry"), testOpts())
+	defer s.Close()
+	abs := filepath.Join(base, "state", "idemretry")
+	assert.Equal(t, abs, s.Dir())
+	a := reserve(t, s, entry("a"))
+	t.Chdir(elsewhere)
+
+	b := reserve(t, s, entry("b"))
+	require.NoError(t, update(s, "a", a.Key, journal.StateDone, 1, 201))
+	require.NoError(t, s.Sync(ctx))
+	require.NoError(t, s.Compact(ctx))
+	c := reserve(t, s, entry("c"))
+	require.NoError(t, s.Close())
+	_, err := os.Stat(filepath.Join(elsewhere, "state"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "files written under the new working directory")
+
+	s, rep := mustOpen(t, abs, testOpts())
+	defer s.Close()
+	assert.Equal(t, 3, rep.Records)
+	for _, e := range []journal.Record{a, b, c} {
+		got, ok, err := s.get(e.ActionID)
+		require.NoError(t, err)
+		require.True(t, ok, e.ActionID)
+		assert.Equal(t, e.Key, got.Key)
+	}
+}
+
+// An empty directory is refused, not taken as the working directory.
+func TestEmptyDirRefused(t *testing.T) {
+	t.Chdir(t.TempDir()) // were it taken, nothing is left in the repository
+	j, err := Open("")
+	if err == nil {
+		_ = j.Close()
+	}
+	require.ErrorIs(t, err, ErrInvalidOption)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry: "), err.Error())
+	ents, err := os.ReadDir(".")
+	require.NoError(t, err)
+	assert.Empty(t, ents)
 }

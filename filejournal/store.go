@@ -20,7 +20,9 @@ import (
 // SHA-256, see WithHashedIDs), the key (16 bytes for a UUID), the request
 // fingerprint, the creation time, the state, the attempt count and the
 // final status: about 77 bytes on disk and 140 bytes of memory per record
-// for a short action id. Never a body, a header or a credential.
+// for a short action id (between compactions, its creation is appended as
+// a delete then the record: a few bytes more than the id). Never a body, a
+// header or a credential.
 //
 // A record that Reserve creates is on disk, synced, when Reserve returns;
 // concurrent Reserves share one write and one sync (group commit). Updates
@@ -325,9 +327,10 @@ func checkStatus(rec journal.Record) error {
 // is still creating (Reserve waits for it). A journal.StateDone record
 // whose retention is over, by the clock and by the time the journal has
 // seen pass (see WithKeyWindow), counts as absent (and is forgotten
-// lazily). CreatedAt is kept to the millisecond. If ctx ends while Reserve
-// waits for the sync, it returns ctx's error; the record may still become
-// durable, and a later Reserve returns it.
+// lazily: its delete is written with the next batch). CreatedAt is kept to
+// the millisecond. If ctx ends while Reserve waits for the sync, it returns
+// ctx's error; the record may still become durable, and a later Reserve
+// returns it.
 func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	got, created, err := j.reserve(ctx, rec, mode)
 	return got, created, wrap(err, "reserve %q", rec.ActionID)
@@ -350,26 +353,30 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 		return journal.Record{}, false, err
 	}
 	now := j.now()
-	if sl, ok := j.m[r.id]; ok {
-		if j.expired(&sl, now) {
-			j.remove(r.id, false)
-		} else if mode == journal.ReuseAny || sl.state != journal.StateDone {
-			old := j.recOf(r.id, &sl)
-			b := j.inflight[r.id]
-			j.mu.Unlock()
-			if b != nil {
-				if err := j.wait(ctx, b); err != nil {
-					return journal.Record{}, false, err
-				}
+	if sl, ok := j.m[r.id]; ok && !j.expired(&sl, now) && (mode == journal.ReuseAny || sl.state != journal.StateDone) {
+		old := j.recOf(r.id, &sl)
+		b := j.inflight[r.id]
+		j.mu.Unlock()
+		if b != nil {
+			if err := j.wait(ctx, b); err != nil {
+				return journal.Record{}, false, err
 			}
-			return old.record(want.ActionID), false, nil
 		}
+		return old.record(want.ActionID), false, nil
 	}
-	if sl, ok := j.m[r.id]; ok && j.sameKey(&sl, &r) {
-		// A done record replaced by a record with the same key (a caller's
-		// own key): write the removal first, or replay would take the new
-		// record for a stale update of the done one (see applyUpdate).
-		j.remove(r.id, false)
+	// A new record is written as a delete then an upsert, whatever the
+	// index holds: replay must never take it for an update of an earlier
+	// record of the action with the same key (a caller's own key, reused
+	// once the done record of its earlier use expired, or replacing it),
+	// which would keep the old record instead (done is final, see
+	// applyUpdate). So the delete does not depend on what the index knows:
+	// the file may hold a record the index does not (its delete lost with a
+	// frame that salvage skipped, or any drop from the index whose delete
+	// did not reach the file).
+	if _, ok := j.m[r.id]; ok {
+		j.remove(r.id, false) // expired, or a done record replaced
+	} else {
+		j.enqueue(op{kind: opDelete, r: rec{id: r.id}}, false)
 	}
 	r.seen = j.seenAt()
 	j.put(&r)
@@ -472,8 +479,9 @@ func (j *Journal) remove(id string, durable bool) *batch {
 // original id or the digest form that Unfinished returns, as Reserve and
 // Update do. An already-ended ctx is refused before anything changes.
 // Forgetting an absent action returns at once, unless an earlier removal
-// of it (another Forget, or Reserve dropping it as expired) is still queued
-// or being written: then Forget waits for that removal to be synced too.
+// of it (another Forget, or Open or Reserve dropping it as expired) is
+// still queued or being written: then Forget waits for that removal to be
+// synced too.
 func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	return wrap(j.forget(ctx, j.storedID(actionID)), "forget %q", actionID)
 }
