@@ -65,8 +65,10 @@ const (
 	KindJournal int32 = 9
 	// KindClosed: the Client was closed.
 	KindClosed int32 = 10
-	// KindParked is reserved for actions that a retry budget sets aside
-	// with their key, to be resent later; this version never returns it.
+	// KindParked: the retry budget set the action aside with its key
+	// (many requests were failing at once: an outage). It may have
+	// reached the server: resend it later with the same action id, never
+	// a new one.
 	KindParked int32 = 11
 )
 
@@ -169,6 +171,8 @@ func classify(err error, actionID string) *failure {
 		f.f.Status = clampInt32(ae.Status)
 		f.f.MaybeProcessed = ae.MaybeProcessed
 		switch {
+		case errors.Is(ae.Reason, root.ErrParked):
+			f.f.Kind = KindParked
 		case errors.Is(ae.Reason, root.ErrKeyWindowExpired):
 			f.f.Kind, f.f.MaybeProcessed = KindWindowExpired, true
 		case errors.Is(ae.Reason, root.ErrFingerprintMismatch):
