@@ -1,0 +1,91 @@
+// Package otel instruments an idemretry Transport with OpenTelemetry, the
+// way go.opentelemetry.io/contrib's otelhttp instruments an
+// http.RoundTripper: a client span per RoundTrip with an event per attempt,
+// and metrics from the Transport's events and counters. It is a module of
+// its own, so that idemretry itself depends on no OpenTelemetry package.
+//
+//	inst, err := otel.New(otel.WithTracerProvider(tp), otel.WithMeterProvider(mp))
+//	if err != nil { ... }
+//	defer inst.Close()
+//	tr, err := inst.NewTransport(nil, idemretry.WithJournalDir(dir))
+//	if err != nil { ... }
+//	defer tr.Close()
+//	client := &http.Client{Transport: tr}
+//
+// NewTransport takes the same arguments as idemretry.NewTransport and
+// returns a Transport that wraps one (Unwrap returns it, for Stats, Resume
+// and Journal). The package-level NewTransport does the same with the
+// global providers (go.opentelemetry.io/otel's GetTracerProvider and
+// GetMeterProvider).
+//
+// # Spans
+//
+// Each RoundTrip is a span of kind client named "idemretry " and the method
+// ("idemretry POST"), a child of the span in the request's context, with
+// the attributes of the OpenTelemetry HTTP client conventions and the
+// action's:
+//
+//   - http.request.method (and http.request.method_original), url.full,
+//     server.address, server.port; url.full has no user name or password and
+//     every query value reads REDACTED.
+//   - http.response.status_code of the response returned; error.type (the
+//     status for 4xx and 5xx, else the Go type of the error); the status is
+//     Error for an error, a 4xx or a 5xx.
+//   - idemretry.attempts: attempts this RoundTrip sent (0 for a request
+//     that joined an action in flight, or that was refused before sending).
+//   - idemretry.replayed: the response is the server's replay of a stored
+//     answer (set on every final answer, true or false).
+//   - idemretry.reason: why the attempts ended without a final answer:
+//     attempts_exhausted, retry_after_too_long, wait_exceeds_deadline,
+//     parked, key_window_expired, key_reused, fingerprint_mismatch,
+//     response_not_shared, canceled, deadline_exceeded, or other.
+//   - idemretry.maybe_processed: for an *idemretry.ActionError, whether the
+//     server may have performed the action.
+//   - idemretry.key.hash, idemretry.action.hash: the first 8 bytes of the
+//     SHA-256 of the action's key and id, in hex (an HMAC-SHA-256 with
+//     WithHashSecret; neither with WithoutHashes). The key and the id are
+//     never recorded: not as attributes, nor in an error message, where
+//     each is replaced by its hash.
+//
+// Each attempt is an event "idemretry.attempt" on the span, at the time it
+// ended, with idemretry.attempt (1, 2, ... in this RoundTrip),
+// idemretry.attempt.duration (seconds), and http.response.status_code, or
+// error.type and error.message for a transport error. The attempts carry
+// the span's context in their headers (WithPropagators; the global
+// propagator by default). For a span per attempt as well, give
+// otelhttp.NewTransport(...) as the base: its spans are children of this
+// one. The span ends when the response body is closed or read to its end,
+// or at once with an error.
+//
+// # Metrics
+//
+// From the Transport's events (idemretry.Event), so that each total equals
+// the idemretry.Stats field named after it:
+//
+//   - idemretry.attempts {attempt} and idemretry.attempt.duration (s,
+//     histogram), by http.response.status_code or error.type. Stats.Attempts
+//     counts requests written, which is more if the base resends by itself.
+//   - idemretry.retries {retry}, by the retried attempt's
+//     http.response.status_code or error.type.
+//   - idemretry.done {action}, by idemretry.replayed: the true ones are
+//     Stats.Replays.
+//   - idemretry.give_ups {action}, by idemretry.reason: attempts_exhausted,
+//     retry_after_too_long, wait_exceeds_deadline, or other (the caller's
+//     context, or an error that is not retried): Stats.GiveUps*.
+//   - idemretry.parked {action}, idemretry.unknown {action} (by
+//     idemretry.reason: key_window_expired or key_reused), idemretry.resumed
+//     {action}.
+//
+// From Stats, summed over the Transports that the Instrumentation made:
+// idemretry.journal.syncs {sync} and idemretry.journal.sync.duration (s),
+// the journal syncs made on the request path and the time they took.
+//
+// An Observer runs on the RoundTrip's goroutine and gets no context, so the
+// metrics are recorded without one (no exemplars).
+//
+// # Resume
+//
+// Transport.Resume is idemretry's Resume with a span per action sent again,
+// marked idemretry.resumed; Unwrap().Resume sends them without spans (their
+// metrics are recorded either way).
+package otel

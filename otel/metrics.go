@@ -1,0 +1,168 @@
+package otel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemretry/idemretry"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
+)
+
+// Attribute keys of this package.
+const (
+	AttemptsKey       = attribute.Key("idemretry.attempts")
+	AttemptKey        = attribute.Key("idemretry.attempt")
+	AttemptDuration   = attribute.Key("idemretry.attempt.duration")
+	ReplayedKey       = attribute.Key("idemretry.replayed")
+	ReasonKey         = attribute.Key("idemretry.reason")
+	MaybeProcessedKey = attribute.Key("idemretry.maybe_processed")
+	KeyHashKey        = attribute.Key("idemretry.key.hash")
+	ActionHashKey     = attribute.Key("idemretry.action.hash")
+	ResumedKey        = attribute.Key("idemretry.resumed")
+)
+
+// AttemptEvent is the name of the span event of each attempt.
+const AttemptEvent = "idemretry.attempt"
+
+// instruments are the Instrumentation's metric instruments.
+type instruments struct {
+	attempts, retries, done, giveUps, parked, unknown, resumed metric.Int64Counter
+	attemptDuration                                            metric.Float64Histogram
+	syncs                                                      metric.Int64ObservableCounter
+	syncTime                                                   metric.Float64ObservableCounter
+}
+
+func (m *instruments) init(meter metric.Meter) error {
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	m.attempts = counter("idemretry.attempts", "{attempt}", "Attempts sent (each ended with a response or a transport error).")
+	m.retries = counter("idemretry.retries", "{retry}", "Retries scheduled.")
+	m.done = counter("idemretry.done", "{action}", "Actions that got a final answer, by whether it was a replay.")
+	m.giveUps = counter("idemretry.give_ups", "{action}", "Actions whose attempts ended without a final answer, by reason; they stay pending with their keys.")
+	m.parked = counter("idemretry.parked", "{action}", "Actions parked by the retry budget; they stay pending with their keys.")
+	m.unknown = counter("idemretry.unknown", "{action}", "Actions whose outcome became unknown (to reconcile), by reason.")
+	m.resumed = counter("idemretry.resumed", "{action}", "Pending actions that Resume sent again.")
+	var err error
+	m.attemptDuration, err = meter.Float64Histogram("idemretry.attempt.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long each attempt took, to its response's headers or its error."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
+	errs = append(errs, err)
+	m.syncs, err = meter.Int64ObservableCounter("idemretry.journal.syncs", metric.WithUnit("{sync}"),
+		metric.WithDescription("Journal syncs made on the request path."))
+	errs = append(errs, err)
+	m.syncTime, err = meter.Float64ObservableCounter("idemretry.journal.sync.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time spent in journal syncs on the request path."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("idemretry: otel: create instruments: %w", err)
+	}
+	return nil
+}
+
+// observe is the Observer that feeds the metrics. Events come without a
+// context, so none is recorded with them.
+func (in *Instrumentation) observe(ev idemretry.Event) {
+	ctx := context.Background()
+	m := &in.m
+	switch ev.Kind {
+	case idemretry.EventAttempt:
+		set := metric.WithAttributeSet(outcomeSet(ev.Status, ev.Err))
+		m.attempts.Add(ctx, 1, set)
+		m.attemptDuration.Record(ctx, ev.Elapsed.Seconds(), set)
+	case idemretry.EventRetry:
+		m.retries.Add(ctx, 1, metric.WithAttributeSet(outcomeSet(ev.Status, ev.Err)))
+	case idemretry.EventDone:
+		if ev.Replayed {
+			m.done.Add(ctx, 1, replayedTrue)
+		} else {
+			m.done.Add(ctx, 1, replayedFalse)
+		}
+	case idemretry.EventGiveUp:
+		m.giveUps.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(ReasonKey.String(giveUpReason(ev.Reason)))))
+	case idemretry.EventParked:
+		m.parked.Add(ctx, 1)
+	case idemretry.EventUnknown:
+		m.unknown.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(ReasonKey.String(reasonName(ev.Reason)))))
+	case idemretry.EventResumed:
+		m.resumed.Add(ctx, 1)
+	}
+}
+
+var (
+	replayedTrue  = metric.WithAttributeSet(attribute.NewSet(ReplayedKey.Bool(true)))
+	replayedFalse = metric.WithAttributeSet(attribute.NewSet(ReplayedKey.Bool(false)))
+)
+
+// outcomeSet says how an attempt ended: its status, or its error's type.
+func outcomeSet(status int, err error) attribute.Set {
+	switch {
+	case status != 0:
+		return attribute.NewSet(semconv.HTTPResponseStatusCode(status))
+	case err != nil:
+		return attribute.NewSet(errorType(err))
+	}
+	return attribute.NewSet()
+}
+
+// giveUpReason names a give-up's reason as Stats counts it.
+func giveUpReason(reason error) string {
+	switch reason {
+	case idemretry.ErrAttemptsExhausted, idemretry.ErrRetryAfterTooLong, idemretry.ErrWaitExceedsDeadline:
+		return reasonName(reason)
+	}
+	return "other"
+}
+
+// reasons names the reasons that idemretry reports.
+var reasons = []struct {
+	err  error
+	name string
+}{
+	{idemretry.ErrAttemptsExhausted, "attempts_exhausted"},
+	{idemretry.ErrRetryAfterTooLong, "retry_after_too_long"},
+	{idemretry.ErrWaitExceedsDeadline, "wait_exceeds_deadline"},
+	{idemretry.ErrParked, "parked"},
+	{idemretry.ErrKeyWindowExpired, "key_window_expired"},
+	{idemretry.ErrKeyReused, "key_reused"},
+	{idemretry.ErrFingerprintMismatch, "fingerprint_mismatch"},
+	{idemretry.ErrResponseNotShared, "response_not_shared"},
+	{context.Canceled, "canceled"},
+	{context.DeadlineExceeded, "deadline_exceeded"},
+}
+
+// reasonName names why attempts stopped; "" for nil.
+func reasonName(reason error) string {
+	if reason == nil {
+		return ""
+	}
+	for _, r := range reasons {
+		if errors.Is(reason, r.err) {
+			return r.name
+		}
+	}
+	return "other"
+}
+
+// observeStats reports the journal sync counters, summed over the live
+// Transports and those retired.
+func (in *Instrumentation) observeStats(_ context.Context, o metric.Observer) error {
+	in.mu.Lock()
+	syncs, d := in.retired.Syncs, in.retired.SyncTime
+	for t := range in.live {
+		s := t.Stats()
+		syncs += s.Syncs
+		d += s.SyncTime
+	}
+	in.mu.Unlock()
+	o.ObserveInt64(in.m.syncs, syncs)
+	o.ObserveFloat64(in.m.syncTime, d.Seconds())
+	return nil
+}

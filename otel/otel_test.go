@@ -1,0 +1,529 @@
+package otel_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+	iotel "github.com/idemretry/idemretry/otel"
+
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const (
+	action      = "pay:order-7731-alice"
+	querySecret = "tok-s3cret-9f2"
+)
+
+// A payment answered 503 then 201: one client span, two attempt events,
+// the final status, the hashes and never the key or the action id; the
+// metrics equal the Transport's Stats; the attempts carried the span's
+// context.
+func TestRetriedPaymentSpan(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"charged":true}`))
+	})
+	h := newHarness(t, nil)
+	resp, body, err := h.post(context.Background(), srv.URL+"/payments?token="+querySecret, action, `{"amount":100}`)
+	if err != nil {
+		t.Fatalf("post: %v", err)
+	}
+	if resp.StatusCode != http.StatusCreated || body != `{"charged":true}` {
+		t.Fatalf("got %d %q, want 201 and the body", resp.StatusCode, body)
+	}
+	key := srv.onlyKey(t)
+
+	s := h.span()
+	if s.Name() != "idemretry POST" || s.SpanKind() != trace.SpanKindClient {
+		t.Errorf("span %q of kind %v, want \"idemretry POST\" of kind client", s.Name(), s.SpanKind())
+	}
+	if s.Status().Code != codes.Unset {
+		t.Errorf("span status %v, want unset", s.Status())
+	}
+	attrs := s.Attributes()
+	u, _ := url.Parse(srv.URL)
+	port, _ := strconv.Atoi(u.Port())
+	wantAttr(t, "span", attrs, semconv.HTTPRequestMethodKey, "POST")
+	wantAttr(t, "span", attrs, semconv.URLFullKey, srv.URL+"/payments?token=REDACTED")
+	wantAttr(t, "span", attrs, semconv.ServerAddressKey, "127.0.0.1")
+	wantAttr(t, "span", attrs, semconv.ServerPortKey, port)
+	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 201)
+	wantAttr(t, "span", attrs, iotel.AttemptsKey, 2)
+	wantAttr(t, "span", attrs, iotel.ReplayedKey, false)
+	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(key))
+	wantAttr(t, "span", attrs, iotel.ActionHashKey, hash8(action))
+	noAttr(t, "span", attrs, iotel.ReasonKey)
+	noAttr(t, "span", attrs, semconv.ErrorTypeKey)
+
+	evs := s.Events()
+	if len(evs) != 2 {
+		t.Fatalf("%d span events, want 2: %v", len(evs), evs)
+	}
+	for i, want := range []int{503, 201} {
+		ev := evs[i]
+		what := "event " + strconv.Itoa(i+1)
+		if ev.Name != iotel.AttemptEvent {
+			t.Errorf("%s named %q, want %q", what, ev.Name, iotel.AttemptEvent)
+		}
+		wantAttr(t, what, ev.Attributes, iotel.AttemptKey, i+1)
+		wantAttr(t, what, ev.Attributes, semconv.HTTPResponseStatusCodeKey, want)
+		if d := attrMap(ev.Attributes)[iotel.AttemptDuration].AsFloat64(); d <= 0 {
+			t.Errorf("%s: duration %v s, want > 0", what, d)
+		}
+		if ev.Time.Before(s.StartTime()) || ev.Time.After(s.EndTime()) {
+			t.Errorf("%s at %v, outside the span (%v to %v)", what, ev.Time, s.StartTime(), s.EndTime())
+		}
+	}
+
+	// Each attempt carried the span's context (W3C traceparent).
+	srv.mu.Lock()
+	tps := append([]string(nil), srv.traceparent...)
+	srv.mu.Unlock()
+	for _, tp := range tps {
+		if !strings.Contains(tp, s.SpanContext().TraceID().String()) || !strings.Contains(tp, s.SpanContext().SpanID().String()) {
+			t.Errorf("attempt's traceparent %q does not name the span %v", tp, s.SpanContext())
+		}
+	}
+
+	rm := h.collect()
+	st := h.tr.Unwrap().Stats()
+	if st.Attempts != 2 || st.Retries != 1 || st.Done != 1 {
+		t.Fatalf("Stats %+v, want 2 attempts, 1 retry, 1 done", st)
+	}
+	checkStats(t, rm, st)
+	if n := sum(t, rm, "idemretry.attempts", semconv.HTTPResponseStatusCode(503)); n != 1 {
+		t.Errorf("attempts answered 503: %d, want 1", n)
+	}
+	if n := sum(t, rm, "idemretry.retries", semconv.HTTPResponseStatusCode(503)); n != 1 {
+		t.Errorf("retries after a 503: %d, want 1", n)
+	}
+	if n := histCount(t, rm, "idemretry.attempt.duration", semconv.HTTPResponseStatusCode(201)); n != 1 {
+		t.Errorf("attempt durations of a 201: %d, want 1", n)
+	}
+	h.checkNoSecrets(key, action, querySecret)
+
+	// A payment named by its fingerprint syncs its done record: the sync
+	// metrics follow Stats.
+	if _, _, err := h.post(context.Background(), srv.URL+"/payments", "", `{"amount":7}`); err != nil {
+		t.Fatalf("post: %v", err)
+	}
+	st = h.tr.Unwrap().Stats()
+	if st.Syncs == 0 {
+		t.Error("Stats count no journal sync for a fingerprint-named payment")
+	}
+	checkStats(t, h.collect(), st)
+
+	// Closed, the Transport's syncs stay in the totals.
+	if err := h.tr.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	checkStats(t, h.collect(), h.tr.Unwrap().Stats())
+}
+
+// Retries that stop on a status give the last response back: the span
+// says why (attempts_exhausted, retry_after_too_long) and is an error;
+// give_ups counts them by reason.
+func TestGiveUpReason(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		retryAfter string
+		opts       []idemretry.Option
+		reason     error
+		attempts   int
+	}{
+		{"attempts_exhausted", "", []idemretry.Option{idemretry.WithMaxRetries(2)}, idemretry.ErrAttemptsExhausted, 3},
+		{"retry_after_too_long", "120", []idemretry.Option{idemretry.WithMaxRetries(2), idemretry.WithMaxRetryAfter(time.Second)}, idemretry.ErrRetryAfterTooLong, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newServer(t, func(w http.ResponseWriter, n int) {
+				if c.retryAfter != "" {
+					w.Header().Set("Retry-After", c.retryAfter)
+				}
+				w.WriteHeader(http.StatusServiceUnavailable)
+			})
+			h := newHarness(t, nil, c.opts...)
+			id := "pay:give-up-" + c.name + "-order-55"
+			resp, _, err := h.post(context.Background(), srv.URL+"/payments", id, `{"amount":1}`)
+			if err != nil {
+				t.Fatalf("post: %v", err)
+			}
+			if got := idemretry.GiveUpReason(resp); !errors.Is(got, c.reason) {
+				t.Fatalf("GiveUpReason %v, want %v", got, c.reason)
+			}
+			s := h.span()
+			wantAttr(t, "span", s.Attributes(), iotel.ReasonKey, c.name)
+			wantAttr(t, "span", s.Attributes(), semconv.HTTPResponseStatusCodeKey, 503)
+			wantAttr(t, "span", s.Attributes(), semconv.ErrorTypeKey, "503")
+			wantAttr(t, "span", s.Attributes(), iotel.AttemptsKey, c.attempts)
+			noAttr(t, "span", s.Attributes(), iotel.ReplayedKey)
+			if s.Status().Code != codes.Error || s.Status().Description != c.reason.Error() {
+				t.Errorf("span status %v, want Error %q", s.Status(), c.reason.Error())
+			}
+			st := h.tr.Unwrap().Stats()
+			if len(s.Events()) != c.attempts || st.Attempts != int64(c.attempts) {
+				t.Errorf("%d attempt events, Stats %d attempts; want %d", len(s.Events()), st.Attempts, c.attempts)
+			}
+			rm := h.collect()
+			checkStats(t, rm, st)
+			if n := sum(t, rm, "idemretry.give_ups", iotel.ReasonKey.String(c.name)); n != 1 {
+				t.Errorf("give_ups{%s} = %d, want 1", c.name, n)
+			}
+			h.checkNoSecrets(srv.onlyKey(t), id)
+		})
+	}
+}
+
+// A replayed answer: idemretry.replayed on the span, done{replayed=true}
+// equal to Stats.Replays.
+func TestReplayFlag(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := newHarness(t, nil)
+	resp, _, err := h.post(context.Background(), srv.URL+"/payments", action, `{"amount":100}`)
+	if err != nil || !idemretry.IsReplay(resp) {
+		t.Fatalf("post: %v, %v; want a replay", resp, err)
+	}
+	s := h.span()
+	wantAttr(t, "span", s.Attributes(), iotel.ReplayedKey, true)
+	wantAttr(t, "span", s.Attributes(), iotel.AttemptsKey, 1)
+	st := h.tr.Unwrap().Stats()
+	if st.Replays != 1 {
+		t.Fatalf("Stats.Replays %d, want 1", st.Replays)
+	}
+	rm := h.collect()
+	checkStats(t, rm, st)
+	if n := sum(t, rm, "idemretry.done", iotel.ReplayedKey.Bool(true)); n != 1 {
+		t.Errorf("done{replayed=true} = %d, want 1", n)
+	}
+	h.checkNoSecrets(srv.onlyKey(t), action)
+}
+
+// An outage with a retry budget of one token parks the action: the span
+// says parked, maybe processed, the last status; the error message on it
+// names neither the action nor its key.
+func TestParkedAction(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusServiceUnavailable) })
+	h := newHarness(t, nil, idemretry.WithRetryBudget(1, 0), idemretry.WithMaxRetries(5))
+	_, _, err := h.post(context.Background(), srv.URL+"/payments", action, `{"amount":100}`)
+	var ae *idemretry.ActionError
+	if !errors.As(err, &ae) || !errors.Is(err, idemretry.ErrParked) {
+		t.Fatalf("post: %v, want an ActionError with ErrParked", err)
+	}
+	key := srv.onlyKey(t)
+	if !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), action) {
+		t.Fatalf("the error %q names neither the key nor the action: the test would prove nothing", err)
+	}
+	s := h.span()
+	attrs := s.Attributes()
+	wantAttr(t, "span", attrs, iotel.ReasonKey, "parked")
+	wantAttr(t, "span", attrs, iotel.MaybeProcessedKey, true)
+	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 503)
+	wantAttr(t, "span", attrs, iotel.AttemptsKey, 2)
+	wantAttr(t, "span", attrs, semconv.ErrorTypeKey, "github.com/idemretry/idemretry.ActionError")
+	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(key))
+	if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "parked by the retry budget") {
+		t.Errorf("span status %v, want Error saying parked", s.Status())
+	}
+	st := h.tr.Unwrap().Stats()
+	if st.Parked != 1 {
+		t.Fatalf("Stats.Parked %d, want 1", st.Parked)
+	}
+	checkStats(t, h.collect(), st)
+	h.checkNoSecrets(key, action)
+}
+
+// A server that is down: each attempt's event has error.type and a
+// message; the span has the ActionError's reason and says the server
+// cannot have performed the action.
+func TestTransportErrors(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) {})
+	down := srv.URL
+	srv.Close() // a real stopped server: connections are refused
+	h := newHarness(t, nil, idemretry.WithMaxRetries(2))
+	_, _, err := h.post(context.Background(), down+"/payments?token="+querySecret, action, `{"amount":100}`)
+	var ae *idemretry.ActionError
+	if !errors.As(err, &ae) || !errors.Is(err, idemretry.ErrAttemptsExhausted) {
+		t.Fatalf("post: %v, want an ActionError with ErrAttemptsExhausted", err)
+	}
+	s := h.span()
+	attrs := s.Attributes()
+	wantAttr(t, "span", attrs, iotel.ReasonKey, "attempts_exhausted")
+	wantAttr(t, "span", attrs, iotel.MaybeProcessedKey, false)
+	wantAttr(t, "span", attrs, iotel.AttemptsKey, 3)
+	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(ae.Key))
+	wantAttr(t, "span", attrs, iotel.ActionHashKey, hash8(action))
+	noAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey)
+	if len(s.Events()) != 3 {
+		t.Fatalf("%d events, want 3", len(s.Events()))
+	}
+	for _, ev := range s.Events() {
+		m := attrMap(ev.Attributes)
+		if m[semconv.ErrorTypeKey].AsString() == "" || !strings.Contains(m[semconv.ErrorMessageKey].AsString(), "refused") {
+			t.Errorf("attempt event %v: want error.type and a message saying refused", ev.Attributes)
+		}
+	}
+	if !strings.Contains(s.Status().Description, "attempts exhausted") {
+		t.Errorf("span status %v, want it to say attempts exhausted", s.Status())
+	}
+	rm := h.collect()
+	st := h.tr.Unwrap().Stats()
+	checkStats(t, rm, st)
+	if n := sum(t, rm, "idemretry.attempts"); n != 3 {
+		t.Errorf("attempts = %d, want 3", n)
+	}
+	h.checkNoSecrets(ae.Key, action, querySecret)
+}
+
+// A Retry-After past the action's key window makes its outcome unknown:
+// reason key_window_expired on the span and on idemretry.unknown.
+func TestUnknownOutcome(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	h := newHarness(t, nil)
+	ctx := idemretry.WithRequestOptions(context.Background(), idemretry.RequestKeyWindow(time.Second))
+	_, _, err := h.post(ctx, srv.URL+"/payments", action, `{"amount":100}`)
+	if !errors.Is(err, idemretry.ErrKeyWindowExpired) {
+		t.Fatalf("post: %v, want ErrKeyWindowExpired", err)
+	}
+	s := h.span()
+	wantAttr(t, "span", s.Attributes(), iotel.ReasonKey, "key_window_expired")
+	st := h.tr.Unwrap().Stats()
+	rm := h.collect()
+	checkStats(t, rm, st)
+	if n := sum(t, rm, "idemretry.unknown", iotel.ReasonKey.String("key_window_expired")); n != 1 || st.Unknown != 1 {
+		t.Errorf("unknown{key_window_expired} = %d, Stats.Unknown %d; want 1", n, st.Unknown)
+	}
+	h.checkNoSecrets(srv.onlyKey(t), action)
+}
+
+// The caller's own key, under a header of its choosing, and in the URL's
+// path: hashed on the span, replaced by its hash in url.full.
+func TestCallerKeyHashed(t *testing.T) {
+	const callerKey = "caller-key-4f1c-88aa"
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
+	h := newHarness(t, []iotel.Option{iotel.WithKeyHeader("X-Pay-Key")}, idemretry.WithKeyHeader("X-Pay-Key"))
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+callerKey, strings.NewReader("{}"))
+	req.Header.Set("X-Pay-Key", callerKey)
+	resp, err := h.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := srv.onlyKey(t); got != callerKey {
+		t.Fatalf("server saw key %q, want the caller's", got)
+	}
+	s := h.span()
+	wantAttr(t, "span", s.Attributes(), iotel.KeyHashKey, hash8(callerKey))
+	wantAttr(t, "span", s.Attributes(), semconv.URLFullKey, srv.URL+"/payments/"+hash8(callerKey))
+	h.checkNoSecrets(callerKey)
+}
+
+// WithHashSecret hashes with HMAC, WithoutHashes records no hash.
+func TestHashOptions(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
+	for _, c := range []struct {
+		name string
+		opt  iotel.Option
+	}{{"hmac", iotel.WithHashSecret([]byte("k3y"))}, {"none", iotel.WithoutHashes()}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, []iotel.Option{c.opt})
+			id := action + "-" + c.name
+			if _, _, err := h.post(context.Background(), srv.URL+"/payments", id, "{}"); err != nil {
+				t.Fatal(err)
+			}
+			attrs := attrMap(h.span().Attributes())
+			kh, hasKey := attrs[iotel.KeyHashKey]
+			ah, hasAction := attrs[iotel.ActionHashKey]
+			switch c.name {
+			case "hmac":
+				if !hasKey || !hasAction || ah.AsString() == hash8(id) || len(ah.AsString()) != 16 || len(kh.AsString()) != 16 {
+					t.Errorf("hashes %v %v: want 16 hex digits, not the plain SHA-256", kh.Emit(), ah.Emit())
+				}
+			case "none":
+				if hasKey || hasAction {
+					t.Errorf("hashes recorded: %v %v", kh.Emit(), ah.Emit())
+				}
+			}
+			h.checkNoSecrets(id)
+		})
+	}
+}
+
+// Options it cannot use: an error wrapping idemretry.ErrInvalidOption,
+// with the package prefix once.
+func TestInvalidOptions(t *testing.T) {
+	for name, opt := range map[string]iotel.Option{
+		"nil tracer provider": iotel.WithTracerProvider(nil),
+		"nil meter provider":  iotel.WithMeterProvider(nil),
+		"nil propagator":      iotel.WithPropagators(nil),
+		"empty key header":    iotel.WithKeyHeader(""),
+		"bad key header":      iotel.WithKeyHeader("Idempotency Key"),
+		"empty secret":        iotel.WithHashSecret(nil),
+	} {
+		in, err := iotel.New(opt)
+		if in != nil || !errors.Is(err, idemretry.ErrInvalidOption) || strings.Count(err.Error(), "idemretry: ") != 1 {
+			t.Errorf("%s: New = %v, %v; want ErrInvalidOption with one prefix", name, in, err)
+		}
+	}
+	_, err := iotel.New(iotel.WithHashSecret([]byte("k")), iotel.WithoutHashes())
+	if !errors.Is(err, idemretry.ErrInvalidOption) {
+		t.Errorf("both hash options: %v, want ErrInvalidOption", err)
+	}
+}
+
+// Concurrent payments, some retried: a span each, totals equal to Stats
+// (run with -race).
+func TestConcurrentPayments(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		if n == 1 {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := newHarness(t, nil)
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _, err := h.post(context.Background(), srv.URL+"/payments", "pay:order-"+strconv.Itoa(i), "{}")
+			if err == nil && resp.StatusCode != http.StatusCreated {
+				err = errors.New(resp.Status)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans := h.sr.Ended()
+	if len(spans) != n {
+		t.Fatalf("%d spans, want %d", len(spans), n)
+	}
+	for _, s := range spans {
+		if len(s.Events()) != 2 {
+			t.Errorf("span with %d events, want 2", len(s.Events()))
+		}
+	}
+	st := h.tr.Unwrap().Stats()
+	if st.Attempts != 2*n || st.Done != n {
+		t.Fatalf("Stats %+v, want %d attempts and %d done", st, 2*n, n)
+	}
+	checkStats(t, h.collect(), st)
+}
+
+// resumer rebuilds every pending action's request from a table.
+type resumer struct {
+	url  string
+	body string
+}
+
+func (r resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return http.NewRequestWithContext(ctx, http.MethodPost, r.url, strings.NewReader(r.body))
+}
+
+func (resumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// A payment left pending (its server down) and resumed by a new
+// Transport: a span marked idemretry.resumed, a child of Resume's, with
+// its attempt; idemretry.resumed equals Stats.Resumed.
+func TestResumeSpan(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		if down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := newHarness(t, nil, idemretry.WithMaxRetries(0))
+	resp, _, err := h.post(context.Background(), srv.URL+"/payments", action, `{"amount":100}`)
+	if err != nil || idemretry.GiveUpReason(resp) == nil {
+		t.Fatalf("post: %v %v, want a give-up", resp, err)
+	}
+	if err := h.tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	down.Store(false)
+	h.sr.Reset()
+
+	tr := h.transport()
+	parentCtx, parent := h.tp.Tracer("test").Start(context.Background(), "start-up")
+	results, err := tr.Resume(parentCtx, resumer{url: srv.URL + "/payments", body: `{"amount":100}`}, 1)
+	parent.End()
+	if err != nil || len(results) != 1 || !results[0].Sent || results[0].Status != http.StatusCreated {
+		t.Fatalf("Resume: %+v, %v; want one action sent and answered 201", results, err)
+	}
+	var resumed []string
+	for _, sp := range h.sr.Ended() {
+		if sp.Name() == "start-up" {
+			continue
+		}
+		resumed = append(resumed, sp.Name())
+		wantAttr(t, "resumed span", sp.Attributes(), iotel.ResumedKey, true)
+		wantAttr(t, "resumed span", sp.Attributes(), semconv.HTTPResponseStatusCodeKey, 201)
+		wantAttr(t, "resumed span", sp.Attributes(), iotel.AttemptsKey, 1)
+		wantAttr(t, "resumed span", sp.Attributes(), iotel.ActionHashKey, hash8(action))
+		wantAttr(t, "resumed span", sp.Attributes(), iotel.KeyHashKey, hash8(srv.onlyKey(t)))
+		if sp.Parent().SpanID() != parent.SpanContext().SpanID() {
+			t.Errorf("resumed span's parent %v, want Resume's span %v", sp.Parent().SpanID(), parent.SpanContext().SpanID())
+		}
+		if len(sp.Events()) != 1 {
+			t.Errorf("%d attempt events, want 1", len(sp.Events()))
+		}
+	}
+	if len(resumed) != 1 {
+		t.Fatalf("resumed spans %v, want 1", resumed)
+	}
+	rm := h.collect()
+	if n := sum(t, rm, "idemretry.resumed"); n != 1 || tr.Unwrap().Stats().Resumed != 1 {
+		t.Errorf("resumed = %d, Stats.Resumed = %d; want 1", n, tr.Unwrap().Stats().Resumed)
+	}
+	// Both Transports' events feed the same instruments.
+	total := idemretry.Stats{}
+	for _, st := range []idemretry.Stats{h.tr.Unwrap().Stats(), tr.Unwrap().Stats()} {
+		total.Attempts += st.Attempts
+		total.Retries += st.Retries
+		total.Done += st.Done
+		total.Replays += st.Replays
+		total.GiveUpsExhausted += st.GiveUpsExhausted
+		total.GiveUpsRetryAfter += st.GiveUpsRetryAfter
+		total.GiveUpsDeadline += st.GiveUpsDeadline
+		total.GiveUpsOther += st.GiveUpsOther
+		total.Parked += st.Parked
+		total.Unknown += st.Unknown
+		total.Resumed += st.Resumed
+		total.Syncs += st.Syncs
+		total.SyncTime += st.SyncTime
+	}
+	checkStats(t, rm, total)
+	h.checkNoSecrets(srv.onlyKey(t), action)
+}

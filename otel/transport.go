@@ -1,0 +1,426 @@
+package otel
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemretry/idemretry"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Transport is an instrumented idemretry Transport: an http.RoundTripper
+// that starts a span per RoundTrip. It is safe for concurrent use.
+type Transport struct {
+	in    *Instrumentation
+	t     *idemretry.Transport
+	owned bool // Close closes in
+	once  sync.Once
+	err   error
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// Unwrap returns the idemretry Transport underneath, for Stats, Journal
+// and Resume (without spans).
+func (t *Transport) Unwrap() *idemretry.Transport { return t.t }
+
+// Close closes the idemretry Transport. Its journal sync counts stay in
+// the Instrumentation's totals.
+func (t *Transport) Close() error {
+	t.once.Do(func() {
+		t.err = t.t.Close()
+		t.in.retire(t.t)
+		if t.owned {
+			t.err = errors.Join(t.err, t.in.Close())
+		}
+	})
+	return t.err
+}
+
+// CloseIdleConnections closes the base transport's idle connections.
+func (t *Transport) CloseIdleConnections() { t.t.CloseIdleConnections() }
+
+// roundTrip is what one span's attempts record, found in their context.
+type roundTrip struct {
+	span     trace.Span
+	attempts atomic.Int64
+	mu       sync.Mutex
+	key      string // the key the attempts carried
+}
+
+type roundTripKey struct{}
+
+// RoundTrip sends req through the idemretry Transport in a span; see the
+// package documentation for what it records.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil || req.URL == nil {
+		return t.t.RoundTrip(req) // its error, no span
+	}
+	ctx, rt := t.in.start(req, nil)
+	resp, err := t.t.RoundTrip(req.WithContext(ctx))
+	t.in.finish(rt, req, resp, err)
+	if err != nil || resp == nil {
+		rt.span.End()
+		return resp, err
+	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		rt.span.End()
+		return resp, nil
+	}
+	resp.Body = &endOnClose{ReadCloser: resp.Body, span: rt.span}
+	return resp, nil
+}
+
+// start opens the span of a RoundTrip (or of a resumed action), with what
+// the request says before it is sent.
+func (in *Instrumentation) start(req *http.Request, extra []attribute.KeyValue) (context.Context, *roundTrip) {
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	attrs := make([]attribute.KeyValue, 0, 8+len(extra))
+	attrs = append(attrs, methodAttrs(method)...)
+	action, _ := idemretry.ActionFromContext(req.Context())
+	sc := in.scrubber(req, action, "")
+	attrs = append(attrs, semconv.URLFull(sc.scrub(redactURL(req.URL))))
+	host, port := hostPort(req.URL)
+	if host != "" {
+		attrs = append(attrs, semconv.ServerAddress(host))
+	}
+	if port > 0 {
+		attrs = append(attrs, semconv.ServerPort(port))
+	}
+	if !in.noHashes {
+		if action != "" {
+			attrs = append(attrs, ActionHashKey.String(in.hash(action)))
+		}
+		if key := in.keyOf(req.Header); key != "" {
+			attrs = append(attrs, KeyHashKey.String(in.hash(key)))
+		}
+	}
+	attrs = append(attrs, extra...)
+	ctx, span := in.tracer.Start(req.Context(), "idemretry "+method,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	rt := &roundTrip{span: span}
+	return context.WithValue(ctx, roundTripKey{}, rt), rt
+}
+
+// finish records how the RoundTrip ended on its span, which it does not
+// end.
+func (in *Instrumentation) finish(rt *roundTrip, req *http.Request, resp *http.Response, err error) {
+	span := rt.span
+	rt.mu.Lock()
+	key := rt.key
+	rt.mu.Unlock()
+	attrs := []attribute.KeyValue{AttemptsKey.Int64(rt.attempts.Load())}
+	action := ""
+	if id, ok := idemretry.ActionFromContext(req.Context()); ok {
+		action = id
+	}
+	var ae *idemretry.ActionError
+	if errors.As(err, &ae) {
+		if ae.Key != "" {
+			key = ae.Key
+		}
+		if ae.Action != "" {
+			action = ae.Action
+		}
+		attrs = append(attrs, MaybeProcessedKey.Bool(ae.MaybeProcessed))
+		if ae.Status != 0 {
+			attrs = append(attrs, semconv.HTTPResponseStatusCode(ae.Status))
+		}
+		if name := reasonName(reasonOf(ae)); name != "" {
+			attrs = append(attrs, ReasonKey.String(name))
+		}
+	}
+	if key == "" {
+		key = in.keyOf(req.Header)
+	}
+	if !in.noHashes {
+		if key != "" {
+			attrs = append(attrs, KeyHashKey.String(in.hash(key)))
+		}
+		if action != "" {
+			attrs = append(attrs, ActionHashKey.String(in.hash(action)))
+		}
+	}
+	switch {
+	case err != nil:
+		sc := in.scrubber(req, action, key)
+		attrs = append(attrs, errorType(err))
+		span.SetAttributes(attrs...)
+		span.SetStatus(codes.Error, sc.message(err))
+	case resp != nil:
+		attrs = append(attrs, semconv.HTTPResponseStatusCode(resp.StatusCode))
+		if resp.StatusCode >= 400 {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(strconv.Itoa(resp.StatusCode)))
+		}
+		reason := idemretry.GiveUpReason(resp)
+		if reason != nil {
+			attrs = append(attrs, ReasonKey.String(reasonName(reason)))
+		} else {
+			attrs = append(attrs, ReplayedKey.Bool(idemretry.IsReplay(resp)))
+		}
+		span.SetAttributes(attrs...)
+		switch {
+		case resp.StatusCode >= 400:
+			desc := ""
+			if reason != nil {
+				desc = reason.Error()
+			}
+			span.SetStatus(codes.Error, desc)
+		case reason != nil:
+			span.SetStatus(codes.Error, reason.Error())
+		}
+	}
+}
+
+// reasonOf is why an ActionError's attempts stopped: its Reason, or the
+// caller's context's error.
+func reasonOf(ae *idemretry.ActionError) error {
+	if ae.Reason != nil {
+		return ae.Reason
+	}
+	if errors.Is(ae.Err, context.Canceled) || errors.Is(ae.Err, context.DeadlineExceeded) {
+		return ae.Err
+	}
+	return nil
+}
+
+// errorType is error.type for err, as otelhttp has it: the package path
+// and name of its type, a pointer's element type for a pointer
+// ("net.OpError", "github.com/idemretry/idemretry.ActionError"); an
+// ErrorType method's answer if it has one.
+func errorType(err error) attribute.KeyValue {
+	if err == nil {
+		return semconv.ErrorTypeOther
+	}
+	if et, ok := err.(interface{ ErrorType() string }); ok && et.ErrorType() != "" {
+		return semconv.ErrorTypeKey.String(et.ErrorType())
+	}
+	t := reflect.TypeOf(err)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.PkgPath() == "" || t.Name() == "" {
+		return semconv.ErrorTypeKey.String(t.String())
+	}
+	return semconv.ErrorTypeKey.String(t.PkgPath() + "." + t.Name())
+}
+
+// keyOf returns the key in h, unquoted, or "".
+func (in *Instrumentation) keyOf(h http.Header) string {
+	v := strings.TrimSpace(h.Get(in.keyHeader))
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	return v
+}
+
+// attemptTransport is the base the idemretry Transport sends attempts
+// through: it records each on its RoundTrip's span and gives it the
+// span's context in its headers.
+type attemptTransport struct {
+	in   *Instrumentation
+	base http.RoundTripper
+}
+
+func (a *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt, _ := req.Context().Value(roundTripKey{}).(*roundTrip)
+	if rt == nil {
+		return a.base.RoundTrip(req)
+	}
+	n := rt.attempts.Add(1)
+	key := a.in.keyOf(req.Header)
+	if key != "" {
+		rt.mu.Lock()
+		rt.key = key
+		rt.mu.Unlock()
+	}
+	out := req.Clone(req.Context()) // the headers are the caller's
+	a.in.prop.Inject(req.Context(), propagation.HeaderCarrier(out.Header))
+	start := time.Now()
+	resp, err := a.base.RoundTrip(out)
+	end := time.Now()
+	attrs := []attribute.KeyValue{AttemptKey.Int64(n), AttemptDuration.Float64(end.Sub(start).Seconds())}
+	switch {
+	case err != nil:
+		action, _ := idemretry.ActionFromContext(req.Context())
+		attrs = append(attrs, errorType(err),
+			semconv.ErrorMessage(a.in.scrubber(req, action, key).message(err)))
+	case resp != nil:
+		attrs = append(attrs, semconv.HTTPResponseStatusCode(resp.StatusCode))
+	}
+	rt.span.AddEvent(AttemptEvent, trace.WithTimestamp(end), trace.WithAttributes(attrs...))
+	return resp, err
+}
+
+// CloseIdleConnections closes the base's idle connections, if it can.
+func (a *attemptTransport) CloseIdleConnections() {
+	if c, ok := a.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// endOnClose ends the span when the body is read to its end or closed.
+type endOnClose struct {
+	io.ReadCloser
+	span  trace.Span
+	ended atomic.Bool
+}
+
+func (b *endOnClose) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.end()
+	}
+	return n, err
+}
+
+func (b *endOnClose) Close() error {
+	b.end()
+	return b.ReadCloser.Close()
+}
+
+func (b *endOnClose) end() {
+	if b.ended.CompareAndSwap(false, true) {
+		b.span.End()
+	}
+}
+
+// methodAttrs are http.request.method, and http.request.method_original
+// for a method the conventions do not know.
+func methodAttrs(m string) []attribute.KeyValue {
+	switch m {
+	case http.MethodConnect, http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+		http.MethodPatch, http.MethodPost, http.MethodPut, http.MethodTrace:
+		return []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m)}
+	}
+	return []attribute.KeyValue{semconv.HTTPRequestMethodOther, semconv.HTTPRequestMethodOriginal(m)}
+}
+
+// redactURL is u without its fragment, with REDACTED for the user name,
+// the password and every query value.
+func redactURL(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	c.Fragment, c.RawFragment = "", ""
+	if c.RawQuery != "" {
+		q, err := url.ParseQuery(c.RawQuery)
+		if err != nil {
+			c.RawQuery = "REDACTED"
+		} else {
+			for k, vs := range q {
+				for i := range vs {
+					vs[i] = "REDACTED"
+				}
+				q[k] = vs
+			}
+			c.RawQuery = q.Encode()
+		}
+	}
+	c.ForceQuery = false
+	return c.String()
+}
+
+// hostPort is server.address and server.port: the port as given, else the
+// scheme's.
+func hostPort(u *url.URL) (string, int) {
+	host := u.Hostname()
+	if p := u.Port(); p != "" {
+		port, err := strconv.Atoi(p)
+		if err == nil {
+			return host, port
+		}
+	}
+	switch u.Scheme {
+	case "https":
+		return host, 443
+	case "http":
+		return host, 80
+	}
+	return host, 0
+}
+
+// scrubber replaces what must not be recorded in a message: the action's
+// key and id (by their hashes), the URL's query and user info.
+type scrubber struct {
+	pairs []string // old, new, ...
+}
+
+func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrubber {
+	var s scrubber
+	add := func(secret, by string) {
+		if secret == "" {
+			return
+		}
+		s.pairs = append(s.pairs, secret, by)
+		if q := strconv.Quote(secret); q[1:len(q)-1] != secret {
+			s.pairs = append(s.pairs, q[1:len(q)-1], by)
+		}
+		if e := url.QueryEscape(secret); e != secret {
+			s.pairs = append(s.pairs, e, by)
+		}
+	}
+	sub := func(id string) string {
+		if in.noHashes {
+			return "REDACTED"
+		}
+		return in.hash(id)
+	}
+	if caller := in.keyOf(req.Header); caller != "" && caller != key {
+		add(caller, sub(caller))
+	}
+	// The longer first: an action id may hold the key ("key:" + key).
+	if len(action) >= len(key) {
+		add(action, sub(action))
+		add(key, sub(key))
+	} else {
+		add(key, sub(key))
+		add(action, sub(action))
+	}
+	if req.URL != nil {
+		if req.URL.RawQuery != "" {
+			add(req.URL.RawQuery, "REDACTED")
+		}
+		if req.URL.User != nil {
+			add(req.URL.User.String(), "REDACTED")
+		}
+	}
+	return s
+}
+
+func (s scrubber) scrub(msg string) string {
+	if len(s.pairs) == 0 {
+		return msg
+	}
+	return strings.NewReplacer(s.pairs...).Replace(msg)
+}
+
+// message is err's message, scrubbed; an ActionError's without its
+// action's name and key.
+func (s scrubber) message(err error) string {
+	var ae *idemretry.ActionError
+	if errors.As(err, &ae) {
+		c := *ae
+		c.Action, c.Key = "", ""
+		return s.scrub(c.Error())
+	}
+	return s.scrub(err.Error())
+}
