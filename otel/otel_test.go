@@ -16,7 +16,12 @@ import (
 	"github.com/idemretry/idemretry/journal"
 	iotel "github.com/idemretry/idemretry/otel"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -526,4 +531,60 @@ func TestResumeSpan(t *testing.T) {
 	}
 	checkStats(t, rm, total)
 	h.checkNoSecrets(srv.onlyKey(t), action)
+}
+
+// The package-level NewTransport uses the global providers, and its Close
+// closes its Instrumentation; a GET has a span without hashes.
+func TestGlobalProviders(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) { _, _ = w.Write([]byte("ok")) })
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	prevTP, prevMP := otel.GetTracerProvider(), otel.GetMeterProvider()
+	otel.SetTracerProvider(tp)
+	otel.SetMeterProvider(mp)
+	t.Cleanup(func() {
+		otel.SetTracerProvider(prevTP)
+		otel.SetMeterProvider(prevMP)
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	tr, err := iotel.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	ended := sr.Ended()
+	if len(ended) != 1 || ended[0].Name() != "idemretry GET" {
+		t.Fatalf("spans %v, want one named idemretry GET", ended)
+	}
+	attrs := ended[0].Attributes()
+	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 200)
+	wantAttr(t, "span", attrs, iotel.AttemptsKey, 1)
+	noAttr(t, "span", attrs, iotel.KeyHashKey)
+	noAttr(t, "span", attrs, iotel.ActionHashKey)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	if n := sum(t, rm, "idemretry.attempts"); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
+	}
+	if _, ok := find(rm, "idemretry.journal.syncs"); !ok {
+		t.Error("no journal sync metric before Close")
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := find(rm, "idemretry.journal.syncs"); ok {
+		t.Error("journal sync metric still reported after Close closed the Instrumentation")
+	}
 }

@@ -251,8 +251,11 @@ func (a *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		rt.key = key
 		rt.mu.Unlock()
 	}
-	out := req.Clone(req.Context()) // the headers are the caller's
-	a.in.prop.Inject(req.Context(), propagation.HeaderCarrier(out.Header))
+	out := req
+	if len(a.in.prop.Fields()) > 0 {
+		out = req.Clone(req.Context()) // the headers are idemretry's
+		a.in.prop.Inject(req.Context(), propagation.HeaderCarrier(out.Header))
+	}
 	start := time.Now()
 	resp, err := a.base.RoundTrip(out)
 	end := time.Now()
