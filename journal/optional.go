@@ -22,3 +22,36 @@ type Syncer interface {
 type Timekeeper interface {
 	Now() time.Time
 }
+
+// A Leaser is a Journal that can lease an action to one holder at a time,
+// across every process that shares its storage, so that a fleet has one
+// machine in flight per action. Without it, two machines resuming the same
+// action both send it under its key, and the server answers the second
+// "409: a request with this key is in progress" on every retry. The lease
+// is for load, not for safety: the key already makes the server perform the
+// action once. A Transport whose journal is no Leaser sends as it always
+// has, and so does one whose Lease fails (the failure is logged).
+//
+// Lease takes holder's lease on actionID, or renews it, until ttl from now
+// on the storage's clock, and returns held true. When another holder's lease
+// has not ended, it changes nothing and returns held false and until, when
+// that lease ends. Whether a lease has ended is judged by the storage's clock
+// alone, never by a caller's: machines whose clocks disagree still agree on
+// who holds a lease. until is on the caller's clock: the time left on the
+// storage's clock, from the caller's time when the answer came (after taking
+// or renewing, from when the call began, so that the holder never believes
+// in more time than it has). A lease may be taken over by another holder
+// once it has ended, and a lease holds for its action id whatever key the
+// action's record has. actionID is the id as given to Reserve or as
+// Unfinished returns it. Lease fails with an error wrapping ErrNotFound when
+// the action has no record (a lease needs a record), ErrInvalidRecord when
+// the id is one Reserve refuses, holder is one that ValidKey refuses, or ttl
+// is under a millisecond, and ErrClosed after Close.
+//
+// Release ends holder's lease on actionID, if holder has it; releasing a
+// lease that has ended, was taken over or was never taken is not an error.
+// Both methods return by the context's deadline, as every other call does.
+type Leaser interface {
+	Lease(ctx context.Context, actionID, holder string, ttl time.Duration) (held bool, until time.Time, err error)
+	Release(ctx context.Context, actionID, holder string) error
+}
