@@ -90,11 +90,20 @@ type Stats struct {
 	// by reason, and GiveUpsOther for the caller's context or an error
 	// that is not retried.
 	GiveUpsExhausted, GiveUpsRetryAfter, GiveUpsDeadline, GiveUpsOther int64
-	Parked                                                             int64 // retries refused by the retry budget
-	Unknown                                                            int64 // actions whose outcome became unknown
-	Resumed                                                            int64 // pending actions Resume sent again
-	Syncs                                                              int64 // journal syncs made on the request path
-	SyncTime                                                           time.Duration
+
+	Parked  int64 // retries refused by the retry budget
+	Unknown int64 // actions whose outcome became unknown
+	Resumed int64 // pending actions Resume sent again
+
+	// Reserves counts the journal's key reservations (for a durable
+	// journal, its write and sync before the first attempt leaves), and
+	// ReserveTime is the time spent in them; Syncs and SyncTime count the
+	// extra syncs the Transport asks for (the done of an action named by its
+	// fingerprint).
+	Reserves    int64
+	ReserveTime time.Duration
+	Syncs       int64
+	SyncTime    time.Duration
 }
 
 // counters are Stats, kept with atomic adds.
@@ -102,6 +111,7 @@ type counters struct {
 	attempts, retries, done, replays                            atomic.Int64
 	giveUpsExhausted, giveUpsRetryAfter, giveUpsDeadline, other atomic.Int64
 	parked, unknown, resumed, syncs, syncNanos                  atomic.Int64
+	reserves, reserveNanos                                      atomic.Int64
 }
 
 // Stats returns a snapshot of the Transport's counters.
@@ -113,6 +123,7 @@ func (t *Transport) Stats() Stats {
 		GiveUpsDeadline: c.giveUpsDeadline.Load(), GiveUpsOther: c.other.Load(),
 		Parked: c.parked.Load(), Unknown: c.unknown.Load(), Resumed: c.resumed.Load(),
 		Syncs: c.syncs.Load(), SyncTime: time.Duration(c.syncNanos.Load()),
+		Reserves: c.reserves.Load(), ReserveTime: time.Duration(c.reserveNanos.Load()),
 	}
 }
 

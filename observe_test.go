@@ -85,6 +85,7 @@ func TestObserverEvents(t *testing.T) {
 	assert.Equal(t, int64(1), st.GiveUpsExhausted)
 	assert.Equal(t, int64(1), st.Unknown)
 	assert.Equal(t, int64(2), st.Retries)
+	assert.Positive(t, st.Reserves)
 }
 
 // A panicking observer cannot break a RoundTrip: it is recovered and logged.

@@ -93,7 +93,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
 		mode = journal.ReusePending
 	}
+	start := time.Now()
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
+	t.counters.reserves.Add(1)
+	t.counters.reserveNanos.Add(int64(time.Since(start)))
 	if err == nil && !created && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
 		!t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow)) {
 		// A repeat after the duplicate window: a new action.

@@ -108,13 +108,11 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	res.Sent = true
 	if err != nil {
 		res.Err = err
-		return res
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	res.Status = resp.StatusCode
-	if reason := GiveUpReason(resp); reason != nil {
-		res.Err = reason
+	} else {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		res.Status = resp.StatusCode
+		res.Err = GiveUpReason(resp)
 	}
 	t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
 	return res
