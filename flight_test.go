@@ -177,29 +177,7 @@ func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
 // and its http.Client follows it; if the leader's hop has landed by then,
 // the joiner's hop is a new unnamed action: a new key and a second charge.
 func TestFlightUnnamedDoubleTapThrough307(t *testing.T) {
-	var charges atomic.Int32
-	var mu sync.Mutex
-	keys := map[string]bool{}
-	var arrived = make(chan struct{}, 10)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/pay" {
-			arrived <- struct{}{}
-			time.Sleep(100 * time.Millisecond)
-			w.Header().Set("Location", "/v2/pay")
-			w.WriteHeader(http.StatusTemporaryRedirect)
-			return
-		}
-		k := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		if !keys[k] {
-			keys[k] = true
-			charges.Add(1)
-		}
-		mu.Unlock()
-		w.WriteHeader(201)
-	}))
-	defer srv.Close()
+	srv, charges, arrived := newRedirectPayServer(t, 100*time.Millisecond)
 	tr, _, _ := newTestTransport(t)
 	leaderDone := make(chan struct{})
 	leader := &http.Client{Transport: tr}
@@ -227,6 +205,63 @@ func TestFlightUnnamedDoubleTapThrough307(t *testing.T) {
 	}()
 	wg.Wait()
 	assert.Equal(t, int32(1), charges.Load(), "an unnamed double tap charged twice")
+}
+
+// R6 without any gate: how often does a plain unnamed double tap through a
+// 307 charge twice?
+func TestFlightUnnamedDoubleTapThrough307NoGate(t *testing.T) {
+	srv, charges, arrived := newRedirectPayServer(t, 50*time.Millisecond)
+	tr, _, _ := newTestTransport(t)
+	client := &http.Client{Transport: tr}
+	const rounds = 30
+	for i := 0; i < rounds; i++ {
+		body := `{"amount":` + string(rune('a'+i)) + `}`
+		var wg sync.WaitGroup
+		wg.Add(2)
+		tap := func() {
+			defer wg.Done()
+			resp, err := client.Do(post(t, context.Background(), srv.URL+"/pay", body))
+			if assert.NoError(t, err) {
+				readAll(t, resp)
+			}
+		}
+		go tap()
+		<-arrived
+		go tap()
+		wg.Wait()
+	}
+	assert.Equal(t, int32(rounds), charges.Load(), "%d unnamed double taps charged %d times", rounds, charges.Load())
+}
+
+// newRedirectPayServer answers POST /pay with a 307 to /v2/pay after delay,
+// signalling arrived as each /pay request comes in; /v2/pay charges once per
+// Idempotency-Key and counts the charges.
+func newRedirectPayServer(t *testing.T, delay time.Duration) (srv *httptest.Server, charges *atomic.Int32, arrived chan struct{}) {
+	t.Helper()
+	charges = new(atomic.Int32)
+	var mu sync.Mutex
+	keys := map[string]bool{}
+	arrived = make(chan struct{}, 1000)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/pay" {
+			arrived <- struct{}{}
+			time.Sleep(delay)
+			w.Header().Set("Location", "/v2/pay")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+			return
+		}
+		k := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		if !keys[k] {
+			keys[k] = true
+			charges.Add(1)
+		}
+		mu.Unlock()
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, charges, arrived
 }
 
 // Held-up probes.
