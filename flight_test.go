@@ -457,3 +457,139 @@ func TestFlightCancelDuringAttemptReasonNil(t *testing.T) {
 	require.ErrorAs(t, err, &ae)
 	assert.Nil(t, ae.Reason)
 }
+
+// The seeds' first story: the screen hangs, the customer taps again. Two
+// identical POSTs with no action id and no key, the second sent while the
+// first is in flight, are one payment: one request, one charge, and each
+// caller reads the same answer. A third identical POST after both finished
+// is a deliberate repeat: a new key and a second charge.
+func TestUnnamedDoubleTapIsOnePayment(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 150 * time.Millisecond
+	srv.arrived = make(chan int, 10)
+	tr, j, _ := newTestTransport(t)
+
+	const body = `{"amount":4200,"order":"A-1001"}`
+	var wg sync.WaitGroup
+	bodies := make([]string, 2)
+	statuses := make([]int, 2)
+	tap := func(i int) {
+		defer wg.Done()
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
+		if assert.NoError(t, err) {
+			statuses[i] = resp.StatusCode
+			bodies[i] = readAll(t, resp)
+		}
+	}
+	wg.Add(1)
+	go tap(0)
+	<-srv.arrived // the first tap is at the server
+	wg.Add(1)
+	go tap(1)
+	wg.Wait()
+
+	assert.Equal(t, 1, srv.chargeCount(), "a double tap charged twice")
+	assert.Len(t, srv.seen(), 1, "the second tap sent a request of its own")
+	assert.Equal(t, []int{201, 201}, statuses)
+	assert.Equal(t, bodies[0], bodies[1], "each caller reads the one answer")
+	assert.NotEmpty(t, bodies[0])
+
+	// After both finished, the same request again is a new payment.
+	go func() {
+		for range srv.arrived {
+		}
+	}()
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
+	require.NoError(t, err)
+	readAll(t, resp)
+	close(srv.arrived)
+	reqs := srv.seen()
+	require.Len(t, reqs, 2)
+	assert.NotEqual(t, reqs[0].Key, reqs[1].Key, "a deliberate repeat after completion is a new action")
+	assert.Equal(t, 2, srv.chargeCount())
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un)
+}
+
+// Concurrent callers of one named action share its flight too: one request,
+// not one each in turn.
+func TestNamedActionCallersShareTheFlight(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 100 * time.Millisecond
+	srv.arrived = make(chan int, 100)
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:order-B-7")
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	call := func() {
+		defer wg.Done()
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+		if assert.NoError(t, err) && assert.Equal(t, 201, resp.StatusCode) {
+			assert.Equal(t, `{"charge":"ch_1"}`, readAll(t, resp))
+			ok.Add(1)
+		}
+	}
+	wg.Add(1)
+	go call()
+	<-srv.arrived
+	for range 9 {
+		wg.Add(1)
+		go call()
+	}
+	wg.Wait()
+	assert.Equal(t, int32(10), ok.Load())
+	assert.Len(t, srv.seen(), 1, "callers of one named action each sent a request")
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// When the caller leading a flight gives up (its context ends), a caller
+// that joined it carries the action on, with the same key.
+func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.delay = 300 * time.Millisecond
+	srv.arrived = make(chan int, 10)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	// The real clock: the 409s while the first charge is in progress are
+	// waited out.
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithBackOff(constant(100*time.Millisecond)), idemretry.WithMaxRetries(20))
+	require.NoError(t, err)
+	defer tr.Close()
+	const body = `{"amount":7}`
+
+	leaderCtx, cancelLeader := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	var joinerStatus int
+	go func() {
+		defer wg.Done()
+		_, err := tr.RoundTrip(post(t, leaderCtx, srv.URL, body))
+		assert.ErrorIs(t, err, context.Canceled)
+	}()
+	<-srv.arrived
+	go func() {
+		defer wg.Done()
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
+		if assert.NoError(t, err) {
+			joinerStatus = resp.StatusCode
+			readAll(t, resp)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the second caller has joined
+	cancelLeader()
+	go func() {
+		for range srv.arrived {
+		}
+	}()
+	wg.Wait()
+	close(srv.arrived)
+	assert.Equal(t, 201, joinerStatus)
+	assert.Equal(t, 1, srv.chargeCount())
+	keys := keysOf(srv.seen())
+	require.GreaterOrEqual(t, len(keys), 2)
+	for _, k := range keys {
+		assert.Equal(t, keys[0], k)
+	}
+}

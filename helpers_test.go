@@ -302,3 +302,19 @@ func (c *closeTracker) isClosed() bool {
 var _ = bytes.NewReader
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// rtFunc adapts a function to http.RoundTripper.
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func resp(code int, req *http.Request) *http.Response {
+	return &http.Response{StatusCode: code, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("x")), Request: req}
+}
+
+func httptestGet(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return req
+}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"strings"
 	"sync"
@@ -245,4 +247,59 @@ func TestActionErrorMessage(t *testing.T) {
 	assert.Equal(t, `idemretry: action "pay:1" (key k): 6 attempts, last status 503: attempts exhausted`, keyed.Error())
 	unkeyed := &idemretry.ActionError{Attempts: 1, Err: errors.New("boom")}
 	assert.Equal(t, "idemretry: 1 attempt: boom", unkeyed.Error())
+}
+
+// A base RoundTripper that breaks the contract by returning a response and
+// an error: the error wins and the response body is closed.
+func TestBaseReturningBothIsClosed(t *testing.T) {
+	body := &closeTracker{Reader: strings.NewReader("x")}
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		r.Body.Close()
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("broken base")
+	})
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithClock(newFakeClock()), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
+	assert.Nil(t, resp)
+	assert.Error(t, err)
+	assert.True(t, body.isClosed())
+}
+
+// Issue 7, item 12: a 503 whose body stalls must not hang RoundTrip: draining a
+// discarded body is bounded in time as well as bytes.
+func TestStalledDiscardedBodyIsCut(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.(http.Flusher).Flush()
+		for i := 0; i < 300; i++ { // a byte every 100 ms, for 30 s
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			fmt.Fprint(w, "x")
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer srv.Close()
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(2))
+	done := make(chan struct{})
+	var resp *http.Response
+	var err error
+	start := time.Now()
+	go func() {
+		defer close(done)
+		resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("RoundTrip hung on a stalled 503 body")
+	}
+	require.NoError(t, err)
+	assert.Equal(t, 503, resp.StatusCode)
+	resp.Body.Close()
+	assert.Less(t, time.Since(start), 10*time.Second)
 }

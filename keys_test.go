@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -382,4 +383,76 @@ func TestFingerprintDefinitionIsStable(t *testing.T) {
 		}
 		assert.Equal(t, []journal.Fingerprint{want}, got, "body %q", body)
 	}
+}
+
+// I8 for caller keys: the key names the action, whatever WithAction says, so
+// a key already used for one payload refuses another before sending.
+func TestCallerKeyNamesTheAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	var errs []error
+	for i, a := range []string{"pay:A", "pay:B"} {
+		req := post(t, idemretry.WithAction(context.Background(), a), srv.URL, []string{"amount=1", "amount=999"}[i])
+		req.Header.Set("Idempotency-Key", "order-42")
+		r, err := tr.RoundTrip(req)
+		if err == nil {
+			r.Body.Close()
+		}
+		errs = append(errs, err)
+	}
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], idemretry.ErrFingerprintMismatch)
+	assert.Len(t, srv.seen(), 1, "the second payload was not sent")
+}
+
+// A method that carries no key and is not idempotent by definition is sent
+// once: retrying it without a key could perform it twice.
+func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, _, _ := newTestTransport(t, idemretry.WithKeyedMethods(http.MethodPatch))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, []string{""}, keysOf(srv.seen()))
+
+	req, err := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
+	require.NoError(t, err)
+	resp, err = tr.RoundTrip(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
+}
+
+// Issue 7, item 7: a caller key set under a non-canonical header name is the
+// request's key: one Idempotency-Key value goes out, the caller's.
+func TestLowerCaseCallerKeyHeader(t *testing.T) {
+	var got [][]string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Values("Idempotency-Key"))
+		mu.Unlock()
+		w.WriteHeader(201)
+	}))
+	defer srv.Close()
+	tr, j, _ := newTestTransport(t)
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"order-77-pay"}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, got, 1)
+	assert.Equal(t, []string{"order-77-pay"}, got[0], "the request left with these Idempotency-Key values")
+	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x"}, journal.ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created, "the caller's key did not name the action")
+	assert.Equal(t, "order-77-pay", rec.Key)
+
+	// Two spellings with two values are two keys: refused.
+	req = post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"a-1"}
+	req.Header.Set("Idempotency-Key", "b-2")
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrInvalidKey)
 }

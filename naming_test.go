@@ -202,3 +202,43 @@ func TestErrorPrefixOnce(t *testing.T) {
 	require.ErrorIs(t, err, journal.ErrClosed)
 	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
 }
+
+// http.Client follows a 307/308 for a POST by sending the same body, with
+// the same context, to the new URL. That hop is a sub-action with a key of
+// its own, stable across repeats: a resend of the whole action reuses both.
+func TestRedirectHopIsSubAction(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/old" {
+			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	c := &http.Client{Transport: tr}
+	for range 2 {
+		req := post(t, idemretry.WithAction(context.Background(), "pay:redirect"), srv.URL+"/old", "x")
+		r, err := c.Do(req)
+		require.NoError(t, err)
+		readAll(t, r)
+		assert.Equal(t, http.StatusCreated, r.StatusCode)
+	}
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 4)
+	assert.NotEqual(t, keys[0], keys[1], "the hop has its own key")
+	assert.Equal(t, keys[:2], keys[2:], "and both keys are stable")
+	assert.NotEmpty(t, keys[1])
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// WithAction ids that are empty or look like derived ids are refused.
+func TestInvalidActionIDs(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, id := range []string{"", "key:order-1", "fp:abc"} {
+		_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), id), srv.URL, "x"))
+		assert.ErrorIs(t, err, idemretry.ErrInvalidAction, "%q", id)
+	}
+	assert.Empty(t, srv.seen())
+}

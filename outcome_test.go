@@ -1,5 +1,10 @@
 package idemretry_test
 
+// What RoundTrip records and reports as an action's outcome (outcome.go): a
+// 503 at the deadline stays pending, a done is durable before RoundTrip
+// returns, MaybeProcessed, and a journal that fails or hangs when the outcome
+// is recorded.
+
 import (
 	"bytes"
 	"context"
@@ -8,9 +13,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,15 +29,6 @@ import (
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
 )
-
-// rtFunc adapts a function to http.RoundTripper.
-type rtFunc func(*http.Request) (*http.Response, error)
-
-func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-func resp(code int, req *http.Request) *http.Response {
-	return &http.Response{StatusCode: code, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("x")), Request: req}
-}
 
 // I3: a 503 whose context ended as it arrived is not a definitive answer: the
 // action stays pending, and a fingerprint-identified resend keeps its key.
@@ -133,102 +131,6 @@ func fpOf(t *testing.T, url, body string) journal.Fingerprint {
 	rec, _, err := j.Reserve(context.Background(), journal.Record{ActionID: "a"}, journal.ReuseAny)
 	require.NoError(t, err)
 	return rec.Fingerprint
-}
-
-// http.Client follows a 307/308 for a POST by sending the same body, with
-// the same context, to the new URL. That hop is a sub-action with a key of
-// its own, stable across repeats: a resend of the whole action reuses both.
-func TestRedirectHopIsSubAction(t *testing.T) {
-	srv := newPayServer(t)
-	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path == "/old" {
-			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
-			return true
-		}
-		return false
-	}
-	tr, _, _ := newTestTransport(t)
-	c := &http.Client{Transport: tr}
-	for range 2 {
-		req := post(t, idemretry.WithAction(context.Background(), "pay:redirect"), srv.URL+"/old", "x")
-		r, err := c.Do(req)
-		require.NoError(t, err)
-		readAll(t, r)
-		assert.Equal(t, http.StatusCreated, r.StatusCode)
-	}
-	keys := keysOf(srv.seen())
-	require.Len(t, keys, 4)
-	assert.NotEqual(t, keys[0], keys[1], "the hop has its own key")
-	assert.Equal(t, keys[:2], keys[2:], "and both keys are stable")
-	assert.NotEmpty(t, keys[1])
-	assert.Equal(t, 1, srv.chargeCount())
-}
-
-// I8 for caller keys: the key names the action, whatever WithAction says, so
-// a key already used for one payload refuses another before sending.
-func TestCallerKeyNamesTheAction(t *testing.T) {
-	srv := newPayServer(t)
-	tr, _, _ := newTestTransport(t)
-	var errs []error
-	for i, a := range []string{"pay:A", "pay:B"} {
-		req := post(t, idemretry.WithAction(context.Background(), a), srv.URL, []string{"amount=1", "amount=999"}[i])
-		req.Header.Set("Idempotency-Key", "order-42")
-		r, err := tr.RoundTrip(req)
-		if err == nil {
-			r.Body.Close()
-		}
-		errs = append(errs, err)
-	}
-	assert.NoError(t, errs[0])
-	assert.ErrorIs(t, errs[1], idemretry.ErrFingerprintMismatch)
-	assert.Len(t, srv.seen(), 1, "the second payload was not sent")
-}
-
-// WithAction ids that are empty or look like derived ids are refused.
-func TestInvalidActionIDs(t *testing.T) {
-	srv := newPayServer(t)
-	tr, _, _ := newTestTransport(t)
-	for _, id := range []string{"", "key:order-1", "fp:abc"} {
-		_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), id), srv.URL, "x"))
-		assert.ErrorIs(t, err, idemretry.ErrInvalidAction, "%q", id)
-	}
-	assert.Empty(t, srv.seen())
-}
-
-// A method that carries no key and is not idempotent by definition is sent
-// once: retrying it without a key could perform it twice.
-func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
-	srv := newPayServer(t)
-	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
-	tr, _, _ := newTestTransport(t, idemretry.WithKeyedMethods(http.MethodPatch))
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
-	assert.Equal(t, []string{""}, keysOf(srv.seen()))
-
-	req, err := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
-	require.NoError(t, err)
-	resp, err = tr.RoundTrip(req)
-	require.NoError(t, err)
-	readAll(t, resp)
-	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
-}
-
-// A base RoundTripper that breaks the contract by returning a response and
-// an error: the error wins and the response body is closed.
-func TestBaseReturningBothIsClosed(t *testing.T) {
-	body := &closeTracker{Reader: strings.NewReader("x")}
-	base := rtFunc(func(r *http.Request) (*http.Response, error) {
-		r.Body.Close()
-		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("broken base")
-	})
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
-		idemretry.WithClock(newFakeClock()), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	resp, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
-	assert.Nil(t, resp)
-	assert.Error(t, err)
-	assert.True(t, body.isClosed())
 }
 
 // A done action stays done when a later resend of it fails: its outcome is
@@ -339,4 +241,166 @@ func TestDoneSyncFailureLogged(t *testing.T) {
 		r.Body.Close()
 	}
 	require.True(t, err != nil || bytes.Contains(logs.Bytes(), []byte("EIO")), "sync failure neither returned nor logged; logs: %q", logs.String())
+}
+
+// Issue 7, item 1: net/http resends a request that carries an Idempotency-Key by
+// itself when a reused keep-alive connection breaks after the request was
+// written; if that hidden resend fails to dial, only the dial error is seen.
+// The server did charge: MaybeProcessed must say so.
+func TestMaybeProcessedAfterHiddenResend(t *testing.T) {
+	var charges atomic.Int32
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/warm" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		charges.Add(1)
+		srv.Listener.Close() // the resend cannot connect
+		hijackAndClose(w)    // the answer is lost after the charge
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	warm, err := base.RoundTrip(httptestGet(t, srv.URL+"/warm"))
+	require.NoError(t, err)
+	readAll(t, warm) // the connection goes back to the pool, to be reused
+
+	_, err = tr.RoundTrip(post(t, context.Background(), srv.URL+"/pay", `{"amount":5}`))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, int32(1), charges.Load(), "the server charged")
+	assert.True(t, ae.MaybeProcessed, "the server charged, but MaybeProcessed is false (err: %v)", err)
+}
+
+// cancelAtAnswer is a base transport that ends the caller's context just as
+// the server's answer arrives: a deadline landing on a final answer.
+type cancelAtAnswer struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (c *cancelAtAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	c.cancel()
+	return resp, err
+}
+
+// Issue 7, item 3: a final answer that arrives as the caller's context ends is
+// returned, so it must be recorded done; else a deliberate repeat of an
+// unnamed payment reuses its key and gets a replay instead of a charge.
+func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
+	srv := newPayServer(t)
+	j := journal.NewMemory()
+	http1 := &http.Transport{}
+	defer http1.CloseIdleConnections()
+	cb := &cancelAtAnswer{base: http1}
+	tr, err := idemretry.NewTransport(cb, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cb.cancel = cancel
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":9}`))
+	require.NoError(t, err)
+	require.Equal(t, 201, resp.StatusCode)
+	resp.Body.Close()
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un, "a 201 was returned but the journal says pending")
+
+	cb.cancel = func() {}
+	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":9}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 2, srv.chargeCount(), "the deliberate second payment was answered with the first one's replay")
+}
+
+// flakyJournal wraps a Memory: its Updates to done fail while failDone
+// is set, and hang (until their context ends) while hang is set.
+type flakyJournal struct {
+	*journal.Memory
+	failDone, hang atomic.Bool
+}
+
+var errDiskGone = errors.New("test: storage unavailable")
+
+func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
+	if f.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if f.failDone.Load() && rec.State == journal.StateDone {
+		return errDiskGone
+	}
+	return f.Memory.Update(ctx, rec)
+}
+
+// Issue 7, item 4: an update to done that fails must not leave a record that makes
+// the next deliberate identical payment reuse the old key (two payments, one
+// charge, and a 201 that nobody paid).
+func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
+	srv := newPayServer(t)
+	j := &flakyJournal{Memory: journal.NewMemory()}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	j.failDone.Store(true)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	// Still failing: the second payment is refused, not sent under the old key.
+	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
+	if err == nil {
+		body := readAll(t, resp)
+		assert.Equal(t, 2, srv.chargeCount(), "second payment answered %d %s without a charge", resp.StatusCode, body)
+	} else {
+		assert.ErrorIs(t, err, errDiskGone)
+		assert.Len(t, srv.seen(), 1, "nothing is sent while the outcome is not recorded")
+	}
+
+	// The journal heals: the outcome lands, and the repeat is a new payment.
+	j.failDone.Store(false)
+	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	reqs := srv.seen()
+	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key)
+	assert.Equal(t, len(reqs), srv.chargeCount(), "a request was answered with a replay")
+}
+
+// Issue 7, item 5: a journal that hangs when the outcome is recorded must not hold
+// RoundTrip past the caller's deadline (beyond a documented grace).
+func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
+	srv := newPayServer(t)
+	j := &flakyJournal{Memory: journal.NewMemory()}
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+
+	j.hang.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":8}`))
+	took := time.Since(start)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Less(t, took, 500*time.Millisecond+time.Second, "RoundTrip with a 500 ms deadline took %v", took)
+	j.hang.Store(false)
+	require.NoError(t, tr.Close(), "Close lands the outcome the journal did not take in time")
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un)
 }
