@@ -8,7 +8,9 @@
 //     own simulator's numbers, and checks the blog's claims.
 //   - payments runs a payment server over loopback HTTP with faults and
 //     restarts, counts double and lost charges per client flavour from the
-//     server's ledger, and checks its claims.
+//     server's ledger, and checks its claims; then it measures the retry
+//     budget (an outage, the server's load against its failure rate) and
+//     how a herd told the same Retry-After comes back.
 //
 // Each scenario prints its claims as PASS/FAIL checks with their numbers;
 // a FAIL makes the command exit 1.
@@ -17,6 +19,7 @@
 //
 //	go run ./simulate                 # both scenarios, about a minute
 //	go run ./simulate -scenario occ -csv
+//	go run ./simulate -scenario payments -csv
 //
 // Same -seed, same numbers. Files (plots, CSV) go to -out.
 package main
@@ -48,6 +51,7 @@ func main() {
 	c := common{
 		Seed:   *seed,
 		OutDir: *out,
+		CSV:    occOpts.csv,
 		// A bar redrawn in place is noise in a log or a pipe.
 		Progress: term.IsTerminal(int(os.Stderr.Fd())),
 		Stdout:   os.Stdout,

@@ -31,7 +31,7 @@ func occFlags(fs *flag.FlagSet) *occOptions {
 	o := &occOptions{}
 	fs.IntVar(&o.runs, "runs", 0, "occ: runs per (strategy, clients) cell; 0 means 4000 at N<=20, 1000 at N=50,100,150,190, 400 elsewhere (about 20 s on 2 cores)")
 	fs.StringVar(&o.clients, "clients", "", "occ: comma-separated client counts to run (default 10,20,...,190)")
-	fs.BoolVar(&o.csv, "csv", false, "occ: also write the means to <out>/occ.csv in the reference's CSV format")
+	fs.BoolVar(&o.csv, "csv", false, "also write CSV files: occ's means to <out>/occ.csv in the reference's CSV format; payments' overload runs to <out>/payments_overload.csv and its Retry-After herds to <out>/payments_retry_after.csv")
 	return o
 }
 

@@ -29,8 +29,11 @@ type paymentsOptions struct {
 	matrix           bool
 
 	// wrapJournal is no flag: tests set it to break flavours 3 and 4's
-	// journals on purpose (see payments.Config.WrapJournal).
+	// journals on purpose (see payments.Config.WrapJournal), and the
+	// overload phase's.
 	wrapJournal func(journal.Journal) journal.Journal
+
+	overload overloadOptions
 }
 
 var payOpts paymentsOptions
@@ -44,12 +47,15 @@ func paymentsFlags(fs *flag.FlagSet) {
 	fs.StringVar(&payOpts.flavours, "pay-flavours", "all", "payments: client flavours 1-4, comma-separated, or all")
 	fs.BoolVar(&payOpts.matrix, "pay-matrix", false, "payments: storm every flavour under every strategy (default: flavours 1-3 under the first strategy only, flavour 4 under all)")
 	fs.StringVar(&payOpts.journals, "pay-journals", "", "payments: keep flavour 4's file journals in a new directory under this one (default: a temporary directory, removed afterwards)")
+	overloadFlags(fs)
 }
 
 // runPayments plays the storm phase (flavour 4 under every strategy, the
-// others under the first) and the restart phase (every flavour, first
-// strategy), prints both tables and draws flavour 4's request rate per
-// strategy.
+// others under the first), the restart phase (every flavour, first
+// strategy) and the overload phase (flavour 4, retry budget off and on: an
+// outage, the load curve against the failure rate, the Retry-After herd),
+// prints their tables and draws flavour 4's request rate per strategy, the
+// outage and the load curve.
 func runPayments(ctx context.Context, c common) error {
 	strategies, err := payments.ParseStrategies(payOpts.strategies)
 	if err != nil {
@@ -99,7 +105,7 @@ func runPayments(ctx context.Context, c common) error {
 	}
 
 	start := time.Now()
-	runs := len(storm) + len(restart)
+	runs := len(storm) + len(restart) + overloadRuns(payOpts.overload)
 	prog := newProgress(c, "payments", runs, fmt.Sprintf("playing %d runs...", runs))
 	run := func(cfgs []payments.Config) ([]*payments.Result, error) {
 		var out []*payments.Result
@@ -123,6 +129,10 @@ func runPayments(ctx context.Context, c common) error {
 	if err == nil {
 		restartRes, err = run(restart)
 	}
+	ov := &overload{}
+	if err == nil {
+		ov, err = runOverload(ctx, c, journals, prog)
+	}
 	prog.finish(time.Since(start), err)
 	if err != nil {
 		return err
@@ -142,11 +152,22 @@ func runPayments(ctx context.Context, c common) error {
 	if err := payments.WriteTable(c.Stdout, title, restartRes); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.Stdout, "All times are virtual (the clock runs %gx faster than the wall clock).\n\n", def.Scale)
+	if err := printOverload(c.Stdout, ov); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.Stdout, "All times are virtual (the clock runs %gx faster than the wall clock%s).\n\n", def.Scale, overloadScales(ov, def.Scale))
 	checks := append(payments.StormChecks(stormRes), payments.RestartChecks(restartRes)...)
+	checks = append(checks, payments.OverloadChecks(ov.curve, ov.herds)...)
 	printPaymentChecks(c.Stdout, checks)
 	if err := writePaymentsPlot(c, def, stormRes); err != nil {
 		return err
+	}
+	written, err := writeOverloadFiles(c, ov)
+	if err != nil {
+		return fmt.Errorf("payments: %w", err)
+	}
+	if len(written) > 0 {
+		fmt.Fprintf(c.Stdout, "Overload: %s\n", describeWritten(written))
 	}
 	if payments.Failed(checks) {
 		return errPaymentChecksFailed

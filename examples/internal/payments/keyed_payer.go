@@ -29,11 +29,18 @@ type keyedPayer struct {
 // newKeyedPayer starts one client process. For FileJournal, dir is the
 // process's journal directory, the same across its restarts. wrap, if not
 // nil, stands between the Transport and its journal (see Config.WrapJournal).
-func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration, wrap func(journal.Journal) journal.Journal) (*keyedPayer, error) {
-	p := &keyedPayer{base: newBase(clk, attemptTimeout), url: url + ChargesPath, name: name}
-	opts := []idemretry.Option{
-		idemretry.WithClock(clk),
-		idemretry.WithBackOff(func() backoff.BackOff { return s.New(r) }),
+// A nil s.New keeps the Transport's default backoff; extra options come
+// after the payer's own.
+func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, attemptTimeout time.Duration, wrap func(journal.Journal) journal.Journal, extra ...idemretry.Option) (*keyedPayer, error) {
+	return newKeyedPayerOn(newBase(clk, attemptTimeout), f, url, name, dir, s, r, clk, wrap, extra...)
+}
+
+// newKeyedPayerOn is newKeyedPayer over a given base transport.
+func newKeyedPayerOn(base *http.Transport, f Flavour, url, name, dir string, s Strategy, r idemretry.Random, clk *Clock, wrap func(journal.Journal) journal.Journal, extra ...idemretry.Option) (*keyedPayer, error) {
+	p := &keyedPayer{base: base, url: url + ChargesPath, name: name}
+	opts := []idemretry.Option{idemretry.WithClock(clk)}
+	if s.New != nil {
+		opts = append(opts, idemretry.WithBackOff(func() backoff.BackOff { return s.New(r) }))
 	}
 	switch {
 	case f == MemoryKey:
@@ -57,7 +64,7 @@ func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Ran
 		p.file = fj
 		opts = append(opts, idemretry.WithJournal(wrap(fj)))
 	}
-	t, err := idemretry.NewTransport(p.base, opts...)
+	t, err := idemretry.NewTransport(p.base, append(opts, extra...)...)
 	if err != nil {
 		if p.file != nil {
 			p.file.Close()
@@ -69,17 +76,24 @@ func newKeyedPayer(f Flavour, url, name, dir string, s Strategy, r idemretry.Ran
 }
 
 func (p *keyedPayer) pay(ctx context.Context, in *Intent) bool {
+	ok, _ := p.payErr(ctx, in)
+	return ok
+}
+
+// payErr is pay, with the error RoundTrip returned (an *idemretry.ActionError
+// when the retries stopped without an answer: parked, say).
+func (p *keyedPayer) payErr(ctx context.Context, in *Intent) (bool, error) {
 	ctx = idemretry.WithAction(ctx, in.actionID())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(in.body))
 	if err != nil {
-		return false
+		return false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(ClientHeader, p.name)
 	resp, err := p.client.Do(req)
 	ok := success(resp, err)
 	drain(resp)
-	return ok
+	return ok, err
 }
 
 // unfinished lists the actions the journal still holds as pending: after a

@@ -26,10 +26,17 @@ type payer interface {
 // an attempt that has not answered in time, and the server's late answer
 // goes nowhere.
 func newBase(clk *Clock, attemptTimeout time.Duration) *http.Transport {
+	return newBaseIdle(clk, attemptTimeout, 4)
+}
+
+// newBaseIdle is newBase keeping up to idle connections open: a process
+// with many payments in flight at once needs more than 4, or it opens and
+// closes a connection for nearly every request.
+func newBaseIdle(clk *Clock, attemptTimeout time.Duration, idle int) *http.Transport {
 	return &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		MaxIdleConns:          4,
-		MaxIdleConnsPerHost:   4,
+		MaxIdleConns:          idle,
+		MaxIdleConnsPerHost:   idle,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: clk.Real(attemptTimeout),
 		DisableCompression:    true,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,14 @@ type ServerConfig struct {
 	// true the connection is cut before the answer, as for Drop. The
 	// restart phase uses it to kill a client exactly there.
 	OnCommit func(intent string) bool
+	// FailRate is the share of requests on the keyed endpoint that fail
+	// fast with 503 (no Retry-After) while the server is failing (see
+	// SetFailing), before the key store is touched: nothing is charged.
+	// Which ones is decided by a hash of FailSeed, the intent and how many
+	// requests for it came before, so that every client meets the same
+	// failures whatever its timing. 1 fails them all: an outage.
+	FailRate float64
+	FailSeed int64
 }
 
 // Request is one request as the server saw it: the server's ledger, from
@@ -69,17 +78,19 @@ type Server struct {
 	epoch    atomic.Int64 // Epoch in Unix nanoseconds
 	inflight atomic.Int64
 	late     atomic.Int64
+	failing  atomic.Bool // FailRate applies
 
 	mu        sync.Mutex
 	log       []Request
 	processed map[string]int // processings per intent, for the fault plan
+	arrived   map[string]int // keyed requests per intent while failing, for FailRate
 	charges   map[string]int // committed charges per intent
 	faulted   map[string]bool
 }
 
 // NewServer starts a payment server on a loopback port.
 func NewServer(cfg ServerConfig) *Server {
-	s := &Server{cfg: cfg, processed: map[string]int{}, charges: map[string]int{}, faulted: map[string]bool{}}
+	s := &Server{cfg: cfg, processed: map[string]int{}, arrived: map[string]int{}, charges: map[string]int{}, faulted: map[string]bool{}}
 	s.SetEpoch(cfg.Epoch)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+ChargesPath, func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, true) })
@@ -127,6 +138,10 @@ func (s *Server) Faulted() map[string]bool {
 	return out
 }
 
+// SetFailing starts (true) or ends (false) the window in which FailRate
+// applies.
+func (s *Server) SetFailing(on bool) { s.failing.Store(on) }
+
 // SetEpoch moves the start of the run, from which the log, the outage and
 // the buckets count.
 func (s *Server) SetEpoch(t time.Time) { s.epoch.Store(t.UnixNano()) }
@@ -168,6 +183,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, keyed bool) {
 	}
 	if keyed && key == "" {
 		rec.Status = reply(w, http.StatusBadRequest, errorBody("Idempotency-Key required"))
+		return
+	}
+	if keyed && s.fails(req.Intent) {
+		rec.Status = reply(w, http.StatusServiceUnavailable, errorBody("service unavailable"))
 		return
 	}
 	// The legacy endpoint ignores keys altogether: it is what a client
@@ -213,6 +232,19 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, keyed bool) {
 	if r.Context().Err() != nil {
 		s.late.Add(1) // the client timed out and hung up: nobody reads this
 	}
+}
+
+// fails says whether FailRate fails this keyed request for intent, and
+// counts it.
+func (s *Server) fails(intent string) bool {
+	if s.cfg.FailRate <= 0 || !s.failing.Load() {
+		return false
+	}
+	s.mu.Lock()
+	n := s.arrived[intent]
+	s.arrived[intent]++
+	s.mu.Unlock()
+	return s.cfg.FailRate >= 1 || unitHash(s.cfg.FailSeed, "fail", intent, strconv.Itoa(n)) < s.cfg.FailRate
 }
 
 // admit takes a processing slot, or says why not: 429 above capacity, 503
