@@ -41,6 +41,20 @@
 // [journal.ErrIncompatible], a table that does not fit: no unique
 // key on action_id, other columns, or action ids hashed the other way.
 //
+// # Leases
+//
+// The Journal is a [journal.Leaser]: [Journal.Lease] gives an action to one
+// holder at a time across every machine sharing the table, and a Transport
+// uses it to keep one machine in flight per action (see
+// idemretry.WithLeaseTTL). Without it, two machines resuming the same
+// action both send its key, and the server answers one of them 409 on
+// every retry. A lease is two columns of the action's row, taken, renewed
+// and taken over in one UPDATE whose condition reads the database's clock
+// (now()), never a machine's: a lease ends when the database says so, so
+// machines whose clocks disagree still agree on who holds it. Leases are
+// for load, not safety: the key already makes the server perform the action
+// once.
+//
 // # Records and expiry
 //
 // The journal is told the Transport's key window ([WithKeyWindow], default

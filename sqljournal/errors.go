@@ -29,7 +29,8 @@ var (
 	// journal.ErrInvalidRecord instead.
 	ErrMalformedRecord = errors.New("idemretry: malformed record in the journal's table")
 	// ErrContended: Reserve found the action's record changing under it
-	// (forgotten, or finished and replaced) on every one of its tries.
+	// (forgotten, or finished and replaced) on every one of its tries, or
+	// Lease found the action's lease changing hands on every one of its.
 	ErrContended = errors.New("idemretry: action record changed concurrently on every try")
 )
 

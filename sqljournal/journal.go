@@ -62,6 +62,11 @@ var _ journal.Journal = (*Journal)(nil)
 //	state       smallint          -- journal.State: 1 pending, 2 done, 3 unknown
 //	attempts    integer
 //	status      integer           -- final HTTP status when done, else 0
+//	lease_holder text             -- who has the action's lease (Journal.Lease), or NULL
+//	lease_until  timestamptz      -- when that lease ends, on the database's clock
+//
+// An Open that may create tables adds the two lease columns to a table made
+// before them (by an earlier version, or by hand).
 //
 // The table records whether its action ids are hashed
 // ([WithHashedActionIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
@@ -72,7 +77,8 @@ var _ journal.Journal = (*Journal)(nil)
 //
 // Open fails with an error wrapping [ErrInvalidOption] for a nil db or a
 // bad option value (a nil option is skipped); [journal.ErrIncompatible] when
-// the table does not fit: a column missing or of another type, no unique
+// the table does not fit: a column missing (the lease columns included, on
+// a table opened [WithoutCreateTable]) or of another type, no unique
 // index or primary key on action_id alone (Reserve's INSERT ... ON CONFLICT
 // (action_id) needs one; a deferrable one does not do), or action ids
 // recorded in the other mode than this journal's (two processes in
@@ -107,7 +113,10 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 		if err := checkSchema(ctx, db, t, q); err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, checkMode(ctx, db, t, cfg.idMode())
+		if err := checkMode(ctx, db, t, cfg.idMode()); err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, checkLeaseSchema(ctx, db, t, q)
 	})
 	if err != nil {
 		return nil, dbError(ctx, "table "+t.quoted, err)

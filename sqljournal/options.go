@@ -57,6 +57,12 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 // for example:
 //
 //	COMMENT ON TABLE idemretry_actions IS 'idemretry.sqljournal.action_ids=plain';
+//
+// A table made before leases lacks the lease columns, which a creating
+// Open adds; without one, Open refuses it with journal.ErrIncompatible
+// until they are added:
+//
+//	ALTER TABLE idemretry_actions ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz;
 func WithoutCreateTable() Option { return func(c *config) { c.createTable = false } }
 
 // WithKeyWindow tells the journal the Transport's key window (default

@@ -22,6 +22,7 @@ type queries struct {
 	insertKeep, insertReplaceDone string
 	get, update, forget           string
 	unfinished, expire            string
+	lease, release                string
 }
 
 func newQueries(t table) queries {
@@ -57,5 +58,21 @@ func newQueries(t table) queries {
 		unfinished: `SELECT ` + columns + ` FROM ` + t.quoted +
 			` WHERE state IN (` + statePending + `, ` + stateUnknown + `) ORDER BY created_at, action_id COLLATE "C"`,
 		expire: `DELETE FROM ` + t.quoted + ` WHERE state = ` + stateDone + ` AND created_at < $1`,
+		// One statement: the UPDATE takes or renews the lease when it is
+		// free, $2's own or ended, by the database's clock (now(), the
+		// statement's start); the SELECT reports the outcome and, when it
+		// was refused, the lease as the statement found it, with the time
+		// left in milliseconds. The SELECT reads the statement's snapshot,
+		// not the row as the UPDATE rechecked it, so a lease refused on a
+		// row that looks free was taken by a concurrent caller: Lease asks
+		// again.
+		lease: `WITH took AS (UPDATE ` + t.quoted +
+			` SET lease_holder = $2, lease_until = now() + $3::bigint * interval '1 millisecond'` +
+			` WHERE action_id = $1 AND (lease_holder IS NULL OR lease_holder = $2 OR lease_until IS NULL OR lease_until <= now())` +
+			` RETURNING 1)` +
+			` SELECT EXISTS (SELECT 1 FROM took), r.action_id IS NOT NULL, r.lease_holder,` +
+			` COALESCE(ceil(extract(epoch FROM r.lease_until - now()) * 1000)::bigint, 0)` +
+			` FROM (SELECT 1) one LEFT JOIN ` + t.quoted + ` r ON r.action_id = $1`,
+		release: `UPDATE ` + t.quoted + ` SET lease_holder = NULL, lease_until = NULL WHERE action_id = $1 AND lease_holder = $2`,
 	}
 }

@@ -45,7 +45,8 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 	created_at  bigint   NOT NULL,
 	state       smallint NOT NULL,
 	attempts    integer  NOT NULL,
-	status      integer  NOT NULL
+	status      integer  NOT NULL,
+	` + leaseDDL + `
 )`,
 		// Unfinished reads pending and unknown records oldest first; Expire
 		// reads done ones by age. Partial indexes keep both off the rest.
@@ -59,10 +60,37 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 			return err
 		}
 	}
+	if err = addLeaseColumns(ctx, tx, t); err != nil {
+		return err
+	}
 	if err = markMode(ctx, tx, t, mode); err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// leaseColumns are the columns of an action's lease (see Journal.Lease),
+// and leaseDDL declares them: no lease when NULL.
+const (
+	leaseColumns = `lease_holder, lease_until`
+	leaseDDL     = `lease_holder text, lease_until timestamptz`
+)
+
+// addLeaseColumns adds the lease columns to a table made before leases (by
+// an earlier version, or by hand from its documentation), under
+// createSchema's lock. It looks in the catalog first, so that a table that
+// has them is not locked by an ALTER TABLE at every Open. A table that has
+// one of the two, or has them with other types, is left for checkSchema to
+// refuse.
+func addLeaseColumns(ctx context.Context, tx *sql.Tx, t table) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_attribute
+	WHERE attrelid = $1::text::regclass AND attname IN ('lease_holder', 'lease_until') AND attnum > 0 AND NOT attisdropped`,
+		t.quoted).Scan(&n); err != nil || n != 0 {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `ALTER TABLE `+t.quoted+` ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz`)
+	return err
 }
 
 // markMode records mode in the table's comment unless the comment records
@@ -136,6 +164,35 @@ func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	if deferrable {
 		return fmt.Errorf("%w: the table has a deferrable unique key on action_id, which INSERT ... ON CONFLICT (action_id) cannot use: make it not deferrable",
 			journal.ErrIncompatible)
+	}
+	return nil
+}
+
+// checkLeaseSchema fails unless the table has the lease columns, of types
+// Lease and Release accept (planned, as checkSchema plans the others). A
+// table without them (made before leases, and opened WithoutCreateTable)
+// wraps journal.ErrIncompatible and says what to run: an Open that may
+// create tables adds them itself.
+func checkLeaseSchema(ctx context.Context, db querier, t table, q queries) error {
+	rows, err := db.QueryContext(ctx, `SELECT `+leaseColumns+` FROM `+t.quoted+` WHERE false`)
+	if err != nil {
+		if err := incompatible(err); errors.Is(err, journal.ErrIncompatible) {
+			return fmt.Errorf("%w: the table has no lease columns (an Open without WithoutCreateTable adds them; or run ALTER TABLE %s ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz)",
+				journal.ErrIncompatible, t.quoted)
+		}
+		return err
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("check lease columns: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.lease, "", "h", int64(1)); err != nil {
+		return incompatible(err)
+	}
+	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.release, "", "h"); err != nil {
+		return incompatible(err)
 	}
 	return nil
 }

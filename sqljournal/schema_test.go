@@ -159,7 +159,7 @@ func TestOpenConcurrentModes(t *testing.T) {
 func TestOpenRequiresUniqueActionID(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	cols := strings.Replace(legacyDDL, "PRIMARY KEY", "NOT NULL", 1)
+	cols := strings.Replace(currentDDL, "PRIMARY KEY", "NOT NULL", 1)
 	for _, tc := range []struct {
 		name string
 		ddl  []string // %s is the quoted table

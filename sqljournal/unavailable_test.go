@@ -41,6 +41,11 @@ func journalCalls(r journal.Record) []journalCall {
 		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:other") }},
 		{"Unfinished", func(ctx context.Context, j *sqljournal.Journal) error { _, err := j.Unfinished(ctx); return err }},
 		{"Expire", func(ctx context.Context, j *sqljournal.Journal) error { _, err := j.Expire(ctx); return err }},
+		{"Lease", func(ctx context.Context, j *sqljournal.Journal) error {
+			_, _, err := j.Lease(ctx, r.ActionID, "machine-a", time.Minute)
+			return err
+		}},
+		{"Release", func(ctx context.Context, j *sqljournal.Journal) error { return j.Release(ctx, r.ActionID, "machine-a") }},
 	}
 }
 
@@ -255,8 +260,8 @@ func (ignoreCancel) HandleCancel(context.Context) {}
 func (ignoreCancel) HandleUnwatchAfterCancel()    {}
 
 // A row lock held by another session (here up to 3 s, as a slow
-// transaction elsewhere would) holds no Update or Reserve past its
-// context's deadline.
+// transaction elsewhere would) holds no Update, Reserve, Lease, Release or
+// Forget past its context's deadline.
 func TestBoundedRowLock(t *testing.T) {
 	db := testDB(t)
 	j, table := openJournal(t, db)
@@ -279,7 +284,19 @@ func TestBoundedRowLock(t *testing.T) {
 			_, _, err := j.Reserve(ctx, recNow("fp:done", "k3"), journal.ReusePending)
 			return err
 		}},
+		// A Lease or Release that changes nothing (refused, or not the
+		// holder's) does not wait for the row: these renew and end one.
+		{"Lease", func(ctx context.Context, j *sqljournal.Journal) error {
+			_, _, err := j.Lease(ctx, "pay:pending", "machine-a", time.Minute)
+			return err
+		}},
+		{"Release", func(ctx context.Context, j *sqljournal.Journal) error {
+			return j.Release(ctx, "pay:pending", "machine-a")
+		}},
 		{"Forget", func(ctx context.Context, j *sqljournal.Journal) error { return j.Forget(ctx, "pay:pending") }},
+	}
+	if held, _, err := j.Lease(ctx, "pay:pending", "machine-a", time.Hour); !held || err != nil {
+		t.Fatalf("Lease: %v, %v", held, err)
 	}
 	for _, call := range calls {
 		holder, err := holdLock(db, lockRows(table))

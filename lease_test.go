@@ -1,0 +1,78 @@
+package idemretry_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// WithLeaseTTL: zero is the default, a negative value or one under a
+// millisecond is refused by NewTransport.
+func TestWithLeaseTTLValidated(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, time.Microsecond, time.Millisecond - 1} {
+		_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithLeaseTTL(d))
+		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, "WithLeaseTTL(%v)", d)
+	}
+	for _, d := range []time.Duration{0, time.Millisecond, idemretry.DefaultLeaseTTL} {
+		tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithLeaseTTL(d))
+		if assert.NoError(t, err, "WithLeaseTTL(%v)", d) {
+			tr.Close()
+		}
+	}
+}
+
+// A journal that is no journal.Leaser (the in-memory one) changes nothing:
+// two Transports sharing it send one action alongside each other, as
+// before leases, and the server answers the second 409 while the first is
+// in progress. No goroutine is left behind.
+func TestNoLeaserSendsAsBefore(t *testing.T) {
+	if _, ok := any(journal.NewMemory()).(journal.Leaser); ok {
+		t.Fatal("journal.Memory is a Leaser: this test needs a journal that is not")
+	}
+	srv := newPayServer(t)
+	srv.delay = 500 * time.Millisecond
+	arrived := make(chan int, 10)
+	srv.arrived = arrived
+	j := journal.NewMemory()
+	newTr := func() *idemretry.Transport {
+		tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0),
+			idemretry.WithLeaseTTL(time.Hour))
+		require.NoError(t, err)
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	a, b := newTr(), newTr()
+	ctx := idemretry.WithAction(context.Background(), "pay:1")
+	resA := make(chan int, 1)
+	go func() {
+		resp, err := a.RoundTrip(post(t, ctx, srv.URL, "order-1"))
+		if err != nil {
+			resA <- 0
+			return
+		}
+		resp.Body.Close()
+		resA <- resp.StatusCode
+	}()
+	<-arrived
+	resp, err := b.RoundTrip(post(t, ctx, srv.URL, "order-1"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, "B, sent alongside A")
+	assert.True(t, errors.Is(idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted))
+	assert.Equal(t, http.StatusCreated, <-resA)
+	reqs := srv.seen()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, reqs[0].Key, reqs[1].Key)
+	assert.Equal(t, 1, srv.chargeCount())
+	a.Close()
+	b.Close()
+	checkNoPackageGoroutines(t)
+}
