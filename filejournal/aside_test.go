@@ -135,7 +135,7 @@ func TestTornCopyWriteFails(t *testing.T) {
 	var fail sync.Map
 	fail.Store("short:"+asideTmpName, true)
 	o := testOpts()
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	s, rep, err := openWith(dir, o)
 	require.NoError(t, err)
 	defer s.Close()
@@ -178,7 +178,7 @@ func TestSalvageCopyFailsOpen(t *testing.T) {
 	fail.Store("short:"+asideTmpName, true)
 	o := testOpts()
 	o.salvage = true
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	_, _, err := openWith(dir, o)
 	require.True(t, errors.Is(err, errNoSpace), "%v", err)
 	assert.Empty(t, asideFiles(t, dir))

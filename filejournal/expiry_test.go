@@ -11,22 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
-
 // T13: done records past the retention are dropped by compaction and ignored
 // by lookups; pending and unknown ones never expire; a clock set back
 // neither revives nor loses anything, across restarts too.
 func TestExpiryFakeClock(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
+	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
 	mk := func(id string, state journal.State) journal.Record {
@@ -83,14 +72,10 @@ func TestExpiryFakeClock(t *testing.T) {
 // A clock set back before a restart, with no compaction in between, must
 // not revive a record that had expired: the high-water mark is persisted.
 func TestClockHighWaterPersists(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
+	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
-	e := entry("d")
-	e.CreatedAt, e.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	e := doneAt("d", t0)
 	reserve(t, s, e)
 	clk.Set(t0.Add(2 * time.Hour))
 	other := entry("other")
@@ -109,8 +94,7 @@ func TestClockHighWaterPersists(t *testing.T) {
 	o.maxClockLead = time.Hour
 	s, _ = mustOpen(t, dir, o)
 	defer s.Close()
-	fresh := entry("fresh")
-	fresh.CreatedAt, fresh.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	fresh := doneAt("fresh", t0)
 	reserve(t, s, fresh)
 	got, ok, _ := s.get("fresh")
 	require.True(t, ok, "a done record made after the correction is kept")
@@ -149,25 +133,19 @@ func TestNowNeverRunsBack(t *testing.T) {
 // the clock's high-water mark is on disk: the next batch has to carry it,
 // or a clock set back before a restart revives an expired record.
 func TestFailedCompactionKeepsClockMark(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
+	o, clk, t0 := hourClock()
 	var fail sync.Map
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
-	d := entry("d")
-	d.CreatedAt, d.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	d := doneAt("d", t0)
 	reserve(t, s, d)
 	p := entry("p")
 	p.CreatedAt = time.UnixMilli(t0.UnixMilli())
 	p = reserve(t, s, p)
 
 	clk.Set(t0.Add(2 * time.Hour)) // d has expired
-	fail.Store("short:"+tmpName, true)
-	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
-	fail.Delete("short:" + tmpName)
+	failCompaction(t, s, &fail)
 	require.NoError(t, update(s, "p", p.Key, journal.StateUnknown, 1, 0))
 	require.NoError(t, s.Sync(context.Background())) // a batch after the failure
 	require.NoError(t, s.Close())

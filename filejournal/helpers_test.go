@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,4 +138,45 @@ func keyOf(t testing.TB, s *Journal, id string) string {
 		return ""
 	}
 	return e.Key
+}
+
+// fakeClock is a wall clock the test sets.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+// hourClock returns test options on a fake clock set to t0 (2026-03-01
+// 12:00 UTC), with a retention of one hour.
+func hourClock() (o config, clk *fakeClock, t0 time.Time) {
+	t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk = &fakeClock{t: t0}
+	o = testOpts()
+	o.now, o.retention = clk.Now, time.Hour
+	return o, clk, t0
+}
+
+// doneAt is entry(id), done, created at (to the millisecond).
+func doneAt(id string, at time.Time) journal.Record {
+	d := entry(id)
+	d.CreatedAt, d.State = time.UnixMilli(at.UnixMilli()), journal.StateDone
+	return d
+}
+
+// faultyHooks wraps every file the journal opens in a faultyFile driven by
+// fail.
+func faultyHooks(fail *sync.Map) *hooks {
+	return &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: fail, name: name} }}
+}
+
+// failCompaction makes one compaction of s fail writing journal.tmp, before
+// its rename.
+func failCompaction(t testing.TB, s *Journal, fail *sync.Map) {
+	t.Helper()
+	fail.Store("short:"+tmpName, true)
+	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
+	fail.Delete("short:" + tmpName)
 }

@@ -17,14 +17,10 @@ import (
 // behind, then corrected) expires nothing: time the journal has not seen
 // pass is never counted. Time it sees pass while open is.
 func TestExpiryIgnoresClockJumpWhileClosed(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
+	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
-	d := entry("d")
-	d.CreatedAt, d.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	d := doneAt("d", t0)
 	d = reserve(t, s, d)
 	require.NoError(t, s.Close())
 
@@ -48,14 +44,10 @@ func TestExpiryIgnoresClockJumpWhileClosed(t *testing.T) {
 // The observed time survives a restart: time seen in one run counts in the
 // next, so records still expire in an application that restarts often.
 func TestObservedTimePersists(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
+	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
-	d := entry("d")
-	d.CreatedAt, d.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	d := doneAt("d", t0)
 	reserve(t, s, d)
 	clk.Set(t0.Add(40 * time.Minute))
 	require.NoError(t, s.Close()) // writes the observed time
@@ -81,8 +73,7 @@ func TestObservedTimePersists(t *testing.T) {
 // module had a first release, such files were opened and rewritten.)
 func TestOpenFileWithoutObservedTimesRefused(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	d := entry("d")
-	d.CreatedAt, d.State = time.UnixMilli(t0.UnixMilli()), journal.StateDone
+	d := doneAt("d", t0)
 	dir := craftJournalFlags(t, 0, []op{upsert(t, d)}, []op{{kind: opClock, clock: t0.UnixMilli()}})
 	before, err := os.ReadFile(filepath.Join(dir, journalName))
 	require.NoError(t, err)

@@ -27,8 +27,8 @@ import (
 var sameKeyKeys = []string{"K", "0f8e2b9a-53c1-4d7e-9a10-2b3c4d5e6f70"}
 
 func doneWithKey(key string, at time.Time) journal.Record {
-	d := entry("key:" + key)
-	d.Key, d.CreatedAt, d.State, d.Status = key, time.UnixMilli(at.UnixMilli()), journal.StateDone, 200
+	d := doneAt("key:"+key, at)
+	d.Key, d.Status = key, 200
 	return d
 }
 
@@ -56,10 +56,7 @@ func requirePendingAfterReopen(t *testing.T, dir string, o config, p journal.Rec
 func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
-			t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-			clk := &fakeClock{t: t0}
-			o := testOpts()
-			o.now, o.retention = clk.Now, time.Hour
+			o, clk, t0 := hourClock()
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
 			reserve(t, s, doneWithKey(key, t0))
@@ -85,20 +82,15 @@ func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
-			t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-			clk := &fakeClock{t: t0}
+			o, clk, t0 := hourClock()
 			var fail sync.Map
-			o := testOpts()
-			o.now, o.retention = clk.Now, time.Hour
-			o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+			o.hooks = faultyHooks(&fail)
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
 			reserve(t, s, doneWithKey(key, t0))
 
 			clk.Set(t0.Add(2 * time.Hour)) // expired
-			fail.Store("short:"+tmpName, true)
-			require.ErrorIs(t, s.Compact(context.Background()), errNoSpace) // fails before the rename
-			fail.Delete("short:" + tmpName)
+			failCompaction(t, s, &fail)    // fails before the rename
 
 			p := pendingWithKey(key, clk.Now())
 			_, created, err := s.Reserve(context.Background(), p, journal.ReuseAny)
@@ -114,11 +106,8 @@ func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
 
 // The same with a sync failure of journal.tmp, the reviewer's form.
 func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &fakeClock{t: t0}
+	o, clk, t0 := hourClock()
 	var failTmp sync.Map
-	o := testOpts()
-	o.now, o.retention = clk.Now, time.Hour
 	o.hooks = &hooks{wrapFile: func(name string, f file) file {
 		if name == tmpName {
 			return &faultyFile{file: f, fail: &failTmp, name: name}
@@ -150,12 +139,9 @@ func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
 func TestExpiredDropIsDurable(t *testing.T) {
 	for _, how := range []string{"open", "failed-compaction"} {
 		t.Run(how, func(t *testing.T) {
-			t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-			clk := &fakeClock{t: t0}
+			o, clk, t0 := hourClock()
 			var fail sync.Map
-			o := testOpts()
-			o.now, o.retention = clk.Now, time.Hour
-			o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+			o.hooks = faultyHooks(&fail)
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
 			d := reserve(t, s, doneWithKey("K", t0))
@@ -167,9 +153,7 @@ func TestExpiredDropIsDurable(t *testing.T) {
 				s, rep = mustOpen(t, dir, o)
 				require.Equal(t, 0, rep.Records)
 			} else {
-				fail.Store("short:"+tmpName, true)
-				require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
-				fail.Delete("short:" + tmpName)
+				failCompaction(t, s, &fail)
 			}
 			_, ok, err := s.get(d.ActionID)
 			require.NoError(t, err)

@@ -225,7 +225,7 @@ func TestSyncErrorPoisons(t *testing.T) { // T11
 	errEIO := errors.New("injected EIO")
 	var fail sync.Map
 	o := testOpts()
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	s, _ := mustOpen(t, dir, o)
 	a := reserve(t, s, entry("a"))
 	fail.Store("sync", errEIO)
@@ -254,7 +254,7 @@ func TestDiskFullMidFrame(t *testing.T) { // T12, write side
 	dir := t.TempDir()
 	var fail sync.Map
 	o := testOpts()
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	s, _ := mustOpen(t, dir, o)
 	a := reserve(t, s, entry("a"))
 	fail.Store("short", true)
@@ -276,7 +276,7 @@ func TestDiskFullMidCompaction(t *testing.T) { // T12, compaction side
 	dir := t.TempDir()
 	var fail sync.Map
 	o := testOpts()
-	o.hooks = &hooks{wrapFile: func(name string, f file) file { return &faultyFile{file: f, fail: &fail, name: name} }}
+	o.hooks = faultyHooks(&fail)
 	s, _ := mustOpen(t, dir, o)
 	a := reserve(t, s, entry("a"))
 	fail.Store("short:"+tmpName, true)
