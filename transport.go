@@ -168,7 +168,8 @@ func (t *Transport) CloseIdleConnections() {
 // journal.ErrUnavailable, ...); for an action, an *ActionError that names it,
 // its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
 // ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
-// ErrResponseNotShared) and the last cause.
+// ErrParked, ErrKeyReused, ErrResponseNotShared, ErrLeaseHeld,
+// ErrLeaseLost) and the last cause.
 //
 // Waits: every wait ends with the caller's context, except that recording
 // the outcome in the journal may take up to OutcomeGrace longer; no journal
