@@ -180,3 +180,14 @@ func failCompaction(t testing.TB, s *Journal, fail *sync.Map) {
 	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
 	fail.Delete("short:" + tmpName)
 }
+
+// openFaulty opens a journal in dir whose files fail as fail says (see
+// faultyFile).
+func openFaulty(t testing.TB, dir string) (*Journal, *sync.Map) {
+	t.Helper()
+	fail := new(sync.Map)
+	o := testOpts()
+	o.hooks = faultyHooks(fail)
+	s, _ := mustOpen(t, dir, o)
+	return s, fail
+}

@@ -53,6 +53,21 @@ func requirePendingAfterReopen(t *testing.T, dir string, o config, p journal.Rec
 	require.Equal(t, p.CreatedAt, e.CreatedAt)
 }
 
+// reservePendingSurvivesReopen reserves a new pending record under key in
+// s, which must create it, closes s, and checks that the record is that
+// pending one after a reopen of dir (with o, without its hooks).
+func reservePendingSurvivesReopen(t *testing.T, s *Journal, dir string, o config, key string, at time.Time) {
+	t.Helper()
+	p := pendingWithKey(key, at)
+	got, created, err := s.Reserve(context.Background(), p, journal.ReuseAny)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, journal.StatePending, got.State)
+	require.NoError(t, s.Close())
+	o.hooks = nil
+	requirePendingAfterReopen(t, dir, o, p)
+}
+
 func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
@@ -67,14 +82,7 @@ func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 			s, rep := mustOpen(t, dir, o)
 			require.Equal(t, 0, rep.Records) // expired, dropped at open
 			require.False(t, rep.Compacted)  // a small file: no compaction
-			p := pendingWithKey(key, clk.Now())
-			got, created, err := s.Reserve(context.Background(), p, journal.ReuseAny)
-			require.NoError(t, err)
-			require.True(t, created)
-			require.Equal(t, journal.StatePending, got.State)
-			require.NoError(t, s.Close())
-
-			requirePendingAfterReopen(t, dir, o, p)
+			reservePendingSurvivesReopen(t, s, dir, o, key, clk.Now())
 		})
 	}
 }
@@ -92,14 +100,7 @@ func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
 			clk.Set(t0.Add(2 * time.Hour)) // expired
 			failCompaction(t, s, &fail)    // fails before the rename
 
-			p := pendingWithKey(key, clk.Now())
-			_, created, err := s.Reserve(context.Background(), p, journal.ReuseAny)
-			require.NoError(t, err)
-			require.True(t, created)
-			require.NoError(t, s.Close())
-
-			o.hooks = nil
-			requirePendingAfterReopen(t, dir, o, p)
+			reservePendingSurvivesReopen(t, s, dir, o, key, clk.Now())
 		})
 	}
 }
@@ -121,13 +122,7 @@ func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
 	failTmp.Store("sync", errNoSpace)
 	require.ErrorIs(t, s.Compact(context.Background()), errNoSpace)
 	failTmp.Delete("sync")
-	p := pendingWithKey("K", clk.Now())
-	_, created, err := s.Reserve(context.Background(), p, journal.ReuseAny)
-	require.NoError(t, err)
-	require.True(t, created)
-	require.NoError(t, s.Close())
-	o.hooks = nil
-	requirePendingAfterReopen(t, dir, o, p)
+	reservePendingSurvivesReopen(t, s, dir, o, "K", clk.Now())
 }
 
 // A record dropped from memory as expired is gone for good, as one that

@@ -223,10 +223,7 @@ func TestCompactionShrinksAndKeeps(t *testing.T) {
 func TestSyncErrorPoisons(t *testing.T) { // T11
 	dir := t.TempDir()
 	errEIO := errors.New("injected EIO")
-	var fail sync.Map
-	o := testOpts()
-	o.hooks = faultyHooks(&fail)
-	s, _ := mustOpen(t, dir, o)
+	s, fail := openFaulty(t, dir)
 	a := reserve(t, s, entry("a"))
 	fail.Store("sync", errEIO)
 	_, _, err := s.Reserve(context.Background(), entry("b"), journal.ReuseAny)
@@ -252,10 +249,7 @@ func TestSyncErrorPoisons(t *testing.T) { // T11
 
 func TestDiskFullMidFrame(t *testing.T) { // T12, write side
 	dir := t.TempDir()
-	var fail sync.Map
-	o := testOpts()
-	o.hooks = faultyHooks(&fail)
-	s, _ := mustOpen(t, dir, o)
+	s, fail := openFaulty(t, dir)
 	a := reserve(t, s, entry("a"))
 	fail.Store("short", true)
 	_, _, err := s.Reserve(context.Background(), entry("b"), journal.ReuseAny)
@@ -274,10 +268,7 @@ func TestDiskFullMidFrame(t *testing.T) { // T12, write side
 
 func TestDiskFullMidCompaction(t *testing.T) { // T12, compaction side
 	dir := t.TempDir()
-	var fail sync.Map
-	o := testOpts()
-	o.hooks = faultyHooks(&fail)
-	s, _ := mustOpen(t, dir, o)
+	s, fail := openFaulty(t, dir)
 	a := reserve(t, s, entry("a"))
 	fail.Store("short:"+tmpName, true)
 	err := s.Compact(context.Background())
