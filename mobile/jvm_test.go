@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -97,27 +96,11 @@ func TestJVMPaymentSurvivesKill(t *testing.T) {
 	dir := filepath.Join(work, "files", "idemretry")
 	app := func(mode string) (*exec.Cmd, *bufio.Scanner) {
 		cmd := exec.Command(filepath.Join(jdk, "bin", "java"), "-Djava.library.path="+lib, "-cp", classes, "PayKill", mode, dir, srv.URL)
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-		return cmd, bufio.NewScanner(out)
+		return startApp(t, cmd)
 	}
 
 	cmd, _ := app("pay")
-	var key string
-	select {
-	case key = <-srv.committed:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the JVM's payment never reached the server")
-	}
-	require.NoError(t, cmd.Process.Kill()) // SIGKILL
-	_ = cmd.Wait()
-	srv.setAfterCommit(nil)
+	key := killAfterCommit(t, srv, cmd)
 
 	cmd, out := app("resume")
 	got := lines(out)

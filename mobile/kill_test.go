@@ -101,6 +101,13 @@ func child(t *testing.T, mode, dir, url string, env ...string) (*exec.Cmd, *bufi
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMobileChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envChild+"="+mode, envDir+"="+dir, envURL+"="+url)
 	cmd.Env = append(cmd.Env, env...)
+	return startApp(t, cmd)
+}
+
+// startApp starts cmd with its output piped to the scanner returned (its
+// errors to the test's), and kills it when the test ends.
+func startApp(t *testing.T, cmd *exec.Cmd) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -110,6 +117,23 @@ func child(t *testing.T, mode, dir, url string, env ...string) (*exec.Cmd, *bufi
 		_ = cmd.Wait()
 	})
 	return cmd, bufio.NewScanner(out)
+}
+
+// killAfterCommit waits (60 s at most) until the server has committed app's
+// payment, then kills app with SIGKILL, as the payment's answer is held, and
+// lets the server answer again. It returns the key the payment was sent with.
+func killAfterCommit(t *testing.T, srv *payServer, app *exec.Cmd) string {
+	t.Helper()
+	var key string
+	select {
+	case key = <-srv.committed:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the payment of %s never reached the server", app.Path)
+	}
+	require.NoError(t, app.Process.Kill()) // SIGKILL
+	_ = app.Wait()
+	srv.setAfterCommit(nil)
+	return key
 }
 
 // lines reads the child's output to its end.
@@ -131,15 +155,7 @@ func TestPaymentSurvivesKill(t *testing.T) {
 	dir := t.TempDir() + "/idemretry"
 
 	cmd, _ := child(t, "pay", dir, srv.URL)
-	var key string
-	select {
-	case key = <-srv.committed:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the payment never reached the server")
-	}
-	require.NoError(t, cmd.Process.Kill()) // SIGKILL
-	_ = cmd.Wait()
-	srv.setAfterCommit(nil)
+	key := killAfterCommit(t, srv, cmd)
 
 	cmd, out := child(t, "resume", dir, srv.URL)
 	got := lines(out)
