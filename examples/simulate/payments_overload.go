@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemretry/idemretry"
 
@@ -82,20 +83,24 @@ func runOverload(ctx context.Context, c common, journals string, prog *progress)
 				on = append(on, size(payments.LoadSweepConfig(c.Seed, p), true))
 			}
 		}
+		// The outage's picture over time and the budget's refills depend
+		// on timing: those runs play one after another, each again if the
+		// machine stalled it. The budget-less points of the curve count
+		// what the seed decides, whatever the timing: they play at once.
 		outage := []payments.LoadConfig{size(payments.OutageConfig(c.Seed), false), ov.outageCfg}
-		prog.describe("payments overload: outage, budget off and on")
-		res, err := playLoads(ctx, outage, true, prog)
+		prog.describe("payments overload: outage, budget off, then on")
+		res, err := playLoads(ctx, c, outage, false, prog)
 		if err != nil {
 			return nil, err
 		}
 		ov.outage = res
 		prog.describe("payments overload: load curve, budget off")
-		offRes, err := playLoads(ctx, off, true, prog)
+		offRes, err := playLoads(ctx, c, off, true, prog)
 		if err != nil {
 			return nil, err
 		}
 		prog.describe("payments overload: load curve, budget on")
-		onRes, err := playLoads(ctx, on, false, prog)
+		onRes, err := playLoads(ctx, c, on, false, prog)
 		if err != nil {
 			return nil, err
 		}
@@ -121,16 +126,28 @@ func runOverload(ctx context.Context, c common, journals string, prog *progress)
 	return ov, nil
 }
 
-// playLoads plays cfgs, all at once or one after another, in order.
-func playLoads(ctx context.Context, cfgs []payments.LoadConfig, together bool, prog *progress) ([]*payments.LoadResult, error) {
+// playLoads plays cfgs in order: all at once, once each, or one after
+// another, each again while the machine stalls it (see payments.PlayLoad).
+func playLoads(ctx context.Context, c common, cfgs []payments.LoadConfig, together bool, prog *progress) ([]*payments.LoadResult, error) {
 	out := make([]*payments.LoadResult, len(cfgs))
 	errs := make([]error, len(cfgs))
 	play := func(i int) {
 		cfg := cfgs[i]
-		res, err := payments.RunLoad(ctx, cfg)
+		name := fmt.Sprintf("payments overload %s failing, budget %s", fmtRate(cfg.FailRate), cfg.BudgetLabel())
+		var res *payments.LoadResult
+		var err error
+		if together {
+			res, err = payments.RunLoad(ctx, cfg)
+		} else {
+			res, err = payments.PlayLoad(ctx, cfg)
+		}
 		if err != nil {
-			errs[i] = fmt.Errorf("payments overload %s failing, budget %s: %w", fmtRate(cfg.FailRate), cfg.BudgetLabel(), err)
+			errs[i] = fmt.Errorf("%s: %w", name, err)
 			return
+		}
+		if res.Plays > 1 || (!together && res.Disturbed()) {
+			fmt.Fprintf(c.Stderr, "%s: the machine froze a play for more than %v of virtual time; played %d times (last play's longest freeze: %v)\n",
+				name, payments.LoadStallLimit, res.Plays, res.Stall.Round(time.Millisecond))
 		}
 		out[i] = res
 		prog.add(1)
@@ -169,7 +186,7 @@ func printOverload(w io.Writer, ov *overload) error {
 		if err := payments.WriteLoadTable(w, title, ov.curve); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "Brooker (2022), %s: 100 clients; N retries does 1+N times the work at 100%% failing; a bucket filled 0.1 per success behaves like N retries well below 10%% failing and like \"0.1 retries\" well above.\n", payments.BrookerURL)
+		fmt.Fprintf(w, "Beside Brooker (2022), %s: his simulation (100 clients, calls failing at random) plots the same curve. N retries does 1+N times the work at 100%% failing (N = 3 in his figure, 5 here); his bucket, filled 0.1 per success (here: per first attempt), behaves like N retries well below 10%% failing and like \"0.1 retries\" well above.\n", payments.BrookerURL)
 	}
 	if len(ov.herds) > 0 {
 		cfg := ov.herdCfg

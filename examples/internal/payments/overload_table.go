@@ -26,10 +26,13 @@ func WriteOutageTable(w io.Writer, title string, runs []*LoadResult) error {
 	fmt.Fprintln(tw, "budget\tpayments\trequests\tper payment\tretries\tparked\tgave up\tresent\tresend requests\tcharged once\tunder first key\tcharged 2+\t")
 	for _, r := range runs {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n",
-			r.BudgetLabel, r.Intents, r.Requests, r.PerIntent(), r.Retries, r.Parked, r.GaveUp,
+			r.BudgetLabel+disturbedMark(r), r.Intents, r.Requests, r.PerIntent(), r.Retries, r.Parked, r.GaveUp,
 			r.Resent, r.ResendRequests, r.ChargedOnce, r.OriginalKey, r.Duplicates)
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := disturbedNote(w, runs); err != nil {
 		return err
 	}
 	for _, r := range runs {
@@ -53,16 +56,46 @@ func WriteLoadTable(w io.Writer, title string, runs []*LoadResult) error {
 	}
 	off, on := byRate(runs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "failing\texpected, no budget\tbudget off\tbudget on\tpaid at once: off\ton\tparked: on\t")
+	fmt.Fprintln(tw, "failing\texpected, no budget\tbudget off\tbudget on\tpaid by 1st call: off\ton\tparked: on\t")
 	for _, p := range rates(runs) {
 		a, b := off[p], on[p]
-		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", pct(p), ExpectedLoad(p),
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", pct(p)+disturbedMark(b), ExpectedLoad(p),
 			loadCell(a, func(r *LoadResult) string { return fmt.Sprintf("%.2f", r.PerIntent()) }),
 			loadCell(b, func(r *LoadResult) string { return fmt.Sprintf("%.2f", r.PerIntent()) }),
 			loadCell(a, paidAtOnce), loadCell(b, paidAtOnce),
 			loadCell(b, func(r *LoadResult) string { return strconv.Itoa(r.Parked) }))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// A budget-less run's count is the seed's, whatever the timing: only
+	// the budget's refills depend on it.
+	var budgeted []*LoadResult
+	for _, r := range runs {
+		if r.Budget {
+			budgeted = append(budgeted, r)
+		}
+	}
+	return disturbedNote(w, budgeted)
+}
+
+// disturbedMark is " !" for a run the machine stalled past LoadStallLimit
+// in every play.
+func disturbedMark(r *LoadResult) string {
+	if r != nil && r.Disturbed() {
+		return " !"
+	}
+	return ""
+}
+
+func disturbedNote(w io.Writer, runs []*LoadResult) error {
+	for _, r := range runs {
+		if r.Disturbed() {
+			_, err := fmt.Fprintf(w, "! the machine froze this run for more than %v of virtual time in every play: its timing, and the budget's share of retries that depends on it, are not to be trusted.\n", LoadStallLimit)
+			return err
+		}
+	}
+	return nil
 }
 
 func paidAtOnce(r *LoadResult) string {
