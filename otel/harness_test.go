@@ -360,6 +360,21 @@ type server struct {
 	traceparent []string
 }
 
+// failOnce answers a key's first request with code, and every later one 201
+// with body.
+func failOnce(code int, body string) func(w http.ResponseWriter, n int) {
+	return func(w http.ResponseWriter, n int) {
+		if n == 1 {
+			w.WriteHeader(code)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		if body != "" {
+			_, _ = w.Write([]byte(body))
+		}
+	}
+}
+
 func newServer(t *testing.T, answer func(w http.ResponseWriter, n int)) *server {
 	t.Helper()
 	s := &server{seen: make(map[string]int)}

@@ -36,14 +36,7 @@ const (
 // metrics equal the Transport's Stats; the attempts carried the span's
 // context.
 func TestRetriedPaymentSpan(t *testing.T) {
-	srv := newServer(t, func(w http.ResponseWriter, n int) {
-		if n == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte(`{"charged":true}`))
-	})
+	srv := newServer(t, failOnce(http.StatusServiceUnavailable, `{"charged":true}`))
 	h := newHarness(t, nil)
 	resp, body, err := h.post(context.Background(), srv.URL+"/payments?token="+querySecret, action, `{"amount":100}`)
 	if err != nil {
@@ -399,13 +392,7 @@ func TestInvalidOptions(t *testing.T) {
 // Concurrent payments, some retried: a span each, totals equal to Stats
 // (run with -race).
 func TestConcurrentPayments(t *testing.T) {
-	srv := newServer(t, func(w http.ResponseWriter, n int) {
-		if n == 1 {
-			w.WriteHeader(http.StatusBadGateway)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	})
+	srv := newServer(t, failOnce(http.StatusBadGateway, ""))
 	h := newHarness(t, nil)
 	const n = 8
 	var wg sync.WaitGroup
