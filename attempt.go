@@ -45,11 +45,14 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 		}
 		// The answer is judged on its own; the caller's context is checked
 		// after, so that a final answer arriving as it ends is still final.
-		if !s.policy(context.WithoutCancel(ctx), resp, err) {
+		// Judging may peek at an error body (KeyReuseRejected): a body that
+		// stalls is cut after DefaultMaxDrainTime, as a drain would be.
+		final, reused := r.classify(s.policy, resp, err)
+		if final {
 			if err != nil {
 				return r.end(journal.StatePending, nil, nil, err)
 			}
-			if KeyReuseRejected(resp) {
+			if reused {
 				// The server holds this key for another payload: this
 				// action's own outcome is not known, and the key is spent.
 				r.discard(resp)
@@ -83,6 +86,18 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 			return r.end(journal.StatePending, nil, nil, err)
 		}
 	}
+}
+
+// classify asks the policy whether the attempt's outcome is final and, for
+// a final answer, whether it refuses the key as reused; both may read the
+// start of an error body, for at most DefaultMaxDrainTime.
+func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
+	if r.cancel != nil && resp != nil {
+		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
+		defer timer.Stop()
+	}
+	final = !policy(context.WithoutCancel(r.ctx), resp, err)
+	return final, final && err == nil && KeyReuseRejected(resp)
 }
 
 // nextWait returns how long to wait before attempt n+1, or why there is none.

@@ -12,6 +12,12 @@ var (
 	// the server may have forgotten it. No request is sent with it and no new
 	// key is minted: reconcile the action, then journal.Journal.Forget it.
 	ErrKeyWindowExpired = errors.New("idemretry: key window expired")
+	// ErrOutcomeUnknown: the action is recorded as outcome-unknown, within
+	// its key window: the server refused its key as used for another
+	// payload (ErrKeyReused, when it happened), or its window ended by
+	// another clock. Nothing is sent, under its key or a new one:
+	// reconcile it, then Journal.Forget it.
+	ErrOutcomeUnknown = errors.New("idemretry: action's outcome is unknown")
 	// ErrFingerprintMismatch: an action's id or key was reused for a request
 	// with a different method, URL or body. Nothing was sent.
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")

@@ -63,7 +63,12 @@ func (t *Transport) openJournal() error {
 	// process: once the Transport is unreachable, the journal is closed.
 	// Its lazy updates reach the disk within filejournal's flush interval
 	// (DefaultFlushInterval, 1 s) in any case.
-	runtime.AddCleanup(t, func(j *filejournal.Journal) { _ = j.Close() }, j)
+	handedOut := t.journalHandedOut
+	runtime.AddCleanup(t, func(j *filejournal.Journal) {
+		if !handedOut.Load() {
+			_ = j.Close()
+		}
+	}, j)
 	t.logRecovery(j)
 	return nil
 }

@@ -29,7 +29,11 @@ type action struct {
 // identity is what names a keyed request's action, found before anything
 // is reserved or sent.
 type identity struct {
-	id        string
+	id string
+	// flight names the action's flight: the digest form of id, so that a
+	// request and a Resume of an action a hashing journal listed by its
+	// digest share one flight.
+	flight    string
 	fp        journal.Fingerprint
 	callerKey string // the key the caller set, bare, or ""
 	// byFingerprint: the action is named by its request's fingerprint (no
@@ -58,6 +62,9 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 			return identity{}, err
 		}
 	}
+	if rec, ok := req.Context().Value(resumeKey{}).(journal.Record); ok {
+		return resumedIdentity(rec, fp)
+	}
 	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
 		return identity{}, err
@@ -67,7 +74,27 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+	return identity{id: id, flight: journal.Digest(id), fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+}
+
+// resumedIdentity names a request Resume rebuilt for rec: exactly rec's
+// action, which the rebuilt request must match (its fingerprint), never a
+// new one. An action listed by its digest is recognised as named by its
+// fingerprint when the digest is that of the rebuilt request's
+// fingerprint id, so that it is reserved and synced as one.
+func resumedIdentity(rec journal.Record, fp journal.Fingerprint) (identity, error) {
+	if rec.Fingerprint != fp {
+		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
+			Reason: ErrFingerprintMismatch}
+	}
+	who := identity{id: rec.ActionID, fp: fp}
+	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
+		who.id, who.byFingerprint = fpID, true
+	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
+		who.callerKey = rec.Key
+	}
+	who.flight = journal.Digest(who.id)
+	return who, nil
 }
 
 // reserve reserves the key of the action named by who, durably. It sends
@@ -119,8 +146,13 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	switch {
 	case rec.Fingerprint != who.fp:
 		return fail(ErrFingerprintMismatch)
-	case rec.State == journal.StateUnknown:
+	case rec.State == journal.StateUnknown && windowEnds(rec, now, 0, window):
 		return fail(ErrKeyWindowExpired)
+	case rec.State == journal.StateUnknown:
+		// Recorded unknown for another reason (the server refused the key
+		// as reused), or by a clock that disagrees: the journal does not
+		// say which, so the refusal does not guess.
+		return fail(ErrOutcomeUnknown)
 	case now.Before(rec.CreatedAt.Add(-maxClockSkew)):
 		// Created in the clock's future: its age cannot be known now.
 		// Refuse, and leave it as it is for when the clocks agree again.

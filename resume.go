@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/idemretry/idemretry/journal"
@@ -118,25 +117,14 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	return res
 }
 
-// nameForResume gives a rebuilt request its action's name: the key, for an
-// action the caller named by its key; the id, for one named with
-// WithAction; nothing for one named by its fingerprint (the rebuilt
-// request's own fingerprint finds it). The request keeps its context's
-// values and deadline, and ends when Resume's ctx does too.
+// resumeKey marks a request Resume rebuilt, with the record it resumes.
+type resumeKey struct{}
+
+// nameForResume ties a rebuilt request to its action's record (see
+// resumedIdentity). The request keeps its context's values and deadline,
+// and ends when Resume's ctx does too.
 func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec journal.Record) (*http.Request, context.CancelFunc) {
-	rctx, cancel := context.WithCancel(req.Context())
+	rctx, cancel := context.WithCancel(context.WithValue(req.Context(), resumeKey{}, rec))
 	stop := context.AfterFunc(ctx, cancel)
-	done := func() { stop(); cancel() }
-	id := rec.ActionID
-	switch {
-	case strings.HasPrefix(id, fingerprintActionPrefix) || strings.Contains(id, redirectActionInfix):
-	case strings.HasPrefix(id, keyActionPrefix):
-		if len(headerValues(req.Header, t.cfg.header)) == 0 {
-			req = req.Clone(rctx)
-			req.Header.Set(t.cfg.header, formatKey(rec.Key, t.cfg.quoted))
-		}
-	default:
-		rctx = WithAction(rctx, id)
-	}
-	return req.WithContext(rctx), done
+	return req.WithContext(rctx), func() { stop(); cancel() }
 }

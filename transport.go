@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -42,6 +43,10 @@ type Transport struct {
 	budget      *budget
 	leases      leases // lease.go
 	counters    counters
+	// journalHandedOut: Journal was called, so the app may use the journal
+	// after dropping the Transport: it is then not closed when the
+	// Transport is collected (see openJournal).
+	journalHandedOut *atomic.Bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -67,7 +72,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 			base = http.DefaultTransport
 		}
 	}
-	t := &Transport{base: base, cfg: cfg, journal: cfg.journal, budget: cfg.budget}
+	t := &Transport{base: base, cfg: cfg, journal: cfg.journal, budget: cfg.budget, journalHandedOut: new(atomic.Bool)}
 	if t.journal == nil {
 		if err := t.openJournal(); err != nil {
 			return nil, err
@@ -122,7 +127,10 @@ func isToken(s string) bool {
 
 // Journal returns the journal the Transport keeps keys in, for
 // reconciliation at start-up (journal.Journal.Unfinished, journal.Journal.Forget).
-func (t *Transport) Journal() journal.Journal { return t.journal }
+func (t *Transport) Journal() journal.Journal {
+	t.journalHandedOut.Store(true)
+	return t.journal
+}
 
 // Close writes the outcomes that the journal could not record when they
 // came (see WithJournalTimeout), closes the journal if the Transport opened
@@ -211,7 +219,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	for {
-		f, lead, mismatch := t.flights.join(who.id, who.fp)
+		f, lead, mismatch := t.flights.join(who.flight, who.fp)
 		switch {
 		case mismatch:
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
@@ -236,7 +244,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	shared := false
 	defer func() {
 		if !shared {
-			t.flights.land(who.id, f)
+			t.flights.land(who.flight, f)
 			f.fail(fmt.Errorf("idemretry: the request leading action %q panicked", who.id))
 		}
 	}()
@@ -247,7 +255,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s)
 	}
-	n := t.flights.land(who.id, f)
+	n := t.flights.land(who.flight, f)
 	shared = true
 	return f.share(who.id, n, t.cfg.maxShared, resp, err, cutShort(req.Context(), resp, err, pending))
 }
