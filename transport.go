@@ -169,7 +169,8 @@ func (t *Transport) CloseIdleConnections() {
 // (WithMaxSharedResponse; a larger body stays the first caller's, and the
 // others get ErrResponseNotShared). If the first caller's context ends with
 // the action unfinished, one of the waiting callers carries it on, with the
-// same key.
+// same key. A flight runs with its leader's settings: the WithRequestOptions
+// of a caller that joins it do not apply to it.
 //
 // Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
 // ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
