@@ -2,6 +2,7 @@ package idemretry_test
 
 import (
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -576,4 +577,25 @@ func TestResumeOutcomes(t *testing.T) {
 	for k, n := range charges {
 		assert.Equal(t, 1, n, "key %s charged %d times", k, n)
 	}
+}
+
+// A key the server refuses as used for another payload ends the action as
+// outcome-unknown: KindOutcomeUnknown, and a resend is refused the same way
+// with nothing sent.
+func TestKindOutcomeUnknown(t *testing.T) {
+	srv := newPayServer(t)
+	srv.setBefore(func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		io.WriteString(w, `{"title":"Idempotency-Key is already used"}`)
+		return true
+	})
+	c, _ := open(t, nil)
+	_, err := c.Send(payment(srv, "pay:reused", "300"))
+	assert.Equal(t, idemretry.KindOutcomeUnknown, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, root.ErrKeyReused)
+	_, err = c.Send(payment(srv, "pay:reused", "300"))
+	assert.Equal(t, idemretry.KindOutcomeUnknown, kindOf(t, err), "%v", err)
+	reqs, _ := srv.snapshot()
+	assert.Len(t, reqs, 1, "nothing more is sent")
 }

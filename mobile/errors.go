@@ -70,6 +70,11 @@ const (
 	// reached the server: resend it later with the same action id, never
 	// a new one.
 	KindParked int32 = 11
+	// KindOutcomeUnknown: the action's outcome is unknown for another
+	// reason than its key window: the server refused its key as used for
+	// another payload. Nothing more is sent under it: reconcile the
+	// action (ask the server about Key), then Forget it.
+	KindOutcomeUnknown int32 = 12
 )
 
 // Failure is what an error of this package says, as fields the app can
@@ -173,6 +178,8 @@ func classify(err error, actionID string) *failure {
 		switch {
 		case errors.Is(ae.Reason, root.ErrParked):
 			f.f.Kind = KindParked
+		case errors.Is(ae.Reason, root.ErrKeyReused), errors.Is(ae.Reason, root.ErrOutcomeUnknown):
+			f.f.Kind, f.f.MaybeProcessed = KindOutcomeUnknown, true
 		case errors.Is(ae.Reason, root.ErrKeyWindowExpired):
 			f.f.Kind, f.f.MaybeProcessed = KindWindowExpired, true
 		case errors.Is(ae.Reason, root.ErrFingerprintMismatch):
