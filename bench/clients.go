@@ -81,8 +81,11 @@ func newClient(name, dir string, base http.RoundTripper) (*Client, error) {
 		if name == IdemFile {
 			opt = idemretry.WithJournalDir(dir)
 		}
+		// The retry budget is off: the peers have none, and the retry case
+		// fails every action's first attempt, which the budget would
+		// (rightly) park once its tokens are spent.
 		t, err := idemretry.NewTransport(base, opt, idemretry.WithBackOff(zeroBackOff),
-			idemretry.WithMaxRetries(maxRetries))
+			idemretry.WithMaxRetries(maxRetries), idemretry.WithRetryBudget(0, 0))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
