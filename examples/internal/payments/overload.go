@@ -175,8 +175,8 @@ type LoadResult struct {
 // LoadStallLimit is the longest machine stall, in virtual time, an overload
 // run may suffer and still count as undisturbed: a stall delays the
 // payments due during it and then sends them at once, a burst the clients
-// did not make.
-const LoadStallLimit = time.Second
+// did not make. Two of the picture's buckets.
+const LoadStallLimit = 2 * LoadBucket
 
 // Disturbed reports whether the machine stalled the run for longer than
 // LoadStallLimit.

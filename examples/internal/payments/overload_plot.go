@@ -150,9 +150,12 @@ func budgetColour(r *LoadResult) color.Color {
 	return offColour
 }
 
+// savePNG draws p on a w x h PNG, with a margin so that the title is not
+// cut at the top edge.
 func savePNG(path string, p *plot.Plot, w, h vg.Length) error {
 	img := vgimg.New(w, h)
-	p.Draw(draw.New(img))
+	m := vg.Points(6)
+	p.Draw(draw.Crop(draw.New(img), m, -m, m, -m))
 	return writePNG(path, img)
 }
 
