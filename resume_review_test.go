@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,7 +26,7 @@ import (
 // R1: a retryable 409 whose JSON body stalls: the classifier's peek has no
 // bound, so the retries (and RoundTrip) are held until the caller's context
 // ends, instead of the 200 ms drain that bounds every discarded body.
-func TestReview2Stalled409JSONBodyHoldsRetries(t *testing.T) {
+func TestStalledErrorBodyDoesNotHoldRetries(t *testing.T) {
 	release := make(chan struct{})
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -65,7 +64,7 @@ func TestReview2Stalled409JSONBodyHoldsRetries(t *testing.T) {
 // R2: Resume of a fingerprint-named action whose Rebuild returns another
 // body: the README says the fingerprint is checked; instead a new action is
 // minted and sent (a second payment).
-func TestReview2ResumeFingerprintNamedDifferentBodySends(t *testing.T) {
+func TestResumeRefusesAnotherPayload(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -90,32 +89,15 @@ func TestReview2ResumeFingerprintNamedDifferentBodySends(t *testing.T) {
 // R3: on a journal that hashes ids, a resumed fingerprint-named action is
 // named WithAction("sha256:..."), so it is no longer "by fingerprint": its
 // done is not synced (Stats.Syncs), unlike on a plain journal.
-func TestReview2ResumeHashedFingerprintDoneNotSynced(t *testing.T) {
+func TestResumeHashedFingerprintDoneSynced(t *testing.T) {
 	for _, hashed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
-			srv := newPayServer(t)
-			srv.commitThenDrop = map[int]bool{1: true}
-			dir := t.TempDir()
-			var fo []filejournal.Option
-			if hashed {
-				fo = append(fo, filejournal.WithHashedIDs())
-			}
-			first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			srv, dir, fo := unnamedPaymentLeftPending(t, hashed)
 
 			second, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...))
 			require.NoError(t, err)
 			defer second.Close()
-			app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U"}`}}
-			// the hashed id does not start with "fp:": make Rebuild answer it too
-			if hashed {
-				recs, _ := second.Journal().Unfinished(context.Background())
-				require.Len(t, recs, 1)
-				app.orders[recs[0].ActionID] = `{"order":"U"}`
-			}
+			app := resumerOfU(t, second, srv)
 			res, err := second.Resume(context.Background(), app, 0)
 			require.NoError(t, err)
 			t.Logf("status=%d err=%v keys=%v syncs=%d", res[0].Status, res[0].Err, keysOf(srv.seen()), second.Stats().Syncs)
@@ -125,27 +107,13 @@ func TestReview2ResumeHashedFingerprintDoneNotSynced(t *testing.T) {
 	}
 }
 
-var _ = errors.Is
-var _ = strings.NewReader
-
 // R4: on a hashed-id journal, Resume names a fingerprint-named action
 // "sha256:..." while a live identical request is named "fp:...": two
 // flights of one action, two sends of one key, the second drawing 409s.
-func TestReview2ResumeHashedRacesLiveRequest(t *testing.T) {
+func TestResumeHashedJoinsLiveFlight(t *testing.T) {
 	for _, hashed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
-			srv := newPayServer(t)
-			srv.commitThenDrop = map[int]bool{1: true}
-			dir := t.TempDir()
-			var fo []filejournal.Option
-			if hashed {
-				fo = append(fo, filejournal.WithHashedIDs())
-			}
-			first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			srv, dir, fo := unnamedPaymentLeftPending(t, hashed)
 
 			srv.mu.Lock()
 			srv.delay = 300 * time.Millisecond
@@ -154,9 +122,7 @@ func TestReview2ResumeHashedRacesLiveRequest(t *testing.T) {
 			second, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithBackOff(constant(50*time.Millisecond)), idemretry.WithMaxRetries(20))
 			require.NoError(t, err)
 			defer second.Close()
-			app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U"}`}}
-			recs, _ := second.Journal().Unfinished(context.Background())
-			app.orders[recs[0].ActionID] = `{"order":"U"}`
+			app := resumerOfU(t, second, srv)
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
@@ -170,12 +136,8 @@ func TestReview2ResumeHashedRacesLiveRequest(t *testing.T) {
 			_, err = second.Resume(context.Background(), app, 0)
 			require.NoError(t, err)
 			wg.Wait()
-			var conflicts int
-			for range srv.seen() {
-			}
 			reqs := srv.seen()
 			t.Logf("requests after restart=%d keys=%v", len(reqs)-1, keysOf(reqs))
-			_ = conflicts
 			require.Len(t, reqs, 2, "one flight per action: one request after the restart")
 		})
 	}
@@ -183,7 +145,7 @@ func TestReview2ResumeHashedRacesLiveRequest(t *testing.T) {
 
 // R5: the journal of a dropped Transport is closed by the GC cleanup while
 // the app still holds it through Journal().
-func TestReview2DroppedTransportClosesJournalStillInUse(t *testing.T) {
+func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
@@ -199,7 +161,7 @@ func TestReview2DroppedTransportClosesJournalStillInUse(t *testing.T) {
 }
 
 // R6: a resend of an action refused as reused reports ErrKeyReused?
-func TestReview2KeyReusedThenResend(t *testing.T) {
+func TestKeyReusedResendRefused(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(http.StatusUnprocessableEntity, "Content-Type", "application/problem+json"))
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
@@ -223,6 +185,38 @@ func TestReview2KeyReusedThenResend(t *testing.T) {
 
 // copyDir copies the journal's files as a crash would leave them on disk
 // (what was written, not what was only in memory).
+// unnamedPaymentLeftPending makes an unnamed payment whose answer is lost
+// after the server charged it, in a file journal (hashing its ids or not)
+// that the Transport then leaves: what a crash leaves for Resume.
+func unnamedPaymentLeftPending(t *testing.T, hashed bool) (*payServer, string, []filejournal.Option) {
+	t.Helper()
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true}
+	dir := t.TempDir()
+	var fo []filejournal.Option
+	if hashed {
+		fo = append(fo, filejournal.WithHashedIDs())
+	}
+	first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
+	require.Error(t, err)
+	require.NoError(t, first.Close())
+	return srv, dir, fo
+}
+
+// resumerOfU rebuilds the one unnamed payment, under whatever id the
+// journal lists it (a hashing journal lists a digest, not "fp:...").
+func resumerOfU(t *testing.T, tr *idemretry.Transport, srv *payServer) *appResumer {
+	t.Helper()
+	app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U"}`}}
+	recs, err := tr.Journal().Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	app.orders[recs[0].ActionID] = `{"order":"U"}`
+	return app
+}
+
 func copyDir(t *testing.T, from string) string {
 	to := t.TempDir()
 	ents, err := os.ReadDir(from)
@@ -242,27 +236,14 @@ func copyDir(t *testing.T, from string) string {
 // leaves the resumed unnamed payment pending on disk; the user's deliberate
 // identical repeat then reuses the old key and is answered with the old
 // payment's replay: charged once, told twice.
-func TestReview2ResumeHashedCrashThenRepeatIsLost(t *testing.T) {
+func TestResumeHashedCrashThenRepeatIsCharged(t *testing.T) {
 	for _, hashed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
-			srv := newPayServer(t)
-			srv.commitThenDrop = map[int]bool{1: true}
-			dir := t.TempDir()
-			var fo []filejournal.Option
-			if hashed {
-				fo = append(fo, filejournal.WithHashedIDs())
-			}
-			first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			srv, dir, fo := unnamedPaymentLeftPending(t, hashed)
 
 			second, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...))
 			require.NoError(t, err)
-			app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U"}`}}
-			recs, _ := second.Journal().Unfinished(context.Background())
-			app.orders[recs[0].ActionID] = `{"order":"U"}`
+			app := resumerOfU(t, second, srv)
 			_, err = second.Resume(context.Background(), app, 0)
 			require.NoError(t, err)
 			crashed := copyDir(t, dir) // the process dies now
@@ -280,7 +261,7 @@ func TestReview2ResumeHashedCrashThenRepeatIsLost(t *testing.T) {
 	}
 }
 
-func TestReview2ParkedUnnamedKeepsKey(t *testing.T) {
+func TestParkedUnnamedKeepsKey(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503), status(503))
 	tr, _, _ := newTestTransport(t, idemretry.WithRetryBudget(1, 0))
