@@ -132,19 +132,19 @@ func fingerprint(req *http.Request, body io.Reader) (journal.Fingerprint, error)
 			return journal.Fingerprint{}, err
 		}
 	}
-	var bodySum [sha256.Size]byte
-	s.h.Sum(bodySum[:0])
-
+	// The sums go into the scratch buffer: a local array passed to the
+	// hash.Hash interface would escape, an allocation per request.
 	b := append(s.buf[:0], req.Method...)
 	b = append(b, 0)
 	b, _ = req.URL.AppendBinary(b) // never fails; the same bytes as URL.String
 	b = append(b, 0)
-	b = append(b, bodySum[:]...)
-	s.buf = b
+	b = s.h.Sum(b) // the body's SHA-256
 	s.h.Reset()
 	s.h.Write(b)
+	b = s.h.Sum(b)
+	s.buf = b
 	var fp journal.Fingerprint
-	s.h.Sum(fp[:0])
+	copy(fp[:], b[len(b)-sha256.Size:])
 	return fp, nil
 }
 

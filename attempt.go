@@ -96,7 +96,7 @@ func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (fina
 		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
 		defer timer.Stop()
 	}
-	final = !policy(context.WithoutCancel(r.ctx), resp, err)
+	final = !policy(withoutCancel(r.ctx), resp, err)
 	return final, final && err == nil && KeyReuseRejected(resp)
 }
 
@@ -146,17 +146,23 @@ type run struct {
 // resend's dial error), and a cancel that bounds the drain of a discarded
 // body.
 func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ error) {
-	var writes atomic.Int32
-	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { writes.Add(1) },
-	}))
+	// Each attempt counts its own writes: a write of an earlier attempt
+	// reported late must not count for this one.
+	tr := new(attemptTrace)
+	tr.trace.WroteRequest = tr.wrote
+	writes := &tr.writes
+	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.ctx, &tr.trace))
 	out, err := r.t.newAttempt(req.WithContext(ctx), b, r.key())
 	if err != nil {
 		cancel()
 		return nil, false, err
 	}
 	r.out, r.cancel = out, cancel
-	start := time.Now()
+	var start time.Time
+	timed := len(r.t.cfg.observers) > 0 // Elapsed is for the observers alone
+	if timed {
+		start = time.Now()
+	}
 	resp, err := r.t.base.RoundTrip(out)
 	// Requests written, as far as the base reports them: a base that
 	// retries by itself (stacked retries), or net/http's own resend, writes
@@ -165,8 +171,12 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	r.sent += n
 	r.t.counters.attempts.Add(int64(n))
 	defer func() {
+		var elapsed time.Duration
+		if timed {
+			elapsed = time.Since(start)
+		}
 		r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
-			Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
+			Status: r.lastStatus, Err: r.lastErr, Elapsed: elapsed})
 	}()
 	if err == nil && resp == nil {
 		err = errors.New("idemretry: base RoundTripper returned neither response nor error")
@@ -183,6 +193,15 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	return resp, true, err
 }
+
+// attemptTrace is one attempt's httptrace hooks and the count of the
+// requests they saw written, in one allocation.
+type attemptTrace struct {
+	trace  httptrace.ClientTrace
+	writes atomic.Int32
+}
+
+func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }
 
 // cancelOnClose ends a returned response's attempt context when the caller
 // closes its body.
@@ -225,16 +244,44 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Re
 	// its own header: the base RoundTripper must not modify the request, so
 	// only the header, which gets the key, needs copying.
 	out := req
-	out.Header = req.Header.Clone()
-	if out.Header == nil {
-		out.Header = make(http.Header, 1)
-	}
+	var spare []string
+	out.Header, spare = cloneHeader(req.Header, key != "")
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
 		deleteHeader(out.Header, t.cfg.header)
-		out.Header[t.cfg.header] = []string{formatKey(key, t.cfg.quoted)}
+		spare[0] = formatKey(key, t.cfg.quoted)
+		out.Header[t.cfg.header] = spare
 	}
 	return out, nil
+}
+
+// cloneHeader is http.Header.Clone (values copied into one array, each
+// value slice capped at its length), never nil and with room for one more
+// header; with spare, the array has one more value, returned as spare (of
+// length 1), so that the key's value costs no allocation of its own.
+func cloneHeader(h http.Header, withSpare bool) (_ http.Header, spare []string) {
+	nv := 0
+	for _, vv := range h {
+		nv += len(vv)
+	}
+	if withSpare {
+		nv++
+	}
+	sv := make([]string, nv)
+	if withSpare {
+		spare, sv = sv[:1:1], sv[1:]
+	}
+	h2 := make(http.Header, len(h)+1)
+	for k, vv := range h {
+		if vv == nil {
+			h2[k] = nil // as Clone keeps them
+			continue
+		}
+		n := copy(sv, vv)
+		h2[k] = sv[:n:n]
+		sv = sv[n:]
+	}
+	return h2, spare
 }
 
 // sleep waits d on the Transport's clock, or until ctx is done.

@@ -21,6 +21,11 @@ type flight struct {
 	fp   journal.Fingerprint
 	done chan struct{} // closed when the result below is set
 
+	// id is the action id the flight is in the map under; digest is its
+	// digest form (journal.Digest), computed only when a request with an
+	// id in digest form looks for it. Guarded by flights.mu.
+	id, digest string
+
 	// Guarded by flights.mu.
 	joiners int
 	key     string // once reserved, for joiners' errors
@@ -33,9 +38,18 @@ type flight struct {
 }
 
 // flights are the actions in the air in one Transport.
+//
+// Two ids with the same digest (journal.Digest) are one action: a journal
+// that hashes ids lists an action by its digest, and a Resume of it must
+// share one flight with a live request of the same action. The flights are
+// kept by id as given, and a digest is computed only to compare an id in
+// digest form with the others: a live request pays for a digest only while
+// a flight under a digest-form id is in the air.
 type flights struct {
 	mu sync.Mutex
 	m  map[string]*flight
+	// digests counts the flights in m under an id in digest form.
+	digests int
 }
 
 // join returns the flight of action id, or starts one that the caller leads.
@@ -43,7 +57,7 @@ type flights struct {
 func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool, mismatch bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if f = fs.m[id]; f != nil {
+	if f = fs.find(id); f != nil {
 		if f.fp != fp {
 			return f, false, true
 		}
@@ -53,9 +67,37 @@ func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool
 	if fs.m == nil {
 		fs.m = make(map[string]*flight)
 	}
-	f = &flight{fp: fp, done: make(chan struct{})}
+	f = &flight{fp: fp, done: make(chan struct{}), id: id}
+	if journal.IsDigest(id) {
+		f.digest = id
+		fs.digests++
+	}
 	fs.m[id] = f
 	return f, true, false
+}
+
+// find returns the flight in the air of the action id, or nil: the one
+// under id, or under another id with the same digest.
+func (fs *flights) find(id string) *flight {
+	if f := fs.m[id]; f != nil {
+		return f
+	}
+	if !journal.IsDigest(id) {
+		if fs.digests == 0 {
+			return nil // no flight under a digest: no other id can match
+		}
+		return fs.m[journal.Digest(id)]
+	}
+	// id is a digest: the flight may be under the id it is the digest of.
+	for _, f := range fs.m {
+		if f.digest == "" {
+			f.digest = journal.Digest(f.id)
+		}
+		if f.digest == id {
+			return f
+		}
+	}
+	return nil
 }
 
 func (fs *flights) setKey(f *flight, key string) {
@@ -74,11 +116,14 @@ func (fs *flights) keyOf(f *flight) string {
 // anew, and returns how many joined it. The leader calls it once its outcome
 // is recorded in the journal: a request that arrives after that is a new
 // action (or, for a named one, a resend that the journal answers).
-func (fs *flights) land(id string, f *flight) int {
+func (fs *flights) land(f *flight) int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if fs.m[id] == f {
-		delete(fs.m, id)
+	if fs.m[f.id] == f {
+		delete(fs.m, f.id)
+		if f.digest == f.id {
+			fs.digests--
+		}
 	}
 	return f.joiners
 }

@@ -28,19 +28,47 @@ const OutcomeGrace = 250 * time.Millisecond
 // recorded), but ends OutcomeGrace after the caller's deadline, or after the
 // journal timeout, whichever is first.
 func (t *Transport) outcomeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if t.journalNeverWaits() {
+		return withoutCancel(ctx), func() {}
+	}
 	d := t.cfg.journalTimeout
 	if ctx.Err() != nil {
 		d = min(d, OutcomeGrace)
 	} else if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)+OutcomeGrace)
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), d)
+	return context.WithTimeout(withoutCancel(ctx), d)
 }
 
 // journalContext bounds a journal call made before sending: by the caller's
 // context and the journal timeout.
 func (t *Transport) journalContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if t.journalNeverWaits() {
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, t.cfg.journalTimeout)
+}
+
+// journalNeverWaits reports that the journal is journal.Memory, whose calls
+// never wait and look at their context only on entry (Reserve's ctx.Err):
+// the journal timeout cannot cut one short, so no timer is armed for it. A
+// timeout under a millisecond keeps its timer: one could end before the
+// call even starts.
+func (t *Transport) journalNeverWaits() bool {
+	_, ok := t.journal.(*journal.Memory)
+	return ok && t.cfg.journalTimeout >= time.Millisecond
+}
+
+// withoutCancel is context.WithoutCancel, without the allocation for a
+// context that can never be cancelled and has no deadline (no Done
+// channel): such a context is already what WithoutCancel would make of it.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		if _, ok := ctx.Deadline(); !ok {
+			return ctx
+		}
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // journalError reports a journal call that did not complete: one cut short

@@ -65,11 +65,8 @@ func RequestBackOff(newBackOff func() backoff.BackOff) RequestOption {
 // settingsFor returns the settings req runs with.
 func (t *Transport) settingsFor(ctx context.Context) (settings, error) {
 	s := settings{maxRetries: t.cfg.maxRetries, keyWindow: t.cfg.keyWindow, policy: t.cfg.policy, newBackOff: t.cfg.newBackOff}
-	opts, _ := ctx.Value(requestOptionsKey{}).([]RequestOption)
-	for _, o := range opts {
-		if o != nil {
-			o(&s)
-		}
+	if opts, _ := ctx.Value(requestOptionsKey{}).([]RequestOption); len(opts) > 0 {
+		s = applyRequestOptions(s, opts)
 	}
 	switch {
 	case s.maxRetries < 0:
@@ -78,4 +75,16 @@ func (t *Transport) settingsFor(ctx context.Context) (settings, error) {
 		return s, fmt.Errorf("%w: request key window %v, want > 0 and at most the Transport's %v", ErrInvalidOption, s.keyWindow, t.cfg.keyWindow)
 	}
 	return s, nil
+}
+
+// applyRequestOptions returns s with opts applied. It is apart from
+// settingsFor so that s is moved to the heap (the options take its address)
+// only for the requests that have options.
+func applyRequestOptions(s settings, opts []RequestOption) settings {
+	for _, o := range opts {
+		if o != nil {
+			o(&s)
+		}
+	}
+	return s
 }

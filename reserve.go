@@ -29,11 +29,10 @@ type action struct {
 // identity is what names a keyed request's action, found before anything
 // is reserved or sent.
 type identity struct {
-	id string
-	// flight names the action's flight: the digest form of id, so that a
-	// request and a Resume of an action a hashing journal listed by its
-	// digest share one flight.
-	flight    string
+	// id also names the action's flight: ids with the same digest form
+	// share one (see flights), so that a request and a Resume of an action
+	// a hashing journal listed by its digest share one flight.
+	id        string
 	fp        journal.Fingerprint
 	callerKey string // the key the caller set, bare, or ""
 	// byFingerprint: the action is named by its request's fingerprint (no
@@ -74,7 +73,7 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	return identity{id: id, flight: journal.Digest(id), fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
 }
 
 // resumedIdentity names a request Resume rebuilt for rec: exactly rec's
@@ -93,7 +92,6 @@ func resumedIdentity(rec journal.Record, fp journal.Fingerprint) (identity, erro
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
 		who.callerKey = rec.Key
 	}
-	who.flight = journal.Digest(who.id)
 	return who, nil
 }
 

@@ -220,7 +220,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	for {
-		f, lead, mismatch := t.flights.join(who.flight, who.fp)
+		f, lead, mismatch := t.flights.join(who.id, who.fp)
 		switch {
 		case mismatch:
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
@@ -245,7 +245,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	shared := false
 	defer func() {
 		if !shared {
-			t.flights.land(who.flight, f)
+			t.flights.land(f)
 			f.fail(fmt.Errorf("idemretry: the request leading action %q panicked", who.id))
 		}
 	}()
@@ -256,7 +256,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s)
 	}
-	n := t.flights.land(who.flight, f)
+	n := t.flights.land(f)
 	shared = true
 	return f.share(who.id, n, t.cfg.maxShared, resp, err, cutShort(req.Context(), resp, err, pending))
 }
