@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,36 +126,7 @@ func TestForeignCommentConcurrentModes(t *testing.T) {
 	for range 3 {
 		table := newTable(t, db)
 		makeCommented(t, db, table, "payment idempotency keys")
-		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex
-			opened = map[bool]int{}
-		)
-		for i := range 10 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				opts := []sqljournal.Option{sqljournal.WithTable(table)}
-				if i%2 == 1 {
-					opts = append(opts, sqljournal.WithHashedActionIDs())
-				}
-				j, err := sqljournal.Open(context.Background(), db, opts...)
-				switch {
-				case errors.Is(err, journal.ErrIncompatible):
-				case err != nil:
-					t.Errorf("Open: %v", err)
-				default:
-					j.Close()
-					mu.Lock()
-					opened[i%2 == 1]++
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		if len(opened) != 1 || opened[false]+opened[true] != 5 {
-			t.Fatalf("opened per mode (hashed?): %v, want the 5 Opens of one mode", opened)
-		}
+		opened := openInBothModes(t, db, table)
 		mode := "plain"
 		if opened[true] > 0 {
 			mode = "sha256"

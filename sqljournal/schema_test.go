@@ -2,6 +2,7 @@ package sqljournal_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
@@ -121,36 +122,7 @@ func TestOpenLegacyTableIDMode(t *testing.T) {
 func TestOpenConcurrentModes(t *testing.T) {
 	db := testDB(t)
 	table := newTable(t, db)
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		opened = map[bool]int{}
-	)
-	for i := range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			opts := []sqljournal.Option{sqljournal.WithTable(table)}
-			if i%2 == 1 {
-				opts = append(opts, sqljournal.WithHashedActionIDs())
-			}
-			j, err := sqljournal.Open(context.Background(), db, opts...)
-			switch {
-			case errors.Is(err, journal.ErrIncompatible):
-			case err != nil:
-				t.Errorf("Open: %v", err)
-			default:
-				j.Close()
-				mu.Lock()
-				opened[i%2 == 1]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(opened) != 1 || opened[false]+opened[true] != 5 {
-		t.Fatalf("opened per mode (hashed?): %v, want the 5 Opens of one mode", opened)
-	}
+	openInBothModes(t, db, table)
 }
 
 // An existing table whose action_id has no unique key (Reserve's INSERT ...
@@ -228,4 +200,43 @@ func TestOpenNilOption(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM "` + table + `"`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the options around the nil ones were not applied: %d rows in %s (%v)", n, table, err)
 	}
+}
+
+// openInBothModes opens table from 10 goroutines at once, alternating plain
+// and hashed ids, and checks that exactly the 5 Opens of one mode succeed
+// (the others failing with ErrIncompatible). It returns the Opens per mode
+// (key: hashed).
+func openInBothModes(t *testing.T, db *sql.DB, table string) map[bool]int {
+	t.Helper()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		opened = map[bool]int{}
+	)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := []sqljournal.Option{sqljournal.WithTable(table)}
+			if i%2 == 1 {
+				opts = append(opts, sqljournal.WithHashedActionIDs())
+			}
+			j, err := sqljournal.Open(context.Background(), db, opts...)
+			switch {
+			case errors.Is(err, journal.ErrIncompatible):
+			case err != nil:
+				t.Errorf("Open: %v", err)
+			default:
+				j.Close()
+				mu.Lock()
+				opened[i%2 == 1]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(opened) != 1 || opened[false]+opened[true] != 5 {
+		t.Fatalf("opened per mode (hashed?): %v, want the 5 Opens of one mode", opened)
+	}
+	return opened
 }
