@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/idemretry/idemretry"
@@ -29,22 +28,13 @@ func TestFullJitterCeilings(t *testing.T) {
 	assert.Equal(t, 500*time.Millisecond, b.NextBackOff()+1)
 }
 
-func TestJitterStaysInRange(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
+func TestFullJitterStaysInRange(t *testing.T) {
 	base, cap := 10*time.Millisecond, 2*time.Second
-	full := idemretry.NewFullJitter(base, cap, r)
-	equal := idemretry.NewEqualJitter(base, cap, r)
-	decor := idemretry.NewDecorrelatedJitter(base, cap, r)
-	exp := idemretry.NewExponential(base, cap)
-	prev := base
+	full := idemretry.NewFullJitter(base, cap, rand.New(rand.NewPCG(1, 2)))
 	for n := range 200 {
 		ceil := min(cap, base<<min(n, 20))
-		f, e, d, x := full.NextBackOff(), equal.NextBackOff(), decor.NextBackOff(), exp.NextBackOff()
+		f := full.NextBackOff()
 		assert.True(t, f >= 0 && f < ceil, "full %d: %v", n, f)
-		assert.True(t, e >= ceil/2 && e < ceil, "equal %d: %v", n, e)
-		assert.True(t, d >= base && d <= cap && d < 3*prev, "decorrelated %d: %v after %v", n, d, prev)
-		assert.Equal(t, ceil, x, "exponential %d", n)
-		prev = max(d, base)
 	}
 }
 
@@ -73,16 +63,10 @@ func TestJitterReproducibleWithSeed(t *testing.T) {
 	assert.Equal(t, draw(), draw())
 }
 
-func TestBackoffsNeverOverflow(t *testing.T) {
-	for _, b := range []backoff.BackOff{
-		idemretry.NewFullJitter(time.Hour, 1<<62, nil),
-		idemretry.NewEqualJitter(time.Hour, 1<<62, nil),
-		idemretry.NewDecorrelatedJitter(time.Hour, 1<<62, nil),
-		idemretry.NewExponential(time.Hour, 1<<62),
-	} {
-		for range 100 {
-			d := b.NextBackOff()
-			assert.True(t, d >= 0 && d <= 1<<62, "%T: %v", b, d)
-		}
+func TestFullJitterNeverOverflows(t *testing.T) {
+	b := idemretry.NewFullJitter(time.Hour, 1<<62, nil)
+	for range 100 {
+		d := b.NextBackOff()
+		assert.True(t, d >= 0 && d <= 1<<62, "%v", d)
 	}
 }

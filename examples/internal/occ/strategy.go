@@ -6,6 +6,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/examples/internal/backoffs"
 )
 
 // The reference simulator's backoff settings. It numbers the first retry
@@ -28,21 +29,22 @@ type Strategy struct {
 }
 
 // Strategies returns the five policies of the reference, in its CSV's
-// (alphabetical) order. Each is idemretry's own type, never a copy of the
-// formula, so the simulation tests the library.
+// (alphabetical) order. FullJitter is idemretry's own type, never a copy of
+// the formula, so the simulation tests the library; the others are the
+// comparison backoffs of package backoffs.
 func Strategies() []Strategy {
 	return []Strategy{
 		{"Decorr", func(r idemretry.Random) backoff.BackOff {
 			// The decorrelated formula grows from the previous sleep, not
 			// from n, so it takes the reference's own base: sleep0 = 5 ms,
 			// then min(Cap, U(5 ms, 3*sleep)).
-			return idemretry.NewDecorrelatedJitter(RefBase, Cap, r)
+			return backoffs.NewDecorrelatedJitter(RefBase, Cap, r)
 		}},
 		{"EqualJitter", func(r idemretry.Random) backoff.BackOff {
-			return idemretry.NewEqualJitter(LibBase, Cap, r)
+			return backoffs.NewEqualJitter(LibBase, Cap, r)
 		}},
 		{"Exponential", func(idemretry.Random) backoff.BackOff {
-			return idemretry.NewExponential(LibBase, Cap)
+			return backoffs.NewExponential(LibBase, Cap)
 		}},
 		{"FullJitter", func(r idemretry.Random) backoff.BackOff {
 			return idemretry.NewFullJitter(LibBase, Cap, r)

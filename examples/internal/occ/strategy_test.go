@@ -4,13 +4,9 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/idemretry/idemretry/examples/internal/backoffs"
 )
-
-// top always draws the top of the range, so a jittered backoff shows its
-// ceiling.
-type top struct{}
-
-func (top) Int64N(n int64) int64 { return n - 1 }
 
 // The strategies must land on the reference's waits, whose first retry is
 // n = 1 with base 5 ms: ceilings 10, 20, 40 ... 1280, then the 2000 ms cap.
@@ -25,7 +21,7 @@ func TestStrategiesMatchReferenceCeilings(t *testing.T) {
 		return d > -time.Microsecond && d < time.Microsecond
 	}
 	for _, st := range Strategies() {
-		b := st.New(top{})
+		b := st.New(backoffs.Top)
 		prev := RefBase // the reference's decorrelated sleep0
 		for i, v := range want {
 			got := b.NextBackOff()

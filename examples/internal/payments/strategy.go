@@ -7,11 +7,14 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/examples/internal/backoffs"
 )
 
-// Strategy is a backoff the clients wait with between attempts. Each one is
-// the library's own type with the library's defaults (DefaultBaseDelay,
-// DefaultMaxDelay), so the simulation shows the Transport as it ships.
+// Strategy is a backoff the clients wait with between attempts. Each one
+// takes the library's defaults (DefaultBaseDelay, DefaultMaxDelay);
+// FullJitter is the library's own type, so the simulation shows the
+// Transport as it ships, and the others are package backoffs' comparison
+// backoffs.
 type Strategy struct {
 	Name string
 	New  func(r idemretry.Random) backoff.BackOff
@@ -23,13 +26,13 @@ var Strategies = []Strategy{
 		return idemretry.NewFullJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, r)
 	}},
 	{"EqualJitter", func(r idemretry.Random) backoff.BackOff {
-		return idemretry.NewEqualJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, r)
+		return backoffs.NewEqualJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, r)
 	}},
 	{"Decorr", func(r idemretry.Random) backoff.BackOff {
-		return idemretry.NewDecorrelatedJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, r)
+		return backoffs.NewDecorrelatedJitter(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay, r)
 	}},
 	{"Exponential", func(idemretry.Random) backoff.BackOff {
-		return idemretry.NewExponential(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay)
+		return backoffs.NewExponential(idemretry.DefaultBaseDelay, idemretry.DefaultMaxDelay)
 	}},
 	// None retries at once: the library has no type for it because nobody
 	// should ship it; cenkalti's ZeroBackOff is exactly that.
