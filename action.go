@@ -16,10 +16,6 @@ import (
 	"github.com/google/uuid"
 )
 
-// MaxKeyLength is the longest Idempotency-Key accepted from a caller, in
-// characters (Stripe's limit).
-const MaxKeyLength = 255
-
 type actionKey struct{}
 
 // WithAction returns a copy of ctx that names the logical action its
@@ -79,8 +75,8 @@ func parseKey(v string) (string, error) {
 	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
 		v = v[1 : len(v)-1]
 	}
-	if v == "" || len(v) > MaxKeyLength {
-		return "", fmt.Errorf("%w: length %d, want 1 to %d", ErrInvalidKey, len(v), MaxKeyLength)
+	if v == "" || len(v) > journal.MaxKeyLength { // what every journal stores
+		return "", fmt.Errorf("%w: length %d, want 1 to %d", ErrInvalidKey, len(v), journal.MaxKeyLength)
 	}
 	for i := 0; i < len(v); i++ {
 		// Visible ASCII only; '"' and '\' would need escaping in the quoted form.

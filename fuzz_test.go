@@ -143,10 +143,10 @@ func FuzzRetryAfter(f *testing.F) {
 	})
 }
 
-// fuzzValidKey is the specification of an accepted key: 1 to MaxKeyLength
+// fuzzValidKey is the specification of an accepted key: 1 to journal.MaxKeyLength
 // visible ASCII characters, none of them '"' or '\'.
 func fuzzValidKey(k string) bool {
-	if len(k) < 1 || len(k) > MaxKeyLength {
+	if len(k) < 1 || len(k) > journal.MaxKeyLength {
 		return false
 	}
 	for i := 0; i < len(k); i++ {
@@ -162,8 +162,8 @@ func FuzzParseKey(f *testing.F) {
 		"abc", `"abc"`, " abc ", "\tabc\t", `" abc"`, `"abc`, `abc"`, `""`, `"`, `"""`, `"a"b"`,
 		"a b", `a\b`, "é", "\x7f", "\x00", "~!#$%&'()*+,-./:;<=>?@[]^_`{|}",
 		"8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`,
-		strings.Repeat("k", MaxKeyLength), strings.Repeat("k", MaxKeyLength+1),
-		`"` + strings.Repeat("k", MaxKeyLength) + `"`, "", "  ", "\u00a0abc\u00a0",
+		strings.Repeat("k", journal.MaxKeyLength), strings.Repeat("k", journal.MaxKeyLength+1),
+		`"` + strings.Repeat("k", journal.MaxKeyLength) + `"`, "", "  ", "\u00a0abc\u00a0",
 	} {
 		f.Add(s)
 	}
@@ -177,7 +177,7 @@ func FuzzParseKey(f *testing.F) {
 		} else {
 			// Sound: what it accepts is a valid key, taken from the input.
 			if !fuzzValidKey(k) {
-				t.Fatalf("parseKey(%q) accepted %q: not 1-%d visible ASCII without '\"' or '\\'", v, k, MaxKeyLength)
+				t.Fatalf("parseKey(%q) accepted %q: not 1-%d visible ASCII without '\"' or '\\'", v, k, journal.MaxKeyLength)
 			}
 			if !strings.Contains(v, k) {
 				t.Fatalf("parseKey(%q) = %q, not part of its input", v, k)
