@@ -216,3 +216,20 @@ func TestRetryAfterSpreadsTheHerd(t *testing.T) {
 	}
 	assert.Greater(t, hi-lo, 100*time.Millisecond, "twenty clients came back within %v of each other", hi-lo)
 }
+
+// An unnamed payment parked by the budget keeps its key: its resend
+// carries the key of its first attempt.
+func TestParkedUnnamedKeepsKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503), status(503))
+	tr, _, _ := newTestTransport(t, idemretry.WithRetryBudget(1, 0))
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"x":2}`))
+	require.ErrorIs(t, err, idemretry.ErrParked)
+	srv.script = nil
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"x":2}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	s := srv.seen()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, s[len(s)-2].Key, s[len(s)-1].Key)
+}

@@ -426,3 +426,26 @@ func TestDefaultPolicyReadsOnlyToVeto(t *testing.T) {
 	assert.Zero(t, b.n)
 	assert.Same(t, b, resp.Body)
 }
+
+// A resend of an action refused as reused sends nothing and is refused
+// as outcome-unknown.
+func TestKeyReusedResendRefused(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(422)
+			w.Write([]byte(`{"title":"Idempotency-Key is already used"}`))
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:R")
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"a":1}`))
+	require.ErrorIs(t, err, idemretry.ErrKeyReused)
+	_, err = tr.RoundTrip(post(t, ctx, srv.URL, `{"a":1}`))
+	t.Logf("resend: %v; requests=%d", err, len(srv.seen()))
+	require.Len(t, srv.seen(), 1)
+	require.True(t, errors.Is(err, idemretry.ErrOutcomeUnknown), "resend refused with %v", err)
+}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,4 +303,42 @@ func TestStalledDiscardedBodyIsCut(t *testing.T) {
 	assert.Equal(t, 503, resp.StatusCode)
 	resp.Body.Close()
 	assert.Less(t, time.Since(start), 10*time.Second)
+}
+
+// a retryable 409 whose JSON body stalls: the classifier's peek has no
+// bound, so the retries (and RoundTrip) are held until the caller's context
+// ends, instead of the 200 ms drain that bounds every discarded body.
+func TestStalledErrorBodyDoesNotHoldRetries(t *testing.T) {
+	release := make(chan struct{})
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		if n.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusConflict)
+			io.WriteString(w, `{"error":{"code":"idempotency_key_in_use"`)
+			w.(http.Flusher).Flush()
+			select { // the body stalls
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"charge":"ch_1"}`)
+	}))
+	defer srv.Close()
+	defer close(release)
+	tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(time.Millisecond)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:stall"), srv.URL, `{"a":1}`))
+	elapsed := time.Since(start)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	t.Logf("err=%v elapsed=%v attempts=%d", err, elapsed, n.Load())
+	require.Less(t, elapsed, 2*time.Second, "RoundTrip held by a stalled 409 body")
+	require.NoError(t, err)
 }

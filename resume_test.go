@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -134,4 +137,174 @@ func TestDroppedTransportReleasesJournal(t *testing.T) {
 	again, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err, "the lock is released")
 	require.NoError(t, again.Close())
+}
+
+// Resume of a fingerprint-named action whose Rebuild returns another
+// body: the README says the fingerprint is checked; instead a new action is
+// minted and sent (a second payment).
+func TestResumeRefusesAnotherPayload(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true}
+	j := journal.NewMemory()
+	first, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U","amount":100}`))
+	require.Error(t, err)
+	require.NoError(t, first.Close())
+	recs, _ := j.Unfinished(context.Background())
+	require.Len(t, recs, 1)
+
+	second, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer second.Close()
+	app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U","amount":999}`}}
+	res, err := second.Resume(context.Background(), app, 0)
+	require.NoError(t, err)
+	t.Logf("result: sent=%v status=%d err=%v; server requests=%d charges=%d keys=%v", res[0].Sent, res[0].Status, res[0].Err, len(srv.seen()), srv.chargeCount(), keysOf(srv.seen()))
+	require.Len(t, srv.seen(), 1, "a rebuilt request with another body was sent")
+}
+
+// on a journal that hashes ids, a resumed fingerprint-named action is
+// named WithAction("sha256:..."), so it is no longer "by fingerprint": its
+// done is not synced (Stats.Syncs), unlike on a plain journal.
+func TestResumeHashedFingerprintDoneSynced(t *testing.T) {
+	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
+		res, err := second.Resume(context.Background(), resumerOfU(t, second, srv), 0)
+		require.NoError(t, err)
+		t.Logf("status=%d err=%v keys=%v syncs=%d", res[0].Status, res[0].Err, keysOf(srv.seen()), second.Stats().Syncs)
+		require.Equal(t, 1, srv.chargeCount())
+		require.Equal(t, int64(1), second.Stats().Syncs, "the fingerprint-named done was not synced")
+	})
+}
+
+// on a hashed-id journal, Resume names a fingerprint-named action
+// "sha256:..." while a live identical request is named "fp:...": two
+// flights of one action, two sends of one key, the second drawing 409s.
+func TestResumeHashedJoinsLiveFlight(t *testing.T) {
+	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
+		srv.mu.Lock()
+		srv.delay = 300 * time.Millisecond
+		srv.stored = map[string]storedAnswer{} // server lost it: it charges (slowly) again, 409 meanwhile
+		srv.mu.Unlock()
+		app := resumerOfU(t, second, srv)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := second.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+		time.Sleep(50 * time.Millisecond) // the live request is in flight
+		_, err := second.Resume(context.Background(), app, 0)
+		require.NoError(t, err)
+		wg.Wait()
+		reqs := srv.seen()
+		t.Logf("requests after restart=%d keys=%v", len(reqs)-1, keysOf(reqs))
+		require.Len(t, reqs, 2, "one flight per action: one request after the restart")
+	}, idemretry.WithBackOff(constant(50*time.Millisecond)), idemretry.WithMaxRetries(20))
+}
+
+// the unsynced done of R3 costs a charge: a crash right after Resume
+// leaves the resumed unnamed payment pending on disk; the user's deliberate
+// identical repeat then reuses the old key and is answered with the old
+// payment's replay: charged once, told twice.
+func TestResumeHashedCrashThenRepeatIsCharged(t *testing.T) {
+	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, dir string, fo []filejournal.Option, second *idemretry.Transport) {
+		_, err := second.Resume(context.Background(), resumerOfU(t, second, srv), 0)
+		require.NoError(t, err)
+		crashed := copyDir(t, dir) // the process dies now
+		second.Close()
+
+		third, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(crashed, fo...))
+		require.NoError(t, err)
+		defer third.Close()
+		resp, err := third.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`)) // a deliberate second payment
+		require.NoError(t, err)
+		resp.Body.Close()
+		t.Logf("repeat: %d replayed=%v charges=%d", resp.StatusCode, idemretry.IsReplay(resp), srv.chargeCount())
+		require.Equal(t, 2, srv.chargeCount(), "the deliberate repeat was answered with the old payment's replay")
+	})
+}
+
+// the journal of a dropped Transport is closed by the GC cleanup while
+// the app still holds it through Journal().
+func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	j := tr.Journal()
+	tr = nil
+	for i := 0; i < 5; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err = j.Unfinished(context.Background())
+	t.Logf("Unfinished after dropping the Transport: %v", err)
+	require.NoError(t, err)
+}
+
+// unnamedPaymentLeftPending makes an unnamed payment whose answer is lost
+// after the server charged it, in a file journal (hashing its ids or not)
+// that the Transport then leaves: what a crash leaves for Resume.
+func unnamedPaymentLeftPending(t *testing.T, hashed bool) (*payServer, string, []filejournal.Option) {
+	t.Helper()
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true}
+	dir := t.TempDir()
+	var fo []filejournal.Option
+	if hashed {
+		fo = append(fo, filejournal.WithHashedIDs())
+	}
+	first, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	_, err = first.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
+	require.Error(t, err)
+	require.NoError(t, first.Close())
+	return srv, dir, fo
+}
+
+// resumeInEachIDMode runs f on a plain and on a hashing file journal, each
+// holding the payment unnamedPaymentLeftPending leaves, with a second
+// Transport (with opts) opened on it; f may close it.
+func resumeInEachIDMode(t *testing.T, f func(t *testing.T, srv *payServer, dir string, fo []filejournal.Option, second *idemretry.Transport), opts ...idemretry.Option) {
+	for _, hashed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
+			srv, dir, fo := unnamedPaymentLeftPending(t, hashed)
+			second, err := idemretry.NewTransport(nil, append([]idemretry.Option{idemretry.WithJournalDir(dir, fo...)}, opts...)...)
+			require.NoError(t, err)
+			defer second.Close()
+			f(t, srv, dir, fo, second)
+		})
+	}
+}
+
+// resumerOfU rebuilds the one unnamed payment, under whatever id the
+// journal lists it (a hashing journal lists a digest, not "fp:...").
+func resumerOfU(t *testing.T, tr *idemretry.Transport, srv *payServer) *appResumer {
+	t.Helper()
+	app := &appResumer{url: srv.URL, orders: map[string]string{}, unnamed: []string{`{"order":"U"}`}}
+	recs, err := tr.Journal().Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	app.orders[recs[0].ActionID] = `{"order":"U"}`
+	return app
+}
+
+// copyDir copies the journal's files as a crash would leave them on disk
+// (what was written, not what was only in memory).
+func copyDir(t *testing.T, from string) string {
+	to := t.TempDir()
+	ents, err := os.ReadDir(from)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(to, e.Name()), b, 0o600))
+	}
+	return to
 }
