@@ -14,6 +14,7 @@ import (
 	"time"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -207,7 +208,7 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 	if req == nil {
 		return nil, nil, invalid("null request")
 	}
-	if !isToken(req.Method) {
+	if !httptoken.Valid(req.Method) {
 		return nil, nil, invalid("method " + quote(req.Method) + " is not an HTTP token")
 	}
 	method := req.Method

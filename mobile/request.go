@@ -5,6 +5,8 @@ import (
 	"net/textproto"
 	"sort"
 	"strings"
+
+	"github.com/idemretry/idemretry/internal/httptoken"
 )
 
 // Headers is a list of HTTP header lines (name and value), in order. Names
@@ -101,7 +103,7 @@ func (h *Headers) check() string {
 		return ""
 	}
 	for _, l := range h.lines {
-		if !isToken(l.name) {
+		if !httptoken.Valid(l.name) {
 			return "header name " + quote(l.name) + " is not an HTTP token"
 		}
 		for i := 0; i < len(l.value); i++ {
@@ -185,20 +187,6 @@ type Response struct {
 	// as after a resend following a crash: the action was performed
 	// once, earlier.
 	Replayed bool
-}
-
-// isToken reports whether s is a non-empty HTTP token (RFC 9110, 5.6.2).
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // quote returns s quoted, cut to 64 bytes.
