@@ -9,6 +9,7 @@ require (
 	github.com/failsafe-go/failsafe-go v0.9.8
 	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/idemretry/idemretry v0.0.0-00010101000000-000000000000
+	golang.org/x/sys v0.36.0
 )
 
 require (
@@ -16,5 +17,4 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/influxdata/tdigest v0.0.1 // indirect
-	golang.org/x/sys v0.36.0 // indirect
 )

@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strconv"
 	"testing"
 )
@@ -45,25 +43,4 @@ func BenchmarkOverhead(b *testing.B) {
 			})
 		}
 	}
-}
-
-// stub is a base RoundTripper that reads the body and answers 201, or, when
-// flaky, 503 and 201 in turn. It is for one goroutine at a time.
-type stub struct {
-	flaky, failed bool
-}
-
-func (s *stub) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Body != nil {
-		io.Copy(io.Discard, r.Body)
-		r.Body.Close()
-	}
-	status := http.StatusCreated
-	if s.flaky {
-		if s.failed = !s.failed; s.failed {
-			status = http.StatusServiceUnavailable
-		}
-	}
-	return &http.Response{StatusCode: status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{}, Body: http.NoBody, ContentLength: 0, Request: r}, nil
 }

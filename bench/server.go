@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,6 +32,12 @@ type Server struct {
 
 	verify bool // compare every body with payload(wantLen), not only its length
 
+	// seen, when not nil, holds every Idempotency-Key received and how many
+	// requests carried it: for tests (NewRecordingServer); benchmarks do not
+	// pay for it.
+	seenMu sync.Mutex
+	seen   map[string]int
+
 	mu   sync.Mutex
 	keys map[string]string // flaky: action -> Idempotency-Key of its first attempt
 	// keyMismatch counts second attempts whose key differed from the first's.
@@ -43,6 +50,14 @@ func NewServer(wantLen int64, flaky bool) *Server { return newServer(wantLen, fl
 // NewCheckingServer is NewServer that also compares every body with the
 // payload byte for byte: for tests; benchmarks do not pay for it.
 func NewCheckingServer(wantLen int64, flaky bool) *Server { return newServer(wantLen, flaky, true) }
+
+// NewRecordingServer is NewServer that also remembers every Idempotency-Key
+// it receives (see Keys): for tests.
+func NewRecordingServer(wantLen int64) *Server {
+	s := newServer(wantLen, false, false)
+	s.seen = make(map[string]int)
+	return s
+}
 
 func newServer(wantLen int64, flaky, verify bool) *Server {
 	s := &Server{wantLen: wantLen, flaky: flaky, verify: verify, keys: make(map[string]string)}
@@ -63,8 +78,13 @@ var (
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.requests.Add(1)
-	if r.Header.Get("Idempotency-Key") != "" {
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
 		s.keyed.Add(1)
+		if s.seen != nil {
+			s.seenMu.Lock()
+			s.seen[k]++
+			s.seenMu.Unlock()
+		}
 	}
 	var sink io.Writer = io.Discard
 	var cmp *comparer
@@ -122,6 +142,17 @@ func (c *comparer) Write(p []byte) (int, error) {
 
 // Keyed returns how many requests carried an Idempotency-Key.
 func (s *Server) Keyed() int64 { return s.keyed.Load() }
+
+// Keys returns how many requests carried each Idempotency-Key, for a
+// server made by NewRecordingServer (nil otherwise).
+func (s *Server) Keys() map[string]int {
+	if s.seen == nil {
+		return nil
+	}
+	s.seenMu.Lock()
+	defer s.seenMu.Unlock()
+	return maps.Clone(s.seen)
+}
 
 // Conns returns how many connections the server has accepted.
 func (s *Server) Conns() int64 { return s.conns.Load() }

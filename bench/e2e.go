@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// End to end: actions per second, 1 KiB POSTs answered 201 at once by a
+// loopback server, from 1, 16 or 64 goroutines that each send one action
+// after another, through plain net/http and through idemretry with its
+// memory journal and with its default file journal (issue 12's table).
+
+// Participants of the end-to-end measurement, and of ProbeName.
+const (
+	// E2EFileUnnamed is idemretry with the file journal and no action id:
+	// each POST carries a body of its own, so that the Transport names it
+	// by a fingerprint (method, URL, body) no earlier action had, and it is
+	// a new action whose "done" is synced before RoundTrip returns.
+	E2EFileUnnamed = "idemretry-file-unnamed"
+	// ProbeName is the raw write+fdatasync Probe, interleaved with the
+	// others at concurrency 1.
+	ProbeName = "probe"
+)
+
+// E2ENames lists the end-to-end participants, baseline first. IdemMemory
+// and IdemFile name each action with WithAction.
+var E2ENames = []string{NetHTTP, IdemMemory, IdemFile, E2EFileUnnamed}
+
+// E2EConcurrency is the number of goroutines of each row of the table.
+var E2EConcurrency = []int{1, 16, 64}
+
+// actor performs one action per call, from many goroutines at once.
+type actor interface {
+	act(ctx context.Context, seq int64) error
+}
+
+// postActor sends 1 KiB POSTs through one client. A named one gives each
+// action its id with WithAction (Client.Post); an unnamed one sends a body
+// no other action has, and no id.
+type postActor struct {
+	c       *Client
+	url     string
+	unnamed bool
+}
+
+func (a *postActor) act(ctx context.Context, seq int64) error {
+	if a.unnamed {
+		return a.c.Post(ctx, a.url, uniquePayload(SmallBody, seq), "", false)
+	}
+	var id string
+	if a.c.Keyed {
+		id = "pay:" + strconv.FormatInt(seq, 10)
+	}
+	return a.c.Post(ctx, a.url, smallPayload, id, false)
+}
+
+var smallPayload = payload(SmallBody)
+
+// uniquePayload is payload(size) whose first 20 bytes are seq, zero-padded:
+// a body no other seq has, of the same length. It is a new slice: a body
+// may still be read after Post returns (net/http closes it when it likes).
+func uniquePayload(size int64, seq int64) []byte {
+	p := append([]byte(nil), payload(size)...)
+	stampSeq(p, seq)
+	return p
+}
+
+// stampSeq writes seq, zero-padded to 20 digits, over the start of p.
+func stampSeq(p []byte, seq int64) {
+	var d [20]byte
+	s := strconv.AppendInt(d[:0], seq, 10)
+	n := copy(p, "00000000000000000000"[:20-len(s)])
+	copy(p[n:], s)
+}
+
+type probeActor struct{ p *Probe }
+
+func (a probeActor) act(context.Context, int64) error { return a.p.Sync() }
+
+// Sample is what one participant did: actions completed in elapsed wall
+// time (from the first goroutine's start to the last one's return), and,
+// at concurrency 1, how long each action took.
+type Sample struct {
+	Actions   int64
+	Elapsed   time.Duration
+	Latencies []time.Duration // at concurrency 1 only, in no order
+}
+
+// PerSecond returns the actions per second.
+func (s Sample) PerSecond() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return float64(s.Actions) / s.Elapsed.Seconds()
+}
+
+// PerAction returns the mean wall time per action (of one goroutine's
+// action at concurrency 1).
+func (s Sample) PerAction() time.Duration {
+	if s.Actions == 0 {
+		return 0
+	}
+	return s.Elapsed / time.Duration(s.Actions)
+}
+
+// P50 returns the median of Latencies (0 without them). Unlike PerAction,
+// it does not move with the few syncs that a busy disk stalls for
+// milliseconds.
+func (s Sample) P50() time.Duration {
+	if len(s.Latencies) == 0 {
+		return 0
+	}
+	l := slices.Clone(s.Latencies)
+	slices.Sort(l)
+	return l[len(l)/2]
+}
+
+func (s Sample) add(o Sample) Sample {
+	return Sample{Actions: s.Actions + o.Actions, Elapsed: s.Elapsed + o.Elapsed,
+		Latencies: append(s.Latencies, o.Latencies...)}
+}
+
+// seq numbers the end-to-end actions: ids and bodies never repeat in a
+// process.
+var e2eSeq atomic.Int64
+
+// drive runs conc goroutines that perform actions with a until d has
+// passed; each finishes the action it is in. The first error stops them
+// all and is returned. At concurrency 1 it times each action too.
+func drive(a actor, conc int, d time.Duration) (Sample, error) {
+	var (
+		stop  atomic.Bool
+		total atomic.Int64
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+		lat   []time.Duration
+	)
+	ctx := context.Background()
+	start := time.Now()
+	timer := time.AfterFunc(d, func() { stop.Store(true) })
+	defer timer.Stop()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var n int64
+			for !stop.Load() {
+				var t0 time.Time
+				if conc == 1 {
+					t0 = time.Now()
+				}
+				if err := a.act(ctx, e2eSeq.Add(1)); err != nil {
+					once.Do(func() { first = err })
+					stop.Store(true)
+					break
+				}
+				if conc == 1 {
+					lat = append(lat, time.Since(t0))
+				}
+				n++
+			}
+			total.Add(n)
+		}()
+	}
+	wg.Wait()
+	return Sample{Actions: total.Load(), Elapsed: time.Since(start), Latencies: lat}, first
+}
+
+// E2E is the setup of one end-to-end measurement: a loopback server that
+// answers at once, and each participant's client, file journal (in a
+// directory of its own under one temporary directory) or probe.
+type E2E struct {
+	srv    *Server
+	dir    string
+	names  []string
+	actors map[string]actor
+	closer []func() error
+}
+
+// NewE2E starts the server and the participants named (from E2ENames and
+// ProbeName). Close releases them and removes their directories.
+func NewE2E(names []string) (*E2E, error) { return newE2E(names, NewServer(SmallBody, false)) }
+
+// newE2E is NewE2E with the given server, which Close closes.
+func newE2E(names []string, srv *Server) (*E2E, error) {
+	dir, err := os.MkdirTemp("", "idemretry-e2e-")
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	e := &E2E{srv: srv, dir: dir, names: names, actors: map[string]actor{}}
+	for _, name := range names {
+		if err := e.add(name); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("e2e %s: %w", name, err)
+		}
+	}
+	return e, nil
+}
+
+func (e *E2E) add(name string) error {
+	sub := filepath.Join(e.dir, name)
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		return err
+	}
+	if name == ProbeName {
+		p, err := NewProbe(sub)
+		if err != nil {
+			return err
+		}
+		e.actors[name], e.closer = probeActor{p}, append(e.closer, p.Close)
+		return nil
+	}
+	client := name
+	if name == E2EFileUnnamed {
+		client = IdemFile
+	}
+	c, err := NewClient(client, sub)
+	if err != nil {
+		return err
+	}
+	if name == E2EFileUnnamed {
+		c.Keyed = false // Post then sets no action id
+	}
+	e.actors[name], e.closer = &postActor{c: c, url: e.srv.URL, unnamed: name == E2EFileUnnamed}, append(e.closer, c.Close)
+	return nil
+}
+
+// Dir returns the temporary directory the participants' files are in.
+func (e *E2E) Dir() string { return e.dir }
+
+// Close stops the participants and the server and removes the directory.
+func (e *E2E) Close() error {
+	var errs []error
+	for _, c := range e.closer {
+		errs = append(errs, c())
+	}
+	e.srv.Close()
+	errs = append(errs, os.RemoveAll(e.dir))
+	return errors.Join(errs...)
+}
+
+// Measure runs every participant at concurrency conc for about d each, in
+// slices of d/slices taken in turn (participant after participant, the
+// first one rotating with rotate and the slice), so that all of them see
+// the same machine and the same disk, however those drift. Before, each
+// runs a short warm-up at conc (connections dialed, journals written
+// once), not counted. It returns each participant's totals.
+func (e *E2E) Measure(conc int, d time.Duration, slices, rotate int) (map[string]Sample, error) {
+	slices = max(slices, 1)
+	warm := min(d/10, 100*time.Millisecond)
+	for _, name := range e.names {
+		if _, err := drive(e.actors[name], conc, warm); err != nil {
+			return nil, fmt.Errorf("%s warm-up: %w", name, err)
+		}
+	}
+	out := make(map[string]Sample, len(e.names))
+	k := len(e.names)
+	for s := range slices {
+		for i := range k {
+			name := e.names[(i+s+rotate)%k]
+			got, err := drive(e.actors[name], conc, d/time.Duration(slices))
+			if err != nil {
+				return nil, fmt.Errorf("%s at %d: %w", name, conc, err)
+			}
+			out[name] = out[name].add(got)
+		}
+	}
+	if bad := e.srv.BadBodies(); bad > 0 {
+		return nil, fmt.Errorf("%d request bodies arrived damaged", bad)
+	}
+	return out, nil
+}

@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// The end-to-end driver sends what it counts: every action it reports
+// reached the server as one request, and each idemretry action, named or
+// not, as a new action with a key no other request carried. An unnamed
+// action that repeated an earlier body would be the same action (its
+// fingerprint), not a new one, and would not show as a new key.
+func TestE2EDriverSendsDistinctActions(t *testing.T) {
+	for _, name := range E2ENames {
+		t.Run(name, func(t *testing.T) {
+			srv := NewRecordingServer(SmallBody)
+			e, err := newE2E([]string{name}, srv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := e.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			got, err := drive(e.actors[name], 4, 100*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Actions < 4 {
+				t.Fatalf("%d actions in 100 ms from 4 goroutines", got.Actions)
+			}
+			if srv.Requests() != got.Actions {
+				t.Errorf("server answered %d requests, driver counted %d actions", srv.Requests(), got.Actions)
+			}
+			keys := srv.Keys()
+			if name == NetHTTP {
+				if len(keys) != 0 {
+					t.Errorf("net/http sent %d Idempotency-Keys", len(keys))
+				}
+				return
+			}
+			if int64(len(keys)) != got.Actions {
+				t.Errorf("%d distinct keys for %d actions", len(keys), got.Actions)
+			}
+			for k, n := range keys {
+				if n != 1 {
+					t.Errorf("key %s sent %d times", k, n)
+				}
+			}
+			if bad := srv.BadBodies(); bad > 0 {
+				t.Errorf("%d bodies arrived damaged", bad)
+			}
+		})
+	}
+}
+
+// Measure runs every participant, the probe too, and reports what each did;
+// the probe's file holds one ProbeBytes write per probe action counted.
+func TestE2EMeasureEveryParticipant(t *testing.T) {
+	names := append(append([]string{}, E2ENames...), ProbeName)
+	e, err := NewE2E(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	got, err := e.Measure(2, 40*time.Millisecond, 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent int64
+	for _, name := range names {
+		s := got[name]
+		if s.Actions == 0 || s.Elapsed < 40*time.Millisecond || s.PerSecond() <= 0 || s.PerAction() <= 0 {
+			t.Errorf("%s: %+v", name, s)
+		}
+		if name != ProbeName {
+			sent += s.Actions
+		}
+	}
+	// The warm-up sends too, uncounted: at least what was counted arrived.
+	if e.srv.Requests() < sent {
+		t.Errorf("server answered %d requests, Measure counted %d", e.srv.Requests(), sent)
+	}
+	fi, err := os.Stat(filepath.Join(e.Dir(), ProbeName, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fi.Size() / ProbeBytes; n < got[ProbeName].Actions || fi.Size()%ProbeBytes != 0 {
+		t.Errorf("probe file of %d bytes for %d counted syncs of %d bytes", fi.Size(), got[ProbeName].Actions, ProbeBytes)
+	}
+}
+
+// Unique payloads differ from each other only in their first 20 bytes.
+func TestUniquePayload(t *testing.T) {
+	a, b := uniquePayload(SmallBody, 7), uniquePayload(SmallBody, 1234567890123)
+	if len(a) != SmallBody || len(b) != SmallBody {
+		t.Fatalf("lengths %d, %d", len(a), len(b))
+	}
+	if bytes.Equal(a, b) || !bytes.Equal(a[20:], b[20:]) || !bytes.Equal(a[20:], payload(SmallBody)[20:]) {
+		t.Errorf("payloads %q..., %q...", a[:24], b[:24])
+	}
+	if string(a[:20]) != "00000000000000000007" {
+		t.Errorf("stamp %q", a[:20])
+	}
+}
