@@ -124,32 +124,18 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 	return m
 }
 
-// wantAttr checks that kvs has key = want (a string, int, int64, bool or float64).
-func wantAttr(t *testing.T, what string, kvs []attribute.KeyValue, key attribute.Key, want any) {
+// wantAttrs checks that kvs holds every attribute of want, with its type
+// and value.
+func wantAttrs(t *testing.T, what string, kvs []attribute.KeyValue, want ...attribute.KeyValue) {
 	t.Helper()
-	v, ok := attrMap(kvs)[key]
-	if !ok {
-		t.Errorf("%s: no %s, want %v", what, key, want)
-		return
-	}
-	var got any
-	switch v.Type() {
-	case attribute.STRING:
-		got = v.AsString()
-	case attribute.INT64:
-		got = v.AsInt64()
-		if w, ok := want.(int); ok {
-			want = int64(w)
+	got := attrMap(kvs)
+	for _, w := range want {
+		switch v, ok := got[w.Key]; {
+		case !ok:
+			t.Errorf("%s: no %s, want %s", what, w.Key, w.Value.Emit())
+		case v != w.Value:
+			t.Errorf("%s: %s = %s (%s), want %s (%s)", what, w.Key, v.Emit(), v.Type(), w.Value.Emit(), w.Value.Type())
 		}
-	case attribute.BOOL:
-		got = v.AsBool()
-	case attribute.FLOAT64:
-		got = v.AsFloat64()
-	default:
-		got = v.Emit()
-	}
-	if got != want {
-		t.Errorf("%s: %s = %v, want %v", what, key, got, want)
 	}
 }
 
@@ -181,17 +167,29 @@ func find(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics, bool)
 	return metricdata.Metrics{}, false
 }
 
+// dataOf returns the data of metric name, which must be a D (described by
+// want), and whether rm has the metric.
+func dataOf[D any](t *testing.T, rm metricdata.ResourceMetrics, name, want string) (D, bool) {
+	t.Helper()
+	m, ok := find(rm, name)
+	if !ok {
+		var none D
+		return none, false
+	}
+	d, ok := m.Data.(D)
+	if !ok {
+		t.Fatalf("%s is %T, want %s", name, m.Data, want)
+	}
+	return d, true
+}
+
 // sum adds up an int64 counter's points whose attributes include match
 // (all of them for none).
 func sum(t *testing.T, rm metricdata.ResourceMetrics, name string, match ...attribute.KeyValue) int64 {
 	t.Helper()
-	m, ok := find(rm, name)
+	s, ok := dataOf[metricdata.Sum[int64]](t, rm, name, "an int64 sum")
 	if !ok {
 		return 0
-	}
-	s, ok := m.Data.(metricdata.Sum[int64])
-	if !ok {
-		t.Fatalf("%s is %T, want an int64 sum", name, m.Data)
 	}
 	if !s.IsMonotonic {
 		t.Errorf("%s is not monotonic", name)
@@ -219,13 +217,9 @@ func has(set attribute.Set, match []attribute.KeyValue) bool {
 // attributes include match).
 func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, match ...attribute.KeyValue) uint64 {
 	t.Helper()
-	m, ok := find(rm, name)
+	hd, ok := dataOf[metricdata.Histogram[float64]](t, rm, name, "a float64 histogram")
 	if !ok {
 		return 0
-	}
-	hd, ok := m.Data.(metricdata.Histogram[float64])
-	if !ok {
-		t.Fatalf("%s is %T, want a float64 histogram", name, m.Data)
 	}
 	var n uint64
 	for _, dp := range hd.DataPoints {
@@ -238,13 +232,9 @@ func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, match .
 
 func floatSum(t *testing.T, rm metricdata.ResourceMetrics, name string) float64 {
 	t.Helper()
-	m, ok := find(rm, name)
+	s, ok := dataOf[metricdata.Sum[float64]](t, rm, name, "a float64 sum")
 	if !ok {
 		t.Fatalf("no metric %s", name)
-	}
-	s, ok := m.Data.(metricdata.Sum[float64])
-	if !ok {
-		t.Fatalf("%s is %T, want a float64 sum", name, m.Data)
 	}
 	var f float64
 	for _, dp := range s.DataPoints {

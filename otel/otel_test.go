@@ -57,15 +57,12 @@ func TestRetriedPaymentSpan(t *testing.T) {
 	attrs := s.Attributes()
 	u, _ := url.Parse(srv.URL)
 	port, _ := strconv.Atoi(u.Port())
-	wantAttr(t, "span", attrs, semconv.HTTPRequestMethodKey, "POST")
-	wantAttr(t, "span", attrs, semconv.URLFullKey, srv.URL+"/payments?token=REDACTED")
-	wantAttr(t, "span", attrs, semconv.ServerAddressKey, "127.0.0.1")
-	wantAttr(t, "span", attrs, semconv.ServerPortKey, port)
-	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 201)
-	wantAttr(t, "span", attrs, iotel.AttemptsKey, 2)
-	wantAttr(t, "span", attrs, iotel.ReplayedKey, false)
-	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(key))
-	wantAttr(t, "span", attrs, iotel.ActionHashKey, hash8(action))
+	wantAttrs(t, "span", attrs,
+		semconv.HTTPRequestMethodKey.String("POST"),
+		semconv.URLFullKey.String(srv.URL+"/payments?token=REDACTED"),
+		semconv.ServerAddressKey.String("127.0.0.1"), semconv.ServerPortKey.Int(port),
+		semconv.HTTPResponseStatusCodeKey.Int(201), iotel.AttemptsKey.Int(2), iotel.ReplayedKey.Bool(false),
+		iotel.KeyHashKey.String(hash8(key)), iotel.ActionHashKey.String(hash8(action)))
 	noAttr(t, "span", attrs, iotel.ReasonKey)
 	noAttr(t, "span", attrs, semconv.ErrorTypeKey)
 
@@ -79,8 +76,8 @@ func TestRetriedPaymentSpan(t *testing.T) {
 		if ev.Name != iotel.AttemptEvent {
 			t.Errorf("%s named %q, want %q", what, ev.Name, iotel.AttemptEvent)
 		}
-		wantAttr(t, what, ev.Attributes, iotel.AttemptKey, i+1)
-		wantAttr(t, what, ev.Attributes, semconv.HTTPResponseStatusCodeKey, want)
+		wantAttrs(t, what, ev.Attributes,
+			iotel.AttemptKey.Int(i+1), semconv.HTTPResponseStatusCodeKey.Int(want))
 		if d := attrMap(ev.Attributes)[iotel.AttemptDuration].AsFloat64(); d <= 0 {
 			t.Errorf("%s: duration %v s, want > 0", what, d)
 		}
@@ -165,10 +162,9 @@ func TestGiveUpReason(t *testing.T) {
 				t.Fatalf("GiveUpReason %v, want %v", got, c.reason)
 			}
 			s := h.span()
-			wantAttr(t, "span", s.Attributes(), iotel.ReasonKey, c.name)
-			wantAttr(t, "span", s.Attributes(), semconv.HTTPResponseStatusCodeKey, 503)
-			wantAttr(t, "span", s.Attributes(), semconv.ErrorTypeKey, "503")
-			wantAttr(t, "span", s.Attributes(), iotel.AttemptsKey, c.attempts)
+			wantAttrs(t, "span", s.Attributes(),
+				iotel.ReasonKey.String(c.name), semconv.HTTPResponseStatusCodeKey.Int(503),
+				semconv.ErrorTypeKey.String("503"), iotel.AttemptsKey.Int(c.attempts))
 			noAttr(t, "span", s.Attributes(), iotel.ReplayedKey)
 			if s.Status().Code != codes.Error || s.Status().Description != c.reason.Error() {
 				t.Errorf("span status %v, want Error %q", s.Status(), c.reason.Error())
@@ -200,8 +196,8 @@ func TestReplayFlag(t *testing.T) {
 		t.Fatalf("post: %v, %v; want a replay", resp, err)
 	}
 	s := h.span()
-	wantAttr(t, "span", s.Attributes(), iotel.ReplayedKey, true)
-	wantAttr(t, "span", s.Attributes(), iotel.AttemptsKey, 1)
+	wantAttrs(t, "span", s.Attributes(),
+		iotel.ReplayedKey.Bool(true), iotel.AttemptsKey.Int(1))
 	st := h.tr.Unwrap().Stats()
 	if st.Replays != 1 {
 		t.Fatalf("Stats.Replays %d, want 1", st.Replays)
@@ -231,12 +227,11 @@ func TestParkedAction(t *testing.T) {
 	}
 	s := h.span()
 	attrs := s.Attributes()
-	wantAttr(t, "span", attrs, iotel.ReasonKey, "parked")
-	wantAttr(t, "span", attrs, iotel.MaybeProcessedKey, true)
-	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 503)
-	wantAttr(t, "span", attrs, iotel.AttemptsKey, 2)
-	wantAttr(t, "span", attrs, semconv.ErrorTypeKey, "github.com/idemretry/idemretry.ActionError")
-	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(key))
+	wantAttrs(t, "span", attrs,
+		iotel.ReasonKey.String("parked"), iotel.MaybeProcessedKey.Bool(true),
+		semconv.HTTPResponseStatusCodeKey.Int(503), iotel.AttemptsKey.Int(2),
+		semconv.ErrorTypeKey.String("github.com/idemretry/idemretry.ActionError"),
+		iotel.KeyHashKey.String(hash8(key)))
 	if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "parked by the retry budget") {
 		t.Errorf("span status %v, want Error saying parked", s.Status())
 	}
@@ -263,11 +258,10 @@ func TestTransportErrors(t *testing.T) {
 	}
 	s := h.span()
 	attrs := s.Attributes()
-	wantAttr(t, "span", attrs, iotel.ReasonKey, "attempts_exhausted")
-	wantAttr(t, "span", attrs, iotel.MaybeProcessedKey, false)
-	wantAttr(t, "span", attrs, iotel.AttemptsKey, 3)
-	wantAttr(t, "span", attrs, iotel.KeyHashKey, hash8(ae.Key))
-	wantAttr(t, "span", attrs, iotel.ActionHashKey, hash8(action))
+	wantAttrs(t, "span", attrs,
+		iotel.ReasonKey.String("attempts_exhausted"), iotel.MaybeProcessedKey.Bool(false),
+		iotel.AttemptsKey.Int(3), iotel.KeyHashKey.String(hash8(ae.Key)),
+		iotel.ActionHashKey.String(hash8(action)))
 	noAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey)
 	if len(s.Events()) != 3 {
 		t.Fatalf("%d events, want 3", len(s.Events()))
@@ -304,7 +298,7 @@ func TestUnknownOutcome(t *testing.T) {
 		t.Fatalf("post: %v, want ErrKeyWindowExpired", err)
 	}
 	s := h.span()
-	wantAttr(t, "span", s.Attributes(), iotel.ReasonKey, "key_window_expired")
+	wantAttrs(t, "span", s.Attributes(), iotel.ReasonKey.String("key_window_expired"))
 	st := h.tr.Unwrap().Stats()
 	rm := h.collect()
 	checkStats(t, rm, st)
@@ -331,8 +325,9 @@ func TestCallerKeyHashed(t *testing.T) {
 		t.Fatalf("server saw key %q, want the caller's", got)
 	}
 	s := h.span()
-	wantAttr(t, "span", s.Attributes(), iotel.KeyHashKey, hash8(callerKey))
-	wantAttr(t, "span", s.Attributes(), semconv.URLFullKey, srv.URL+"/payments/"+hash8(callerKey))
+	wantAttrs(t, "span", s.Attributes(),
+		iotel.KeyHashKey.String(hash8(callerKey)),
+		semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(callerKey)))
 	h.checkNoSecrets(callerKey)
 }
 
@@ -480,11 +475,9 @@ func TestResumeSpan(t *testing.T) {
 			continue
 		}
 		resumed = append(resumed, sp.Name())
-		wantAttr(t, "resumed span", sp.Attributes(), iotel.ResumedKey, true)
-		wantAttr(t, "resumed span", sp.Attributes(), semconv.HTTPResponseStatusCodeKey, 201)
-		wantAttr(t, "resumed span", sp.Attributes(), iotel.AttemptsKey, 1)
-		wantAttr(t, "resumed span", sp.Attributes(), iotel.ActionHashKey, hash8(action))
-		wantAttr(t, "resumed span", sp.Attributes(), iotel.KeyHashKey, hash8(srv.onlyKey(t)))
+		wantAttrs(t, "resumed span", sp.Attributes(),
+			iotel.ResumedKey.Bool(true), semconv.HTTPResponseStatusCodeKey.Int(201), iotel.AttemptsKey.Int(1),
+			iotel.ActionHashKey.String(hash8(action)), iotel.KeyHashKey.String(hash8(srv.onlyKey(t))))
 		if sp.Parent().SpanID() != parent.SpanContext().SpanID() {
 			t.Errorf("resumed span's parent %v, want Resume's span %v", sp.Parent().SpanID(), parent.SpanContext().SpanID())
 		}
@@ -551,8 +544,8 @@ func TestGlobalProviders(t *testing.T) {
 		t.Fatalf("spans %v, want one named idemretry GET", ended)
 	}
 	attrs := ended[0].Attributes()
-	wantAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey, 200)
-	wantAttr(t, "span", attrs, iotel.AttemptsKey, 1)
+	wantAttrs(t, "span", attrs,
+		semconv.HTTPResponseStatusCodeKey.Int(200), iotel.AttemptsKey.Int(1))
 	noAttr(t, "span", attrs, iotel.KeyHashKey)
 	noAttr(t, "span", attrs, iotel.ActionHashKey)
 	var rm metricdata.ResourceMetrics
