@@ -332,3 +332,177 @@ func openWithRawProbe(b *testing.B) (s *Journal, rawWrite func() error) {
 		return datasync(raw)
 	}
 }
+
+// BenchmarkReserveDurable: the Transport's journal calls for one new
+// action, at concurrency 1, 16 and 64: a named action is Reserve then its
+// lazy "done" Update; an unnamed one (named by its fingerprint) also Syncs
+// that done before returning. Against, in the same run and alternately, the
+// raw natural-batching probe (rawCommitter: write+fdatasync of everything
+// pending, by one goroutine) with one record-sized append per action, and
+// at concurrency 1 also the inline raw write+fdatasync of one frame. The
+// ratios are the journal's actions/s over the probe's.
+func BenchmarkReserveDurable(b *testing.B) {
+	for _, kind := range []string{"named", "unnamed"} {
+		for _, n := range []int{1, 16, 64} {
+			b.Run(fmt.Sprintf("%s/c=%d", kind, n), func(b *testing.B) {
+				benchReserveDurable(b, n, kind == "unnamed")
+			})
+		}
+	}
+}
+
+func benchReserveDurable(b *testing.B, n int, unnamed bool) {
+	dir := b.TempDir()
+	s, _ := mustOpen(b, dir, testOpts())
+	defer s.Close()
+	f, err := os.OpenFile(filepath.Join(dir, "raw"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	rc := newRawCommitter(f)
+	defer rc.close()
+	rec := make([]byte, frameSizeOf(benchEntry(0))-frameHeaderSize)
+	frame := make([]byte, frameSizeOf(benchEntry(0)))
+	ops := max(b.N, 4*n, 200)
+	run := func(do func(i int)) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := int(next.Add(1))
+					if i > ops {
+						return
+					}
+					do(i)
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	ctx := context.Background()
+	const rounds = 4
+	entries := make([]journal.Record, rounds*ops+1)
+	for i := range entries {
+		entries[i] = benchEntry(i)
+	}
+	b.ResetTimer()
+	var rawT, inlineT, jT []time.Duration
+	base := 0
+	for range rounds {
+		rawT = append(rawT, run(func(int) { rc.add(rec) }))
+		if n == 1 {
+			inlineT = append(inlineT, run(func(int) {
+				if _, err := f.Write(frame); err != nil {
+					b.Error(err)
+				}
+				if err := datasync(f); err != nil {
+					b.Error(err)
+				}
+			}))
+		}
+		bs := base
+		jT = append(jT, run(func(i int) {
+			e := entries[bs+i]
+			if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); err != nil {
+				b.Error(err)
+				return
+			}
+			e.State, e.Status = journal.StateDone, 200
+			if err := s.Update(ctx, e); err != nil {
+				b.Error(err)
+			}
+			if unnamed {
+				if err := s.Sync(ctx); err != nil {
+					b.Error(err)
+				}
+			}
+		}))
+		base += ops
+	}
+	per := func(d []time.Duration) float64 { return float64(p50(d).Microseconds()) / float64(ops) }
+	perNs := func(d []time.Duration) float64 { return float64(p50(d).Nanoseconds()) / float64(ops) / 1e3 }
+	j, r := perNs(jT), perNs(rawT)
+	_ = per
+	b.ReportMetric(j, "µs/action")
+	b.ReportMetric(1e6/j, "actions/s")
+	b.ReportMetric(r, "raw-batch-µs/rec")
+	b.ReportMetric(r/j, "x-raw-batch")
+	if n == 1 {
+		in := perNs(inlineT)
+		b.ReportMetric(in, "raw-sync-µs")
+		syncs := 1.0
+		if unnamed {
+			syncs = 2
+		}
+		b.ReportMetric(j-syncs*in, "over-raw-µs")
+	}
+}
+
+// nosyncFile is a journal file whose Sync does nothing: with it a benchmark
+// measures the journal's own cost, without the disk's.
+type nosyncFile struct{ file }
+
+func (nosyncFile) Sync() error { return nil }
+
+// BenchmarkOverheadNoSync: the journal's own time per new action at
+// concurrency 1 (Reserve then the lazy done Update, and for an unnamed
+// action a Sync), with a file whose Sync does nothing: handoffs to the
+// committer and back, encoding, the write syscall, the presence check.
+func BenchmarkOverheadNoSync(b *testing.B) {
+	for _, unnamed := range []bool{false, true} {
+		name := "named"
+		if unnamed {
+			name = "unnamed"
+		}
+		for _, n := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/c=%d", name, n), func(b *testing.B) {
+				o := testOpts()
+				o.hooks = &hooks{wrapFile: func(_ string, f file) file { return nosyncFile{f} }}
+				s, _ := mustOpen(b, b.TempDir(), o)
+				defer s.Close()
+				ctx := context.Background()
+				entries := make([]journal.Record, b.N)
+				for i := range entries {
+					entries[i] = benchEntry(i)
+				}
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range n {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							i := int(next.Add(1)) - 1
+							if i >= b.N {
+								return
+							}
+							e := entries[i]
+							if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); err != nil {
+								b.Error(err)
+								return
+							}
+							e.State, e.Status = journal.StateDone, 200
+							if err := s.Update(ctx, e); err != nil {
+								b.Error(err)
+							}
+							if unnamed {
+								if err := s.Sync(ctx); err != nil {
+									b.Error(err)
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+	}
+}

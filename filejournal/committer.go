@@ -12,9 +12,9 @@ import (
 // what recovery's torn-or-corrupt rule relies on.
 func (j *Journal) run() {
 	defer close(j.done)
-	flush := time.NewTimer(time.Hour)
-	flush.Stop()
-	armed := false
+	j.mu.Lock()
+	flush := j.flushTimer()
+	j.mu.Unlock()
 	expiry := time.NewTicker(j.opts.expiryEvery)
 	defer expiry.Stop()
 	var compactBackoff time.Time // after a failed automatic compaction
@@ -23,7 +23,10 @@ func (j *Journal) run() {
 		select {
 		case <-j.wake:
 		case <-flush.C:
-			armed, flushDue = false, true
+			j.mu.Lock()
+			j.flushArmed = false
+			j.mu.Unlock()
+			flushDue = true
 		case <-j.stop:
 			stopping = true
 		case reply := <-j.compactCh:
@@ -59,19 +62,13 @@ func (j *Journal) run() {
 			}
 			j.mu.Unlock()
 			j.closeErr = err
+			j.mu.Lock()
 			flush.Stop()
+			j.mu.Unlock()
 			return
 		}
-		j.mu.Lock()
-		lazyOnly := len(j.queue) > 0 && !j.durable
-		j.mu.Unlock()
-		if lazyOnly && !flushDue {
-			if !armed {
-				flush.Reset(j.opts.flushEvery)
-				armed = true
-			}
-			continue
-		}
+		// Woken for a durable waiter (a lazy-only queue waits for the
+		// flush timer, which enqueue armed), or by the flush timer.
 		if err := j.commitQueued(flushDue); err != nil {
 			continue // the Journal is poisoned; Close will report it
 		}
@@ -98,7 +95,8 @@ func (j *Journal) commitQueued(force bool) error {
 		return nil
 	}
 	ops, b := j.queue, j.cur
-	j.queue, j.cur, j.durable = nil, newBatch(), false
+	j.queue, j.cur, j.durable = j.spare, newBatch(), false
+	j.spare = nil
 	j.writing = b // Sync waits for it while it is written and synced
 	if j.high > j.savedHigh {
 		// Persist the clock's high-water mark, so that a clock set back
@@ -140,10 +138,18 @@ func (j *Journal) commitQueued(force bool) error {
 	}
 	j.sizeSeen = j.size
 	j.writing = nil
+	if err == nil && cap(ops) <= maxSpareOps {
+		clear(ops) // let the records' ids go
+		j.spare = ops[:0]
+	}
 	j.mu.Unlock()
 	close(b.done)
 	return err
 }
+
+// maxSpareOps bounds the queue buffer kept for reuse (see Journal.spare),
+// so that a burst does not pin a huge one.
+const maxSpareOps = 4096
 
 // How far the observed time may run ahead of the last one written before a
 // batch carries it, and before Close writes it.
@@ -184,22 +190,30 @@ func (j *Journal) poisonLocked(err error) {
 // syncing after each frame, so a huge batch keeps the one-unsynced-frame
 // rule.
 func (j *Journal) writeOps(ops []op) error {
-	w := frameWriter{gen: j.gen, seq: j.nextSeq, frame: j.buf, emit: func(frame []byte) error {
-		j.opts.hooks.fail(fpBeforeWrite)
-		if _, err := j.f.Write(frame); err != nil {
-			return fmt.Errorf("write %s: %w", j.path, err)
-		}
-		j.opts.hooks.fail(fpAfterWrite)
-		if err := j.f.Sync(); err != nil {
-			return fmt.Errorf("sync %s: %w", j.path, err)
-		}
-		j.nextSeq++
-		j.size += int64(len(frame))
-		return nil
-	}}
-	err := w.write(ops...)
-	if j.buf = w.frame; cap(j.buf) > 4*maxPayload {
-		j.buf = nil // do not pin a huge buffer
+	w := &j.fw // its scratch buffers are reused from batch to batch
+	if w.emit == nil {
+		w.emit = j.emitFrame
 	}
+	w.gen, w.seq = j.gen, j.nextSeq
+	err := w.write(ops...)
+	if cap(w.frame) > 4*maxPayload || cap(w.recs) > 4*maxPayload || cap(w.payload) > 4*maxPayload {
+		w.frame, w.recs, w.payload = nil, nil, nil // do not pin huge buffers
+	}
+	w.recs, w.count = w.recs[:0], 0 // after a failure, nothing carries over
 	return err
+}
+
+// emitFrame writes one frame of a batch and syncs it.
+func (j *Journal) emitFrame(frame []byte) error {
+	j.opts.hooks.fail(fpBeforeWrite)
+	if _, err := j.f.Write(frame); err != nil {
+		return fmt.Errorf("write %s: %w", j.path, err)
+	}
+	j.opts.hooks.fail(fpAfterWrite)
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", j.path, err)
+	}
+	j.nextSeq++
+	j.size += int64(len(frame))
+	return nil
 }

@@ -75,6 +75,15 @@ type Journal struct {
 	obsRef   time.Time
 	savedObs int64
 
+	// flushT is the lazy-flush timer (see enqueue); flushArmed tells that
+	// it runs. Both under mu; flushT is made on first use (flushTimer).
+	flushT     *time.Timer
+	flushArmed bool
+	// spare is the queue's other buffer: the committer hands back the
+	// slice of the batch it wrote, so that queues do not grow anew each
+	// batch. Under mu.
+	spare []op
+
 	wake      chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
@@ -92,8 +101,8 @@ type Journal struct {
 	gen      uint32
 	nextSeq  uint64
 	size     int64
-	sizeSeen int64 // size under mu, for tests (stats)
-	buf      []byte
+	sizeSeen int64       // size under mu, for tests (stats)
+	fw       frameWriter // scratch buffers of the batches' frames
 	closeErr error
 }
 
@@ -270,16 +279,33 @@ func (j *Journal) signal() {
 }
 
 // enqueue adds o to the current batch; with durable, the caller will wait
-// for it. Callers hold mu.
+// for it, and the committer is woken to write the batch now. A lazy
+// operation only arms the flush timer, if it is not running yet: the
+// committer is not woken for it (that would cost each lazy Update a
+// goroutine wake-up), and the timer, once it fires, writes whatever is
+// queued then. Callers hold mu.
 func (j *Journal) enqueue(o op, durable bool) *batch {
 	j.queue = append(j.queue, o)
-	if durable && !j.durable {
-		j.durable = true
-		j.signal()
-	} else if len(j.queue) == 1 {
-		j.signal() // let the committer arm its lazy-flush timer
+	if durable {
+		if !j.durable {
+			j.durable = true
+			j.signal()
+		}
+	} else if !j.durable && !j.flushArmed {
+		j.flushArmed = true
+		j.flushTimer().Reset(j.opts.flushEvery)
 	}
 	return j.cur
+}
+
+// flushTimer returns the lazy-flush timer, made stopped on first use.
+// Callers hold mu.
+func (j *Journal) flushTimer() *time.Timer {
+	if j.flushT == nil {
+		j.flushT = time.NewTimer(time.Hour)
+		j.flushT.Stop()
+	}
+	return j.flushT
 }
 
 func (j *Journal) wait(ctx context.Context, b *batch) error {
