@@ -45,7 +45,11 @@ import (
 // to write; one committer goroutine owns the file, takes the whole queue as
 // a batch, writes it as one frame (or a few, for huge batches), syncs, and
 // then wakes the batch's waiters. Callers that arrive while a batch syncs
-// form the next batch: natural group commit.
+// form the next batch: natural group commit. Before it takes a batch, the
+// committer lets the goroutines ready to run go first, so that callers a
+// batch just released join the next one rather than each start their own;
+// a lazy Update wakes no one (it arms the flush timer); Sync waits for the
+// batch its updates are in, with everyone else's.
 type Journal struct {
 	opts     config
 	dir      string
