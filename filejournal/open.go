@@ -3,6 +3,7 @@ package filejournal
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -210,10 +211,11 @@ func (j *Journal) recover() (Recovery, error) {
 	if jerr != nil && !missing {
 		return rep, jerr
 	}
-	tdata, terr := os.ReadFile(tmpPath)
+	tf, terr := os.Open(tmpPath)
 	switch {
 	case terr == nil:
-		adopt, keep, err := j.chooseTemp(tdata, tmpPath, missing)
+		adopt, keep, err := j.chooseTemp(tf, tmpPath, missing)
+		_ = tf.Close()
 		switch {
 		case err != nil:
 			return rep, err
@@ -248,15 +250,24 @@ func (j *Journal) recover() (Recovery, error) {
 		return rep, j.writeSnapshot(nil, j.high, 0)
 	}
 
-	data, err := os.ReadFile(j.path)
+	// The file is read through one reusable window (see source), not
+	// whole: recovery holds the index, not the index and the file.
+	f, err := os.Open(j.path)
 	if err != nil {
 		return rep, err
 	}
-	j.m = make(map[string]slot, len(data)/96)
-	res, err := scan(data, j.path, j.opts.salvage, j.applyFrame)
+	defer f.Close()
+	src, err := openSource(f)
 	if err != nil {
 		return rep, err
 	}
+	j.m = make(map[string]slot, countLive(src))
+	res, err := scanSource(src, j.path, j.opts.salvage, j.replay())
+	if err != nil {
+		return rep, err
+	}
+	size := int64(src.size)
+	src = nil // its window is no longer needed
 	if hashed := res.hdr.flags&flagHashedIDs != 0; hashed != j.opts.hashed {
 		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", journal.ErrIncompatible, j.path, hashed)
 	}
@@ -269,12 +280,12 @@ func (j *Journal) recover() (Recovery, error) {
 		// Unlike a torn tail's, this copy is the only trace of the
 		// acknowledged records the salvage drops: no copy, no salvage,
 		// and nothing changed (it is made before the torn tail is cut).
-		if rep.CorruptCopy, err = j.copyAside(corruptPref, data); err != nil {
+		if rep.CorruptCopy, err = j.copyAside(corruptPref, io.NewSectionReader(f, 0, size)); err != nil {
 			return rep, err
 		}
 	}
 	if res.torn {
-		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), int64(len(data)-res.end)
+		rep.TornTail, rep.TornOffset, rep.TornBytes = true, int64(res.end), size-int64(res.end)
 		// Only the tail is copied aside, not the whole file as etcd does:
 		// torn tails follow every crash during a write, and the tail is
 		// all a post-mortem needs. The copy is for diagnosis only: the
@@ -285,16 +296,20 @@ func (j *Journal) recover() (Recovery, error) {
 		// would keep the application from starting, or from reconciling
 		// its unfinished actions, until space is freed, and would protect
 		// no acknowledged record.
-		rep.TornCopy, rep.TornCopyErr = j.copyAside(tornPrefix, data[res.end:])
+		rep.TornCopy, rep.TornCopyErr = j.copyAside(tornPrefix, io.NewSectionReader(f, int64(res.end), rep.TornBytes))
 		if err := truncate(j.path, int64(res.end)); err != nil {
 			return rep, fmt.Errorf("cut torn tail: %w", err)
 		}
 	}
 
+	if err := f.Close(); err != nil {
+		return rep, err
+	}
 	if j.f, err = j.openActive(); err != nil {
 		return rep, err
 	}
 	dead := j.expiredIDs()
+	compactTried := true
 	switch {
 	case len(res.salvaged) > 0:
 		// The damage must not stay in the file, or every later open
@@ -309,13 +324,19 @@ func (j *Journal) recover() (Recovery, error) {
 		// expired records in the index, live overstates the live bytes;
 		// any expired record and a file past compactMin compact anyway.)
 		rep.Compacted = j.compact() == nil
+	default:
+		compactTried = false
 	}
 	// Expired records that no compaction removed from the file are dropped
 	// from the index with their deletes queued (written lazily, with the
 	// next batch or at Close), as Reserve drops them: the decision is
 	// final, and the file never holds a record the index dropped without
-	// its delete on the way.
-	for _, id := range j.expiredIDs() {
+	// its delete on the way. Without a compaction the index is as it was
+	// when dead was listed, and is not walked again.
+	if compactTried {
+		dead = j.expiredIDs()
+	}
+	for _, id := range dead {
 		j.remove(id, false)
 	}
 	return rep, nil
@@ -333,32 +354,78 @@ func (j *Journal) expiredIDs() []string {
 	return ids
 }
 
-// applyFrame replays one frame into the index.
-func (j *Journal) applyFrame(_ uint64, payload []byte) error {
-	return decodePayload(payload, func(o *op) error {
+// replay returns the function that scan calls to replay one frame into the
+// index. It allocates no string for a record's id but the map key of a
+// record it adds, taken from an idArena.
+func (j *Journal) replay() func(seq uint64, payload []byte) error {
+	var ids idArena
+	apply := func(o *op, id []byte) error {
 		switch o.kind {
 		case opUpsert:
-			if sl, ok := j.m[o.r.id]; ok && j.sameKey(&sl, &o.r) {
+			sl, ok := j.m[string(id)]
+			if ok && sl.custom {
+				o.r.id = string(id) // sameKey compares the custom keys by id
+			}
+			switch {
+			case ok && j.sameKey(&sl, &o.r):
 				// The same action: an update, under the rule Update
 				// follows (done is final).
 				r := j.recOf(o.r.id, &sl)
 				if applyUpdate(&r, o.r.state, o.r.attempts, o.r.status) {
+					if r.id == "" {
+						r.id = string(id)
+					}
 					j.put(&r)
 				}
-			} else {
+			case ok:
+				// Another record of the action, with another key.
+				if o.r.id == "" {
+					o.r.id = string(id)
+				}
 				j.put(&o.r)
+			default:
+				// A new record: what put does, without its lookup.
+				o.r.id = ids.string(id)
+				j.m[o.r.id] = j.slotOf(&o.r)
+				if o.r.custom != "" {
+					j.custom[o.r.id] = o.r.custom
+				}
+				j.live += o.r.size()
 			}
 			j.high = max(j.high, o.r.created)
 			j.obsNs = max(j.obsNs, o.r.seen*1e6)
 		case opDelete:
-			j.del(o.r.id)
+			if _, ok := j.m[string(id)]; ok {
+				j.del(string(id))
+			}
 		case opEnd, opClock:
 			j.high = max(j.high, o.clock)
 		case opSeen:
 			j.obsNs = max(j.obsNs, o.clock*1e6)
 		}
 		return nil
-	})
+	}
+	return func(_ uint64, payload []byte) error { return decodeOps(payload, apply) }
+}
+
+// idArena makes the id strings of the records that recovery adds to the
+// index, many to an allocation instead of one each: a million small
+// allocations cost more time than the map they go into. An arena's chunk
+// stays allocated while any of its ids is in the index, so the memory a
+// chunk holds after its records are removed is bounded by the ids that
+// recovery loaded.
+type idArena struct{ b strings.Builder }
+
+const idChunk = 4 << 10
+
+func (a *idArena) string(id []byte) string {
+	if a.b.Cap()-a.b.Len() < len(id) {
+		a.b = strings.Builder{}
+		a.b.Grow(max(idChunk, len(id)))
+	}
+	a.b.Write(id)
+	s := a.b.String()
+	return s[len(s)-len(id):]
 }
 
 // chooseTemp decides what to do with a leftover journal.tmp, tdata (see the
@@ -367,19 +434,28 @@ func (j *Journal) applyFrame(_ uint64, payload []byte) error {
 // journal's error), or else remove it. Whichever file wins is synced before
 // chooseTemp returns, so the other is dropped only once the winner is on
 // disk.
-func (j *Journal) chooseTemp(tdata []byte, tmpPath string, missing bool) (adopt, keep bool, err error) {
-	tres, ok := checkSnapshot(tdata, tmpPath)
+func (j *Journal) chooseTemp(tf *os.File, tmpPath string, missing bool) (adopt, keep bool, err error) {
+	tsrc, err := openSource(tf)
+	if err != nil {
+		return false, false, err
+	}
+	tres, ok := checkSnapshotSource(tsrc, tmpPath)
 	if !ok {
 		return false, false, nil
 	}
 	if !missing {
-		jdata, err := os.ReadFile(j.path)
+		jf, err := os.Open(j.path)
+		if err != nil {
+			return false, false, err
+		}
+		defer jf.Close()
+		jsrc, err := openSource(jf)
 		if err != nil {
 			return false, false, err
 		}
 		// Salvage only to learn the last valid sequence: nothing is
 		// changed here, and the journal is scanned again for real below.
-		jres, err := scan(jdata, j.path, true, func(uint64, []byte) error { return nil })
+		jres, err := scanSource(jsrc, j.path, true, func(uint64, []byte) error { return nil })
 		if err != nil {
 			return false, true, nil
 		}
@@ -406,13 +482,17 @@ func snapshotComplete(data []byte, path string) bool {
 // they must be valid too, except for a torn tail, which recovery cuts off
 // as in any journal.
 func checkSnapshot(data []byte, path string) (scanResult, bool) {
+	return checkSnapshotSource(memSource(data), path)
+}
+
+func checkSnapshotSource(src *source, path string) (scanResult, bool) {
 	var n uint64
 	ended := false
-	res, err := scan(data, path, false, func(_ uint64, p []byte) error {
+	res, err := scanSource(src, path, false, func(_ uint64, p []byte) error {
 		if ended {
 			return nil // an appended batch
 		}
-		return decodePayload(p, func(o *op) error {
+		return decodeOps(p, func(o *op, _ []byte) error {
 			switch {
 			case ended:
 			case o.kind == opUpsert:
@@ -448,12 +528,12 @@ func syncFile(path string) error {
 	return nil
 }
 
-// copyAside copies data, durably, to a new file named prefix and the time,
+// copyAside copies what data reads, durably, to a new file named prefix and the time,
 // and prunes the copies to maxAside. The copy is written to asideTmpName,
 // synced, and only then renamed to its name, so that no empty or partial
 // copy is ever left under a copy's name: on any failure the temporary file
 // is removed and nothing else is changed.
-func (j *Journal) copyAside(prefix string, data []byte) (string, error) {
+func (j *Journal) copyAside(prefix string, data io.Reader) (string, error) {
 	name := filepath.Join(j.dir, prefix+time.Now().UTC().Format("20060102T150405.000000000"))
 	tmp := filepath.Join(j.dir, asideTmpName)
 	of, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -461,7 +541,9 @@ func (j *Journal) copyAside(prefix string, data []byte) (string, error) {
 		return "", fmt.Errorf("copy aside: %w", err)
 	}
 	f := j.opts.hooks.wrap(asideTmpName, osFile{of})
-	_, werr := f.Write(data)
+	// Through f's Write only (no io.ReaderFrom), in pieces of a bounded
+	// buffer.
+	_, werr := io.CopyBuffer(struct{ io.Writer }{f}, data, make([]byte, 256<<10))
 	if werr == nil {
 		werr = f.Sync()
 	}

@@ -138,7 +138,7 @@ func appendPayload(b []byte, ops []op) []byte {
 var errPayload = errors.New("malformed payload")
 
 // decoder reads a payload. It never panics and allocates only the strings
-// of the ids and custom keys it returns.
+// of the custom keys it returns.
 type decoder struct {
 	p   []byte
 	bad bool
@@ -176,18 +176,31 @@ func (d *decoder) bytes(n int) []byte {
 	return b
 }
 
-func (d *decoder) id() string {
+// id returns the next id, in p.
+func (d *decoder) id() []byte {
 	n := d.uvarint(journal.MaxActionID)
 	if d.bad || n == 0 {
 		d.bad = true
-		return ""
+		return nil
 	}
-	return string(d.bytes(int(n)))
+	return d.bytes(int(n))
 }
 
 // decodePayload calls fn for each record of p, reusing one op. It returns
 // errPayload (wrapped) for anything malformed, and fn's error as is.
 func decodePayload(p []byte, fn func(*op) error) error {
+	return decodeOps(p, func(o *op, id []byte) error {
+		if id != nil {
+			o.r.id = string(id)
+		}
+		return fn(o)
+	})
+}
+
+// decodeOps is decodePayload without the id strings: an upsert's or a
+// delete's id is passed to fn as id, a slice of p, and o.r.id is empty. It
+// allocates nothing but the strings of custom keys.
+func decodeOps(p []byte, fn func(o *op, id []byte) error) error {
 	d := decoder{p: p}
 	count := d.uvarint(uint64(len(p)))
 	if d.bad {
@@ -196,10 +209,11 @@ func decodePayload(p []byte, fn func(*op) error) error {
 	var o op
 	for i := uint64(0); i < count; i++ {
 		o = op{kind: d.byte()}
+		var id []byte
 		switch o.kind {
 		case opUpsert:
 			fl := d.byte()
-			o.r.id = d.id()
+			id = d.id()
 			if fl&upsertSeen == 0 {
 				d.bad = true // every upsert of this format carries its observed time
 			}
@@ -226,7 +240,7 @@ func decodePayload(p []byte, fn func(*op) error) error {
 			o.r.status = uint16(d.uvarint(math.MaxUint16))
 			o.r.seen = int64(d.uvarint(maxSeenMs))
 		case opDelete:
-			o.r.id = d.id()
+			id = d.id()
 		case opEnd:
 			o.count = d.uvarint(math.MaxUint64)
 			o.clock = unzigzag(d.uvarint(math.MaxUint64))
@@ -240,7 +254,7 @@ func decodePayload(p []byte, fn func(*op) error) error {
 		if d.bad {
 			return fmt.Errorf("%w: record %d", errPayload, i)
 		}
-		if err := fn(&o); err != nil {
+		if err := fn(&o, id); err != nil {
 			return err
 		}
 	}

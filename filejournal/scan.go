@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"os"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -27,13 +30,22 @@ type scanResult struct {
 // span is a byte range [off, end) of a file.
 type span struct{ off, end int }
 
-// scan reads data, a whole journal file, and calls apply for each good frame
-// in order. It implements the recovery rule of the package doc. With salvage
-// false, damage to acknowledged data returns a *CorruptionError; with salvage
-// true, the damaged range is skipped and reported in the result. apply's
-// errors are returned as they are, except errPayload: a frame whose CRC
-// holds but whose content is malformed was written that way, so it is
-// corruption (salvage skips it).
+// scan reads data, a whole journal file in memory, and calls apply for each
+// good frame in order: scanSource over data.
+func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload []byte) error) (scanResult, error) {
+	return scanSource(memSource(data), path, salvage, apply)
+}
+
+// scanSource reads src, a whole journal file, and calls apply for each good
+// frame in order. It implements the recovery rule of the package doc. With
+// salvage false, damage to acknowledged data returns a *CorruptionError;
+// with salvage true, the damaged range is skipped and reported in the
+// result. apply's errors are returned as they are, except errPayload: a
+// frame whose CRC holds but whose content is malformed was written that way,
+// so it is corruption (salvage skips it). An error reading src is returned
+// as it is, before anything is judged from the bytes it did not give. The
+// payload passed to apply is valid only until apply returns when src is a
+// file.
 //
 // A valid frame whose sequence was already applied is a copy, not the next
 // frame. A byte-identical copy of the applied frame (a write repeated below
@@ -42,8 +54,12 @@ type span struct{ off, end int }
 // it. Any other frame out of sequence is damage, judged like a frame that
 // fails its CRC. Copies and damage with no new frame after them are a torn
 // tail: cutting them loses nothing.
-func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload []byte) error) (scanResult, error) {
-	hdr, err := parseHeader(data)
+func scanSource(src *source, path string, salvage bool, apply func(seq uint64, payload []byte) error) (scanResult, error) {
+	hb, err := src.bytes(0, headerSize)
+	if err != nil {
+		return scanResult{}, err
+	}
+	hdr, err := parseHeader(hb)
 	if err != nil {
 		if errors.Is(err, errBadHeader) {
 			return scanResult{}, &CorruptionError{Path: path, Reason: err.Error()}
@@ -51,17 +67,20 @@ func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload
 		return scanResult{}, fmt.Errorf("%w: %s: %w", journal.ErrIncompatible, path, err)
 	}
 	res := scanResult{hdr: hdr, end: headerSize, lastSeq: hdr.baseSeq - 1}
-	// offs[i] is where frame baseSeq+i starts, or -1 if a salvage skipped
-	// it: what a copy is compared with.
-	var offs []int
+	// offs holds where each frame from baseSeq on starts, or -1 if a salvage
+	// skipped it: what a copy is compared with.
+	var offs offsets
 	var pendingDups []span // copies not yet followed by a new frame
 	off := headerSize
-	for off < len(data) {
-		seq, payload, next, ok := frameAt(data, off, hdr.gen)
+	for off < src.size {
+		seq, payload, next, ok, err := src.frame(off, hdr.gen)
+		if err != nil {
+			return res, err
+		}
 		if ok && seq == res.lastSeq+1 {
 			err := apply(seq, payload)
 			if err == nil {
-				offs = append(offs, off)
+				offs.add(off)
 				res.lastSeq, res.end, off = seq, next, next
 				res.frames++
 				res.dups = append(res.dups, pendingDups...)
@@ -78,21 +97,29 @@ func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload
 			}
 			res.salvaged = append(res.salvaged, ce)
 			res.lastSeq, res.end = seq, next
-			offs = append(offs, off)
+			offs.add(off)
 			res.dups = append(res.dups, pendingDups...)
 			pendingDups = pendingDups[:0]
 			off = next
 			continue
 		}
 		if ok && seq >= hdr.baseSeq && seq <= res.lastSeq {
-			if i := seq - hdr.baseSeq; i < uint64(len(offs)) && offs[i] >= 0 &&
-				bytes.Equal(data[off:next], data[offs[i]:offs[i]+(next-off)]) {
-				pendingDups = append(pendingDups, span{off, next})
-				off = next
-				continue
+			if i := seq - hdr.baseSeq; i < uint64(offs.len()) && offs.at(int(i)) >= 0 {
+				same, err := src.equal(off, offs.at(int(i)), next-off)
+				if err != nil {
+					return res, err
+				}
+				if same {
+					pendingDups = append(pendingDups, span{off, next})
+					off = next
+					continue
+				}
 			}
 		}
-		p, pseq := findLater(data, off, hdr.gen, res.lastSeq+1)
+		p, pseq, err := src.findLater(off, hdr.gen, res.lastSeq+1)
+		if err != nil {
+			return res, err
+		}
 		if p < 0 {
 			res.torn = true
 			return res, nil
@@ -111,7 +138,7 @@ func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload
 		}
 		res.salvaged = append(res.salvaged, ce)
 		for res.lastSeq < pseq-1 {
-			offs = append(offs, -1)
+			offs.add(-1)
 			res.lastSeq++
 		}
 		res.dups = append(res.dups, pendingDups...)
@@ -128,16 +155,167 @@ func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload
 // after from whose sequence is at least minSeq, or -1. When that sequence is
 // above minSeq, the frames in between were damaged after they were synced:
 // the writer never writes s+2 before the sync of s+1 returned.
-func findLater(data []byte, from int, gen uint32, minSeq uint64) (int, uint64) {
-	for p := from; p+frameHeaderSize <= len(data); p++ {
+func (s *source) findLater(from int, gen uint32, minSeq uint64) (int, uint64, error) {
+	for p := from; p+frameHeaderSize <= s.size; p++ {
+		h, err := s.bytes(p, frameHeaderSize)
+		if err != nil {
+			return -1, 0, err
+		}
 		// Cheap filters before the CRC: a plausible sequence and length.
-		seq := binary.LittleEndian.Uint64(data[p+8 : p+16])
-		if seq < minSeq || seq-minSeq > uint64(len(data)-from)/frameHeaderSize {
+		seq := binary.LittleEndian.Uint64(h[8:16])
+		if seq < minSeq || seq-minSeq > uint64(s.size-from)/frameHeaderSize {
 			continue
 		}
-		if s, _, _, ok := frameAt(data, p, gen); ok && s == seq {
-			return p, seq
+		if got, _, _, ok, err := s.frame(p, gen); err != nil {
+			return -1, 0, err
+		} else if ok && got == seq {
+			return p, seq, nil
 		}
 	}
-	return -1, 0
+	return -1, 0, nil
+}
+
+// offsets is an append-only list of file offsets, kept in fixed-size chunks
+// so that a long journal's list never grows by copying.
+type offsets struct {
+	chunks [][]int
+	n      int
+}
+
+const offsetsChunk = 4096
+
+func (o *offsets) add(off int) {
+	if o.n%offsetsChunk == 0 {
+		o.chunks = append(o.chunks, make([]int, 0, offsetsChunk))
+	}
+	c := &o.chunks[len(o.chunks)-1]
+	*c = append(*c, off)
+	o.n++
+}
+
+func (o *offsets) len() int     { return o.n }
+func (o *offsets) at(i int) int { return o.chunks[i/offsetsChunk][i%offsetsChunk] }
+
+// source is a journal file to scan: either its bytes, all in memory, or the
+// open file, read through one window that is reused from frame to frame, so
+// that scanning a file holds at most a couple of frames of it in memory
+// (recovery of a large journal does not hold the whole file as well as its
+// index).
+type source struct {
+	size  int
+	inMem bool
+	mem   []byte      // the whole file, when inMem
+	r     io.ReaderAt // the file, when not
+	win   int         // how much to read at a time
+	buf   []byte      // the window: bytes [at, at+len(buf)) of the file
+	at    int
+	other []byte // scratch for the earlier frame that a copy is compared with
+}
+
+// windowSize is how much of a file a source reads at a time: room for a
+// whole frame of the largest payload, and as much again, so that the window
+// is moved about once per megabyte whatever the frames, and never grows.
+const windowSize = 2 * (frameHeaderSize + maxPayload)
+
+func memSource(data []byte) *source { return &source{size: len(data), inMem: true, mem: data} }
+
+func fileSource(r io.ReaderAt, size int64) (*source, error) {
+	if size < 0 || size > math.MaxInt-windowSize {
+		return nil, fmt.Errorf("file size %d out of range", size)
+	}
+	return &source{size: int(size), r: r, win: windowSize}, nil
+}
+
+// bytes returns the file's bytes [off, off+n), cut short at the end of the
+// file, with 0 <= off <= size. For a file, they are valid until the next
+// call.
+func (s *source) bytes(off, n int) ([]byte, error) {
+	end := s.size
+	if n < end-off {
+		end = off + n
+	}
+	if s.inMem {
+		return s.mem[off:end], nil
+	}
+	if off >= s.at && end <= s.at+len(s.buf) {
+		return s.buf[off-s.at : end-s.at], nil
+	}
+	// Move the window to off: keep what it holds from off on, and read
+	// the rest.
+	want := min(max(s.win, end-off), s.size-off)
+	buf := s.buf
+	if cap(buf) < want {
+		buf = make([]byte, want)
+	}
+	buf = buf[:want]
+	k := 0
+	if off >= s.at && off < s.at+len(s.buf) {
+		k = copy(buf, s.buf[off-s.at:])
+	}
+	if err := readFull(s.r, buf[k:], off+k); err != nil {
+		s.buf, s.at = buf[:0], 0
+		return nil, err
+	}
+	s.buf, s.at = buf, off
+	return buf[:end-off], nil
+}
+
+// frame decodes the frame at off, as frameAt does; the payload is valid
+// until the next call.
+func (s *source) frame(off int, gen uint32) (seq uint64, payload []byte, next int, ok bool, err error) {
+	h, err := s.bytes(off, frameHeaderSize)
+	if err != nil || len(h) < frameHeaderSize {
+		return 0, nil, 0, false, err
+	}
+	n := binary.LittleEndian.Uint32(h[4:8])
+	if n > maxPayload || uint64(s.size-off-frameHeaderSize) < uint64(n) {
+		return 0, nil, 0, false, nil
+	}
+	b, err := s.bytes(off, frameHeaderSize+int(n))
+	if err != nil {
+		return 0, nil, 0, false, err
+	}
+	seq, payload, next, ok = frameAt(b, 0, gen)
+	return seq, payload, off + next, ok, nil
+}
+
+// equal reports whether the file's n bytes at a and at b are the same.
+func (s *source) equal(a, b, n int) (bool, error) {
+	if s.inMem {
+		return bytes.Equal(s.mem[a:a+n], s.mem[b:b+n]), nil
+	}
+	if cap(s.other) < n {
+		s.other = make([]byte, n)
+	}
+	o := s.other[:n]
+	if err := readFull(s.r, o, b); err != nil {
+		return false, err
+	}
+	x, err := s.bytes(a, n)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(x, o), nil
+}
+
+// readFull reads len(p) bytes at off. A file shorter than its size was
+// when the scan began is an error (io.ErrUnexpectedEOF), not an end.
+func readFull(r io.ReaderAt, p []byte, off int) error {
+	n, err := r.ReadAt(p, int64(off))
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("read journal: %w", err)
+}
+
+// openSource returns a source reading f, of its size now.
+func openSource(f *os.File) (*source, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return fileSource(f, fi.Size())
 }

@@ -1,0 +1,125 @@
+package filejournal
+
+import "hash/maphash"
+
+// countLive returns how many records replaying src would leave in the
+// index, counted over its frames in sequence from the start up to the first
+// that is not (a torn tail, damage, a copy), by hashes of their ids. It is the size recovery gives the index's map before replaying src:
+// a Go map grown one insert at a time ends no smaller than one sized once,
+// but allocates about half as much again on the way (the tables it
+// outgrows) and spends as much time moving records. It is a hint only: an
+// error, a hash collision or a frame it does not reach makes it low, and
+// then the map grows as it would have. It reads src once more, which costs
+// much less than the growth it saves.
+func countLive(src *source) int {
+	hb, err := src.bytes(0, headerSize)
+	if err != nil {
+		return 0
+	}
+	hdr, err := parseHeader(hb)
+	if err != nil {
+		return 0
+	}
+	// A first guess of the table's size, from the file's: about one record
+	// per 64 bytes.
+	set := newHashSet(src.size / 64)
+	seed := maphash.MakeSeed()
+	count := func(o *op, id []byte) error {
+		switch o.kind {
+		case opUpsert:
+			set.add(uint32(maphash.Bytes(seed, id)))
+		case opDelete:
+			set.remove(uint32(maphash.Bytes(seed, id)))
+		}
+		return nil
+	}
+	next := hdr.baseSeq
+	for off := headerSize; off < src.size; {
+		seq, payload, end, ok, err := src.frame(off, hdr.gen)
+		if err != nil || !ok || seq != next {
+			break
+		}
+		if decodeOps(payload, count) != nil {
+			break
+		}
+		off, next = end, next+1
+	}
+	return set.n
+}
+
+// hashSet is a set of 32-bit hashes: open addressing, linear probing. 0
+// marks an empty slot and 1 a removed one; hashes are stored with bit 1
+// set, so that they are neither. (Among a million ids, about a hundred
+// pairs share 32 bits: the count is low by as many, which does not matter
+// to a hint.)
+type hashSet struct {
+	slots []uint32
+	n     int // members
+	used  int // slots not empty: members and removed ones
+}
+
+func newHashSet(hint int) *hashSet {
+	c := 16
+	for c < hint+hint/3 {
+		c *= 2
+	}
+	return &hashSet{slots: make([]uint32, c)}
+}
+
+func (s *hashSet) add(h uint32) {
+	h |= 2
+	if 4*(s.used+1) > 3*len(s.slots) {
+		s.rehash()
+	}
+	mask := uint32(len(s.slots) - 1)
+	free := -1
+	for i := h & mask; ; i = (i + 1) & mask {
+		switch v := s.slots[i]; {
+		case v == h:
+			return
+		case v == 1:
+			if free < 0 {
+				free = int(i)
+			}
+		case v == 0:
+			if free < 0 {
+				free = int(i)
+				s.used++
+			}
+			s.slots[free] = h
+			s.n++
+			return
+		}
+	}
+}
+
+func (s *hashSet) remove(h uint32) {
+	h |= 2
+	mask := uint32(len(s.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		switch s.slots[i] {
+		case h:
+			s.slots[i] = 1
+			s.n--
+			return
+		case 0:
+			return
+		}
+	}
+}
+
+// rehash moves the members to a table with room for twice as many, without
+// the removed slots.
+func (s *hashSet) rehash() {
+	old := s.slots
+	c := len(old)
+	if 2*s.n >= c/2 {
+		c *= 2
+	}
+	s.slots, s.n, s.used = make([]uint32, c), 0, 0
+	for _, v := range old {
+		if v > 1 {
+			s.add(v)
+		}
+	}
+}
