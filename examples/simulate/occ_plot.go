@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"image/color"
-	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -12,6 +11,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/idemretry/idemretry/examples/internal/occ"
+	"github.com/idemretry/idemretry/examples/internal/pngfile"
 )
 
 // occColors gives each strategy one colour in every occ plot. The
@@ -156,13 +156,5 @@ func savePanels(path string, w, h vg.Length, panels ...*plot.Plot) error {
 	for i, p := range panels {
 		p.Draw(tiles.At(dc, i, 0))
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return pngfile.Write(path, img)
 }

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/csv"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,16 +20,11 @@ func smallOverload() paymentsOptions {
 // The overload phase end to end: its three tables, every claim passing,
 // both pictures and, with -csv, both CSV files.
 func TestRunPaymentsOverloadSmall(t *testing.T) {
-	saved := payOpts
-	t.Cleanup(func() { payOpts = saved })
-	payOpts = smallOverload()
-
-	var out, errOut bytes.Buffer
-	c := common{Seed: 3, OutDir: t.TempDir(), CSV: true, Stdout: &out, Stderr: &errOut}
-	if err := runPayments(context.Background(), c); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+	out, dir, err := playPayments(t, smallOverload(), true)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{
+	wantInOutput(t, out,
 		"payments, outage: 2 app instances", "on (10, 0.1)", "With the budget:",
 		"payments, load against failure rate", "100%                 6.00        6.00", "brooker.co.za/blog/2022/02/28/retries.html",
 		"payments, Retry-After herd: 6 clients", "old: max(drawn wait, Retry-After) (reproduced)", "new: Retry-After + drawn wait (the library's default)",
@@ -43,27 +35,23 @@ func TestRunPaymentsOverloadSmall(t *testing.T) {
 		"PASS  load curve, budget on", "PASS  load curve, budget off",
 		"PASS  Retry-After, the library's rule: no client came back before",
 		"PASS  Retry-After: the library's rule spreads the herd",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
-	if strings.Contains(out.String(), "FAIL") {
+	)
+	if strings.Contains(out, "FAIL") {
 		t.Errorf("a check failed")
 	}
 	for _, name := range []string{"payments_outage.png", "payments_load.png", "payments_overload.csv", "payments_retry_after.csv"} {
-		if fi, err := os.Stat(filepath.Join(c.OutDir, name)); err != nil || fi.Size() == 0 {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Size() == 0 {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	rows := readCSV(t, filepath.Join(c.OutDir, "payments_overload.csv"))
+	rows := readCSV(t, filepath.Join(dir, "payments_overload.csv"))
 	if len(rows) != 1+10 || rows[0][0] != "fail_rate" {
 		t.Errorf("payments_overload.csv: %d rows, header %v", len(rows), rows[0])
 	}
-	if rows := readCSV(t, filepath.Join(c.OutDir, "payments_retry_after.csv")); len(rows) != 1+2*2 {
+	if rows := readCSV(t, filepath.Join(dir, "payments_retry_after.csv")); len(rows) != 1+2*2 {
 		t.Errorf("payments_retry_after.csv: %d rows", len(rows))
 	}
-	t.Logf("output:\n%s", out.String())
+	t.Logf("output:\n%s", out)
 }
 
 func readCSV(t *testing.T, path string) [][]string {
@@ -84,28 +72,14 @@ func readCSV(t *testing.T, path string) [][]string {
 // budget (the runs labelled "on" included), and the scenario says FAIL and
 // returns an error.
 func TestRunPaymentsFailsWithoutBudget(t *testing.T) {
-	saved := payOpts
-	t.Cleanup(func() { payOpts = saved })
-	payOpts = smallOverload()
-	payOpts.overload.herdClients = 0
-	payOpts.overload.loadOptions = []idemretry.Option{idemretry.WithRetryBudget(0, 0)}
-
-	var out, errOut bytes.Buffer
-	c := common{Seed: 3, OutDir: t.TempDir(), Stdout: &out, Stderr: &errOut}
-	err := runPayments(context.Background(), c)
-	if !errors.Is(err, errPaymentChecksFailed) {
-		t.Errorf("runPayments = %v, want errPaymentChecksFailed", err)
-	}
-	for _, want := range []string{
+	opts := smallOverload()
+	opts.overload.herdClients = 0
+	opts.overload.loadOptions = []idemretry.Option{idemretry.WithRetryBudget(0, 0)}
+	wantChecksFailed(t, opts,
 		"FAIL  outage, budget on: server requests at most 1.1 x the first attempts",
 		"FAIL  outage, budget on: every parked payment was resent",
 		"FAIL  load curve, budget on",
 		"PASS  overload: every payment confirmed and charged exactly once", // keys still work
 		"SKIP  Retry-After",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
-	t.Logf("output:\n%s", out.String())
+	)
 }

@@ -89,21 +89,29 @@ func status(ok bool) Status {
 	return Fail
 }
 
-func noDuplicates(claim string, runs []*Result) Check {
+// everyRun is the claim that every run passes: it passes when all do, and
+// its detail is each run's, in order. Without runs it is skipped.
+func everyRun[R any](claim string, runs []R, pass func(R) bool, detail func(R) string) Check {
 	if len(runs) == 0 {
 		return skipped(claim)
 	}
 	ok := true
-	var parts []string
+	parts := make([]string, 0, len(runs))
 	for _, r := range runs {
-		ok = ok && r.Duplicates == 0
+		ok = pass(r) && ok
+		parts = append(parts, detail(r))
+	}
+	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+}
+
+func noDuplicates(claim string, runs []*Result) Check {
+	return everyRun(claim, runs, func(r *Result) bool { return r.Duplicates == 0 }, func(r *Result) string {
 		p := fmt.Sprintf("%s: %d of %d charged 2+", r.Strategy, r.Duplicates, r.Intents)
 		if r.Crashes > 0 {
 			p += fmt.Sprintf(" (%d of %d killed payments)", r.RestartDuplicates, r.Killed)
 		}
-		parts = append(parts, p)
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+		return p
+	})
 }
 
 // keylessDuplicate: a client without one key per action that confirms a
@@ -133,51 +141,28 @@ func keylessDuplicate(runs []*Result) Check {
 // charging key again, answered from the key store, and every planned kill
 // happened.
 func resentUnderOldKeys(runs []*Result) Check {
-	const claim = "restart, flavour 4 (idemretry+journal): every killed process's payment was resent under its old key, and the server replayed it"
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		ok = ok && r.Killed > 0 && r.Killed == r.PlannedKills && r.KilledResent == r.Killed
-		parts = append(parts, fmt.Sprintf(
-			"the server replayed the charged key of %d of %d killed payments (%d kills planned; the restarted journals listed %d unfinished actions)",
-			r.KilledResent, r.Killed, r.PlannedKills, r.Resumed))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun("restart, flavour 4 (idemretry+journal): every killed process's payment was resent under its old key, and the server replayed it", runs,
+		func(r *Result) bool { return r.Killed > 0 && r.Killed == r.PlannedKills && r.KilledResent == r.Killed },
+		func(r *Result) string {
+			return fmt.Sprintf("the server replayed the charged key of %d of %d killed payments (%d kills planned; the restarted journals listed %d unfinished actions)",
+				r.KilledResent, r.Killed, r.PlannedKills, r.Resumed)
+		})
 }
 
 // allPaid: with no faults but the kills, flavour 4 confirms every payment,
 // so its zero duplicates are not the zero of a client that stopped paying.
 func allPaid(runs []*Result) Check {
-	const claim = "restart, flavour 4 (idemretry+journal): every payment confirmed paid"
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		ok = ok && r.Paid == r.Intents
-		parts = append(parts, fmt.Sprintf("paid %d of %d", r.Paid, r.Intents))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun("restart, flavour 4 (idemretry+journal): every payment confirmed paid", runs,
+		func(r *Result) bool { return r.Paid == r.Intents },
+		func(r *Result) string { return fmt.Sprintf("paid %d of %d", r.Paid, r.Intents) })
 }
 
 // restartDuplicates: with no other fault, a client whose key does not
 // survive the process is charged twice for every payment it was killed in.
 func restartDuplicates(runs []*Result) Check {
-	const claim = "restart, flavours 1-3 (no durable key): each killed payment is charged twice"
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		ok = ok && r.Killed > 0 && r.RestartDuplicates == r.Killed
-		parts = append(parts, fmt.Sprintf("%s: %d of %d", r.Flavour, r.RestartDuplicates, r.Killed))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun("restart, flavours 1-3 (no durable key): each killed payment is charged twice", runs,
+		func(r *Result) bool { return r.Killed > 0 && r.RestartDuplicates == r.Killed },
+		func(r *Result) string { return fmt.Sprintf("%s: %d of %d", r.Flavour, r.RestartDuplicates, r.Killed) })
 }
 
 // noLostCharge: no client is told a payment succeeded that the server

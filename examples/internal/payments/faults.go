@@ -1,8 +1,11 @@
 package payments
 
 import (
+	"context"
 	"hash/fnv"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Fault is what the server does to one processing of a charge.
@@ -83,4 +86,19 @@ func (o Outage) down(t time.Duration) bool { return t >= o.Start && t < o.End }
 
 func (o Outage) warming(t time.Duration) bool {
 	return o.End > o.Start && t >= o.End && t < o.End+o.WarmUp
+}
+
+// Forgetful wraps j in a broken journal that forgets an action's record
+// before every Reserve, so each RoundTrip mints a new key, while Unfinished
+// still lists what a crashed process left pending. The tests play with it
+// to show that the checks read the server's ledger, not the app's word.
+func Forgetful(j journal.Journal) journal.Journal { return forgetful{j} }
+
+type forgetful struct{ journal.Journal }
+
+func (j forgetful) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	if err := j.Journal.Forget(ctx, rec.ActionID); err != nil {
+		return journal.Record{}, false, err
+	}
+	return j.Journal.Reserve(ctx, rec, mode)
 }

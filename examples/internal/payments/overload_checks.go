@@ -53,55 +53,42 @@ func OverloadChecks(runs []*LoadResult, herds []*HerdResult) []Check {
 func outageBudgetBound(runs []*LoadResult) Check {
 	claim := fmt.Sprintf("outage, budget on: server requests at most %g x the first attempts, plus the %d tokens each Transport's bucket starts with",
 		1+idemretry.DefaultBudgetRatio, idemretry.DefaultBudgetTokens)
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		bound := BudgetBound(r.FirstAttempts, r.Clients)
-		ok = ok && r.FirstAttempts == r.Intents && r.Requests <= bound
+	return everyRun(claim, runs, withinBudget, func(r *LoadResult) string {
 		start := idemretry.DefaultBudgetTokens * r.Clients
-		parts = append(parts, fmt.Sprintf("%d requests for %d first attempts (%.2fx; bound %d); the retries beyond the %d starting tokens are %.3f per first attempt",
-			r.Requests, r.FirstAttempts, ratio(r.Requests, r.FirstAttempts), bound, start,
-			float64(r.Retries-start)/float64(max(r.FirstAttempts, 1))))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+		return fmt.Sprintf("%d requests for %d first attempts (%.2fx; bound %d); the retries beyond the %d starting tokens are %.3f per first attempt",
+			r.Requests, r.FirstAttempts, ratio(r.Requests, r.FirstAttempts), BudgetBound(r.FirstAttempts, r.Clients), start,
+			float64(r.Retries-start)/float64(max(r.FirstAttempts, 1)))
+	})
+}
+
+// withinBudget: a run's every payment made its first attempt, and its
+// requests stayed within BudgetBound.
+func withinBudget(r *LoadResult) bool {
+	return r.FirstAttempts == r.Intents && r.Requests <= BudgetBound(r.FirstAttempts, r.Clients)
 }
 
 // outageEveryAttempt: the baseline is what it claims to be. Without the
 // budget every payment of the outage made its 6 attempts in it.
 func outageEveryAttempt(runs []*LoadResult) Check {
-	claim := fmt.Sprintf("outage, budget off: every payment made all %d attempts inside the outage (the baseline)", idemretry.DefaultMaxRetries+1)
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		want := (idemretry.DefaultMaxRetries + 1) * r.Intents
-		ok = ok && r.Requests == want
-		parts = append(parts, fmt.Sprintf("%d requests for %d payments (%.2f each)", r.Requests, r.Intents, r.PerIntent()))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun(fmt.Sprintf("outage, budget off: every payment made all %d attempts inside the outage (the baseline)", idemretry.DefaultMaxRetries+1), runs,
+		func(r *LoadResult) bool { return r.Requests == (idemretry.DefaultMaxRetries+1)*r.Intents },
+		func(r *LoadResult) string {
+			return fmt.Sprintf("%d requests for %d payments (%.2f each)", r.Requests, r.Intents, r.PerIntent())
+		})
 }
 
 // parkedChargedOnce: the budget parks, it does not lose. Every parked
 // payment came back after the outage and the server charged it once, under
 // the key its first attempt carried.
 func parkedChargedOnce(runs []*LoadResult) Check {
-	const claim = "outage, budget on: every parked payment was resent after the outage and charged exactly once, under the key of its first attempt (server's ledger)"
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		ok = ok && r.Parked > 0 && r.ParkedChargedOnce == r.Parked && r.Resent >= r.Parked
-		parts = append(parts, fmt.Sprintf("%d of %d payments parked, %d resent; %d of the parked charged once under their first key",
-			r.Parked, r.Intents, r.Resent, r.ParkedChargedOnce))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun("outage, budget on: every parked payment was resent after the outage and charged exactly once, under the key of its first attempt (server's ledger)", runs,
+		func(r *LoadResult) bool {
+			return r.Parked > 0 && r.ParkedChargedOnce == r.Parked && r.Resent >= r.Parked
+		},
+		func(r *LoadResult) string {
+			return fmt.Sprintf("%d of %d payments parked, %d resent; %d of the parked charged once under their first key",
+				r.Parked, r.Intents, r.Resent, r.ParkedChargedOnce)
+		})
 }
 
 // overloadChargedOnce: whatever the failure rate and the budget, every
@@ -138,33 +125,17 @@ func overloadChargedOnce(runs []*LoadResult) Check {
 func curveBudgetBound(runs []*LoadResult) Check {
 	claim := fmt.Sprintf("load curve, budget on: at every failure rate, requests at most %g x the first attempts plus %d per Transport",
 		1+idemretry.DefaultBudgetRatio, idemretry.DefaultBudgetTokens)
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		bound := BudgetBound(r.FirstAttempts, r.Clients)
-		ok = ok && r.FirstAttempts == r.Intents && r.Requests <= bound
-		parts = append(parts, fmt.Sprintf("%s: %d <= %d", pct(r.FailRate), r.Requests, bound))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun(claim, runs, withinBudget, func(r *LoadResult) string {
+		return fmt.Sprintf("%s: %d <= %d", pct(r.FailRate), r.Requests, BudgetBound(r.FirstAttempts, r.Clients))
+	})
 }
 
 func curveExpected(runs []*LoadResult) Check {
-	claim := fmt.Sprintf("load curve, budget off: requests per payment within %.0f%% of (1-p^6)/(1-p) at every failure rate p", 100*LoadTolerance)
-	if len(runs) == 0 {
-		return skipped(claim)
-	}
-	ok := true
-	var parts []string
-	for _, r := range runs {
-		want := ExpectedLoad(r.FailRate)
-		got := r.PerIntent()
-		ok = ok && math.Abs(got/want-1) <= LoadTolerance
-		parts = append(parts, fmt.Sprintf("%s: %.2f (expected %.2f)", pct(r.FailRate), got, want))
-	}
-	return Check{Claim: claim, Status: status(ok), Detail: strings.Join(parts, "; ")}
+	return everyRun(fmt.Sprintf("load curve, budget off: requests per payment within %.0f%% of (1-p^6)/(1-p) at every failure rate p", 100*LoadTolerance), runs,
+		func(r *LoadResult) bool { return math.Abs(r.PerIntent()/ExpectedLoad(r.FailRate)-1) <= LoadTolerance },
+		func(r *LoadResult) string {
+			return fmt.Sprintf("%s: %.2f (expected %.2f)", pct(r.FailRate), r.PerIntent(), ExpectedLoad(r.FailRate))
+		})
 }
 
 func herdFloor(herds []*HerdResult) Check {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemretry/idemretry"
@@ -19,11 +18,10 @@ const BrookerURL = "https://brooker.co.za/blog/2022/02/28/retries.html"
 // WriteOutageTable prints the outage's runs, budget off then on, and what
 // the budget's retries were made of.
 func WriteOutageTable(w io.Writer, title string, runs []*LoadResult) error {
-	if _, err := fmt.Fprintln(w, title); err != nil {
+	tw, err := newTable(w, title, "budget\tpayments\trequests\tper payment\tretries\tparked\tgave up\tresent\tresend requests\tcharged once\tunder first key\tcharged 2+\t")
+	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "budget\tpayments\trequests\tper payment\tretries\tparked\tgave up\tresent\tresend requests\tcharged once\tunder first key\tcharged 2+\t")
 	for _, r := range runs {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n",
 			r.BudgetLabel+disturbedMark(r), r.Intents, r.Requests, r.PerIntent(), r.Retries, r.Parked, r.GaveUp,
@@ -51,12 +49,11 @@ func WriteOutageTable(w io.Writer, title string, runs []*LoadResult) error {
 // payment expected without a budget, measured without and with it, and how
 // many payments the first call confirmed.
 func WriteLoadTable(w io.Writer, title string, runs []*LoadResult) error {
-	if _, err := fmt.Fprintln(w, title); err != nil {
+	off, on := byRate(runs)
+	tw, err := newTable(w, title, "failing\texpected, no budget\tbudget off\tbudget on\tpaid by 1st call: off\ton\tparked: on\t")
+	if err != nil {
 		return err
 	}
-	off, on := byRate(runs)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "failing\texpected, no budget\tbudget off\tbudget on\tpaid by 1st call: off\ton\tparked: on\t")
 	for _, p := range rates(runs) {
 		a, b := off[p], on[p]
 		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", pct(p)+disturbedMark(b), ExpectedLoad(p),
@@ -138,11 +135,10 @@ func rates(runs []*LoadResult) []float64 {
 // WriteHerdTable prints the width of the window in which each rule's herd
 // came back, per round and median.
 func WriteHerdTable(w io.Writer, title string, herds []*HerdResult) error {
-	if _, err := fmt.Fprintln(w, title); err != nil {
+	tw, err := newTable(w, title, "rule\twindow, median\tper round\tfirst back after\tlast back after\t")
+	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rule\twindow, median\tper round\tfirst back after\tlast back after\t")
 	for _, h := range herds {
 		var rounds []string
 		for _, d := range h.Widths {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/journal"
 )
 
 // smallOutage is the outage at a size and speed a test can afford: 2
@@ -75,23 +74,12 @@ func TestFailRateIsSeeded(t *testing.T) {
 	}
 }
 
-// forgetting is a broken journal: it forgets an action before every
-// Reserve, so each RoundTrip of it mints a new key.
-type forgetting struct{ journal.Journal }
-
-func (j forgetting) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
-	if err := j.Journal.Forget(ctx, rec.ActionID); err != nil {
-		return journal.Record{}, false, err
-	}
-	return j.Journal.Reserve(ctx, rec, mode)
-}
-
 // The checks read the server's ledger, not the app's word: with a journal
 // that forgets, the parked payments are resent under new keys, and the
 // claims that they came back under their first key fail.
 func TestOverloadChecksCatchANewKeyOnResend(t *testing.T) {
 	cfg := smallOutage(t, true)
-	cfg.WrapJournal = func(j journal.Journal) journal.Journal { return forgetting{j} }
+	cfg.WrapJournal = Forgetful
 	res := runLoad(t, cfg)
 	checks := OverloadChecks([]*LoadResult{res}, nil)
 	wantStatus(t, checks, "outage, budget on: every parked payment", Fail)

@@ -9,11 +9,10 @@ import (
 
 // WriteTable prints one row per run.
 func WriteTable(w io.Writer, title string, results []*Result) error {
-	if _, err := fmt.Fprintf(w, "%s\n", title); err != nil {
+	tw, err := newTable(w, title, "flavour\tstrategy\tintents\tcharged 2+\textra\tat restarts\trequests\tper intent\tpeak/10ms after\t503 after\tp50\tp99\tgave up\t")
+	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "flavour\tstrategy\tintents\tcharged 2+\textra\tat restarts\trequests\tper intent\tpeak/10ms after\t503 after\tp50\tp99\tgave up\t")
 	disturbed := false
 	for _, r := range results {
 		strategy := r.Strategy
@@ -54,4 +53,15 @@ func seconds(d time.Duration) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// newTable writes title on its own line and returns a right-aligned table
+// writer on w that starts with the tab-separated header.
+func newTable(w io.Writer, title, header string) (*tabwriter.Writer, error) {
+	if _, err := fmt.Fprintln(w, title); err != nil {
+		return nil, err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, header)
+	return tw, nil
 }
