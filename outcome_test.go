@@ -342,17 +342,24 @@ func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
 	return f.Memory.Update(ctx, rec)
 }
 
+// overFlakyJournal returns a payment server and a Transport, with its own
+// HTTP connections, over a flakyJournal the test can make fail or hang.
+func overFlakyJournal(t *testing.T) (*payServer, *flakyJournal, *idemretry.Transport) {
+	t.Helper()
+	j := &flakyJournal{Memory: journal.NewMemory()}
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return newPayServer(t), j, tr
+}
+
 // Issue 7, item 4: an update to done that fails must not leave a record that makes
 // the next deliberate identical payment reuse the old key (two payments, one
 // charge, and a 201 that nobody paid).
 func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
-	srv := newPayServer(t)
-	j := &flakyJournal{Memory: journal.NewMemory()}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
-	defer tr.Close()
+	srv, j, tr := overFlakyJournal(t)
 
 	j.failDone.Store(true)
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
@@ -382,12 +389,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 // Issue 7, item 5: a journal that hangs when the outcome is recorded must not hold
 // RoundTrip past the caller's deadline (beyond a documented grace).
 func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
-	srv := newPayServer(t)
-	j := &flakyJournal{Memory: journal.NewMemory()}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
+	srv, j, tr := overFlakyJournal(t)
 
 	j.hang.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
