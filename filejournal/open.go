@@ -267,7 +267,6 @@ func (j *Journal) recover() (Recovery, error) {
 		return rep, err
 	}
 	size := int64(src.size)
-	src = nil // its window is no longer needed
 	if hashed := res.hdr.flags&flagHashedIDs != 0; hashed != j.opts.hashed {
 		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", journal.ErrIncompatible, j.path, hashed)
 	}
@@ -297,13 +296,16 @@ func (j *Journal) recover() (Recovery, error) {
 		// its unfinished actions, until space is freed, and would protect
 		// no acknowledged record.
 		rep.TornCopy, rep.TornCopyErr = j.copyAside(tornPrefix, io.NewSectionReader(f, int64(res.end), rep.TornBytes))
+	}
+	// Everything is read: the file is changed (cut, compacted) only
+	// through other handles, and only once this one is closed.
+	if err := f.Close(); err != nil {
+		return rep, err
+	}
+	if res.torn {
 		if err := truncate(j.path, int64(res.end)); err != nil {
 			return rep, fmt.Errorf("cut torn tail: %w", err)
 		}
-	}
-
-	if err := f.Close(); err != nil {
-		return rep, err
 	}
 	if j.f, err = j.openActive(); err != nil {
 		return rep, err
@@ -428,7 +430,7 @@ func (a *idArena) string(id []byte) string {
 	return s[len(s)-len(id):]
 }
 
-// chooseTemp decides what to do with a leftover journal.tmp, tdata (see the
+// chooseTemp decides what to do with a leftover journal.tmp, tf (see the
 // package doc, "journal.tmp at recovery"): adopt it in place of journal,
 // keep it (journal cannot be read, so nothing is decided and Open reports
 // journal's error), or else remove it. Whichever file wins is synced before
@@ -528,8 +530,8 @@ func syncFile(path string) error {
 	return nil
 }
 
-// copyAside copies what data reads, durably, to a new file named prefix and the time,
-// and prunes the copies to maxAside. The copy is written to asideTmpName,
+// copyAside copies what data reads, durably, to a new file named prefix
+// and the time, and prunes the copies to maxAside. The copy is written to asideTmpName,
 // synced, and only then renamed to its name, so that no empty or partial
 // copy is ever left under a copy's name: on any failure the temporary file
 // is removed and nothing else is changed.
