@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -164,21 +163,17 @@ func (c *child) result(t *testing.T) string {
 	return l
 }
 
-// fleetServer is a loopback payment server with Stripe's idempotency
-// semantics (as chargeServer) that records every request: which machine
-// sent it, under which key, what it was answered, when. The first fail
-// requests are answered 503; a charge is held until finish.
+// fleetServer is chargeServer recording every request: which machine sent
+// it, under which key, what it was answered, when. The first fail requests
+// are answered 503; a charge is held until finish.
 type fleetServer struct {
-	*httptest.Server
+	*chargeServer
 	release     chan struct{}
 	releaseOnce sync.Once
 	charged     chan string // the machine of each charge, as it starts
 
 	mu       sync.Mutex
 	fail     int
-	charges  int
-	stored   map[string]string
-	busy     map[string]bool
 	requests []fleetRequest
 }
 
@@ -189,63 +184,39 @@ type fleetRequest struct {
 }
 
 func newFleetServer(t *testing.T, fail int) *fleetServer {
-	s := &fleetServer{release: make(chan struct{}), charged: make(chan string, 10), fail: fail,
-		stored: map[string]string{}, busy: map[string]bool{}}
-	s.Server = httptest.NewServer(s)
-	t.Cleanup(s.Close)
-	t.Cleanup(s.finish) // first: Close waits for the charges held
+	s := &fleetServer{chargeServer: newUnstartedChargeServer(t), release: make(chan struct{}), charged: make(chan string, 10), fail: fail}
+	s.before = func(w http.ResponseWriter, r *http.Request) bool {
+		s.mu.Lock()
+		down := s.fail > 0
+		if down {
+			s.fail--
+		}
+		s.mu.Unlock()
+		if down {
+			s.log(r, http.StatusServiceUnavailable)
+			http.Error(w, "down", http.StatusServiceUnavailable)
+		}
+		return down
+	}
+	s.answered = s.log
+	s.process = func(_ int, r *http.Request) {
+		s.charged <- r.Header.Get(machineHeader)
+		<-s.release // the charge takes its time; it completes even if the client is gone
+	}
+	t.Cleanup(s.finish) // before chargeServer's Close, which waits for the charges held
+	s.Start()
 	return s
+}
+
+// log records r and the status it is answered with.
+func (s *fleetServer) log(r *http.Request, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = append(s.requests, fleetRequest{r.Header.Get(machineHeader), r.Header.Get("Idempotency-Key"), status, time.Now()})
 }
 
 // finish lets every charge complete.
 func (s *fleetServer) finish() { s.releaseOnce.Do(func() { close(s.release) }) }
-
-func (s *fleetServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	key := r.Header.Get("Idempotency-Key")
-	machine := r.Header.Get(machineHeader)
-	s.mu.Lock()
-	answer := func(status int) {
-		s.requests = append(s.requests, fleetRequest{machine, key, status, time.Now()})
-	}
-	switch stored, ok := s.stored[key]; {
-	case key == "":
-		answer(http.StatusBadRequest)
-		s.mu.Unlock()
-		http.Error(w, "Idempotency-Key required", http.StatusBadRequest)
-		return
-	case s.fail > 0:
-		s.fail--
-		answer(http.StatusServiceUnavailable)
-		s.mu.Unlock()
-		http.Error(w, "down", http.StatusServiceUnavailable)
-		return
-	case ok:
-		answer(http.StatusOK)
-		s.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		io.WriteString(w, stored)
-		return
-	case s.busy[key]:
-		answer(http.StatusConflict)
-		s.mu.Unlock()
-		http.Error(w, "a request with this key is in progress", http.StatusConflict)
-		return
-	}
-	answer(http.StatusOK)
-	s.busy[key] = true
-	s.charges++
-	n := s.charges
-	s.mu.Unlock()
-	s.charged <- machine
-	<-s.release // the charge takes its time; it completes even if the client is gone
-	stored := fmt.Sprintf(`{"charge":"ch_%d","key":%q}`, n, key)
-	s.mu.Lock()
-	s.stored[key] = stored
-	delete(s.busy, key)
-	s.mu.Unlock()
-	io.WriteString(w, stored)
-}
 
 // tally returns the charges, the 409s, the keys seen and the requests.
 func (s *fleetServer) tally() (charges, conflicts int, keys map[string]int, reqs []fleetRequest) {
@@ -258,7 +229,7 @@ func (s *fleetServer) tally() (charges, conflicts int, keys map[string]int, reqs
 			conflicts++
 		}
 	}
-	return s.charges, conflicts, keys, append([]fleetRequest(nil), s.requests...)
+	return s.chargeCount(), conflicts, keys, append([]fleetRequest(nil), s.requests...)
 }
 
 // requestsOf returns the requests machine sent.

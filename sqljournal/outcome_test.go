@@ -23,7 +23,7 @@ func TestFailedDoneNoReusedKey(t *testing.T) {
 		j, table := openJournal(t, db)
 		srv := newChargeServer(t)
 		killed := make(chan struct{})
-		srv.process = func(n int, _ string) {
+		srv.process = func(n int, _ *http.Request) {
 			if n != 1 {
 				return
 			}
@@ -61,7 +61,7 @@ func TestFailedDoneNoReusedKey(t *testing.T) {
 		}
 		t.Cleanup(func() { j.Close() })
 		srv := newChargeServer(t)
-		srv.process = func(n int, _ string) {
+		srv.process = func(n int, _ *http.Request) {
 			if n == 1 { // the request was sent and charged: the database goes
 				if err := c.pgCtl("-m", "immediate", "-w", "stop"); err != nil {
 					t.Errorf("stop the cluster: %v", err)

@@ -42,9 +42,9 @@ func staleFinish(t *testing.T, action string) {
 
 	srv := newChargeServer(t)
 	inflight, gate := make(chan string, 1), make(chan struct{})
-	srv.process = func(n int, key string) {
+	srv.process = func(n int, r *http.Request) {
 		if n == 1 { // A's charge: slow, until B has been answered 409
-			inflight <- key
+			inflight <- r.Header.Get("Idempotency-Key")
 			<-gate
 		}
 	}

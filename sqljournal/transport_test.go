@@ -1,130 +1,263 @@
 package sqljournal_test
 
+// The Transport over a PostgreSQL journal, against a loopback payment
+// server: machines sharing one table charge once, a machine waits for
+// another's lease, and what a lost or failing lease does.
+
 import (
+	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/journal"
-
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
-// stripeLike is a payment server with Stripe's idempotency semantics: the
-// first request under a key performs the charge and stores the answer;
-// later ones replay it; one arriving while the first is in progress gets
-// 409. To play a lost response, the first request of each key is committed
-// and then its connection is dropped without an answer.
-type stripeLike struct {
+// chargeServer is a loopback payment server with Stripe's idempotency
+// semantics: the first request under a key performs the charge and stores
+// its answer; a request under a key whose first request is still being
+// processed gets 409; a request under a finished key gets the stored answer
+// again, marked Idempotent-Replayed: true. Requests without a key are
+// refused.
+type chargeServer struct {
+	*httptest.Server
+	// before, if set, may answer a keyed request itself (and return true)
+	// before the idempotency layer sees it.
+	before func(w http.ResponseWriter, r *http.Request) bool
+	// process, if set, runs while the charge numbered n (from 1, over all
+	// keys), r's, is in progress: after it is committed, before it is
+	// stored and answered. It may block, to play a slow charge.
+	process func(n int, r *http.Request)
+	// answered, if set, is told the status of each request the server
+	// answers itself, as it decides it (a charge's 200 before the charge).
+	answered func(r *http.Request, status int)
+	// dropAnswers plays a lost response: every charge is committed and
+	// stored, and then its connection is cut without an answer.
+	dropAnswers bool
+	t           *testing.T
+
 	mu      sync.Mutex
-	charges map[string]int // order -> charges performed
-	seen    map[string]map[string]int
-	done    map[string]string // key -> stored answer
-	busy    map[string]bool   // key -> first request in progress
-	t       *testing.T
+	charges int
+	sent    map[string][]string // body -> every key it arrived under, in order
+	stored  map[string]string   // key -> stored answer
+	busy    map[string]bool     // key -> first request in progress
 }
 
-func newStripeLike(t *testing.T) *stripeLike {
-	return &stripeLike{t: t, charges: map[string]int{},
-		seen: map[string]map[string]int{}, done: map[string]string{}, busy: map[string]bool{}}
+func newChargeServer(t *testing.T) *chargeServer {
+	s := newUnstartedChargeServer(t)
+	s.Start()
+	return s
 }
 
-func (s *stripeLike) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// newUnstartedChargeServer is newChargeServer for a caller that sets hooks
+// before it calls Start: a request from a child process is not ordered
+// after them by anything the race detector sees.
+func newUnstartedChargeServer(t *testing.T) *chargeServer {
+	s := &chargeServer{t: t, sent: map[string][]string{}, stored: map[string]string{}, busy: map[string]bool{}}
+	s.Server = httptest.NewUnstartedServer(s)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *chargeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
-	body, _ := io.ReadAll(r.Body)
-	order := string(body)
+	b, _ := io.ReadAll(r.Body)
+	body := string(b)
 	if key == "" {
+		s.answer(r, http.StatusBadRequest)
 		http.Error(w, "Idempotency-Key required", http.StatusBadRequest)
 		return
 	}
-	s.mu.Lock()
-	if s.seen[order] == nil {
-		s.seen[order] = map[string]int{}
+	if s.before != nil && s.before(w, r) {
+		return
 	}
-	s.seen[order][key]++
-	if answer, ok := s.done[key]; ok {
+	s.mu.Lock()
+	s.sent[body] = append(s.sent[body], key)
+	if answer, ok := s.stored[key]; ok {
 		s.mu.Unlock()
+		s.answer(r, http.StatusOK)
 		w.Header().Set("Idempotent-Replayed", "true")
 		io.WriteString(w, answer)
 		return
 	}
 	if s.busy[key] {
 		s.mu.Unlock()
-		http.Error(w, "request in progress", http.StatusConflict)
+		s.answer(r, http.StatusConflict)
+		http.Error(w, "a request with this key is in progress", http.StatusConflict)
 		return
 	}
 	s.busy[key] = true
+	s.charges++
+	n := s.charges
 	s.mu.Unlock()
+	s.answer(r, http.StatusOK)
 
-	// The charge, committed under the key before any answer leaves.
+	if s.process != nil {
+		s.process(n, r)
+	}
+	answer := fmt.Sprintf(`{"charge":"ch_%d","key":%q}`, n, key)
 	s.mu.Lock()
-	s.charges[order]++
-	answer := fmt.Sprintf(`{"charge":"ch_%s_%d"}`, order, s.charges[order])
-	s.done[key] = answer
+	s.stored[key] = answer
 	delete(s.busy, key)
 	s.mu.Unlock()
-
-	// Committed, and then the answer is lost on the way back.
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		s.t.Errorf("hijack: %v", err)
+	if s.dropAnswers {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			s.t.Errorf("hijack: %v", err)
+			return
+		}
+		conn.Close()
 		return
 	}
-	conn.Close()
+	io.WriteString(w, answer)
+}
+
+func (s *chargeServer) answer(r *http.Request, status int) {
+	if s.answered != nil {
+		s.answered(r, status)
+	}
+}
+
+// chargeCount returns how many charges the server performed.
+func (s *chargeServer) chargeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.charges
+}
+
+// keysOf returns the keys body arrived under, in order.
+func (s *chargeServer) keysOf(body string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.sent[body]...)
+}
+
+// transportOn returns a Transport over j, with its own HTTP connections,
+// retrying quickly unless opts say otherwise.
+func transportOn(t *testing.T, j journal.Journal, opts ...idemretry.Option) *idemretry.Transport {
+	t.Helper()
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	all := append([]idemretry.Option{idemretry.WithJournal(j), idemretry.WithMaxRetries(5),
+		idemretry.WithBackOff(func() backoff.BackOff {
+			return idemretry.NewFullJitter(time.Millisecond, 10*time.Millisecond, nil)
+		})}, opts...)
+	tr, err := idemretry.NewTransport(base, all...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// payment is what one POST of body through rt returned.
+type payment struct {
+	status int
+	body   string
+	replay bool
+	err    error
+}
+
+// post sends body to url through rt, as a payment named action (if action
+// is not empty) or by its fingerprint.
+func post(ctx context.Context, rt http.RoundTripper, url, action, body string) payment {
+	if action != "" {
+		ctx = idemretry.WithAction(ctx, action)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return payment{err: err}
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return payment{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return payment{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
+}
+
+// row is an action's record as the table holds it.
+type row struct {
+	id, key  string
+	state    journal.State
+	attempts int
+	status   int
+}
+
+// rowsOf reads every record of table, oldest first.
+func rowsOf(t *testing.T, db *sql.DB, table string) []row {
+	t.Helper()
+	rs, err := db.QueryContext(context.Background(), `SELECT action_id, key, state, attempts, status FROM "`+table+`" ORDER BY created_at, action_id`)
+	if err != nil {
+		t.Fatalf("read %s: %v", table, err)
+	}
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var r row
+		var st int16
+		if err := rs.Scan(&r.id, &r.key, &st, &r.attempts, &r.status); err != nil {
+			t.Fatal(err)
+		}
+		r.state = journal.State(st)
+		out = append(out, r)
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // machine is one backend of the fleet: its own pool, journal and HTTP
 // connections; only the database is shared.
-func machine(t *testing.T, table string) *http.Client {
+func machine(t *testing.T, table string) *idemretry.Transport {
 	t.Helper()
-	tr := transportOn(t, openOn(t, testDB(t), table), idemretry.WithMaxRetries(10),
+	return transportOn(t, openOn(t, testDB(t), table), idemretry.WithMaxRetries(10),
 		idemretry.WithBackOff(func() backoff.BackOff {
 			return idemretry.NewFullJitter(time.Millisecond, 20*time.Millisecond, nil)
 		}))
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
-func pay(t *testing.T, c *http.Client, url, order string) string {
+// pay sends order as the payment action "pay:"+order through machine m and
+// returns the answer's body, failing t on anything but a 200.
+func pay(t *testing.T, m *idemretry.Transport, url, order string) string {
 	t.Helper()
-	ctx := idemretry.WithAction(context.Background(), "pay:"+order)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(order))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Errorf("pay %s: %v", order, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := post(ctx, m, url, "pay:"+order, order)
+	if p.err != nil || p.status != http.StatusOK {
+		t.Errorf("pay %s: %d %q %v", order, p.status, p.body, p.err)
 		return ""
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("pay %s: %s %s", order, resp.Status, b)
-	}
-	return string(b)
+	return p.body
 }
 
 // Two machines send the same payment action, one after the other and then
 // both at once, through a server that loses the first answer: the server
 // sees one key per action and charges once.
 func TestTwoMachinesOneCharge(t *testing.T) {
-	srv := newStripeLike(t)
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
+	srv := newChargeServer(t)
+	srv.dropAnswers = true
 	probe := testDB(t)
 	table := newTable(t, probe)
 	a, b := machine(t, table), machine(t, table)
 
 	// One after the other: B finds A's done record and replays its answer.
-	first := pay(t, a, ts.URL, "order-1")
-	if again := pay(t, b, ts.URL, "order-1"); again != first || first == "" {
+	first := pay(t, a, srv.URL, "order-1")
+	if again := pay(t, b, srv.URL, "order-1"); again != first || first == "" {
 		t.Errorf("machine B got %q, machine A %q: want the same stored answer", again, first)
 	}
 
@@ -139,25 +272,31 @@ func TestTwoMachinesOneCharge(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			answers <- pay(t, c, ts.URL, "order-2")
+			answers <- pay(t, c, srv.URL, "order-2")
 		}()
 	}
 	wg.Wait()
 	close(answers)
+	var second string
 	for ans := range answers {
-		if ans != `{"charge":"ch_order-2_1"}` {
-			t.Errorf("concurrent payment answered %q", ans)
+		if second == "" {
+			second = ans
+		}
+		if ans != second || ans == first {
+			t.Errorf("concurrent payment answered %q (another %q; order-1 %q): want one stored answer of its own", ans, second, first)
 		}
 	}
 
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
+	if n := srv.chargeCount(); n != 2 {
+		t.Errorf("%d charges for two orders, want one each", n)
+	}
 	for _, order := range []string{"order-1", "order-2"} {
-		if srv.charges[order] != 1 {
-			t.Errorf("%s charged %d times, want once", order, srv.charges[order])
+		seen := map[string]int{} // key -> requests under it
+		for _, k := range srv.keysOf(order) {
+			seen[k]++
 		}
-		if len(srv.seen[order]) != 1 {
-			t.Errorf("%s arrived under %d keys %v, want one", order, len(srv.seen[order]), srv.seen[order])
+		if len(seen) != 1 {
+			t.Errorf("%s arrived under %d keys %v, want one", order, len(seen), seen)
 		}
 		var (
 			stored        string
@@ -170,13 +309,180 @@ func TestTwoMachinesOneCharge(t *testing.T) {
 		if journal.State(state) != journal.StateDone || status != http.StatusOK {
 			t.Errorf("%s: journal state %v, status %d; want done, 200", order, journal.State(state), status)
 		}
-		if srv.seen[order][stored] == 0 {
-			t.Errorf("%s: journal key %s never reached the server (saw %v)", order, stored, srv.seen[order])
+		if seen[stored] == 0 {
+			t.Errorf("%s: journal key %s never reached the server (saw %v)", order, stored, seen)
+		}
+		if order == "order-1" && seen[stored] < 3 {
+			t.Errorf("order-1 reached the server %d times, want the dropped attempt, its retry and machine B's", seen[stored])
 		}
 	}
-	for _, n := range srv.seen["order-1"] {
-		if n < 3 {
-			t.Errorf("order-1 reached the server %d times, want the dropped attempt, its retry and machine B's", n)
+}
+
+// as sends through rt as machine name (see fleetServer).
+func as(name string, rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		r = r.Clone(r.Context())
+		r.Header.Set(machineHeader, name)
+		return rt.RoundTrip(r)
+	})
+}
+
+// A machine that finds the action leased by another one waits for it,
+// sending nothing; when its context ends first it gets ErrLeaseHeld, with
+// the action's key, and the action stays as it was.
+func TestLeaseHeldUntilContextEnds(t *testing.T) {
+	probe := testDB(t)
+	table := newTable(t, probe)
+	srv := newFleetServer(t, 0)
+	a := transportOn(t, openOn(t, testDB(t), table))
+	b := transportOn(t, openOn(t, testDB(t), table))
+
+	resA := make(chan payment, 1)
+	go func() { resA <- post(context.Background(), as("A", a), srv.URL, fleetAction, fleetBody) }()
+	select {
+	case <-srv.charged:
+	case <-time.After(30 * time.Second):
+		t.Fatal("A's request never reached the server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	pb := post(ctx, as("B", b), srv.URL, fleetAction, fleetBody)
+	cancel()
+	var ae *idemretry.ActionError
+	if !errors.As(pb.err, &ae) || !errors.Is(pb.err, idemretry.ErrLeaseHeld) || !errors.Is(pb.err, context.DeadlineExceeded) {
+		t.Fatalf("B: %+v, want an *ActionError with ErrLeaseHeld and the deadline", pb)
+	}
+	t.Logf("B: %v", pb.err)
+	rows := rowsOf(t, probe, table)
+	if len(rows) != 1 || ae.Key != rows[0].key || !ae.MaybeProcessed || ae.Action != fleetAction {
+		t.Errorf("B's error %+v, journal %+v: want the action's key, MaybeProcessed", ae, rows)
+	}
+	if n := len(srv.requestsOf("B")); n != 0 {
+		t.Errorf("B sent %d requests while A held the lease", n)
+	}
+	srv.finish()
+	if pa := <-resA; pa.status != http.StatusOK || pa.replay {
+		t.Fatalf("A: %+v", pa)
+	}
+	// B again, with time: the lease is free, the action done; the server
+	// replays its answer under the same key.
+	if pb := post(context.Background(), as("B", b), srv.URL, fleetAction, fleetBody); pb.status != http.StatusOK || !pb.replay {
+		t.Fatalf("B after A: %+v, want the replay", pb)
+	}
+	if charges, conflicts, keys, _ := srv.tally(); charges != 1 || conflicts != 0 || len(keys) != 1 {
+		t.Errorf("%d charges, %d 409s, keys %v; want one charge, none, one key", charges, conflicts, keys)
+	}
+	if h, _ := leaseOf(t, probe, table, fleetAction); h != "" {
+		t.Errorf("lease held by %q after every RoundTrip returned", h)
+	}
+	noKeepers(t)
+}
+
+// noKeepers fails t if a lease is still being renewed (within 2 s) once
+// every RoundTrip has returned.
+func noKeepers(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		if !strings.Contains(string(buf), "idemretry.(*Transport).keepLease") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a lease is still renewed after its RoundTrip returned:\n%s", buf)
 		}
 	}
+}
+
+// A holder whose lease was taken over (here by a statement setting
+// another holder, as a machine taking over after the holder's renewals
+// failed for a TTL would) stops before its next attempt with ErrLeaseLost,
+// leaves the action pending with its key, and does not release the new
+// holder's lease.
+func TestLeaseLostStopsRetries(t *testing.T) {
+	probe := testDB(t)
+	table := newTable(t, probe)
+	srv := newFleetServer(t, 1) // the first attempt fails: a retry follows
+	waiting := make(chan struct{})
+	var once sync.Once
+	tr := transportOn(t, openOn(t, testDB(t), table), idemretry.WithLeaseTTL(300*time.Millisecond),
+		idemretry.WithBackOff(func() backoff.BackOff { return backoff.NewConstantBackOff(2 * time.Second) }),
+		idemretry.WithObserver(func(ev idemretry.Event) {
+			if ev.Kind == idemretry.EventRetry {
+				once.Do(func() { close(waiting) })
+			}
+		}))
+
+	res := make(chan payment, 1)
+	go func() { res <- post(context.Background(), as("A", tr), srv.URL, fleetAction, fleetBody) }()
+	select {
+	case <-waiting:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no retry")
+	}
+	if _, err := probe.Exec(`UPDATE "`+table+`" SET lease_holder = 'machine-x', lease_until = now() + interval '1 hour' WHERE action_id = $1`,
+		fleetAction); err != nil {
+		t.Fatal(err)
+	}
+	p := <-res
+	var ae *idemretry.ActionError
+	if !errors.As(p.err, &ae) || !errors.Is(p.err, idemretry.ErrLeaseLost) || ae.Attempts != 1 {
+		t.Fatalf("A: %+v, want an *ActionError with ErrLeaseLost after 1 attempt", p)
+	}
+	t.Logf("A: %v", p.err)
+	rows := rowsOf(t, probe, table)
+	if len(rows) != 1 || rows[0].state != journal.StatePending || rows[0].key != ae.Key {
+		t.Errorf("journal %+v, want the action pending under %s", rows, ae.Key)
+	}
+	if n := len(srv.requestsOf("A")); n != 1 {
+		t.Errorf("A sent %d requests, want 1", n)
+	}
+	if h, _ := leaseOf(t, probe, table, fleetAction); h != "machine-x" {
+		t.Errorf("lease held by %q after A stopped, want machine-x's kept", h)
+	}
+	noKeepers(t)
+}
+
+// The lease is for load, not safety: a Lease that fails (here it waits for
+// a row lock held elsewhere past the journal timeout) is logged, and the
+// action is sent without a lease, with its key.
+func TestLeaseFailureSendsWithoutLease(t *testing.T) {
+	probe := testDB(t)
+	table := newTable(t, probe)
+	srv := newFleetServer(t, 1)
+	j := openOn(t, testDB(t), table)
+	// The action exists (pending) before its row is locked.
+	seedPending(t, table, srv.URL)
+	srv.finish()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	tr := transportOn(t, j, idemretry.WithJournalTimeout(300*time.Millisecond),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	holder, err := holdLock(probe, lockRows(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := post(context.Background(), as("A", tr), srv.URL, fleetAction, fleetBody)
+	holder.Rollback()
+	if p.err != nil || p.status != http.StatusOK {
+		t.Fatalf("payment with the lease failing: %+v, want it sent and answered", p)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "without a lease") {
+		t.Errorf("log %q: want the failed lease said", logs.String())
+	}
+	if charges, _, keys, _ := srv.tally(); charges != 1 || len(keys) != 1 {
+		t.Errorf("%d charges under keys %v, want one under the action's key", charges, keys)
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
