@@ -58,22 +58,13 @@ func TestFlightSharedResponseRaceWithClientTimeout(t *testing.T) {
 	tr, _, _ := newTestTransport(t)
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	ctx := idemretry.WithAction(context.Background(), "pay:race-1")
-	var wg sync.WaitGroup
-	for i := 0; i < 8; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Do(post(t, ctx, srv.URL, `{"amount":2}`))
-			if assert.NoError(t, err) {
-				_ = resp.Header // (Header.Set here adds a map race too)
-				readAll(t, resp)
-			}
-		}()
-		if i == 0 {
-			<-srv.arrived
+	leaderThenJoiners(srv, 8, func() {
+		resp, err := client.Do(post(t, ctx, srv.URL, `{"amount":2}`))
+		if assert.NoError(t, err) {
+			_ = resp.Header // (Header.Set here adds a map race too)
+			readAll(t, resp)
 		}
-	}
-	wg.Wait()
+	})
 	assert.Equal(t, 1, srv.chargeCount())
 }
 
@@ -279,28 +270,15 @@ func TestFlightConcurrentJoinersReadTrailersAndGiveUp(t *testing.T) {
 	}
 	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:tr-1")
-	var wg sync.WaitGroup
-	for i := 0; i < 6; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":7}`))
-			if assert.NoError(t, err) {
-				b := readAll(t, resp)
-				assert.Len(t, b, 1000)
-				assert.Equal(t, "tv", resp.Trailer.Get("X-T"))
-				assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted)
-			}
-		}()
-		if i == 0 {
-			<-srv.arrived
+	leaderThenJoiners(srv, 6, func() {
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":7}`))
+		if assert.NoError(t, err) {
+			b := readAll(t, resp)
+			assert.Len(t, b, 1000)
+			assert.Equal(t, "tv", resp.Trailer.Get("X-T"))
+			assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted)
 		}
-	}
-	go func() {
-		for range srv.arrived {
-		}
-	}()
-	wg.Wait()
+	})
 	assert.Len(t, srv.seen(), 1)
 }
 
@@ -520,24 +498,14 @@ func TestNamedActionCallersShareTheFlight(t *testing.T) {
 	srv.arrived = make(chan int, 100)
 	tr, _, _ := newTestTransport(t)
 	ctx := idemretry.WithAction(context.Background(), "pay:order-B-7")
-	var wg sync.WaitGroup
 	var ok atomic.Int32
-	call := func() {
-		defer wg.Done()
+	leaderThenJoiners(srv, 10, func() {
 		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
 		if assert.NoError(t, err) && assert.Equal(t, 201, resp.StatusCode) {
 			assert.Equal(t, `{"charge":"ch_1"}`, readAll(t, resp))
 			ok.Add(1)
 		}
-	}
-	wg.Add(1)
-	go call()
-	<-srv.arrived
-	for range 9 {
-		wg.Add(1)
-		go call()
-	}
-	wg.Wait()
+	})
 	assert.Equal(t, int32(10), ok.Load())
 	assert.Len(t, srv.seen(), 1, "callers of one named action each sent a request")
 	assert.Equal(t, 1, srv.chargeCount())

@@ -137,6 +137,24 @@ func (s *payServer) chargeCount() int {
 	return s.charges
 }
 
+// leaderThenJoiners runs call n times, each on its own goroutine: the
+// first alone until srv has its request (srv.arrived must be set), then
+// the others, which join its flight. It returns when every call has.
+func leaderThenJoiners(srv *payServer, n int, call func()) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			call()
+		}()
+		if i == 0 {
+			<-srv.arrived
+		}
+	}
+	wg.Wait()
+}
+
 func keysOf(reqs []seen) []string {
 	var out []string
 	for _, r := range reqs {
