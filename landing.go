@@ -49,14 +49,19 @@ func (t *Transport) journalContext(ctx context.Context) (context.Context, contex
 	return context.WithTimeout(ctx, t.cfg.journalTimeout)
 }
 
-// journalNeverWaits reports that the journal is journal.Memory, whose calls
-// never wait and look at their context only on entry (Reserve's ctx.Err):
-// the journal timeout cannot cut one short, so no timer is armed for it. A
-// timeout under a millisecond keeps its timer: one could end before the
-// call even starts.
+// journalNeverWaits reports that the journal says its calls never block
+// (journal.NonBlocker, as journal.Memory does, but not a journal that
+// embeds one): the journal timeout cannot
+// cut one short, so no timer is armed for it. A timeout under a
+// millisecond keeps its timer: one could end before the call even starts.
 func (t *Transport) journalNeverWaits() bool {
-	_, ok := t.journal.(*journal.Memory)
-	return ok && t.cfg.journalTimeout >= time.Millisecond
+	return t.journalNonBlocking && t.cfg.journalTimeout >= time.Millisecond
+}
+
+// neverBlocks reports whether j says its calls never block.
+func neverBlocks(j journal.Journal) bool {
+	nb, ok := j.(journal.NonBlocker)
+	return ok && nb.NeverBlocks(j)
 }
 
 // withoutCancel is context.WithoutCancel, without the allocation for a

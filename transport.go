@@ -47,6 +47,9 @@ type Transport struct {
 	// after dropping the Transport: it is then not closed when the
 	// Transport is collected (see openJournal).
 	journalHandedOut *atomic.Bool
+	// journalNonBlocking: the journal says its calls never block
+	// (journal.NonBlocker), asked once.
+	journalNonBlocking bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -78,6 +81,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 			return nil, err
 		}
 	}
+	t.journalNonBlocking = neverBlocks(t.journal)
 	t.logClock()
 	return t, nil
 }

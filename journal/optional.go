@@ -55,3 +55,20 @@ type Leaser interface {
 	Lease(ctx context.Context, actionID, holder string, ttl time.Duration) (held bool, until time.Time, err error)
 	Release(ctx context.Context, actionID, holder string) error
 }
+
+// A NonBlocker is a Journal whose calls never block: none waits for I/O,
+// another process or a lock held across such a wait, so each returns
+// promptly whatever its context (Memory is one). The Transport arms no timer
+// to bound the calls of such a journal (WithJournalTimeout): a timeout could
+// not cut one short.
+//
+// NeverBlocks reports whether the calls of j never block, where j is the
+// journal the Transport was given: true only when j is the receiver itself.
+// A type that embeds a NonBlocker and adds waits of its own (a wrapper that
+// delays or stalls some calls) inherits the method but not the claim, since
+// j is then the wrapper; a wrapper that never blocks either implements
+// NeverBlocks itself. A journal that may block must not claim it: its calls
+// would then be bounded by the caller's context alone.
+type NonBlocker interface {
+	NeverBlocks(j Journal) bool
+}
