@@ -70,7 +70,7 @@ func (j *Journal) compact() error {
 			if expired == nil {
 				expired = make(map[string]slot)
 			}
-			expired[id] = sl
+			expired[id] = *j.slots.at(sl)
 			continue
 		}
 		recs = append(recs, j.recOf(id, &sl))
@@ -91,7 +91,7 @@ func (j *Journal) compact() error {
 	// one meanwhile (writing its delete) and created a new record of the
 	// action, which has another observed time: drop only those unchanged.
 	for id, sl := range expired {
-		if cur, ok := j.m[id]; ok && cur == sl {
+		if cur, ok := j.m[id]; ok && *j.slots.at(cur) == sl {
 			j.del(id)
 		}
 	}

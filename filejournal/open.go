@@ -241,7 +241,7 @@ func (j *Journal) recover() (Recovery, error) {
 		return rep, terr
 	}
 
-	j.m = make(map[string]slot)
+	j.m = make(map[string]ref)
 	if missing {
 		// A new journal is created like a compaction's output, so that a
 		// journal file, once it exists, always has a complete header.
@@ -261,7 +261,7 @@ func (j *Journal) recover() (Recovery, error) {
 	if err != nil {
 		return rep, err
 	}
-	j.m = make(map[string]slot, countLive(src))
+	j.m = make(map[string]ref, countLive(src))
 	res, err := scanSource(src, j.path, j.opts.salvage, j.replay())
 	if err != nil {
 		return rep, err
@@ -365,7 +365,7 @@ func (j *Journal) replay() func(seq uint64, payload []byte) error {
 		switch o.kind {
 		case opUpsert:
 			sl, ok := j.m[string(id)]
-			if ok && sl.custom {
+			if ok && j.slots.at(sl).custom {
 				o.r.id = string(id) // sameKey compares the custom keys by id
 			}
 			switch {
@@ -388,7 +388,7 @@ func (j *Journal) replay() func(seq uint64, payload []byte) error {
 			default:
 				// A new record: what put does, without its lookup.
 				o.r.id = ids.string(id)
-				j.m[o.r.id] = j.slotOf(&o.r)
+				j.m[o.r.id] = j.slots.alloc(j.slotOf(&o.r))
 				if o.r.custom != "" {
 					j.custom[o.r.id] = o.r.custom
 				}

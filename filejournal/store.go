@@ -58,7 +58,8 @@ type Journal struct {
 	recovery Recovery
 
 	mu        sync.Mutex
-	m         map[string]slot   // live records by stored id
+	m         map[string]ref    // live records by stored id, in slots
+	slots     slab              // the records m refers to (see ref)
 	custom    map[string]string // non-UUID keys, by stored id (rare)
 	live      int64             // encoded size of the records in m
 	inflight  map[string]*batch // records created by a batch not yet synced
@@ -110,7 +111,8 @@ type Journal struct {
 	closeErr error
 }
 
-// slot is a record in memory: 72 bytes plus the map's id string.
+// slot is a record in memory: 72 bytes in Journal.slots, plus the map's id
+// string and ref.
 type slot struct {
 	key      [16]byte
 	fp       [32]byte
@@ -136,7 +138,8 @@ func (j *Journal) slotOf(r *rec) slot {
 	return slot{key: r.key, fp: r.fp, created: r.created, seen: r.seen, attempts: r.attempts, status: r.status, state: r.state, custom: r.custom != ""}
 }
 
-func (j *Journal) recOf(id string, sl *slot) rec {
+func (j *Journal) recOf(id string, h *ref) rec {
+	sl := j.slots.at(*h)
 	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, seen: sl.seen, attempts: sl.attempts, status: sl.status, state: sl.state}
 	if sl.custom {
 		r.custom = j.custom[id]
@@ -147,7 +150,7 @@ func (j *Journal) recOf(id string, sl *slot) rec {
 // put and del keep m, custom and live consistent. Callers hold mu.
 func (j *Journal) put(r *rec) {
 	j.del(r.id)
-	j.m[r.id] = j.slotOf(r)
+	j.m[r.id] = j.slots.alloc(j.slotOf(r))
 	if r.custom != "" {
 		j.custom[r.id] = r.custom
 	}
@@ -155,16 +158,17 @@ func (j *Journal) put(r *rec) {
 }
 
 func (j *Journal) del(id string) {
-	sl, ok := j.m[id]
+	h, ok := j.m[id]
 	if !ok {
 		return
 	}
-	r := j.recOf(id, &sl)
+	r := j.recOf(id, &h)
 	j.live -= r.size()
 	delete(j.m, id)
-	if sl.custom {
+	if j.slots.at(h).custom {
 		delete(j.custom, id)
 	}
+	j.slots.release(h)
 }
 
 // times are the two times expiry judges by (see expired).
@@ -259,7 +263,8 @@ func (j *Journal) Now() time.Time {
 // stay until it has been open for the retention in all (48 h of use by
 // default: for an app open a few minutes a day, years). An application that
 // must bound that can Forget the actions it has reconciled.
-func (j *Journal) expired(sl *slot, now times) bool {
+func (j *Journal) expired(h *ref, now times) bool {
+	sl := j.slots.at(*h)
 	ret := j.opts.retention.Milliseconds()
 	return sl.state == journal.StateDone && now.wall-sl.created > ret && now.obs-sl.seen > ret
 }
@@ -383,7 +388,7 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 		return journal.Record{}, false, err
 	}
 	now := j.now()
-	if sl, ok := j.m[r.id]; ok && !j.expired(&sl, now) && (mode == journal.ReuseAny || sl.state != journal.StateDone) {
+	if sl, ok := j.m[r.id]; ok && !j.expired(&sl, now) && (mode == journal.ReuseAny || j.slots.at(sl).state != journal.StateDone) {
 		old := j.recOf(r.id, &sl)
 		b := j.inflight[r.id]
 		j.mu.Unlock()
@@ -478,7 +483,8 @@ func applyUpdate(r *rec, state journal.State, attempts uint32, status uint16) bo
 // hasKey reports whether the record sl of id has the given key, compared
 // in storage form: a canonical UUID as 16 bytes, any other key as is.
 // Callers hold mu.
-func (j *Journal) hasKey(id string, sl *slot, key string) bool {
+func (j *Journal) hasKey(id string, h *ref, key string) bool {
+	sl := j.slots.at(*h)
 	var k [16]byte
 	if parseUUID(key, &k) {
 		return !sl.custom && sl.key == k
@@ -487,7 +493,8 @@ func (j *Journal) hasKey(id string, sl *slot, key string) bool {
 }
 
 // sameKey reports whether the record sl has r's key. Callers hold mu.
-func (j *Journal) sameKey(sl *slot, r *rec) bool {
+func (j *Journal) sameKey(h *ref, r *rec) bool {
+	sl := j.slots.at(*h)
 	if r.custom != "" {
 		return sl.custom && j.custom[r.id] == r.custom
 	}
@@ -554,7 +561,7 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	}
 	var out []journal.Record
 	for id, sl := range j.m {
-		if sl.state == journal.StatePending || sl.state == journal.StateUnknown {
+		if st := j.slots.at(sl).state; st == journal.StatePending || st == journal.StateUnknown {
 			r := j.recOf(id, &sl)
 			out = append(out, r.record(j.reportedID(id)))
 		}
