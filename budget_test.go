@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/hammer"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -112,23 +112,15 @@ func TestBudgetTotalOutage(t *testing.T) {
 			}))
 			defer srv.Close()
 			tr, _, _ := newTestTransport(t, tc.opts...)
-			var wg sync.WaitGroup
 			var parked atomic.Int64
-			for g := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range 25 {
-						resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, fmt.Sprintf(`{"g":%d,"i":%d}`, g, i)))
-						if err == nil {
-							readAll(t, resp)
-						} else if assert.ErrorIs(t, err, idemretry.ErrParked) {
-							parked.Add(1)
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			hammer.Run(8, 25, func(g, i int) {
+				resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, fmt.Sprintf(`{"g":%d,"i":%d}`, g, i)))
+				if err == nil {
+					readAll(t, resp)
+				} else if assert.ErrorIs(t, err, idemretry.ErrParked) {
+					parked.Add(1)
+				}
+			})
 			n := int(requests.Load())
 			assert.LessOrEqual(t, n, tc.most)
 			assert.GreaterOrEqual(t, n, tc.atLeast)

@@ -88,11 +88,7 @@ func TestFlightCancelDuringPendingWriteIsPrompt(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	j := hangPendingJournal{journal.NewMemory()}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, j)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv.arrived = make(chan int, 10)
 	go func() { <-srv.arrived; time.Sleep(100 * time.Millisecond); cancel() }()
@@ -139,11 +135,7 @@ func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
 		}
 		return false
 	}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory())
 	actx := idemretry.WithAction(context.Background(), "pay:dl-2")
 	lctx, cancel := context.WithTimeout(actx, 600*time.Millisecond)
 	defer cancel()
@@ -355,11 +347,7 @@ func (s *slowReserveJournal) Reserve(ctx context.Context, rec journal.Record, m 
 func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 	srv := newPayServer(t)
 	j := &slowReserveJournal{journal.NewMemory(), make(chan struct{})}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, j)
 	lctx, cancel := context.WithCancel(context.Background())
 	ldone := make(chan error, 1)
 	go func() {
@@ -388,11 +376,7 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 func TestFlightUnlandedForgetOtherAction(t *testing.T) {
 	srv := newPayServer(t)
 	j := &flakyJournal{Memory: journal.NewMemory()}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, j)
 	a := idemretry.WithAction(context.Background(), "pay:A")
 	b := idemretry.WithAction(context.Background(), "pay:B")
 	j.failDone.Store(true)
@@ -517,14 +501,9 @@ func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
 	srv := newPayServer(t)
 	srv.delay = 300 * time.Millisecond
 	srv.arrived = make(chan int, 10)
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
 	// The real clock: the 409s while the first charge is in progress are
 	// waited out.
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
-		idemretry.WithBackOff(constant(100*time.Millisecond)), idemretry.WithMaxRetries(20))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(100*time.Millisecond)), idemretry.WithMaxRetries(20))
 	const body = `{"amount":7}`
 
 	leaderCtx, cancelLeader := context.WithCancel(context.Background())

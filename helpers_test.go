@@ -258,6 +258,18 @@ func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transp
 	return tr, j, clk
 }
 
+// transportOver returns a Transport over j on the real clock, with its own
+// HTTP connections, closed when t ends.
+func transportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) *idemretry.Transport {
+	t.Helper()
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr, err := idemretry.NewTransport(base, append([]idemretry.Option{idemretry.WithJournal(j)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
 // checkNoPackageGoroutines fails if a goroutine running the package's code
 // (other than tests) is still alive: RoundTrip must not leave any behind.
 func checkNoPackageGoroutines(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/hammer"
 )
 
 // recorder collects events.
@@ -113,20 +114,12 @@ func TestStatsConcurrent(t *testing.T) {
 		return false
 	}
 	tr, _, _ := newTestTransport(t, idemretry.WithRetryBudget(0, 0))
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 20 {
-				resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, fmt.Sprint(g, "-", i)))
-				if assert.NoError(t, err) {
-					readAll(t, resp)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	hammer.Run(8, 20, func(g, i int) {
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, fmt.Sprint(g, "-", i)))
+		if assert.NoError(t, err) {
+			readAll(t, resp)
+		}
+	})
 	st := tr.Stats()
 	assert.Equal(t, int64(len(srv.seen())), st.Attempts)
 	assert.Equal(t, st.Attempts-160, st.Retries)

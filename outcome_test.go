@@ -347,12 +347,7 @@ func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
 func overFlakyJournal(t *testing.T) (*payServer, *flakyJournal, *idemretry.Transport) {
 	t.Helper()
 	j := &flakyJournal{Memory: journal.NewMemory()}
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
-	require.NoError(t, err)
-	t.Cleanup(func() { tr.Close() })
-	return newPayServer(t), j, tr
+	return newPayServer(t), j, transportOver(t, j)
 }
 
 // Issue 7, item 4: an update to done that fails must not leave a record that makes

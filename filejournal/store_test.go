@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry/internal/hammer"
+	"github.com/idemretry/idemretry/journal"
 )
 
 func TestReopenKeepsRecords(t *testing.T) {
@@ -106,18 +108,10 @@ func TestConcurrentReserveOneKey(t *testing.T) {
 func TestGroupCommitManyCreators(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
-	var wg sync.WaitGroup
-	for g := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 20 {
-				_, _, err := s.Reserve(context.Background(), entry(fmt.Sprintf("g%d-%d", g, i)), journal.ReuseAny)
-				assert.NoError(t, err)
-			}
-		}()
-	}
-	wg.Wait()
+	hammer.Run(64, 20, func(g, i int) {
+		_, _, err := s.Reserve(context.Background(), entry(fmt.Sprintf("g%d-%d", g, i)), journal.ReuseAny)
+		assert.NoError(t, err)
+	})
 	require.NoError(t, s.Close())
 	data, err := os.ReadFile(filepath.Join(dir, journalName))
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -241,6 +242,19 @@ func floatSum(t *testing.T, rm metricdata.ResourceMetrics, name string) float64 
 		f += dp.Value
 	}
 	return f
+}
+
+// sumStats adds up every counter of sts, field by field.
+func sumStats(sts ...idemretry.Stats) idemretry.Stats {
+	var total idemretry.Stats
+	sum := reflect.ValueOf(&total).Elem()
+	for _, st := range sts {
+		v := reflect.ValueOf(st)
+		for i := range v.NumField() {
+			sum.Field(i).SetInt(sum.Field(i).Int() + v.Field(i).Int())
+		}
+	}
+	return total
 }
 
 // checkStats checks that every counter metric totals its Stats field.

@@ -493,22 +493,7 @@ func TestResumeSpan(t *testing.T) {
 		t.Errorf("resumed = %d, Stats.Resumed = %d; want 1", n, tr.Unwrap().Stats().Resumed)
 	}
 	// Both Transports' events feed the same instruments.
-	total := idemretry.Stats{}
-	for _, st := range []idemretry.Stats{h.tr.Unwrap().Stats(), tr.Unwrap().Stats()} {
-		total.Attempts += st.Attempts
-		total.Retries += st.Retries
-		total.Done += st.Done
-		total.Replays += st.Replays
-		total.GiveUpsExhausted += st.GiveUpsExhausted
-		total.GiveUpsRetryAfter += st.GiveUpsRetryAfter
-		total.GiveUpsDeadline += st.GiveUpsDeadline
-		total.GiveUpsOther += st.GiveUpsOther
-		total.Parked += st.Parked
-		total.Unknown += st.Unknown
-		total.Resumed += st.Resumed
-		total.Syncs += st.Syncs
-		total.SyncTime += st.SyncTime
-	}
+	total := sumStats(h.tr.Unwrap().Stats(), tr.Unwrap().Stats())
 	checkStats(t, rm, total)
 	h.checkNoSecrets(srv.onlyKey(t), action)
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemretry/idemretry/internal/hammer"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -100,30 +101,21 @@ func TestReserveForgetChurn(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db)
 	ctx := context.Background()
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := range 50 {
-				r := rec("fp:churn", fmt.Sprintf("k-%d-%d", i, n), 0, journal.StatePending)
-				got, _, err := j.Reserve(ctx, r, journal.ReusePending)
-				if err != nil {
-					t.Errorf("Reserve: %v", err)
-					return
-				}
-				switch n % 3 {
-				case 0:
-					got.State = journal.StateDone
-					_ = j.Update(ctx, got) // may have been forgotten: fine
-				case 1:
-					if err := j.Forget(ctx, got.ActionID); err != nil {
-						t.Errorf("Forget: %v", err)
-						return
-					}
-				}
+	hammer.Run(8, 50, func(i, n int) {
+		r := rec("fp:churn", fmt.Sprintf("k-%d-%d", i, n), 0, journal.StatePending)
+		got, _, err := j.Reserve(ctx, r, journal.ReusePending)
+		if err != nil {
+			t.Errorf("Reserve: %v", err)
+			return
+		}
+		switch n % 3 {
+		case 0:
+			got.State = journal.StateDone
+			_ = j.Update(ctx, got) // may have been forgotten: fine
+		case 1:
+			if err := j.Forget(ctx, got.ActionID); err != nil {
+				t.Errorf("Forget: %v", err)
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 }
