@@ -41,9 +41,7 @@ func TestBudgetIsolatedFailureGetsEveryRetry(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503), status(503), status(503), status(503), status(503))
 	tr, _, _ := newTestTransport(t)
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	assert.Equal(t, 201, resp.StatusCode)
 	assert.Len(t, srv.seen(), 6)
 }
@@ -194,9 +192,7 @@ func TestRetryAfterSpreadsTheHerd(t *testing.T) {
 		srv := newPayServer(t)
 		srv.script = scriptFirst(status(503, "Retry-After", "1"))
 		tr, _, clk := newTestTransport(t)
-		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-		require.NoError(t, err)
-		readAll(t, resp)
+		roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 		require.Len(t, clk.Waits(), 1)
 		waits = append(waits, clk.Waits()[0])
 	}

@@ -40,9 +40,7 @@ func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 	readAll(t, resp) // 503: pending
 
 	clk.Advance(-30 * time.Second) // within the skew a fleet's clocks may have
-	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp = roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	require.Len(t, srv.seen(), 2, "a key 30 s in the future is still sent")
 
 	clk.Advance(-2 * time.Hour) // NTP / the user sets the clock back
@@ -61,9 +59,7 @@ func TestClockBehindJournalLogged(t *testing.T) {
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithClock(clk))
 	require.NoError(t, err)
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	require.NoError(t, tr.Close())
 
 	clk.Advance(-3 * time.Hour)
@@ -287,9 +283,7 @@ func TestClockSetForwardThenBackKeepsWindows(t *testing.T) {
 	defer tr.Close()
 
 	clk.Advance(365 * 24 * time.Hour) // clock wrongly a year ahead...
-	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:while-ahead"), srv.URL, "z"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:while-ahead"), srv.URL, "z"))
 	clk.Advance(-365 * 24 * time.Hour) // ...and corrected
 
 	ctx := idemretry.WithAction(context.Background(), "pay:after-fix")
@@ -477,16 +471,14 @@ func TestNamedActionAfterClockCorrectionNotRekeyed(t *testing.T) {
 			}
 			tr := open()
 			ctx := idemretry.WithAction(context.Background(), "pay:order-1001")
-			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1000}`))
-			require.NoError(t, err)
-			readAll(t, resp)
+			roundTrip(t, tr, post(t, ctx, srv.URL, `{"amount":1000}`))
 			require.NoError(t, tr.Close())
 
 			clk.Advance(behind)           // NTP corrects the clock...
 			clk.Advance(10 * time.Minute) // ...and ten real minutes later, the same tap
 			tr = open()
 			defer tr.Close()
-			resp, err = tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1000}`))
+			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1000}`))
 			if err == nil {
 				readAll(t, resp)
 			}

@@ -380,30 +380,22 @@ func TestFlightUnlandedForgetOtherAction(t *testing.T) {
 	a := idemretry.WithAction(context.Background(), "pay:A")
 	b := idemretry.WithAction(context.Background(), "pay:B")
 	j.failDone.Store(true)
-	resp, err := tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, a, srv.URL, `{"amount":11}`))
 	// B is independent of A's unlanded outcome (its own done fails too, kept).
-	resp, err = tr.RoundTrip(post(t, b, srv.URL, `{"amount":12}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, b, srv.URL, `{"amount":12}`))
 	// A resend while failing: refused.
-	_, err = tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
+	_, err := tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
 	require.Error(t, err)
 	require.Len(t, srv.seen(), 2)
 	// Reconciled and forgotten: a fresh key, sent.
 	require.NoError(t, j.Forget(context.Background(), "pay:A"))
 	j.failDone.Store(false)
-	resp, err = tr.RoundTrip(post(t, a, srv.URL, `{"amount":11}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, a, srv.URL, `{"amount":11}`))
 	reqs := srv.seen()
 	require.Len(t, reqs, 3)
 	assert.NotEqual(t, reqs[0].Key, reqs[2].Key)
 	// B lands at its next reserve: a replay under its key.
-	resp, err = tr.RoundTrip(post(t, b, srv.URL, `{"amount":12}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, b, srv.URL, `{"amount":12}`))
 	assert.Equal(t, 3, srv.chargeCount())
 }
 
@@ -461,9 +453,7 @@ func TestUnnamedDoubleTapIsOnePayment(t *testing.T) {
 		for range srv.arrived {
 		}
 	}()
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, body))
 	close(srv.arrived)
 	reqs := srv.seen()
 	require.Len(t, reqs, 2)

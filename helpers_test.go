@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -155,6 +156,17 @@ func leaderThenJoiners(srv *payServer, n int, call func()) {
 	wg.Wait()
 }
 
+// requireOnePayment requires that the server saw n requests, all under one
+// key, and charged once; it returns the requests.
+func (s *payServer) requireOnePayment(t *testing.T, n int) []seen {
+	t.Helper()
+	reqs := s.seen()
+	require.Len(t, reqs, n)
+	require.Equal(t, slices.Repeat([]string{reqs[0].Key}, n), keysOf(reqs), "one key for every attempt")
+	require.Equal(t, 1, s.chargeCount())
+	return reqs
+}
+
 func keysOf(reqs []seen) []string {
 	var out []string
 	for _, r := range reqs {
@@ -256,6 +268,16 @@ func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transp
 		checkNoPackageGoroutines(t)
 	})
 	return tr, j, clk
+}
+
+// roundTrip sends req through tr and requires a response, whose body it
+// reads and closes.
+func roundTrip(t *testing.T, tr http.RoundTripper, req *http.Request) *http.Response {
+	t.Helper()
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	return resp
 }
 
 // transportOver returns a Transport over j on the real clock, with its own

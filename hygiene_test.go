@@ -39,9 +39,7 @@ func TestBodyIdenticalOnEveryAttempt(t *testing.T) {
 			tr, _, _ := newTestTransport(t)
 			req, err := http.NewRequest(http.MethodPost, srv.URL, mk())
 			require.NoError(t, err)
-			resp, err := tr.RoundTrip(req)
-			require.NoError(t, err)
-			readAll(t, resp)
+			roundTrip(t, tr, req)
 			reqs := srv.seen()
 			require.Len(t, reqs, 4)
 			for _, r := range reqs {
@@ -70,9 +68,7 @@ func TestNonRewindableBodyOverLimitRefused(t *testing.T) {
 	body = &closeTracker{Reader: bytes.NewReader(make([]byte, 1024))}
 	req, err = http.NewRequest(http.MethodPost, srv.URL, body)
 	require.NoError(t, err)
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, req)
 	assert.Len(t, srv.seen(), 2)
 	assert.True(t, body.isClosed())
 }
@@ -86,9 +82,7 @@ func TestCallerRequestNotMutated(t *testing.T) {
 	req.Header.Set("X-Trace", "1")
 	before := req.Header.Clone()
 	getBody := req.GetBody
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, req)
 	assert.Equal(t, before, req.Header, "no key header added to the caller's request")
 	assert.NotNil(t, getBody)
 	rc, err := req.GetBody()

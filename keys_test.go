@@ -35,9 +35,7 @@ func TestKeyDurableBeforeFirstSend(t *testing.T) {
 		return false
 	}
 	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
-	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:i1"), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:i1"), srv.URL, "x"))
 	assert.Equal(t, []bool{true}, inJournal)
 }
 
@@ -128,10 +126,7 @@ func TestSameKeyAfterRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, idemretry.IsReplay(resp))
 	readAll(t, resp)
-	reqs := srv.seen()
-	require.Len(t, reqs, 2)
-	assert.Equal(t, reqs[0].Key, reqs[1].Key)
-	assert.Equal(t, 1, srv.chargeCount())
+	srv.requireOnePayment(t, 2)
 }
 
 // An explicit action keeps its key after it is done: a repeat is replayed.
@@ -140,14 +135,9 @@ func TestExplicitActionKeepsKeyAfterDone(t *testing.T) {
 	tr, _, _ := newTestTransport(t)
 	ctx := idemretry.WithAction(context.Background(), "pay:again")
 	for range 2 {
-		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-		require.NoError(t, err)
-		readAll(t, resp)
+		roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	}
-	reqs := srv.seen()
-	require.Len(t, reqs, 2)
-	assert.Equal(t, reqs[0].Key, reqs[1].Key)
-	assert.Equal(t, 1, srv.chargeCount())
+	srv.requireOnePayment(t, 2)
 }
 
 // Without an action id, the fingerprint finds an unfinished action (a resend
@@ -180,11 +170,9 @@ func TestFingerprintMismatchRefused(t *testing.T) {
 	srv := newPayServer(t)
 	tr, _, _ := newTestTransport(t)
 	ctx := idemretry.WithAction(context.Background(), "pay:i8")
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":100}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, ctx, srv.URL, `{"amount":100}`))
 
-	_, err = tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":999}`))
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":999}`))
 	require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
 	var ae *idemretry.ActionError
 	require.ErrorAs(t, err, &ae)
@@ -200,9 +188,7 @@ func TestCallerSuppliedKey(t *testing.T) {
 	for _, v := range []string{"order-77-attempt", `"order-77-attempt"`} {
 		req := post(t, context.Background(), srv.URL, "x")
 		req.Header.Set("Idempotency-Key", v)
-		resp, err := tr.RoundTrip(req)
-		require.NoError(t, err)
-		readAll(t, resp)
+		roundTrip(t, tr, req)
 	}
 	assert.Equal(t, []string{"order-77-attempt", "order-77-attempt"}, keysOf(srv.seen()))
 
@@ -219,9 +205,7 @@ func TestCallerSuppliedKey(t *testing.T) {
 func TestQuotedKeyOption(t *testing.T) {
 	srv := newPayServer(t)
 	tr, _, _ := newTestTransport(t, idemretry.WithQuotedKey())
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	k := srv.seen()[0].Key
 	require.True(t, strings.HasPrefix(k, `"`) && strings.HasSuffix(k, `"`), k)
 	assert.NoError(t, uuidCheck(strings.Trim(k, `"`)))
@@ -234,13 +218,11 @@ func TestKeyWindowExpired(t *testing.T) {
 	srv.script = scriptFirst(status(503))
 	tr, j, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:window")
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 
 	clk.Advance(idemretry.DefaultKeyWindow)
 	for range 2 { // the second time the journal already says unknown
-		_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+		_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 		var ae *idemretry.ActionError
 		require.ErrorAs(t, err, &ae)
@@ -248,9 +230,7 @@ func TestKeyWindowExpired(t *testing.T) {
 	}
 	// The same request without the action id is another action (named by its
 	// fingerprint), with a key of its own.
-	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	assert.NotEqual(t, srv.seen()[0].Key, srv.seen()[1].Key)
 	assert.Len(t, srv.seen(), 2)
 
@@ -267,12 +247,10 @@ func TestUnknownFingerprintActionNotRekeyed(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	tr, _, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "y"))
 	clk.Advance(idemretry.DefaultKeyWindow + time.Hour)
 	for range 2 {
-		_, err = tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
+		_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
 		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 	}
 	assert.Len(t, srv.seen(), 1)
@@ -338,15 +316,13 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 	}
 	ctx := idemretry.WithAction(context.Background(), "pay:long-window")
 	tr := open()
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	require.NoError(t, tr.Close())
 
 	clk.Advance(filejournal.DefaultKeyWindow + filejournal.DefaultGrace + 24*time.Hour) // past the journal's default, inside the window
 	tr = open()
 	defer tr.Close()
-	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)
 	assert.True(t, idemretry.IsReplay(resp))
 	readAll(t, resp)
@@ -369,9 +345,7 @@ func TestFingerprintDefinitionIsStable(t *testing.T) {
 		if body == "" {
 			req.Body, req.GetBody = nil, nil
 		}
-		resp, err := tr.RoundTrip(req.WithContext(idemretry.WithAction(context.Background(), "pay:fp-"+body)))
-		require.NoError(t, err)
-		readAll(t, resp)
+		roundTrip(t, tr, req.WithContext(idemretry.WithAction(context.Background(), "pay:fp-"+body)))
 
 		bodySum := sha256.Sum256([]byte(body))
 		want := sha256.Sum256([]byte("POST\x00" + url + "\x00" + string(bodySum[:])))
@@ -413,16 +387,12 @@ func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
 	tr, _, _ := newTestTransport(t, idemretry.WithKeyedMethods(http.MethodPatch))
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	assert.Equal(t, []string{""}, keysOf(srv.seen()))
 
 	req, err := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
 	require.NoError(t, err)
-	resp, err = tr.RoundTrip(req)
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, req)
 	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
 }
 

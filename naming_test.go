@@ -49,9 +49,7 @@ func TestDuplicateWindow(t *testing.T) {
 	srv := newPayServer(t)
 	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
 	send := func() *http.Response {
-		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":30}`))
-		require.NoError(t, err)
-		readAll(t, resp)
+		resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":30}`))
 		return resp
 	}
 	send()

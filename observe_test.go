@@ -50,9 +50,7 @@ func TestObserverEvents(t *testing.T) {
 	rec := &recorder{}
 	tr, _, clk := newTestTransport(t, idemretry.WithObserver(rec.observe), idemretry.WithMaxRetries(1))
 	ctx := idemretry.WithAction(context.Background(), "pay:obs")
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	assert.Equal(t, []string{"attempt", "retry", "attempt", "done"}, rec.kinds())
 	last := rec.events[len(rec.events)-1]
 	assert.Equal(t, "pay:obs", last.Action)
@@ -61,21 +59,17 @@ func TestObserverEvents(t *testing.T) {
 	assert.False(t, last.Replayed)
 
 	// The same action again: a replay.
-	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	assert.True(t, rec.events[len(rec.events)-1].Replayed)
 
 	// A give-up, and the key window ending.
 	down := newPayServer(t)
 	down.script = func(_ int, w http.ResponseWriter, _ *http.Request) bool { status(503)(w); return true }
-	resp, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:obs2"), down.URL, "y"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:obs2"), down.URL, "y"))
 	assert.Equal(t, "give-up", rec.kinds()[len(rec.kinds())-1])
 	assert.Equal(t, idemretry.ErrAttemptsExhausted, rec.events[len(rec.events)-1].Reason)
 	clk.Advance(25 * time.Hour)
-	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:obs2"), down.URL, "y"))
+	_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:obs2"), down.URL, "y"))
 	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 	assert.Equal(t, "unknown", rec.kinds()[len(rec.kinds())-1])
 
@@ -95,9 +89,7 @@ func TestPanickingObserver(t *testing.T) {
 	var logs bytes.Buffer
 	tr, _, _ := newTestTransport(t, idemretry.WithObserver(func(idemretry.Event) { panic("observer bug") }),
 		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	assert.Equal(t, 201, resp.StatusCode)
 	assert.Contains(t, logs.String(), "observer panicked")
 	assert.Equal(t, 1, srv.chargeCount())

@@ -139,12 +139,10 @@ func TestDoneActionStaysDoneAfterFailedResend(t *testing.T) {
 	srv := newPayServer(t)
 	tr, j, _ := newTestTransport(t, idemretry.WithMaxRetries(1))
 	ctx := idemretry.WithAction(context.Background(), "pay:done-then-down")
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
-	require.NoError(t, err)
-	readAll(t, resp)
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { hijackAndClose(w); return true }
-	_, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.Error(t, err)
 	un, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
@@ -161,9 +159,7 @@ func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
 	tr, err := idemretry.NewTransport(&http.Transport{},
 		idemretry.WithJournalDir(dir, filejournal.WithFlushInterval(time.Hour)))
 	require.NoError(t, err)
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":5}`))
 
 	// kill -9 now: what is on disk is the journal file as it is.
 	img := t.TempDir()
@@ -357,12 +353,10 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 	srv, j, tr := overFlakyJournal(t)
 
 	j.failDone.Store(true)
-	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
 
 	// Still failing: the second payment is refused, not sent under the old key.
-	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
 	if err == nil {
 		body := readAll(t, resp)
 		assert.Equal(t, 2, srv.chargeCount(), "second payment answered %d %s without a charge", resp.StatusCode, body)
@@ -373,9 +367,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 
 	// The journal heals: the outcome lands, and the repeat is a new payment.
 	j.failDone.Store(false)
-	resp, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
-	require.NoError(t, err)
-	readAll(t, resp)
+	resp = roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
 	reqs := srv.seen()
 	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key)
 	assert.Equal(t, len(reqs), srv.chargeCount(), "a request was answered with a replay")

@@ -124,9 +124,7 @@ func TestDroppedTransportReleasesJournal(t *testing.T) {
 	func() {
 		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 		require.NoError(t, err)
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:dropped"), srv.URL, "x"))
-		require.NoError(t, err)
-		readAll(t, resp)
+		roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:dropped"), srv.URL, "x"))
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for filejournalGoroutines() > before && time.Now().Before(deadline) {
