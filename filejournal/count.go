@@ -33,13 +33,14 @@ func countLive(src *source) int {
 		}
 		return nil
 	}
+	var o op
 	next := hdr.baseSeq
 	for off := headerSize; off < src.size; {
 		seq, payload, end, ok, err := src.frame(off, hdr.gen)
 		if err != nil || !ok || seq != next {
 			break
 		}
-		if decodeOps(payload, count) != nil {
+		if decodeOpsInto(payload, &o, count) != nil {
 			break
 		}
 		off, next = end, next+1
@@ -59,31 +60,30 @@ type hashSet struct {
 }
 
 func newHashSet(hint int) *hashSet {
-	c := 16
-	for c < hint+hint/3 {
-		c *= 2
-	}
-	return &hashSet{slots: make([]uint32, c)}
+	return &hashSet{slots: make([]uint32, max(16, hint+hint/3))}
 }
+
+// home is where h's probe starts: h scaled to the table's size (Lemire's
+// multiply-shift), so that the table need not be a power of two.
+func (s *hashSet) home(h uint32) int { return int(uint64(h) * uint64(len(s.slots)) >> 32) }
 
 func (s *hashSet) add(h uint32) {
 	h |= 2
 	if 4*(s.used+1) > 3*len(s.slots) {
 		s.rehash()
 	}
-	mask := uint32(len(s.slots) - 1)
 	free := -1
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := s.home(h); ; i = s.next(i) {
 		switch v := s.slots[i]; {
 		case v == h:
 			return
 		case v == 1:
 			if free < 0 {
-				free = int(i)
+				free = i
 			}
 		case v == 0:
 			if free < 0 {
-				free = int(i)
+				free = i
 				s.used++
 			}
 			s.slots[free] = h
@@ -95,8 +95,7 @@ func (s *hashSet) add(h uint32) {
 
 func (s *hashSet) remove(h uint32) {
 	h |= 2
-	mask := uint32(len(s.slots) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := s.home(h); ; i = s.next(i) {
 		switch s.slots[i] {
 		case h:
 			s.slots[i] = 1
@@ -106,6 +105,13 @@ func (s *hashSet) remove(h uint32) {
 			return
 		}
 	}
+}
+
+func (s *hashSet) next(i int) int {
+	if i++; i == len(s.slots) {
+		return 0
+	}
+	return i
 }
 
 // rehash moves the members to a table with room for twice as many, without

@@ -407,7 +407,8 @@ func (j *Journal) replay() func(seq uint64, payload []byte) error {
 		}
 		return nil
 	}
-	return func(_ uint64, payload []byte) error { return decodeOps(payload, apply) }
+	var o op
+	return func(_ uint64, payload []byte) error { return decodeOpsInto(payload, &o, apply) }
 }
 
 // idArena makes the id strings of the records that recovery adds to the

@@ -201,14 +201,20 @@ func decodePayload(p []byte, fn func(*op) error) error {
 // delete's id is passed to fn as id, a slice of p, and o.r.id is empty. It
 // allocates nothing but the strings of custom keys.
 func decodeOps(p []byte, fn func(o *op, id []byte) error) error {
+	var o op
+	return decodeOpsInto(p, &o, fn)
+}
+
+// decodeOpsInto is decodeOps reusing o, so that a caller decoding many
+// payloads allocates no op for each.
+func decodeOpsInto(p []byte, o *op, fn func(o *op, id []byte) error) error {
 	d := decoder{p: p}
 	count := d.uvarint(uint64(len(p)))
 	if d.bad {
 		return fmt.Errorf("%w: count", errPayload)
 	}
-	var o op
 	for i := uint64(0); i < count; i++ {
-		o = op{kind: d.byte()}
+		*o = op{kind: d.byte()}
 		var id []byte
 		switch o.kind {
 		case opUpsert:
@@ -254,7 +260,7 @@ func decodeOps(p []byte, fn func(o *op, id []byte) error) error {
 		if d.bad {
 			return fmt.Errorf("%w: record %d", errPayload, i)
 		}
-		if err := fn(&o, id); err != nil {
+		if err := fn(o, id); err != nil {
 			return err
 		}
 	}

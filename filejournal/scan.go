@@ -213,9 +213,10 @@ type source struct {
 }
 
 // windowSize is how much of a file a source reads at a time: room for a
-// whole frame of the largest payload, and as much again, so that the window
-// is moved about once per megabyte whatever the frames, and never grows.
-const windowSize = 2 * (frameHeaderSize + maxPayload)
+// whole frame of the largest payload, and a quarter megabyte more, so that
+// the window never grows and, with frames of a few kilobytes, moves about
+// once per megabyte.
+const windowSize = frameHeaderSize + maxPayload + 256<<10
 
 func memSource(data []byte) *source { return &source{size: len(data), inMem: true, mem: data} }
 

@@ -125,7 +125,7 @@ func TestScanSourceFileShrinking(t *testing.T) {
 // whole file copied aside; a copy of a frame from the first window found
 // in the last, and the journal rewritten without it.
 func TestRecoverAcrossWindows(t *testing.T) {
-	const n = 70_000 // about 5 MB: three windows
+	const n = 70_000 // about 5 MB: four windows
 	data := recoveryJournal(n)
 	require.Greater(t, len(data), 2*windowSize)
 	h, err := parseHeader(data)
