@@ -119,17 +119,13 @@ func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
 	base := &stubServer{status: 503}
 	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:old")
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 
 	clk.Advance(25 * time.Hour) // window of pay:old over; the journal sees it
-	r, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
 
 	clk.Advance(-2 * time.Hour) // NTP / user sets the clock back
-	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	if err == nil {
 		r.Body.Close()
 	}
@@ -152,16 +148,14 @@ func TestFleetSkewKeepsPending(t *testing.T) {
 	b, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clkB), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	ctx := idemretry.WithAction(context.Background(), "pay:fleet")
-	r, err := a.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, a, post(t, ctx, "http://pay.example/", "x"))
 
 	_, err = b.RoundTrip(post(t, ctx, "http://pay.example/", "x")) // refused: fine, transient
 	require.Error(t, err)
 
 	clkA.Advance(10 * time.Minute)
 	clkB.Advance(10 * time.Minute)
-	r, err = b.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	r, err := b.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	if err == nil {
 		r.Body.Close()
 	}
@@ -179,9 +173,7 @@ func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
 	base := &stubServer{status: 201}
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk))
 	require.NoError(t, err)
-	r, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, context.Background(), "http://pay.example/", "x"))
 	require.NoError(t, j.Close())
 
 	clk.Advance(-3 * time.Hour)
@@ -206,9 +198,7 @@ func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithClock(clk))
 	require.NoError(t, err)
 	clk.Advance(365 * 24 * time.Hour)
-	r, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, context.Background(), "http://pay.example/", "x"))
 	require.NoError(t, tr.Close())
 	clk.Advance(-365 * 24 * time.Hour) // corrected
 	clk.Advance(48 * time.Hour)        // two days later, a normal restart
@@ -228,13 +218,11 @@ func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
 	base := &stubServer{status: 503}
 	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:ntp")
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(-2 * time.Minute)
 	_, _ = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(time.Hour)
-	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	if err == nil {
 		r.Body.Close()
 	}
@@ -255,11 +243,9 @@ func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	ctx := idemretry.WithAction(context.Background(), "pay:sim")
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(25 * time.Hour) // past the 24 h window on the Transport's clock
-	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	if err == nil {
 		r.Body.Close()
 	}
@@ -313,18 +299,14 @@ func TestForwardBlipNeverRekeysDoneInsideWindow(t *testing.T) {
 	require.NoError(t, err)
 	defer tr.Close()
 	ctx := idemretry.WithAction(context.Background(), "pay:order-1")
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 
 	clk.Advance(23*time.Hour + 30*time.Minute)
 	clk.Advance(time.Hour) // a bad NTP answer...
-	r, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
 	clk.Advance(-time.Hour) // ...corrected
 
-	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	if err == nil {
 		r.Body.Close()
 		require.Len(t, base.keys, 3)
@@ -344,17 +326,13 @@ func TestDoneFromClockFutureRefusedUntilForgotten(t *testing.T) {
 	tr := onFileJournal(t, base, clk)
 	ctx := idemretry.WithAction(context.Background(), "pay:while-ahead")
 	clk.Advance(365 * 24 * time.Hour)
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(-365 * 24 * time.Hour)
 	clk.Advance(30 * 24 * time.Hour) // a month later
-	_, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
+	_, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	require.ErrorIs(t, err, idemretry.ErrClockSkew)
 	require.NoError(t, tr.Journal().Forget(context.Background(), "pay:while-ahead"))
-	r, err = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 }
 
 // A clock set back 2 h with a 1 h window and a file journal that has seen the
@@ -443,9 +421,7 @@ func onFileJournal(t *testing.T, base http.RoundTripper, clk idemretry.Clock, op
 // sendOK posts body as action and requires a response, which it closes.
 func sendOK(t *testing.T, tr *idemretry.Transport, action, body string) {
 	t.Helper()
-	r, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), action), "http://pay.example/", body))
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), action), "http://pay.example/", body))
 }
 
 // The file journal's expiry under a wall clock that was wrong when a record

@@ -125,9 +125,7 @@ func fpOf(t *testing.T, url, body string) journal.Fingerprint {
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j))
 	require.NoError(t, err)
 	req, _ := http.NewRequestWithContext(idemretry.WithAction(context.Background(), "a"), http.MethodPost, url, strings.NewReader(body))
-	r, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	r.Body.Close()
+	roundTrip(t, tr, req)
 	rec, _, err := j.Reserve(context.Background(), journal.Record{ActionID: "a"}, journal.ReuseAny)
 	require.NoError(t, err)
 	return rec.Fingerprint
