@@ -530,3 +530,51 @@ func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
 		assert.Equal(t, keys[0], k)
 	}
 }
+
+// A flight whose response is larger than the sharing limit: the first
+// caller streams it whole, a caller that joined gets ErrResponseNotShared
+// with the status, and the server charged once.
+func TestSharedResponseOverLimit(t *testing.T) {
+	big := strings.Repeat("r", 4096)
+	arrived := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var charges int
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		charges++
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(201)
+		w.Write([]byte(big))
+	}))
+	defer srv.Close()
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxSharedResponse(1024))
+	var wg sync.WaitGroup
+	var leadBody string
+	var joinErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+		if assert.NoError(t, err) {
+			leadBody = readAll(t, resp)
+		}
+	}()
+	<-arrived
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, joinErr = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	}()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	assert.Equal(t, big, leadBody)
+	require.ErrorIs(t, joinErr, idemretry.ErrResponseNotShared)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, joinErr, &ae)
+	assert.Equal(t, 201, ae.Status)
+	assert.Equal(t, 1, charges)
+}

@@ -94,3 +94,40 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 	require.Len(t, reqs, 2)
 	assert.Equal(t, 2, srv.chargeCount())
 }
+
+// hangingReserve is a journal whose Reserve hangs until its context ends.
+type hangingReserve struct{ *journal.Memory }
+
+func (h hangingReserve) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	<-ctx.Done()
+	return journal.Record{}, false, ctx.Err()
+}
+
+// A journal that does not answer within the journal timeout is reported as
+// unavailable, and nothing is sent.
+func TestJournalTimeoutIsUnavailable(t *testing.T) {
+	srv := newPayServer(t)
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
+		idemretry.WithJournalTimeout(100*time.Millisecond))
+	require.NoError(t, err)
+	defer tr.Close()
+	start := time.Now()
+	_, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	assert.ErrorIs(t, err, journal.ErrUnavailable)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Empty(t, srv.seen())
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalTimeout(0))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+// Error messages carry the package prefix once, however deep the wrapping.
+func TestErrorPrefixOnce(t *testing.T) {
+	j := journal.NewMemory()
+	require.NoError(t, j.Close())
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), "http://127.0.0.1:1/", "x"))
+	require.ErrorIs(t, err, journal.ErrClosed)
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+}

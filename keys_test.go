@@ -428,3 +428,95 @@ func TestLowerCaseCallerKeyHeader(t *testing.T) {
 	_, err = tr.RoundTrip(req)
 	assert.ErrorIs(t, err, idemretry.ErrInvalidKey)
 }
+
+// WithRequireAction: a keyed request that names no action is refused before
+// anything is sent; a named one, a caller key, and an unkeyed GET go out.
+func TestRequireAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithRequireAction())
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	require.ErrorIs(t, err, idemretry.ErrActionRequired)
+	assert.Empty(t, srv.seen())
+
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header.Set("Idempotency-Key", "caller-key-2")
+	resp, err = tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	resp, err = tr.RoundTrip(httptestGet(t, srv.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Len(t, srv.seen(), 3)
+}
+
+// WithDuplicateWindow: an identical unnamed request within the window of the
+// first is the same action (same key, the server replays); after it, a new
+// one.
+func TestDuplicateWindow(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
+	send := func() *http.Response {
+		resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":30}`))
+		return resp
+	}
+	send()
+	clk.Advance(10 * time.Second)
+	second := send()
+	assert.True(t, idemretry.IsReplay(second), "a repeat within the window is answered with the replay")
+	assert.Equal(t, 1, srv.chargeCount())
+	clk.Advance(25 * time.Second)
+	send()
+	assert.Equal(t, 2, srv.chargeCount(), "a repeat after the window is a new payment")
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, keys[0], keys[1])
+	assert.NotEqual(t, keys[1], keys[2])
+
+	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(-time.Second))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(48*time.Hour))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+// http.Client follows a 307/308 for a POST by sending the same body, with
+// the same context, to the new URL. That hop is a sub-action with a key of
+// its own, stable across repeats: a resend of the whole action reuses both.
+func TestRedirectHopIsSubAction(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/old" {
+			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	c := &http.Client{Transport: tr}
+	for range 2 {
+		req := post(t, idemretry.WithAction(context.Background(), "pay:redirect"), srv.URL+"/old", "x")
+		r, err := c.Do(req)
+		require.NoError(t, err)
+		readAll(t, r)
+		assert.Equal(t, http.StatusCreated, r.StatusCode)
+	}
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 4)
+	assert.NotEqual(t, keys[0], keys[1], "the hop has its own key")
+	assert.Equal(t, keys[:2], keys[2:], "and both keys are stable")
+	assert.NotEmpty(t, keys[1])
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// WithAction ids that are empty or look like derived ids are refused.
+func TestInvalidActionIDs(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, id := range []string{"", "key:order-1", "fp:abc"} {
+		_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), id), srv.URL, "x"))
+		assert.ErrorIs(t, err, idemretry.ErrInvalidAction, "%q", id)
+	}
+	assert.Empty(t, srv.seen())
+}

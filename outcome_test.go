@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -390,4 +391,49 @@ func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
 	un, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, un)
+}
+
+// Give-ups a person can see: the reason is told by GiveUpReason and logged
+// at Warn; a final answer has none.
+func TestGiveUpReasons(t *testing.T) {
+	var mu sync.Mutex
+	answer := func(w http.ResponseWriter) { w.WriteHeader(503) }
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		a := answer
+		mu.Unlock()
+		a(w)
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	tr, _, _ := newTestTransport(t, idemretry.WithLogger(logger), idemretry.WithMaxRetries(2))
+	set := func(a func(http.ResponseWriter)) { mu.Lock(); answer = a; mu.Unlock() }
+	send := func(ctx context.Context, body string) *http.Response {
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+
+	resp := send(context.Background(), "1")
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted)
+	assert.Contains(t, logs.String(), "gave up")
+	assert.Contains(t, logs.String(), "attempts exhausted")
+
+	set(func(w http.ResponseWriter) { w.Header().Set("Retry-After", "3600"); w.WriteHeader(429) })
+	resp = send(context.Background(), "2")
+	assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrRetryAfterTooLong)
+
+	set(func(w http.ResponseWriter) { w.Header().Set("Retry-After", "20"); w.WriteHeader(503) })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp = send(ctx, "3")
+	assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrWaitExceedsDeadline)
+
+	set(func(w http.ResponseWriter) { w.WriteHeader(201) })
+	resp = send(context.Background(), "4")
+	assert.NoError(t, idemretry.GiveUpReason(resp))
+	assert.NoError(t, idemretry.GiveUpReason(nil))
 }
