@@ -116,19 +116,13 @@ func TestWindowRecheckedBeforeAttempt(t *testing.T) {
 // e52afa0).
 func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
 	clk := newFakeClock()
-	base := &stubServer{status: 503}
-	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
-	ctx := idemretry.WithAction(context.Background(), "pay:old")
-	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
+	tr, ctx, base := pendingOnFileJournal(t, clk, "pay:old")
 
 	clk.Advance(25 * time.Hour) // window of pay:old over; the journal sees it
 	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:other"), "http://pay.example/", "y"))
 
 	clk.Advance(-2 * time.Hour) // NTP / user sets the clock back
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, "http://pay.example/", "x"))
 	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired, "a 25-hour-old key was sent again (keys sent: %d)", len(base.keys))
 }
 
@@ -155,10 +149,7 @@ func TestFleetSkewKeepsPending(t *testing.T) {
 
 	clkA.Advance(10 * time.Minute)
 	clkB.Advance(10 * time.Minute)
-	r, err := b.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err = sendErr(b, post(t, ctx, "http://pay.example/", "x"))
 	require.NoError(t, err, "10 min later, 23 h50 of window left, the pending action is refused for good")
 	require.Len(t, base.keys, 2)
 }
@@ -215,17 +206,11 @@ func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
 // again once the clock has passed its creation.
 func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
 	clk := newFakeClock()
-	base := &stubServer{status: 503}
-	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
-	ctx := idemretry.WithAction(context.Background(), "pay:ntp")
-	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
+	tr, ctx, _ := pendingOnFileJournal(t, clk, "pay:ntp")
 	clk.Advance(-2 * time.Minute)
 	_, _ = tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(time.Hour)
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, "http://pay.example/", "x"))
 	require.NoError(t, err, "an hour later the action is sent again")
 }
 
@@ -245,10 +230,7 @@ func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
 	ctx := idemretry.WithAction(context.Background(), "pay:sim")
 	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
 	clk.Advance(25 * time.Hour) // past the 24 h window on the Transport's clock
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err = sendErr(tr, post(t, ctx, "http://pay.example/", "x"))
 	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "window judged on the journal's real clock, not WithClock: err=%v sent=%d", err, len(base.keys))
 	require.Len(t, base.keys, 1)
 }
@@ -345,10 +327,7 @@ func TestSetBackDoesNotRefuseNewActions(t *testing.T) {
 	sendOK(t, tr, "pay:1", "a")
 	clk.Advance(-2 * time.Hour) // NTP steps the clock back 2 h
 	ctx := idemretry.WithAction(context.Background(), "pay:new")
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, "http://pay.example/", "b"))
 	require.NoError(t, err, "a brand-new action was refused (sent=%d)", len(base.keys))
 }
 
@@ -367,10 +346,7 @@ func TestSetBackDoesNotShrinkNewWindows(t *testing.T) {
 	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(3), idemretry.WithBackOff(constant(2*time.Minute)))
 	sendOK(t, tr, "pay:1", "a")
 	clk.Advance(-(23*time.Hour + 59*time.Minute))
-	r, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:new"), "http://pay.example/", "b"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err := sendErr(tr, post(t, idemretry.WithAction(context.Background(), "pay:new"), "http://pay.example/", "b"))
 	require.NoError(t, err, "a new action with a 503 became outcome-unknown after one 2-min wait")
 }
 
@@ -385,10 +361,7 @@ func TestSetBackNeverPoisonsNeverSentAction(t *testing.T) {
 	ctx := idemretry.WithAction(context.Background(), "pay:new")
 	_, _ = tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
 	clk.Advance(3 * time.Hour) // clock past the mark again
-	r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "b"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, "http://pay.example/", "b"))
 	var ae *idemretry.ActionError
 	if len(base.keys) == 1 && errors.As(err, &ae) && ae.MaybeProcessed {
 		t.Fatalf("never-sent action (attempts=%d) left StateUnknown and reported MaybeProcessed: %v", ae.Attempts, err)
@@ -416,6 +389,19 @@ func onFileJournal(t *testing.T, base http.RoundTripper, clk idemretry.Clock, op
 	require.NoError(t, err)
 	t.Cleanup(func() { tr.Close() })
 	return tr
+}
+
+// pendingOnFileJournal sends action once, body "x", through a Transport on
+// a file journal ruled by clk, to a server that answers 503, with no
+// retries: the action is left pending. It returns the Transport, the
+// action's context and the server.
+func pendingOnFileJournal(t *testing.T, clk idemretry.Clock, action string) (*idemretry.Transport, context.Context, *stubServer) {
+	t.Helper()
+	base := &stubServer{status: 503}
+	tr := onFileJournal(t, base, clk, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), action)
+	roundTrip(t, tr, post(t, ctx, "http://pay.example/", "x"))
+	return tr, ctx, base
 }
 
 // sendOK posts body as action and requires a response, which it closes.

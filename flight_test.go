@@ -42,10 +42,7 @@ func TestFlightPanicInLeaderStrandsFlight(t *testing.T) {
 	boom.Store(false)
 	ctx, cancel := context.WithTimeout(actx, time.Second)
 	defer cancel()
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
-	if err == nil {
-		resp.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":1}`))
 	require.NoError(t, err, "the action is stuck behind a flight that never lands")
 }
 
@@ -110,10 +107,7 @@ func TestFlightDeadlineDuringAttemptReasonNil(t *testing.T) {
 	tr, _, _ := newTestTransport(t)
 	ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:dl-1"), 100*time.Millisecond)
 	defer cancel()
-	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":4}`))
-	if err == nil {
-		resp.Body.Close()
-	}
+	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":4}`))
 	var ae *idemretry.ActionError
 	require.ErrorAs(t, err, &ae)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
@@ -140,10 +134,7 @@ func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
 	lctx, cancel := context.WithTimeout(actx, 600*time.Millisecond)
 	defer cancel()
 	go func() {
-		resp, err := tr.RoundTrip(post(t, lctx, srv.URL, `{"amount":5}`))
-		if err == nil {
-			resp.Body.Close()
-		}
+		_ = sendErr(tr, post(t, lctx, srv.URL, `{"amount":5}`))
 	}()
 	<-srv.arrived
 	go func() {

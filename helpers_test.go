@@ -280,6 +280,16 @@ func roundTrip(t *testing.T, tr http.RoundTripper, req *http.Request) *http.Resp
 	return resp
 }
 
+// sendErr sends req through tr, closes the response if there is one, and
+// returns the error.
+func sendErr(tr http.RoundTripper, req *http.Request) error {
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err
+}
+
 // transportOver returns a Transport over j on the real clock, with its own
 // HTTP connections, closed when t ends.
 func transportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) *idemretry.Transport {

@@ -370,10 +370,7 @@ func TestCallerKeyNamesTheAction(t *testing.T) {
 	for i, a := range []string{"pay:A", "pay:B"} {
 		req := post(t, idemretry.WithAction(context.Background(), a), srv.URL, []string{"amount=1", "amount=999"}[i])
 		req.Header.Set("Idempotency-Key", "order-42")
-		r, err := tr.RoundTrip(req)
-		if err == nil {
-			r.Body.Close()
-		}
+		err := sendErr(tr, req)
 		errs = append(errs, err)
 	}
 	assert.NoError(t, errs[0])

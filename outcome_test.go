@@ -208,10 +208,7 @@ func TestDoneSyncHonoursDeadline(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
-		r, err := tr.RoundTrip(post(t, ctx, "http://pay.example/", "x"))
-		if err == nil {
-			r.Body.Close()
-		}
+		_ = sendErr(tr, post(t, ctx, "http://pay.example/", "x"))
 		close(done)
 	}()
 	select {
@@ -231,10 +228,7 @@ func TestDoneSyncFailureLogged(t *testing.T) {
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(newFakeClock()),
 		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	require.NoError(t, err)
-	r, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
-	if err == nil {
-		r.Body.Close()
-	}
+	err = sendErr(tr, post(t, context.Background(), "http://pay.example/", "x"))
 	require.True(t, err != nil || bytes.Contains(logs.Bytes(), []byte("EIO")), "sync failure neither returned nor logged; logs: %q", logs.String())
 }
 

@@ -189,10 +189,7 @@ func TestResumeHashedJoinsLiveFlight(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := second.RoundTrip(post(t, context.Background(), srv.URL, `{"order":"U"}`))
-			if err == nil {
-				resp.Body.Close()
-			}
+			_ = sendErr(second, post(t, context.Background(), srv.URL, `{"order":"U"}`))
 		}()
 		time.Sleep(50 * time.Millisecond) // the live request is in flight
 		_, err := second.Resume(context.Background(), app, 0)
