@@ -15,11 +15,12 @@ import (
 // Open documents it.
 const markLine = "idemretry.sqljournal.action_ids="
 
-// makeCommented creates table by hand, as a DBA would, with comment as its
-// comment.
-func makeCommented(t *testing.T, db *sql.DB, table, comment string) {
+// commentedTable creates a new table by hand, as a DBA would, with comment
+// as its comment, and returns its name.
+func commentedTable(t *testing.T, db *sql.DB, comment string) string {
 	t.Helper()
 	ctx := context.Background()
+	table := newTable(t, db)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE "`+table+`" `+legacyDDL); err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +33,7 @@ func makeCommented(t *testing.T, db *sql.DB, table, comment string) {
 	if _, err := db.ExecContext(ctx, `COMMENT ON TABLE "`+table+`" IS `+lit); err != nil {
 		t.Fatal(err)
 	}
+	return table
 }
 
 // tableComment returns table's comment ("" for none).
@@ -51,9 +53,8 @@ func tableComment(t *testing.T, db *sql.DB, table string) string {
 func TestForeignCommentGetsModeMark(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	table := newTable(t, db)
 	const comment = "payment idempotency keys"
-	makeCommented(t, db, table, comment)
+	table := commentedTable(t, db, comment)
 	plain, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
@@ -102,8 +103,7 @@ func TestForeignCommentKeptExactly(t *testing.T) {
 		{"look-alike", "see " + markLine + "plain", "see " + markLine + "plain\n" + markLine + "sha256"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			table := newTable(t, db)
-			makeCommented(t, db, table, tc.comment)
+			table := commentedTable(t, db, tc.comment)
 			j, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedActionIDs())
 			if err != nil {
 				t.Fatal(err)
@@ -124,8 +124,7 @@ func TestForeignCommentKeptExactly(t *testing.T) {
 func TestForeignCommentConcurrentModes(t *testing.T) {
 	db := testDB(t)
 	for range 3 {
-		table := newTable(t, db)
-		makeCommented(t, db, table, "payment idempotency keys")
+		table := commentedTable(t, db, "payment idempotency keys")
 		opened := openInBothModes(t, db, table)
 		mode := "plain"
 		if opened[true] > 0 {
@@ -142,9 +141,8 @@ func TestForeignCommentConcurrentModes(t *testing.T) {
 func TestForeignCommentRowsDecide(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	table := newTable(t, db)
 	const comment = "payment idempotency keys"
-	makeCommented(t, db, table, comment)
+	table := commentedTable(t, db, comment)
 	if _, err := db.Exec(`INSERT INTO "`+table+`" VALUES ('pay:order-1', 'k1', $1, 0, 1, 0, 0)`, make([]byte, 32)); err != nil {
 		t.Fatal(err)
 	}
