@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +25,7 @@ import (
 func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
 	r := &run{t: t, ctx: ctx, a: a}
-	bo := s.newBackOff()
-	bo.Reset()
+	var bo backoff.BackOff // made for the first retry: most actions need none
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
@@ -66,6 +66,10 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 		var wait time.Duration
 		reason := ctx.Err()
 		if reason == nil {
+			if bo == nil && n < maxRetries {
+				bo = s.newBackOff()
+				bo.Reset()
+			}
 			wait, reason = t.nextWait(ctx, bo, n, maxRetries, resp)
 		}
 		if reason == ErrParked {
@@ -92,7 +96,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 // a final answer, whether it refuses the key as reused; both may read the
 // start of an error body, for at most DefaultMaxDrainTime.
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if r.cancel != nil && resp != nil {
+	if r.cancel != nil && resp != nil && mayReadBody(policy, resp) {
 		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
 		defer timer.Stop()
 	}
@@ -100,9 +104,24 @@ func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (fina
 	return final, final && err == nil && KeyReuseRejected(resp)
 }
 
+// mayReadBody reports whether classifying resp with policy may read its
+// body: always, with a policy of the caller's; with DefaultRetryPolicy,
+// only on the statuses where it and KeyReuseRejected look for a refusal of
+// the key (400, 409, 422).
+func mayReadBody(policy RetryPolicy, resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
+		return true
+	}
+	return reflect.ValueOf(policy).Pointer() != defaultPolicyPC
+}
+
+// defaultPolicyPC identifies DefaultRetryPolicy among policies.
+var defaultPolicyPC = reflect.ValueOf(RetryPolicy(DefaultRetryPolicy)).Pointer()
+
 // nextWait returns how long to wait before attempt n+1, or why there is none.
 func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetries int, resp *http.Response) (time.Duration, error) {
-	if n >= maxRetries {
+	if n >= maxRetries || bo == nil {
 		return 0, ErrAttemptsExhausted
 	}
 	wait := bo.NextBackOff()
@@ -138,6 +157,7 @@ type run struct {
 	lastErr    error
 	out        *http.Request // the last attempt's request
 	cancel     context.CancelFunc
+	tr         *attemptTrace // the last attempt's
 }
 
 // send makes one attempt. Its context is the caller's, with a trace that
@@ -157,7 +177,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		cancel()
 		return nil, false, err
 	}
-	r.out, r.cancel = out, cancel
+	r.out, r.cancel, r.tr = out, cancel, tr
 	var start time.Time
 	timed := len(r.t.cfg.observers) > 0 // Elapsed is for the observers alone
 	if timed {
@@ -194,11 +214,13 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	return resp, true, err
 }
 
-// attemptTrace is one attempt's httptrace hooks and the count of the
-// requests they saw written, in one allocation.
+// attemptTrace is one attempt's httptrace hooks, the count of the
+// requests they saw written, and the wrapper of its response's body if it
+// is returned, in one allocation.
 type attemptTrace struct {
 	trace  httptrace.ClientTrace
 	writes atomic.Int32
+	body   cancelOnClose
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }

@@ -18,22 +18,22 @@ type body struct {
 // bytes. A larger one is refused (ErrBodyTooLarge): sending it once and then
 // being unable to resend it would defeat the point of the Transport.
 // The caller's Body is closed on error.
-func newBody(req *http.Request, limit int64) (*body, error) {
+func newBody(req *http.Request, limit int64) (body, error) {
 	if req.Body == nil || req.Body == http.NoBody {
-		return &body{}, nil
+		return body{}, nil
 	}
 	if req.GetBody != nil {
-		return &body{orig: req.Body, getBody: req.GetBody}, nil
+		return body{orig: req.Body, getBody: req.GetBody}, nil
 	}
 	defer req.Body.Close()
 	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("idemretry: read request body: %w", err)
+		return body{}, fmt.Errorf("idemretry: read request body: %w", err)
 	}
 	if int64(len(buf)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes and no GetBody", ErrBodyTooLarge, limit)
+		return body{}, fmt.Errorf("%w: more than %d bytes and no GetBody", ErrBodyTooLarge, limit)
 	}
-	return &body{getBody: func() (io.ReadCloser, error) {
+	return body{getBody: func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(buf)), nil
 	}}, nil
 }

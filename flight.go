@@ -18,8 +18,15 @@ import (
 // gets its own copy of the flight's result. This is what makes a double tap
 // one payment even when the app names no action.
 type flight struct {
-	fp   journal.Fingerprint
-	done chan struct{} // closed when the result below is set
+	fp journal.Fingerprint
+	// done is closed when the result below is set. It is made (under
+	// flights.mu) only when a caller joins: a flight nobody joins, the
+	// common case, needs none. Once the flight has landed it no longer
+	// changes.
+	done chan struct{}
+	// act is the action the leader reserved, kept here to need no
+	// allocation of its own.
+	act action
 
 	// id is the action id the flight is in the map under; digest is its
 	// digest form (journal.Digest), computed only when a request with an
@@ -62,12 +69,15 @@ func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool
 			return f, false, true
 		}
 		f.joiners++
+		if f.done == nil {
+			f.done = make(chan struct{})
+		}
 		return f, false, false
 	}
 	if fs.m == nil {
 		fs.m = make(map[string]*flight)
 	}
-	f = &flight{fp: fp, done: make(chan struct{}), id: id}
+	f = &flight{fp: fp, id: id}
 	if journal.IsDigest(id) {
 		f.digest = id
 		fs.digests++
@@ -128,10 +138,18 @@ func (fs *flights) land(f *flight) int {
 	return f.joiners
 }
 
-// fail ends the flight with err for its joiners.
+// fail ends the flight with err for its joiners. The flight has landed.
 func (f *flight) fail(err error) {
 	f.err = err
-	close(f.done)
+	f.release()
+}
+
+// release wakes the joiners, if any. The flight has landed, so no caller
+// joins it any more.
+func (f *flight) release() {
+	if f.done != nil {
+		close(f.done)
+	}
 }
 
 // share publishes the leader's result to n joiners and returns what the
@@ -141,7 +159,7 @@ func (f *flight) fail(err error) {
 // ErrResponseNotShared. again says the leader stopped for its own context
 // with the action unfinished, so a joiner should carry on with it.
 func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, err error, again bool) (*http.Response, error) {
-	defer close(f.done)
+	defer f.release()
 	f.again = again
 	if n == 0 || again {
 		return resp, err

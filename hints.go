@@ -45,7 +45,7 @@ var replayHeaders = [...]string{
 // a server that says a resend cannot succeed is never overridden.
 func retryHint(h http.Header) (retry, ok bool) {
 	for _, name := range retryHeaders {
-		switch strings.ToLower(unquote(h.Get(name))) {
+		switch strings.ToLower(unquote(first(h, name))) {
 		case "false":
 			return false, true
 		case "true":
@@ -65,11 +65,20 @@ func IsReplay(resp *http.Response) bool {
 		return false
 	}
 	for _, name := range replayHeaders {
-		if strings.EqualFold(unquote(resp.Header.Get(name)), "true") {
+		if strings.EqualFold(unquote(first(resp.Header, name)), "true") {
 			return true
 		}
 	}
 	return false
+}
+
+// first is h.Get(name) for a name already in canonical form, as the names
+// above are, without canonicalising it again on every answer.
+func first(h http.Header, name string) string {
+	if v := h[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // unquote trims v and the double quotes of a quoted string around it.

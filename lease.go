@@ -153,8 +153,8 @@ type lease struct {
 // reserveLeased reserves the action named by who (see reserve) and, when
 // the journal is a Leaser, leases it, waiting while another machine holds
 // it. The lease is released by releaseLease.
-func (t *Transport) reserveLeased(ctx context.Context, who identity, window time.Duration) (*action, error) {
-	a, err := t.reserve(ctx, who, window)
+func (t *Transport) reserveLeased(ctx context.Context, who identity, window time.Duration, dst *action) (*action, error) {
+	a, err := t.reserve(ctx, who, window, dst)
 	lr, ok := t.journal.(journal.Leaser)
 	if err != nil || !ok {
 		return a, err
@@ -188,7 +188,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		// deliberate repeat.
 		again := who
 		again.byFingerprint = false
-		if a, err = t.reserve(ctx, again, window); err != nil {
+		if a, err = t.reserve(ctx, again, window, dst); err != nil {
 			return nil, err
 		}
 		a.byFingerprint = who.byFingerprint

@@ -109,7 +109,9 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			markGiveUp(resp, r.out, reason)
 		}
 		if resp.Body != nil {
-			resp.Body = &cancelOnClose{resp.Body, r.cancel}
+			// The attempt's trace holds the wrapper: it lives as long.
+			r.tr.body = cancelOnClose{resp.Body, r.cancel}
+			resp.Body = &r.tr.body
 		}
 		return resp, state != journal.StateDone, nil
 	}

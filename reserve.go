@@ -95,10 +95,11 @@ func resumedIdentity(rec journal.Record, fp journal.Fingerprint) (identity, erro
 	return who, nil
 }
 
-// reserve reserves the key of the action named by who, durably. It sends
-// nothing. Only the leader of the action's flight calls it, so calls for
-// one action never overlap within a Transport.
-func (t *Transport) reserve(ctx context.Context, who identity, window time.Duration) (*action, error) {
+// reserve reserves the key of the action named by who, durably, and
+// returns dst set to it. It sends nothing. Only the leader of the action's
+// flight calls it, so calls for one action never overlap within a
+// Transport.
+func (t *Transport) reserve(ctx context.Context, who identity, window time.Duration, dst *action) (*action, error) {
 	id := who.id
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
@@ -138,7 +139,8 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		// A key minted just now: its age is measured from createdAt (on the
 		// system clock, monotonically), never inferred, so no clock
 		// disagreement can refuse it.
-		return &action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window}, nil
+		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window}
+		return dst, nil
 	}
 	now := t.now()
 	switch {
@@ -164,7 +166,8 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	return &action{rec: rec, byFingerprint: who.byFingerprint, window: window}, nil
+	*dst = action{rec: rec, byFingerprint: who.byFingerprint, window: window}
+	return dst, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server

@@ -195,10 +195,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("%w: nil request, URL or host", ErrInvalidRequest)
 	}
-	b, err := newBody(req, t.cfg.maxBuffered)
+	bv, err := newBody(req, t.cfg.maxBuffered)
 	if err != nil {
 		return nil, err
 	}
+	b := &bv
 	defer b.close()
 
 	s, err := t.settingsFor(req.Context())
@@ -254,7 +255,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		}
 	}()
 	var pending bool
-	a, err := t.reserveLeased(req.Context(), who, s.keyWindow) // lease.go: one machine in flight per action
+	a, err := t.reserveLeased(req.Context(), who, s.keyWindow, &f.act) // lease.go: one machine in flight per action
 	defer t.releaseLease(a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)

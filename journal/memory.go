@@ -32,18 +32,19 @@ type Memory struct {
 
 	// The records are kept where the garbage collector has next to nothing
 	// to scan, however many a retention period holds: records indexes them
-	// by a hash of their action id, and entries, text and created hold them
-	// (ids and keys back to back in text). Only created, one time.Time per
-	// entry, holds a pointer (its Location), so that CreatedAt is returned
-	// exactly as it was given.
+	// by a hash of their action id; pages hold them, without pointers but
+	// for CreatedAt's Location (so that CreatedAt is returned exactly as it
+	// was given); text holds their ids and keys. Both grow by whole pages
+	// and chunks, never by copying what they hold.
 	seed    maphash.Seed
 	mask    uint64            // of the hashes; tests narrow it to make ids collide
 	records map[uint64]uint32 // hash of an action id -> 1 + the index of the first entry of its chain
-	entries []memEntry
-	created []time.Time // CreatedAt of entries[i]
-	free    []uint32    // indexes of unused entries
-	text    []byte
-	dead    int // bytes of text that no entry uses
+	pages   []*memPage
+	n       int      // entries made: pages hold entries 0 to n-1
+	free    []uint32 // indexes of unused entries below n
+	text    [][]byte // chunks of textChunk bytes (or one id and key, if longer)
+	dead    int      // bytes of text that no entry uses
+	size    int      // bytes of text
 
 	retention time.Duration
 	now       func() time.Time
@@ -57,12 +58,24 @@ type memEntry struct {
 	added    time.Duration // when reserved, since Memory.start
 	attempts int
 	status   int
-	off      int // of the action id in text; the key follows it
+	chunk    uint32 // of text holding the action id, at pos; the key follows it
+	pos      uint32
 	idLen    uint32
 	keyLen   uint32
 	next     uint32 // 1 + the index of the next entry whose id has the same hash, or 0
 	state    State
 	used     bool // false for an entry on the free list
+}
+
+const (
+	pageSize  = 256      // entries per page
+	textChunk = 32 << 10 // bytes per chunk of text
+)
+
+// memPage holds entries i*pageSize to (i+1)*pageSize-1.
+type memPage struct {
+	e       [pageSize]memEntry
+	created [pageSize]time.Time
 }
 
 // A MemoryOption configures a Memory journal.
@@ -108,11 +121,16 @@ func (j *Memory) NeverBlocks(other Journal) bool {
 	return ok && m == j
 }
 
+// at returns entry i and its CreatedAt.
+func (j *Memory) at(i uint32) (*memEntry, *time.Time) {
+	p := j.pages[i/pageSize]
+	return &p.e[i%pageSize], &p.created[i%pageSize]
+}
+
 // id and key return an entry's action id and key, as bytes of text.
-func (j *Memory) id(e *memEntry) []byte { return j.text[e.off : e.off+int(e.idLen)] }
+func (j *Memory) id(e *memEntry) []byte { return j.text[e.chunk][e.pos : e.pos+e.idLen] }
 func (j *Memory) key(e *memEntry) []byte {
-	start := e.off + int(e.idLen)
-	return j.text[start : start+int(e.keyLen)]
+	return j.text[e.chunk][e.pos+e.idLen : e.pos+e.idLen+e.keyLen]
 }
 
 // hash returns the hash of action id that indexes its record;
@@ -124,10 +142,12 @@ func (j *Memory) hashBytes(id []byte) uint64 { return maphash.Bytes(j.seed, id) 
 
 // find returns the index of the entry of action id, or -1.
 func (j *Memory) find(id string) int {
-	for i := j.records[j.hash(id)]; i != 0; i = j.entries[i-1].next {
-		if e := &j.entries[i-1]; string(j.id(e)) == id { // compiled without a conversion
+	for i := j.records[j.hash(id)]; i != 0; {
+		e, _ := j.at(i - 1)
+		if string(j.id(e)) == id { // compiled without a conversion
 			return int(i - 1)
 		}
+		i = e.next
 	}
 	return -1
 }
@@ -135,37 +155,54 @@ func (j *Memory) find(id string) int {
 // record returns entry i as a Record; actionID is its id, when the caller
 // has it as a string already.
 func (j *Memory) record(i int, actionID string) Record {
-	e := &j.entries[i]
+	e, created := j.at(uint32(i))
 	if actionID == "" {
 		actionID = string(j.id(e))
 	}
-	return Record{ActionID: actionID, Key: string(j.key(e)), Fingerprint: e.fp, CreatedAt: j.created[i],
+	return Record{ActionID: actionID, Key: string(j.key(e)), Fingerprint: e.fp, CreatedAt: *created,
 		State: e.state, Attempts: e.attempts, Status: e.status}
+}
+
+// addText stores an id and its key in j's text, and returns where.
+func addText[T string | []byte](j *Memory, id, key T) (chunk, pos uint32) {
+	need := len(id) + len(key)
+	last := len(j.text) - 1
+	if last < 0 || cap(j.text[last])-len(j.text[last]) < need {
+		j.text = append(j.text, make([]byte, 0, max(textChunk, need)))
+		last++
+	}
+	c := j.text[last]
+	pos = uint32(len(c))
+	j.text[last] = append(append(c, id...), key...)
+	j.size += need
+	return uint32(last), pos
 }
 
 // insert stores rec, reserved at added, as a new entry.
 func (j *Memory) insert(rec Record, added time.Duration) {
-	e := memEntry{fp: rec.Fingerprint, added: added, attempts: rec.Attempts, status: rec.Status, off: len(j.text),
-		idLen: uint32(len(rec.ActionID)), keyLen: uint32(len(rec.Key)), state: rec.State, used: true}
-	j.text = append(append(j.text, rec.ActionID...), rec.Key...)
 	h := j.hash(rec.ActionID)
-	e.next = j.records[h]
-	var i int
+	var i uint32
 	if n := len(j.free); n > 0 {
-		i = int(j.free[n-1])
+		i = j.free[n-1]
 		j.free = j.free[:n-1]
-		j.entries[i], j.created[i] = e, rec.CreatedAt
 	} else {
-		i = len(j.entries)
-		j.entries = append(j.entries, e)
-		j.created = append(j.created, rec.CreatedAt)
+		if j.n%pageSize == 0 && j.n/pageSize == len(j.pages) {
+			j.pages = append(j.pages, new(memPage))
+		}
+		i = uint32(j.n)
+		j.n++
 	}
-	j.records[h] = uint32(i + 1)
+	e, created := j.at(i)
+	*e = memEntry{fp: rec.Fingerprint, added: added, attempts: rec.Attempts, status: rec.Status,
+		idLen: uint32(len(rec.ActionID)), keyLen: uint32(len(rec.Key)), next: j.records[h], state: rec.State, used: true}
+	e.chunk, e.pos = addText(j, rec.ActionID, rec.Key)
+	*created = rec.CreatedAt
+	j.records[h] = i + 1
 }
 
 // remove drops entry i.
 func (j *Memory) remove(i int) {
-	e := &j.entries[i]
+	e, created := j.at(uint32(i))
 	h := j.hashBytes(j.id(e))
 	if head := j.records[h]; head == uint32(i+1) {
 		if e.next == 0 {
@@ -174,62 +211,54 @@ func (j *Memory) remove(i int) {
 			j.records[h] = e.next
 		}
 	} else {
-		for p := head; p != 0; p = j.entries[p-1].next {
-			if j.entries[p-1].next == uint32(i+1) {
-				j.entries[p-1].next = e.next
+		for p := head; p != 0; {
+			pe, _ := j.at(p - 1)
+			if pe.next == uint32(i+1) {
+				pe.next = e.next
 				break
 			}
+			p = pe.next
 		}
 	}
 	j.dead += int(e.idLen) + int(e.keyLen)
-	*e, j.created[i] = memEntry{}, time.Time{}
+	*e, *created = memEntry{}, time.Time{}
 	j.free = append(j.free, uint32(i))
-	if j.dead > 64<<10 && j.dead > len(j.text)/2 {
+	if j.dead > textChunk && j.dead > j.size/2 {
 		j.compactText()
 	}
 }
 
 // compactText drops the bytes of text that no entry uses.
 func (j *Memory) compactText() {
-	text := make([]byte, 0, len(j.text)-j.dead)
-	for i := range j.entries {
-		e := &j.entries[i]
-		if !e.used {
-			continue
+	old := j.text
+	j.text, j.size, j.dead = nil, 0, 0
+	for i := 0; i < j.n; i++ {
+		if e, _ := j.at(uint32(i)); e.used {
+			c := old[e.chunk][e.pos:]
+			e.chunk, e.pos = addText(j, c[:e.idLen], c[e.idLen:e.idLen+e.keyLen])
 		}
-		n := int(e.idLen) + int(e.keyLen)
-		text = append(text, j.text[e.off:e.off+n]...)
-		e.off = len(text) - n
 	}
-	j.text, j.dead = text, 0
 }
 
 // compact moves the entries in use to the front, when at most a quarter of
 // them are, so that memory shrinks after a busy period expires.
 func (j *Memory) compact() {
-	live := len(j.entries) - len(j.free)
-	if len(j.entries) < 1024 || live > len(j.entries)/4 {
+	live := j.n - len(j.free)
+	if j.n < 4*pageSize || live > j.n/4 {
 		return
 	}
-	entries := make([]memEntry, 0, 2*live)
-	created := make([]time.Time, 0, 2*live)
-	text := make([]byte, 0, 2*(len(j.text)-j.dead))
-	records := make(map[uint64]uint32, live)
-	for i := range j.entries {
-		e := j.entries[i]
+	pages, n, text := j.pages, j.n, j.text
+	j.records, j.pages, j.n, j.free, j.text, j.size, j.dead = make(map[uint64]uint32, live), nil, 0, nil, nil, 0, 0
+	for i := range n {
+		p := pages[i/pageSize]
+		e := &p.e[i%pageSize]
 		if !e.used {
 			continue
 		}
-		id, key := j.id(&e), j.key(&e)
-		e.off = len(text)
-		text = append(append(text, id...), key...)
-		h := j.hashBytes(id)
-		e.next = records[h]
-		entries = append(entries, e)
-		created = append(created, j.created[i])
-		records[h] = uint32(len(entries))
+		c := text[e.chunk][e.pos:]
+		j.insert(Record{ActionID: string(c[:e.idLen]), Key: string(c[e.idLen : e.idLen+e.keyLen]), Fingerprint: e.fp,
+			CreatedAt: p.created[i%pageSize], State: e.state, Attempts: e.attempts, Status: e.status}, e.added)
 	}
-	j.entries, j.created, j.text, j.records, j.free, j.dead = entries, created, text, records, nil, 0
 }
 
 // sweep drops expired done records, at most once per tenth of the
@@ -239,8 +268,8 @@ func (j *Memory) sweep(now time.Duration) {
 		return
 	}
 	j.swept = now
-	for i := range j.entries {
-		if e := &j.entries[i]; e.used && e.state == StateDone && now-e.added >= j.retention {
+	for i := 0; i < j.n; i++ {
+		if e, _ := j.at(uint32(i)); e.used && e.state == StateDone && now-e.added >= j.retention {
 			j.remove(i)
 		}
 	}
@@ -263,7 +292,7 @@ func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Rec
 	now := j.now().Sub(j.start)
 	j.sweep(now)
 	if i := j.find(rec.ActionID); i >= 0 {
-		old := &j.entries[i]
+		old, _ := j.at(uint32(i))
 		if (mode == ReuseAny || old.state != StateDone) && (old.state != StateDone || now-old.added < j.retention) {
 			return j.record(i, rec.ActionID), false, nil
 		}
@@ -281,12 +310,15 @@ func (j *Memory) Update(ctx context.Context, rec Record) error {
 		return ErrClosed
 	}
 	i := j.find(rec.ActionID)
-	if i < 0 || string(j.key(&j.entries[i])) != rec.Key {
+	var old *memEntry
+	if i >= 0 {
+		old, _ = j.at(uint32(i))
+	}
+	if old == nil || string(j.key(old)) != rec.Key {
 		// Another key means another action under the same id (replaced,
 		// or forgotten and created again): not the one being updated.
 		return fmt.Errorf("update %q: %w", rec.ActionID, ErrNotFound)
 	}
-	old := &j.entries[i]
 	if old.state != StateDone { // done is final
 		old.state, old.status = rec.State, rec.Status
 	}
@@ -302,8 +334,8 @@ func (j *Memory) Unfinished(ctx context.Context) ([]Record, error) {
 		return nil, ErrClosed
 	}
 	var out []Record
-	for i := range j.entries {
-		if e := &j.entries[i]; e.used && (e.state == StatePending || e.state == StateUnknown) {
+	for i := 0; i < j.n; i++ {
+		if e, _ := j.at(uint32(i)); e.used && (e.state == StatePending || e.state == StateUnknown) {
 			out = append(out, j.record(i, ""))
 		}
 	}

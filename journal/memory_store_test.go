@@ -123,7 +123,7 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 			}
 			j.mu.Lock()
 			defer j.mu.Unlock()
-			if live := len(j.entries) - len(j.free); live != len(model) {
+			if live := j.n - len(j.free); live != len(model) {
 				t.Fatalf("%d entries in use for %d records", live, len(model))
 			}
 		})
@@ -173,9 +173,16 @@ func TestMemoryReturnsCreatedAtAsGiven(t *testing.T) {
 // After a busy period expires, the store shrinks: its entries and id text
 // are moved together, and the records left are still found.
 func TestMemoryShrinksAfterExpiry(t *testing.T) {
+	for _, mask := range []uint64{255, 1<<64 - 1} {
+		t.Run(fmt.Sprintf("mask=%#x", mask), func(t *testing.T) { shrinksAfterExpiry(t, mask) })
+	}
+}
+
+func shrinksAfterExpiry(t *testing.T, mask uint64) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Hour))
+	j.mask = mask
 	var kept []Record
 	for i := range 20000 {
 		r, _, err := j.Reserve(ctx, Record{ActionID: fmt.Sprint("a", i), Key: fmt.Sprint("k", i), CreatedAt: clk.Now(), State: StatePending}, ReuseAny)
@@ -196,7 +203,7 @@ func TestMemoryShrinksAfterExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	j.mu.Lock()
-	n, text := len(j.entries), len(j.text)
+	n, text := j.n, j.size
 	j.mu.Unlock()
 	if n > 4*(len(kept)+1) || text > 4*(len(kept)+1)*16 {
 		t.Fatalf("%d entries and %d bytes of text held for %d records", n, text, len(kept)+1)
