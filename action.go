@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 
@@ -149,7 +150,7 @@ func fingerprint(req *http.Request, body io.Reader) (journal.Fingerprint, error)
 	// hash.Hash interface would escape, an allocation per request.
 	b := append(s.buf[:0], req.Method...)
 	b = append(b, 0)
-	b, _ = req.URL.AppendBinary(b) // never fails; the same bytes as URL.String
+	b = appendURL(b, req.URL) // the same bytes as URL.String
 	b = append(b, 0)
 	b = s.h.Sum(b) // the body's SHA-256
 	s.h.Reset()
@@ -159,6 +160,41 @@ func fingerprint(req *http.Request, body io.Reader) (journal.Fingerprint, error)
 	var fp journal.Fingerprint
 	copy(fp[:], b[len(b)-sha256.Size:])
 	return fp, nil
+}
+
+// appendURL appends u.String() to b. The common form of a request URL
+// (scheme, host, a path and query that need no escaping, no user, no
+// fragment) is appended directly; any other goes through u.String().
+func appendURL(b []byte, u *url.URL) []byte {
+	if u.Opaque != "" || u.User != nil || u.OmitHost || u.Scheme == "" || u.Host == "" || u.RawPath != "" ||
+		u.Fragment != "" || u.RawFragment != "" || !plainURLPart(u.Host, ":[]") || !plainURLPart(u.Path, "/") ||
+		(u.Path != "" && u.Path[0] != '/') {
+		return append(b, u.String()...)
+	}
+	b = append(b, u.Scheme...)
+	b = append(b, "://"...)
+	b = append(b, u.Host...)
+	b = append(b, u.Path...)
+	if u.ForceQuery || u.RawQuery != "" {
+		b = append(b, '?')
+		b = append(b, u.RawQuery...)
+	}
+	return b
+}
+
+// plainURLPart reports whether s holds only letters, digits, "-._~" and
+// the bytes of extra: what URL.String writes as it is, in a host or a path.
+func plainURLPart(s, extra string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+			continue
+		}
+		if strings.IndexByte(extra, c) < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // fpScratch is a hash and a buffer reused across fingerprints: the hot path

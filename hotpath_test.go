@@ -3,6 +3,7 @@ package idemretry
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/google/uuid"
@@ -66,4 +67,57 @@ func TestMayReadBody(t *testing.T) {
 			t.Errorf("status %d: mayReadBody = %v, want %v", tc.status, got, tc.want)
 		}
 	}
+}
+
+// appendURL writes the bytes of URL.String, which the fingerprint hashes:
+// one byte of difference would give a stored action another fingerprint.
+func TestAppendURLIsURLString(t *testing.T) {
+	for _, s := range appendURLSeeds {
+		u, err := url.Parse(s)
+		if err != nil {
+			continue
+		}
+		if got, want := string(appendURL([]byte("x"), u)), "x"+u.String(); got != want {
+			t.Errorf("%q: appendURL %q, String %q", s, got, want)
+		}
+	}
+	// Hand-made URLs, which Parse would not give.
+	for _, u := range []*url.URL{
+		{Scheme: "http", Host: "h", Path: "a/b"},
+		{Scheme: "http", Host: "h", Path: "/a b", ForceQuery: true},
+		{Scheme: "http", Host: "h", Path: "/p", RawQuery: "a=1&b=%20", Fragment: "f"},
+		{Scheme: "https", Host: "h", Path: "/p", OmitHost: true},
+		{Scheme: "http", Host: "h", Path: "*"},
+		{Scheme: "http", Host: "h", Path: "/ü"},
+		{Scheme: "http", Host: "h", Path: "/a%2Fb", RawPath: "/a%2Fb"},
+		{Scheme: "http", Host: "[::1]:80", Path: "/"},
+		{Scheme: "http", Host: "h", Path: "/", User: url.UserPassword("u", "p")},
+	} {
+		if got, want := string(appendURL(nil, u)), u.String(); got != want {
+			t.Errorf("%#v: appendURL %q, String %q", u, got, want)
+		}
+	}
+}
+
+var appendURLSeeds = []string{
+	"http://stub.invalid/charges", "https://api.example.com/v1/payments?expand=charge",
+	"http://127.0.0.1:8080/", "http://[::1]:80/x", "http://h", "http://h?", "http://h/?a=b#frag",
+	"http://h/a%20b", "http://h/a%2Fb", "http://user:pw@h/p", "mailto:x@y", "/relative/path",
+	"http://h/~user/a-b_c.d", "http://h/a:b@c;d=e", "HTTP://H/P", "http://h/*", "http://h/%7E",
+	"http://xn--nxasmq6b.example/p", "http://h/p?q=%ZZ", "http://h:/p", "//h/p",
+}
+
+func FuzzAppendURL(f *testing.F) {
+	for _, s := range appendURLSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := url.Parse(s)
+		if err != nil {
+			return
+		}
+		if got, want := string(appendURL(nil, u)), u.String(); got != want {
+			t.Fatalf("%q: appendURL %q, String %q", s, got, want)
+		}
+	})
 }
