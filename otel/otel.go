@@ -47,36 +47,30 @@ func (c *config) fail(format string, args ...any) {
 // WithTracerProvider sets where spans go (default: the global
 // TracerProvider).
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) {
-		if tp == nil {
-			c.fail("nil TracerProvider")
-			return
-		}
-		c.tp = tp
-	}
+	return nonNil(tp, "TracerProvider", func(c *config) { c.tp = tp })
 }
 
 // WithMeterProvider sets where metrics go (default: the global
 // MeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) {
-		if mp == nil {
-			c.fail("nil MeterProvider")
-			return
-		}
-		c.mp = mp
-	}
+	return nonNil(mp, "MeterProvider", func(c *config) { c.mp = mp })
 }
 
 // WithPropagators sets what carries the span's context in each attempt's
 // headers (default: the global TextMapPropagator).
 func WithPropagators(p propagation.TextMapPropagator) Option {
+	return nonNil(p, "TextMapPropagator", func(c *config) { c.prop = p })
+}
+
+// nonNil is the Option that applies set, or fails with ErrInvalidOption
+// naming what when v, an interface, is nil.
+func nonNil[T any](v T, what string, set func(*config)) Option {
 	return func(c *config) {
-		if p == nil {
-			c.fail("nil TextMapPropagator")
+		if any(v) == nil {
+			c.fail("nil %s", what)
 			return
 		}
-		c.prop = p
+		set(c)
 	}
 }
 
