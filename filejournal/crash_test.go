@@ -358,14 +358,7 @@ func TestLockAcrossProcesses(t *testing.T) {
 	dir := t.TempDir()
 	cmd, ls := child(t, "hold", dir, envHold+"=1m")
 	require.Equal(t, "open", ls.waitFirst(t))
-	_, _, err := openWith(dir, testOpts())
-	require.ErrorIs(t, err, ErrLocked)
-	o := testOpts()
-	o.lockWait = 100 * time.Millisecond
-	start := time.Now()
-	_, _, err = openWith(dir, o)
-	require.ErrorIs(t, err, ErrLocked)
-	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+	requireLocked(t, dir, 100*time.Millisecond)
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()

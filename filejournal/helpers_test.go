@@ -181,6 +181,20 @@ func failCompaction(t testing.TB, s *Journal, fail *sync.Map) {
 	fail.Delete("short:" + tmpName)
 }
 
+// requireLocked requires an Open of dir to be refused with ErrLocked at
+// once, and again after waiting wait for the lock.
+func requireLocked(t testing.TB, dir string, wait time.Duration) {
+	t.Helper()
+	_, _, err := openWith(dir, testOpts())
+	require.ErrorIs(t, err, ErrLocked)
+	o := testOpts()
+	o.lockWait = wait
+	start := time.Now()
+	_, _, err = openWith(dir, o)
+	require.ErrorIs(t, err, ErrLocked)
+	require.GreaterOrEqual(t, time.Since(start), wait)
+}
+
 // openFaulty opens a journal in dir whose files fail as fail says (see
 // faultyFile).
 func openFaulty(t testing.TB, dir string) (*Journal, *sync.Map) {

@@ -44,10 +44,7 @@ func TestLostCompactionRenameKeepsAppends(t *testing.T) {
 	img := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(img, journalName), oldJournal, 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(img, tmpName), newJournal, 0o600))
-	s2, rep := mustOpen(t, img, testOpts())
-	defer s2.Close()
-	_, found, _ := s2.get(acked.ActionID)
-	require.True(t, found, "acknowledged record lost; report %+v", rep)
+	requireRecovered(t, img, acked.ActionID)
 }
 
 // Same model, for the journal's creation: Open creates it as journal.tmp
@@ -66,9 +63,16 @@ func TestLostCreationRenameKeepsRecords(t *testing.T) {
 
 	img := t.TempDir() // the rename was lost: only the old name exists
 	require.NoError(t, os.WriteFile(filepath.Join(img, tmpName), data, 0o600))
-	s2, rep := mustOpen(t, img, testOpts())
-	defer s2.Close()
-	_, found, _ := s2.get(acked.ActionID)
+	requireRecovered(t, img, acked.ActionID)
+}
+
+// requireRecovered opens the disk image img and requires it to hold the
+// acknowledged record id.
+func requireRecovered(t *testing.T, img, id string) {
+	t.Helper()
+	s, rep := mustOpen(t, img, testOpts())
+	defer s.Close()
+	_, found, _ := s.get(id)
 	require.True(t, found, "acknowledged record lost; report %+v", rep)
 }
 

@@ -126,14 +126,7 @@ func TestGroupCommitManyCreators(t *testing.T) {
 func TestSecondOpenInProcessIsLocked(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
-	_, _, err := openWith(dir, testOpts())
-	assert.ErrorIs(t, err, ErrLocked)
-	o := testOpts()
-	o.lockWait = 50 * time.Millisecond
-	start := time.Now()
-	_, _, err = openWith(dir, o)
-	assert.ErrorIs(t, err, ErrLocked)
-	assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	requireLocked(t, dir, 50*time.Millisecond)
 	require.NoError(t, s.Close())
 	s, _ = mustOpen(t, dir, testOpts())
 	require.NoError(t, s.Close())
