@@ -44,43 +44,41 @@ func ShapeChecks(cells []Cell, herd Herd) []Check {
 		checks = append(checks, skip("FullJitter calls < 0.5 x Exponential at N=100"))
 	}
 
-	checks = append(checks, worst(clients, 20, "Exponential calls < None calls for N>=20",
-		func(n int) float64 { return calls("Exponential", n) / calls("None", n) }, below, 1,
-		"Exponential/None = %.3f at N=%d"))
-
-	checks = append(checks, worst(clients, 0, "EqualJitter and FullJitter calls within 10%",
-		func(n int) float64 {
-			a, b := calls("EqualJitter", n), calls("FullJitter", n)
-			return 100 * (math.Max(a, b)/math.Min(a, b) - 1)
-		}, below, 10, "widest gap %.1f%% at N=%d"))
-
-	checks = append(checks, worst(clients, 30, "Decorr calls > FullJitter calls for N>=30",
-		func(n int) float64 { return calls("Decorr", n) / calls("FullJitter", n) }, above, 1,
-		"Decorr/FullJitter = %.2f at N=%d"))
-
-	checks = append(checks, worst(clients, 0, "Exponential time > 4 x slowest jittered time",
-		func(n int) float64 {
-			slowest := 0.0
-			for _, s := range jittered {
-				slowest = math.Max(slowest, time(s, n))
-			}
-			return time("Exponential", n) / slowest
-		}, above, 4, "Exponential/slowest jittered = %.1f at N=%d"))
-
-	checks = append(checks, worst(clients, 0, "EqualJitter time > 1.2 x FullJitter time",
-		func(n int) float64 { return time("EqualJitter", n) / time("FullJitter", n) }, above, 1.2,
-		"EqualJitter/FullJitter = %.2f at N=%d"))
-
-	checks = append(checks, worst(clients, 0, "None (retry at once) has the lowest completion time",
-		func(n int) float64 {
-			fastest := math.Inf(1)
-			for _, s := range StrategyNames() {
-				if s != "None" {
-					fastest = math.Min(fastest, time(s, n))
+	// of is the ratio of metric m for strategies a and b at n clients.
+	of := func(m func(string, int) float64, a, b string) func(n int) float64 {
+		return func(n int) float64 { return m(a, n) / m(b, n) }
+	}
+	checks = append(checks,
+		worst(clients, 20, "Exponential calls < None calls for N>=20",
+			of(calls, "Exponential", "None"), below, 1, "Exponential/None = %.3f at N=%d"),
+		worst(clients, 0, "EqualJitter and FullJitter calls within 10%",
+			func(n int) float64 {
+				a, b := calls("EqualJitter", n), calls("FullJitter", n)
+				return 100 * (math.Max(a, b)/math.Min(a, b) - 1)
+			}, below, 10, "widest gap %.1f%% at N=%d"),
+		worst(clients, 30, "Decorr calls > FullJitter calls for N>=30",
+			of(calls, "Decorr", "FullJitter"), above, 1, "Decorr/FullJitter = %.2f at N=%d"),
+		worst(clients, 0, "Exponential time > 4 x slowest jittered time",
+			func(n int) float64 {
+				slowest := 0.0
+				for _, s := range jittered {
+					slowest = math.Max(slowest, time(s, n))
 				}
-			}
-			return time("None", n) / fastest
-		}, below, 1, "None/fastest other = %.2f at N=%d"))
+				return time("Exponential", n) / slowest
+			}, above, 4, "Exponential/slowest jittered = %.1f at N=%d"),
+		worst(clients, 0, "EqualJitter time > 1.2 x FullJitter time",
+			of(time, "EqualJitter", "FullJitter"), above, 1.2, "EqualJitter/FullJitter = %.2f at N=%d"),
+		worst(clients, 0, "None (retry at once) has the lowest completion time",
+			func(n int) float64 {
+				fastest := math.Inf(1)
+				for _, s := range StrategyNames() {
+					if s != "None" {
+						fastest = math.Min(fastest, time(s, n))
+					}
+				}
+				return time("None", n) / fastest
+			}, below, 1, "None/fastest other = %.2f at N=%d"),
+	)
 
 	expo, bins := herd.Empty("Exponential")
 	full, _ := herd.Empty("FullJitter")

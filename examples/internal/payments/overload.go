@@ -188,19 +188,16 @@ func (r *LoadResult) Disturbed() bool { return r.Stall > LoadStallLimit }
 // it took.
 func PlayLoad(ctx context.Context, cfg LoadConfig) (*LoadResult, error) {
 	base := cfg.JournalDir
-	for play := 1; ; play++ {
+	return playWhileDisturbed(ctx, func(play int) (*LoadResult, error) {
 		if play > 1 {
 			cfg.JournalDir = fmt.Sprintf("%s-replay%d", base, play)
 		}
 		res, err := RunLoad(ctx, cfg)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			res.Plays = play
 		}
-		res.Plays = play
-		if !res.Disturbed() || play >= MaxPlays || ctx.Err() != nil {
-			return res, nil
-		}
-	}
+		return res, err
+	})
 }
 
 // PerIntent is the server's load: requests per payment during the

@@ -23,18 +23,27 @@ func (r *Result) Disturbed() bool { return r.Stall > r.StallLimit }
 // limit. It returns the last play; Result.Plays says how many it took.
 func Play(ctx context.Context, cfg Config) (*Result, error) {
 	base := cfg.JournalDir
-	for play := 1; ; play++ {
+	return playWhileDisturbed(ctx, func(play int) (*Result, error) {
 		if base != "" && play > 1 {
 			cfg.JournalDir = base + "-replay" + string(rune('0'+play))
 			os.RemoveAll(cfg.JournalDir)
 		}
 		res, err := Run(ctx, cfg)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			res.Plays = play
 		}
-		res.Plays = play
-		if !res.Disturbed() || play >= MaxPlays || ctx.Err() != nil {
-			return res, nil
+		return res, err
+	})
+}
+
+// playWhileDisturbed calls run with the play's number, from 1, and again while the
+// machine disturbed the play, up to MaxPlays in all or until ctx ends. It
+// returns the last play, or the first error.
+func playWhileDisturbed[R interface{ Disturbed() bool }](ctx context.Context, run func(play int) (R, error)) (R, error) {
+	for play := 1; ; play++ {
+		res, err := run(play)
+		if err != nil || !res.Disturbed() || play >= MaxPlays || ctx.Err() != nil {
+			return res, err
 		}
 	}
 }
