@@ -69,6 +69,15 @@ func newPayServer(t *testing.T) *payServer {
 	return s
 }
 
+// newSlowPayServer is newPayServer whose charges take delay, and which
+// tells each request's number on arrived as it arrives.
+func newSlowPayServer(t *testing.T, delay time.Duration) *payServer {
+	t.Helper()
+	s := newPayServer(t)
+	s.delay, s.arrived = delay, make(chan int, 100)
+	return s
+}
+
 func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	key := r.Header.Get("Idempotency-Key")
