@@ -159,6 +159,15 @@ func hourClock() (o config, clk *fakeClock, t0 time.Time) {
 	return o, clk, t0
 }
 
+// faultyHourClock is hourClock whose files fail as fail says (see
+// faultyFile).
+func faultyHourClock() (o config, clk *fakeClock, t0 time.Time, fail *sync.Map) {
+	o, clk, t0 = hourClock()
+	fail = new(sync.Map)
+	o.hooks = faultyHooks(fail)
+	return o, clk, t0, fail
+}
+
 // doneAt is entry(id), done, created at (to the millisecond).
 func doneAt(id string, at time.Time) journal.Record {
 	d := entry(id)

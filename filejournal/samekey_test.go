@@ -90,15 +90,13 @@ func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
-			o, clk, t0 := hourClock()
-			var fail sync.Map
-			o.hooks = faultyHooks(&fail)
+			o, clk, t0, fail := faultyHourClock()
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
 			reserve(t, s, doneWithKey(key, t0))
 
 			clk.Set(t0.Add(2 * time.Hour)) // expired
-			failCompaction(t, s, &fail)    // fails before the rename
+			failCompaction(t, s, fail)     // fails before the rename
 
 			reservePendingSurvivesReopen(t, s, dir, o, key, clk.Now())
 		})
@@ -134,9 +132,7 @@ func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
 func TestExpiredDropIsDurable(t *testing.T) {
 	for _, how := range []string{"open", "failed-compaction"} {
 		t.Run(how, func(t *testing.T) {
-			o, clk, t0 := hourClock()
-			var fail sync.Map
-			o.hooks = faultyHooks(&fail)
+			o, clk, t0, fail := faultyHourClock()
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
 			d := reserve(t, s, doneWithKey("K", t0))
@@ -148,7 +144,7 @@ func TestExpiredDropIsDurable(t *testing.T) {
 				s, rep = mustOpen(t, dir, o)
 				require.Equal(t, 0, rep.Records)
 			} else {
-				failCompaction(t, s, &fail)
+				failCompaction(t, s, fail)
 			}
 			_, ok, err := s.get(d.ActionID)
 			require.NoError(t, err)
