@@ -49,7 +49,7 @@ func TestFlightPanicInLeaderStrandsFlight(t *testing.T) {
 // R2: http.Client (with Timeout, as the README recommends) writes resp.Body
 // after RoundTrip returns; a joiner's result() copies *f.resp at the same time.
 func TestFlightSharedResponseRaceWithClientTimeout(t *testing.T) {
-	srv := newSlowPayServer(t, 100 * time.Millisecond)
+	srv := newSlowPayServer(t, 100*time.Millisecond)
 	tr, _, _ := newTestTransport(t)
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	ctx := idemretry.WithAction(context.Background(), "pay:race-1")
@@ -115,7 +115,7 @@ func TestFlightDeadlineDuringAttemptReasonNil(t *testing.T) {
 // R5: a joiner with no deadline is handed the leader's give-up made for the
 // leader's own short deadline (ErrWaitExceedsDeadline), instead of carrying on.
 func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
-	srv := newSlowPayServer(t, 200 * time.Millisecond)
+	srv := newSlowPayServer(t, 200*time.Millisecond)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
 			time.Sleep(200 * time.Millisecond)
@@ -262,7 +262,7 @@ func TestFlightConcurrentJoinersReadTrailersAndGiveUp(t *testing.T) {
 }
 
 func TestFlightJoinerContextEnds(t *testing.T) {
-	srv := newSlowPayServer(t, 300 * time.Millisecond)
+	srv := newSlowPayServer(t, 300*time.Millisecond)
 	tr, j, _ := newTestTransport(t)
 	ctx := idemretry.WithAction(context.Background(), "pay:jc-1")
 	done := make(chan struct{})
@@ -403,7 +403,7 @@ func TestFlightCancelDuringAttemptReasonNil(t *testing.T) {
 // caller reads the same answer. A third identical POST after both finished
 // is a deliberate repeat: a new key and a second charge.
 func TestUnnamedDoubleTapIsOnePayment(t *testing.T) {
-	srv := newSlowPayServer(t, 150 * time.Millisecond)
+	srv := newSlowPayServer(t, 150*time.Millisecond)
 	tr, j, _ := newTestTransport(t)
 
 	const body = `{"amount":4200,"order":"A-1001"}`
@@ -450,7 +450,7 @@ func TestUnnamedDoubleTapIsOnePayment(t *testing.T) {
 // Concurrent callers of one named action share its flight too: one request,
 // not one each in turn.
 func TestNamedActionCallersShareTheFlight(t *testing.T) {
-	srv := newSlowPayServer(t, 100 * time.Millisecond)
+	srv := newSlowPayServer(t, 100*time.Millisecond)
 	tr, _, _ := newTestTransport(t)
 	ctx := idemretry.WithAction(context.Background(), "pay:order-B-7")
 	var ok atomic.Int32
@@ -469,7 +469,7 @@ func TestNamedActionCallersShareTheFlight(t *testing.T) {
 // When the caller leading a flight gives up (its context ends), a caller
 // that joined it carries the action on, with the same key.
 func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
-	srv := newSlowPayServer(t, 300 * time.Millisecond)
+	srv := newSlowPayServer(t, 300*time.Millisecond)
 	// The real clock: the 409s while the first charge is in progress are
 	// waited out.
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(100*time.Millisecond)), idemretry.WithMaxRetries(20))
