@@ -40,7 +40,7 @@ func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 	readAll(t, resp) // 503: pending
 
 	clk.Advance(-30 * time.Second) // within the skew a fleet's clocks may have
-	resp = roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	require.Len(t, srv.seen(), 2, "a key 30 s in the future is still sent")
 
 	clk.Advance(-2 * time.Hour) // NTP / the user sets the clock back
@@ -251,12 +251,12 @@ func TestClockSetForwardThenBackKeepsWindows(t *testing.T) {
 	defer tr.Close()
 
 	clk.Advance(365 * 24 * time.Hour) // clock wrongly a year ahead...
-	resp := roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:while-ahead"), srv.URL, "z"))
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:while-ahead"), srv.URL, "z"))
 	clk.Advance(-365 * 24 * time.Hour) // ...and corrected
 
 	ctx := idemretry.WithAction(context.Background(), "pay:after-fix")
 	srv.script = scriptFirst(status(503))
-	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)
 	readAll(t, resp) // 503: pending
 

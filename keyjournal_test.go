@@ -71,11 +71,11 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "journal")
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
-	resp := roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, "a"))
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, "a"))
 
 	require.NoError(t, os.RemoveAll(dir))
 	ctx := idemretry.WithAction(context.Background(), "pay:2")
-	resp, err = tr.RoundTrip(post(t, ctx, srv.URL, "b"))
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "b"))
 	if err == nil {
 		readAll(t, resp)
 	}
@@ -89,7 +89,7 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 	tr, err = idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
 	defer tr.Close()
-	resp = roundTrip(t, tr, post(t, ctx, srv.URL, "b"))
+	roundTrip(t, tr, post(t, ctx, srv.URL, "b"))
 	reqs := srv.seen()
 	require.Len(t, reqs, 2)
 	assert.Equal(t, 2, srv.chargeCount())

@@ -316,7 +316,7 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 	}
 	ctx := idemretry.WithAction(context.Background(), "pay:long-window")
 	tr := open()
-	resp := roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	require.NoError(t, tr.Close())
 
 	clk.Advance(filejournal.DefaultKeyWindow + filejournal.DefaultGrace + 24*time.Hour) // past the journal's default, inside the window

@@ -158,7 +158,7 @@ func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
 	tr, err := idemretry.NewTransport(&http.Transport{},
 		idemretry.WithJournalDir(dir, filejournal.WithFlushInterval(time.Hour)))
 	require.NoError(t, err)
-	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":5}`))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":5}`))
 
 	// kill -9 now: what is on disk is the journal file as it is.
 	img := t.TempDir()
@@ -170,7 +170,7 @@ func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
 	again, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(img))
 	require.NoError(t, err)
 	defer again.Close()
-	resp, err = again.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
+	resp, err := again.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":5}`))
 	require.NoError(t, err)
 	readAll(t, resp)
 	keys := keysOf(srv.seen())
@@ -346,7 +346,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 	srv, j, tr := overFlakyJournal(t)
 
 	j.failDone.Store(true)
-	resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
 
 	// Still failing: the second payment is refused, not sent under the old key.
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":3}`))
@@ -360,7 +360,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 
 	// The journal heals: the outcome lands, and the repeat is a new payment.
 	j.failDone.Store(false)
-	resp = roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":3}`))
 	reqs := srv.seen()
 	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key)
 	assert.Equal(t, len(reqs), srv.chargeCount(), "a request was answered with a replay")
