@@ -146,7 +146,7 @@ func benchActions(b *testing.B, conc int) {
 	rates := make(map[string][]float64)
 	var rawLat []time.Duration
 	b.ResetTimer()
-	for round := 0; round < 5; round++ {
+	for round := 0; round < 7; round++ {
 		for _, s := range sides {
 			runtime.GC()
 			rates[s.name] = append(rates[s.name], run(s.do))
