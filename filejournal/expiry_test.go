@@ -77,9 +77,7 @@ func TestExpiryFakeClock(t *testing.T) {
 func TestClockHighWaterPersists(t *testing.T) {
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
-	s, _ := mustOpen(t, dir, o)
-	e := doneAt("d", t0)
-	reserve(t, s, e)
+	s := openHolding(t, dir, o, doneAt("d", t0))
 	clk.Set(t0.Add(2 * time.Hour))
 	other := entry("other")
 	other.CreatedAt = time.UnixMilli(clk.Now().UnixMilli())
@@ -198,9 +196,7 @@ func TestExpiryIgnoresClockJumpWhileClosed(t *testing.T) {
 func TestObservedTimePersists(t *testing.T) {
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
-	s, _ := mustOpen(t, dir, o)
-	d := doneAt("d", t0)
-	reserve(t, s, d)
+	s := openHolding(t, dir, o, doneAt("d", t0))
 	clk.Set(t0.Add(40 * time.Minute))
 	require.NoError(t, s.Close()) // writes the observed time
 

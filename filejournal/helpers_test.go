@@ -168,6 +168,16 @@ func faultyHourClock() (o config, clk *fakeClock, t0 time.Time, fail *sync.Map) 
 	return o, clk, t0, fail
 }
 
+// openHolding opens a journal in dir with o and reserves recs in it.
+func openHolding(t testing.TB, dir string, o config, recs ...journal.Record) *Journal {
+	t.Helper()
+	s, _ := mustOpen(t, dir, o)
+	for _, r := range recs {
+		reserve(t, s, r)
+	}
+	return s
+}
+
 // doneAt is entry(id), done, created at (to the millisecond).
 func doneAt(id string, at time.Time) journal.Record {
 	d := entry(id)
