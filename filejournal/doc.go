@@ -113,7 +113,13 @@
 // journal: an incomplete journal.tmp never replaced anything, and one whose
 // base journal's frames reach was left by a compaction that failed, its
 // removal lost. If journal's header is unreadable, journal.tmp is left in
-// place and Open reports the damage.
+// place and Open reports the damage. Frames after journal.tmp's end record
+// were appended to it as the journal (its rename was lost): a damaged one
+// with a valid frame after it is damage to acknowledged data, and when
+// journal.tmp would be adopted, Open fails with a *CorruptionError naming
+// journal.tmp and changes nothing (salvage adopts it, then salvages it).
+// Damage before the end record is not: a compaction that crashed before its
+// sync can leave its output with holes, and such a journal.tmp is removed.
 //
 // # A journal removed while open
 //

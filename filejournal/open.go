@@ -442,8 +442,19 @@ func (j *Journal) chooseTemp(tf *os.File, tmpPath string, missing bool) (adopt, 
 	if err != nil {
 		return false, false, err
 	}
-	tres, ok := checkSnapshotSource(tsrc, tmpPath)
-	if !ok {
+	tres, ended, terr := scanSnapshot(tsrc, tmpPath)
+	// Frames after the snapshot's end record were appended to it as the
+	// journal, after its rename (a lost one): damage among them with a
+	// valid frame after it is damage to acknowledged data, reported (or
+	// salvaged once journal.tmp is adopted), never removed with the file.
+	// Damage before the end record is not: the snapshot is written whole,
+	// then synced, so a crash before its sync can leave any of it missing.
+	var ce *CorruptionError
+	if terr != nil && !errors.As(terr, &ce) {
+		return false, false, terr // not read: nothing is decided
+	}
+	damaged := ended && ce != nil
+	if !damaged && (terr != nil || !ended) {
 		return false, false, nil
 	}
 	if !missing {
@@ -468,6 +479,9 @@ func (j *Journal) chooseTemp(tf *os.File, tmpPath string, missing bool) (adopt, 
 			return false, false, syncFile(j.path)
 		}
 	}
+	if damaged && !j.opts.salvage {
+		return false, true, ce
+	}
 	return true, false, syncFile(tmpPath)
 }
 
@@ -489,6 +503,14 @@ func checkSnapshot(data []byte, path string) (scanResult, bool) {
 }
 
 func checkSnapshotSource(src *source, path string) (scanResult, bool) {
+	res, ended, err := scanSnapshot(src, path)
+	return res, err == nil && ended
+}
+
+// scanSnapshot scans src, a compaction's output, without salvage, and
+// reports whether its frames reached the snapshot's end record (counting
+// the records before it) and the scan's error, if any.
+func scanSnapshot(src *source, path string) (scanResult, bool, error) {
 	var n uint64
 	ended := false
 	res, err := scanSource(src, path, false, func(_ uint64, p []byte) error {
@@ -512,7 +534,7 @@ func checkSnapshotSource(src *source, path string) (scanResult, bool) {
 			return nil
 		})
 	})
-	return res, err == nil && ended
+	return res, ended, err
 }
 
 // syncFile makes the file at path durable (fdatasync where available).
