@@ -826,17 +826,36 @@ func TestReviewKillLargeIDs(t *testing.T) {
 			forgotting: map[string]bool{}, forgotten: map[string]bool{}}
 		rng := rand.New(rand.NewPCG(uint64(len(compactMin)), 9))
 		for r := range rounds {
-			cmd, ls := reviewSpawn(t, dir, fmt.Sprintf("k%s-%d", compactMin[:2], r), compactMin)
+			fp := ""
+			if r%2 == 1 { // else killed at a random moment
+				fp = fmt.Sprintf("%s:%d", failpoints[(r/2+len(compactMin))%len(failpoints)], 20+rng.IntN(200))
+			}
+			cmd, ls := reviewSpawn(t, dir, fmt.Sprintf("k%s-%d", compactMin[:2], r), compactMin, fp)
 			first := ls.waitFirst(t)
 			require.Equal(t, "open", first)
-			time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
-			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+			select {
+			case <-ls.done: // killed at its failpoint
+			case <-time.After(time.Duration(100+rng.IntN(400)) * time.Millisecond):
+			}
+			_ = cmd.Process.Signal(syscall.SIGKILL)
 			_ = cmd.Wait()
 			<-ls.done
 			o.apply(t, ls.all)
+			if strings.HasPrefix(fp, fpAfterWrite+":") {
+				// Killed between a frame's write and its sync: a power
+				// loss then could keep any prefix of that frame.
+				path := filepath.Join(dir, journalName)
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				offs := frameOffsets(t, data)
+				last := offs[len(offs)-1]
+				if len(data)-last > 1 {
+					require.NoError(t, os.Truncate(path, int64(last+1+rng.IntN(len(data)-last-1))))
+				}
+			}
 			s, rep, err := openWith(dir, testOpts())
 			require.NoError(t, err, "round %d", r)
-			t.Logf("round %d: %d records, torn %v, %d lines", r, rep.Records, rep.TornTail, len(ls.all))
+			t.Logf("round %d (%s): %d records, torn %v (%d bytes), adopted tmp %v, %d lines", r, fp, rep.Records, rep.TornTail, rep.TornBytes, rep.AdoptedTemp, len(ls.all))
 			ok := o.check(t, s, r)
 			require.NoError(t, s.Close())
 			require.True(t, ok)
@@ -847,11 +866,11 @@ func TestReviewKillLargeIDs(t *testing.T) {
 	}
 }
 
-func reviewSpawn(t *testing.T, dir, tag, compactMin string) (*exec.Cmd, *lines) {
+func reviewSpawn(t *testing.T, dir, tag, compactMin, fp string) (*exec.Cmd, *lines) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewKillLargeIDs$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "IDEMRETRY_REVIEW_CHILD=1",
-		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin)
+		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin, envFP+"="+fp)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -876,6 +895,24 @@ func reviewChild() {
 	var cm int64
 	_, _ = fmt.Sscan(os.Getenv("IDEMRETRY_REVIEW_COMPACTMIN"), &cm)
 	o.compactMin = cm
+	if spec := os.Getenv(envFP); spec != "" {
+		// Killed at the n-th hit of a failpoint: in the middle of a
+		// batch's write, before its sync, inside a compaction.
+		name, n, _ := strings.Cut(spec, ":")
+		var left int
+		_, _ = fmt.Sscan(n, &left)
+		var mu sync.Mutex
+		o.hooks = &hooks{failpoint: func(fp string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if fp == name {
+				if left--; left == 0 {
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {}
+				}
+			}
+		}}
+	}
 	s, _, err := openWith(os.Getenv(envDir), o)
 	if err != nil {
 		say("error %v", err)
