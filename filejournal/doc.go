@@ -114,12 +114,14 @@
 // base journal's frames reach was left by a compaction that failed, its
 // removal lost. If journal's header is unreadable, journal.tmp is left in
 // place and Open reports the damage. Frames after journal.tmp's end record
-// were appended to it as the journal (its rename was lost): a damaged one
-// with a valid frame after it is damage to acknowledged data, and when
-// journal.tmp would be adopted, Open fails with a *CorruptionError naming
-// journal.tmp and changes nothing (salvage adopts it, then salvages it).
-// Damage before the end record is not: a compaction that crashed before its
-// sync can leave its output with holes, and such a journal.tmp is removed.
+// were appended to it as the journal (its rename was lost), after it was
+// synced whole: damage in such a journal.tmp, anywhere, with a valid frame
+// after it, is damage to acknowledged data, and when journal.tmp would be
+// adopted, Open fails with a *CorruptionError naming journal.tmp and
+// changes nothing (salvage adopts it, then salvages it). Damage in a
+// journal.tmp with nothing after its end record is not: a compaction that
+// crashed before its sync can leave its output with holes, and such a
+// journal.tmp is removed.
 //
 // # A journal removed while open
 //

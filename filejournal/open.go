@@ -444,16 +444,17 @@ func (j *Journal) chooseTemp(tf *os.File, tmpPath string, missing bool) (adopt, 
 	}
 	tres, ended, terr := scanSnapshot(tsrc, tmpPath)
 	// Frames after the snapshot's end record were appended to it as the
-	// journal, after its rename (a lost one): damage among them with a
-	// valid frame after it is damage to acknowledged data, reported (or
-	// salvaged once journal.tmp is adopted), never removed with the file.
-	// Damage before the end record is not: the snapshot is written whole,
+	// journal, after its sync and its rename (a lost one): damage with a
+	// valid frame after it, among them or in the snapshot, is damage to
+	// acknowledged data, reported (or salvaged once journal.tmp is
+	// adopted), never removed with the file. Damage in a journal.tmp with
+	// nothing after its end record is not: the snapshot is written whole,
 	// then synced, so a crash before its sync can leave any of it missing.
 	var ce *CorruptionError
 	if terr != nil && !errors.As(terr, &ce) {
 		return false, false, terr // not read: nothing is decided
 	}
-	damaged := ended && ce != nil
+	damaged := ce != nil && (ended || appendedAfterEnd(tsrc, tmpPath))
 	if !damaged && (terr != nil || !ended) {
 		return false, false, nil
 	}
@@ -535,6 +536,26 @@ func scanSnapshot(src *source, path string) (scanResult, bool, error) {
 		})
 	})
 	return res, ended, err
+}
+
+// appendedAfterEnd reports whether src, a damaged compaction output, holds
+// a valid frame after one that holds an end record: then it was renamed
+// and appended to as the journal, so it was synced whole before, and its
+// damage is damage to acknowledged data. (A compaction that crashed before
+// its sync wrote nothing after its end record.)
+func appendedAfterEnd(src *source, path string) bool {
+	sawEnd, after := false, false
+	_, err := scanSource(src, path, true, func(_ uint64, p []byte) error {
+		if sawEnd {
+			after = true
+			return nil
+		}
+		return decodeOps(p, func(o *op, _ []byte) error {
+			sawEnd = sawEnd || o.kind == opEnd
+			return nil
+		})
+	})
+	return err == nil && after
 }
 
 // syncFile makes the file at path durable (fdatasync where available).

@@ -963,14 +963,18 @@ func reviewChild() {
 // or go on with the old one without those batches): guarantee 8. With
 // salvage, journal.tmp is adopted and the damaged frame alone is lost.
 func TestReviewDamagedLostRenameTempIsCorruption(t *testing.T) {
-	for _, compaction := range []bool{false, true} {
-		t.Run(fmt.Sprintf("compaction=%v", compaction), func(t *testing.T) {
-			reviewDamagedLostRename(t, compaction)
+	for _, c := range []struct{ compaction, inSnapshot bool }{{false, false}, {true, false}, {true, true}} {
+		t.Run(fmt.Sprintf("compaction=%v/damage-in-snapshot=%v", c.compaction, c.inSnapshot), func(t *testing.T) {
+			reviewDamagedLostRename(t, c.compaction, c.inSnapshot)
 		})
 	}
 }
 
-func reviewDamagedLostRename(t *testing.T, compaction bool) {
+// With inSnapshot, the damage is in the compaction's snapshot (its record
+// "before"), before its end record: journal.tmp was synced whole before its
+// rename, and batches were appended after that, so that is damage to
+// acknowledged data too.
+func reviewDamagedLostRename(t *testing.T, compaction, inSnapshot bool) {
 	dir := t.TempDir()
 	var oldJournal []byte
 	armed := false
@@ -1001,6 +1005,9 @@ func reviewDamagedLostRename(t *testing.T, compaction bool) {
 	// The snapshot's frames, then one frame per Reserve: damage the third
 	// of the six Reserves' frames.
 	k := len(offs) - 6 + 2
+	if inSnapshot {
+		k = 0 // the snapshot's records, then its end record's own frame
+	}
 	damaged := flipBit(data, offs[k]+frameHeaderSize+2, 1)
 
 	img := t.TempDir()
@@ -1029,10 +1036,10 @@ func reviewDamagedLostRename(t *testing.T, compaction bool) {
 	require.True(t, rep.AdoptedTemp)
 	require.Len(t, rep.Salvaged, 1)
 	_, found, _ := s.get(before.ActionID)
-	require.True(t, found)
+	require.Equal(t, !inSnapshot, found)
 	for i, e := range es {
 		_, found, _ := s.get(e.ActionID)
-		require.Equal(t, i != 2, found, "record %d", i)
+		require.Equal(t, i != 2 || inSnapshot, found, "record %d", i)
 	}
 	require.NoError(t, s.Close())
 }
