@@ -31,9 +31,9 @@ type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
 //     X-Should-Retry or Transient-Error set to "true" retries, "false" is
 //     final. When they disagree, "false" wins;
 //   - without a hint, 409, 429 and 5xx except 501 Not Implemented and 505
-//     HTTP Version Not Supported are retried; every other status is final
-//     (see RetryableStatus). A 409 is the IETF draft's "a request with this
-//     key is still being processed": the resend waits for it;
+//     HTTP Version Not Supported are retried; every other status is final.
+//     A 409 is the IETF draft's "a request with this key is still being
+//     processed": the resend waits for it;
 //   - an answer that would be retried is final after all if the server
 //     says the key was used before with another payload (see
 //     KeyReuseRejected): that cannot heal, whatever a hint says. To tell,
@@ -51,14 +51,14 @@ func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) boo
 	}
 	retry, hinted := retryHint(resp.Header)
 	if !hinted {
-		retry = RetryableStatus(resp.StatusCode)
+		retry = retryableStatus(resp.StatusCode)
 	}
 	return retry && !KeyReuseRejected(resp)
 }
 
-// RetryableStatus reports whether DefaultRetryPolicy retries a response with
+// retryableStatus reports whether DefaultRetryPolicy retries a response with
 // this status and no hint: 409, 429 and 5xx except 501 and 505.
-func RetryableStatus(code int) bool {
+func retryableStatus(code int) bool {
 	switch {
 	case code == http.StatusConflict, code == http.StatusTooManyRequests:
 		return true

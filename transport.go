@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 
+	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -98,7 +98,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: key window %v, want > 0", ErrInvalidOption, c.keyWindow)
 	case c.maxRetryAfter < 0:
 		return fmt.Errorf("%w: max Retry-After %v, want >= 0", ErrInvalidOption, c.maxRetryAfter)
-	case !isToken(c.header):
+	case !httptoken.Valid(c.header):
 		return fmt.Errorf("%w: key header name %q is not an HTTP token", ErrInvalidOption, c.header)
 	case c.journal != nil && c.journalDir != "":
 		return fmt.Errorf("%w: both WithJournal and WithJournalDir", ErrInvalidOption)
@@ -112,21 +112,6 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: duplicate window %v, want 0 (off) up to the key window %v", ErrInvalidOption, c.duplicateWindow, c.keyWindow)
 	}
 	return nil
-}
-
-// isToken reports whether s is a non-empty HTTP token (RFC 9110, 5.6.2),
-// as a header name must be.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Journal returns the journal the Transport keeps keys in, for
