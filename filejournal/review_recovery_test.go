@@ -383,15 +383,13 @@ func TestReviewBitFlipNearWindowEdges(t *testing.T) {
 	targets = append(targets, 1, len(f.frames)-1)
 	last := len(f.frames) - 1
 	for _, k := range targets {
-		for _, where := range []string{"length", "payload-end", "window-edge"} {
+		for _, where := range []string{"length", "seq", "payload-end", "window-edge"} {
 			pos := 0
 			switch where {
 			case "length":
 				pos = f.offs[k] + 4 + 2 // the third byte of the length
 			case "seq":
 				pos = f.offs[k] + 8
-			case "payload-start":
-				pos = f.offs[k] + frameHeaderSize + 1
 			case "payload-end":
 				pos = f.offs[k+1] - 1
 			case "window-edge":
