@@ -1,0 +1,760 @@
+//go:build linux || darwin
+
+package filejournal
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Adversarial tests of the write path: a lazy Update arming the flush timer
+// itself, the reused queue and frame buffers, the committer's yield, and
+// Sync sharing the next batch.
+
+const (
+	envReviewChild = "IDEMRETRY_REVIEW_COMMIT_CHILD" // the directory, in the child
+	envReviewFlush = "IDEMRETRY_REVIEW_COMMIT_FLUSH" // the child's flush interval
+	envReviewTag   = "IDEMRETRY_REVIEW_COMMIT_TAG"
+)
+
+// TestReviewCommitChild is the child of TestReviewAckedSurvivesKill; it does
+// nothing in a normal run. Six goroutines reserve actions (in batches that
+// grow and shrink, so the reused buffers change size), update them lazily,
+// record some done and Sync, forget some; a seventh compacts now and then.
+// The journal compacts often by itself too (a small compactMin).
+func TestReviewCommitChild(t *testing.T) {
+	dir := os.Getenv(envReviewChild)
+	if dir == "" {
+		t.Skip("child process of TestReviewAckedSurvivesKill")
+	}
+	o := testOpts()
+	o.compactMin = 4096
+	o.flushEvery, _ = time.ParseDuration(os.Getenv(envReviewFlush))
+	s, _, err := openWith(dir, o)
+	if err != nil {
+		fmt.Printf("error %v\n", err)
+		os.Exit(3)
+	}
+	var outMu sync.Mutex
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
+	}
+	fail := func(err error) {
+		say("error %v", err)
+		os.Exit(4)
+	}
+	say("open")
+	tag := os.Getenv(envReviewTag)
+	ctx := context.Background()
+	for g := range 6 {
+		go func() {
+			var mine []string
+			for i := 0; ; i++ {
+				e := entry(fmt.Sprintf("%s-%d-%d", tag, g, i))
+				if i%11 == 5 {
+					e.Key = "custom-" + e.ActionID
+				}
+				say("sub %s %s", e.ActionID, e.Key)
+				got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
+				if err != nil {
+					fail(err)
+				}
+				say("ack %s %s", got.ActionID, got.Key)
+				mine = append(mine, got.ActionID)
+				got.Attempts = 1
+				if err := s.Update(ctx, got); err != nil { // lazy
+					fail(err)
+				}
+				if i%3 != 1 {
+					got.State, got.Attempts, got.Status = journal.StateDone, 2, 200+g
+					if err := s.Update(ctx, got); err != nil {
+						fail(err)
+					}
+					if err := s.Sync(ctx); err != nil {
+						fail(err)
+					}
+					say("synced %s %d", got.ActionID, got.Status)
+				}
+				if i%7 == 6 {
+					id := mine[rand.IntN(len(mine))]
+					say("fsub %s", id)
+					if err := s.Forget(ctx, id); err != nil {
+						fail(err)
+					}
+					say("fack %s", id)
+				}
+			}
+		}()
+	}
+	go func() {
+		for {
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			if err := s.Compact(ctx); err != nil {
+				fail(err)
+			}
+		}
+	}()
+	select {}
+}
+
+// reviewOracle is what the children acknowledged, over all rounds.
+type reviewOracle struct {
+	acked     map[string]string // id -> key
+	synced    map[string]int    // id -> status of its synced done
+	forgotten map[string]bool   // Forget begun (the record may or may not be there)
+}
+
+func (o *reviewOracle) apply(t *testing.T, ls []string) {
+	t.Helper()
+	for _, l := range ls {
+		f := strings.Fields(l)
+		switch f[0] {
+		case "ack":
+			o.acked[f[1]] = f[2]
+		case "synced":
+			n, err := strconv.Atoi(f[2])
+			require.NoError(t, err)
+			o.synced[f[1]] = n
+		case "fsub":
+			o.forgotten[f[1]] = true
+		case "error":
+			t.Errorf("child: %s", l)
+		}
+	}
+}
+
+// check: every acknowledged record is there with its key and its
+// fingerprint (the bytes a reused buffer could have overwritten); every
+// synced done is there, done, with its status.
+func (o *reviewOracle) check(t *testing.T, s *Journal, round int) {
+	t.Helper()
+	for id, key := range o.acked {
+		if o.forgotten[id] {
+			continue
+		}
+		got, found, err := s.get(id)
+		require.NoError(t, err)
+		if !assert.True(t, found, "round %d: acknowledged %s lost", round, id) {
+			continue
+		}
+		assert.Equal(t, key, got.Key, "round %d: %s's key", round, id)
+		var fp journal.Fingerprint
+		copy(fp[:], id)
+		assert.Equal(t, fp, got.Fingerprint, "round %d: %s's fingerprint", round, id)
+		if st, ok := o.synced[id]; ok {
+			assert.Equal(t, journal.StateDone, got.State, "round %d: %s's synced done lost", round, id)
+			assert.Equal(t, st, got.Status, "round %d: %s's status", round, id)
+			assert.Equal(t, 2, got.Attempts, "round %d: %s's attempts", round, id)
+		}
+	}
+}
+
+// Guarantees 1, 6 and 8 under SIGKILL: a child is killed at a random moment
+// while it reserves, updates, syncs, forgets and compacts; every Reserve
+// and every Sync it acknowledged must be on disk, byte for byte, whatever
+// the flush interval (a nanosecond: the timer fires while the committer is
+// mid-batch all the time; an hour: only Reserve, Sync, Forget, Compact and
+// Close write).
+func TestReviewAckedSurvivesKill(t *testing.T) {
+	rounds := 16
+	if testing.Short() {
+		rounds = 6
+	}
+	for _, flush := range []time.Duration{time.Nanosecond, time.Millisecond, time.Hour} {
+		t.Run(flush.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			o := &reviewOracle{acked: map[string]string{}, synced: map[string]int{}, forgotten: map[string]bool{}}
+			for r := range rounds {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestReviewCommitChild$", "-test.count=1")
+				cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envReviewChild+"="+dir,
+					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envReviewTag, r))
+				out, err := cmd.StdoutPipe()
+				require.NoError(t, err)
+				cmd.Stderr = os.Stderr
+				require.NoError(t, cmd.Start())
+				var ls []string
+				br := bufio.NewReader(out)
+				want := 50 + rand.IntN(400)
+				for len(ls) < want {
+					l, err := br.ReadString('\n')
+					if err != nil {
+						_ = cmd.Process.Kill()
+						_ = cmd.Wait()
+						t.Fatalf("round %d: child ended early: %v\n%s", r, err, strings.Join(ls, "\n"))
+					}
+					ls = append(ls, strings.TrimSuffix(l, "\n"))
+				}
+				// Killed right after its last acknowledgement was read.
+				require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+				for { // the complete lines it wrote before it died count too
+					l, err := br.ReadString('\n')
+					if err != nil {
+						break
+					}
+					ls = append(ls, strings.TrimSuffix(l, "\n"))
+				}
+				_ = cmd.Wait()
+				require.Equal(t, "open", ls[0], "round %d", r)
+				o.apply(t, ls[1:])
+				s, _ := mustOpen(t, dir, testOpts())
+				o.check(t, s, r)
+				require.NoError(t, s.Close())
+				if t.Failed() {
+					return
+				}
+			}
+			t.Logf("%d acknowledged, %d synced dones", len(o.acked), len(o.synced))
+		})
+	}
+}
+
+// Close writes every queued lazy update (whatever the flush interval), and
+// Sync covers every update made before it, while many goroutines reserve,
+// update, sync, forget and compact, the timer firing all along (-race).
+func TestReviewCloseAndSyncWriteEveryUpdate(t *testing.T) {
+	for _, flush := range []time.Duration{time.Nanosecond, 100 * time.Microsecond, time.Hour} {
+		t.Run(flush.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOpts()
+			o.compactMin = 4096
+			o.flushEvery = flush
+			s, _ := mustOpen(t, dir, o)
+			ctx := context.Background()
+			const gs, per = 16, 60
+			type last struct {
+				key      string
+				state    journal.State
+				attempts int
+				status   int
+			}
+			results := make([]map[string]last, gs)
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			var bg sync.WaitGroup
+			bg.Add(1)
+			go func() { // compactions and bare Syncs, racing the timer
+				defer bg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					assert.NoError(t, s.Compact(ctx))
+					assert.NoError(t, s.Sync(ctx))
+					runtime.Gosched()
+				}
+			}()
+			for g := range gs {
+				wg.Add(1)
+				results[g] = map[string]last{}
+				go func() {
+					defer wg.Done()
+					for i := range per {
+						id := fmt.Sprintf("g%d-%d", g, i)
+						r, _, err := s.Reserve(ctx, entry(id), journal.ReuseAny)
+						if !assert.NoError(t, err) {
+							return
+						}
+						n := 1 + (g+i)%5
+						for a := 1; a <= n; a++ {
+							r.Attempts = a
+							assert.NoError(t, s.Update(ctx, r))
+						}
+						if i%2 == 0 {
+							r.State, r.Status = journal.StateDone, 200+i%50
+							assert.NoError(t, s.Update(ctx, r))
+						}
+						if i%4 == 0 {
+							assert.NoError(t, s.Sync(ctx))
+						}
+						results[g][id] = last{r.Key, r.State, r.Attempts, r.Status}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			bg.Wait()
+			require.NoError(t, s.Close())
+
+			s2, _ := mustOpen(t, dir, testOpts())
+			defer s2.Close()
+			for g := range gs {
+				for id, want := range results[g] {
+					got, ok, err := s2.get(id)
+					require.NoError(t, err)
+					require.True(t, ok, "%s lost", id)
+					assert.Equal(t, want.key, got.Key, id)
+					assert.Equal(t, want.state, got.State, id)
+					assert.Equal(t, want.attempts, got.Attempts, id)
+					assert.Equal(t, want.status, got.Status, id)
+				}
+			}
+		})
+	}
+}
+
+// A lazy update with a long flush interval, and nothing else to write,
+// must reach the disk by Close; and one made while a durable batch is
+// being written (so it armed no timer: the committer is already busy)
+// must reach it by the flush timer, with no Close.
+func TestReviewLazyUpdateWrittenByTimerAfterBusyBatch(t *testing.T) {
+	block, entered := make(chan struct{}), make(chan struct{}, 1)
+	var armed atomic.Bool
+	o := testOpts()
+	o.flushEvery = 30 * time.Millisecond
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name == fpAfterWrite && armed.CompareAndSwap(true, false) {
+			entered <- struct{}{}
+			<-block
+		}
+	}}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	a := reserve(t, s, entry("a"))
+	armed.Store(true)
+	go func() { _, _, _ = s.Reserve(context.Background(), entry("b"), journal.ReuseAny) }()
+	<-entered // b's batch is written, its sync held
+	// A lazy update queued now: the timer it arms fires while the
+	// committer is mid-batch.
+	require.NoError(t, update(s, "a", a.Key, journal.StateDone, 1, 201))
+	time.Sleep(3 * o.flushEvery)
+	close(block)
+	// Written by the timer, with no Sync, no Reserve and no Close.
+	require.Eventually(t, func() bool {
+		data, err := os.ReadFile(dir + "/journal")
+		if err != nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.queue) == 0 && s.writing == nil && int64(len(data)) == s.sizeSeen
+	}, 10*time.Second, 5*time.Millisecond)
+	// Read it back from a copy of the file: the journal is still open.
+	data, err := os.ReadFile(dir + "/journal")
+	require.NoError(t, err)
+	cp := t.TempDir()
+	require.NoError(t, os.WriteFile(cp+"/journal", data, 0o600))
+	s2, _ := mustOpen(t, cp, testOpts())
+	got, ok, err := s2.get("a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, journal.StateDone, got.State, "the lazy done written by the timer")
+	require.NoError(t, s2.Close())
+	require.NoError(t, s.Close())
+}
+
+// After an injected write or sync failure the journal acknowledges
+// nothing more (every call fails with ErrClosed), and everything it
+// acknowledged before is on disk after a reopen.
+func TestReviewFailureStopsAcknowledging(t *testing.T) {
+	for _, fault := range []string{"short", "sync"} {
+		t.Run(fault, func(t *testing.T) {
+			dir := t.TempDir()
+			fail := new(sync.Map)
+			o := testOpts()
+			o.compactMin = 4096
+			o.flushEvery = time.Millisecond
+			o.hooks = faultyHooks(fail)
+			s, _ := mustOpen(t, dir, o)
+			ctx := context.Background()
+			var mu sync.Mutex
+			acked := map[string]string{}
+			synced := map[string]bool{}
+			var failedAt atomic.Int64 // when the first error was seen, ns since start
+			start := time.Now()
+			type late struct {
+				what string
+				at   time.Duration
+			}
+			var lateAcks []late
+			note := func(err error) bool {
+				if err == nil {
+					return true
+				}
+				assert.ErrorIs(t, err, journal.ErrClosed)
+				failedAt.CompareAndSwap(0, int64(time.Since(start)))
+				return false
+			}
+			begun := func() time.Duration { return time.Since(start) }
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						id := fmt.Sprintf("g%d-%d", g, i)
+						b := begun()
+						r, _, err := s.Reserve(ctx, entry(id), journal.ReuseAny)
+						if !note(err) {
+							return
+						}
+						mu.Lock()
+						acked[id] = r.Key
+						if f := time.Duration(failedAt.Load()); f != 0 && b > f {
+							lateAcks = append(lateAcks, late{"reserve " + id, b})
+						}
+						mu.Unlock()
+						r.State, r.Attempts, r.Status = journal.StateDone, 1, 201
+						if !note(s.Update(ctx, r)) {
+							return
+						}
+						b = begun()
+						if !note(s.Sync(ctx)) {
+							return
+						}
+						mu.Lock()
+						synced[id] = true
+						if f := time.Duration(failedAt.Load()); f != 0 && b > f {
+							lateAcks = append(lateAcks, late{"sync " + id, b})
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			time.Sleep(time.Duration(20+rand.IntN(40)) * time.Millisecond)
+			if fault == "short" {
+				fail.Store("short:"+journalName, true)
+			} else {
+				fail.Store("sync", errors.New("injected fsync failure"))
+			}
+			wg.Wait()
+			assert.Empty(t, lateAcks, "acknowledged after the journal failed")
+			_, _, err := s.Reserve(ctx, entry("after"), journal.ReuseAny)
+			require.ErrorIs(t, err, journal.ErrClosed)
+			require.ErrorIs(t, s.Sync(ctx), journal.ErrClosed)
+			require.ErrorIs(t, s.Close(), journal.ErrClosed)
+
+			s2, _ := mustOpen(t, dir, testOpts())
+			defer s2.Close()
+			for id, key := range acked {
+				got, ok, err := s2.get(id)
+				require.NoError(t, err)
+				require.True(t, ok, "acknowledged %s lost", id)
+				assert.Equal(t, key, got.Key, id)
+				if synced[id] {
+					assert.Equal(t, journal.StateDone, got.State, "%s's synced done", id)
+				}
+			}
+			t.Logf("%d acknowledged, %d synced", len(acked), len(synced))
+		})
+	}
+}
+
+// Opening and closing journals with lazy updates queued and the flush
+// timer running leaves no goroutine behind, whatever the interval.
+func TestReviewTimerLeavesNoGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for i := range 30 {
+		o := testOpts()
+		o.flushEvery = []time.Duration{time.Nanosecond, time.Millisecond, time.Hour}[i%3]
+		s, _ := mustOpen(t, t.TempDir(), o)
+		r := reserve(t, s, entry("a"))
+		r.Attempts = 1
+		require.NoError(t, s.Update(context.Background(), r))
+		require.NoError(t, s.Close())
+	}
+	waitGoroutines(t, before)
+}
+
+// watchedFile fails its first Sync once failing is set, and counts the
+// writes and syncs asked of it after that failure.
+type watchedFile struct {
+	file
+	failing *atomic.Bool
+	failed  *atomic.Bool
+	after   *atomic.Int64
+}
+
+func (f watchedFile) Write(p []byte) (int, error) {
+	if f.failed.Load() {
+		f.after.Add(1)
+	}
+	return f.file.Write(p)
+}
+
+func (f watchedFile) Sync() error {
+	if f.failed.Load() {
+		f.after.Add(1)
+		return errors.New("sync after a failed sync")
+	}
+	if f.failing.Load() {
+		f.failed.Store(true)
+		return errors.New("injected fsync failure")
+	}
+	return f.file.Sync()
+}
+
+// After a failed fsync the journal writes and syncs that file no more (its
+// data may be lost whatever a later sync says), although lazy updates,
+// Syncs, Reserves, the flush timer, compactions and Close keep coming.
+func TestReviewNoIOAfterFailedSync(t *testing.T) {
+	var failing, failed atomic.Bool
+	var after atomic.Int64
+	o := testOpts()
+	o.compactMin = 4096
+	o.flushEvery = time.Nanosecond
+	o.hooks = &hooks{wrapFile: func(name string, f file) file {
+		if name != journalName {
+			return f
+		}
+		return watchedFile{f, &failing, &failed, &after}
+	}}
+	s, _ := mustOpen(t, t.TempDir(), o)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				r, _, err := s.Reserve(ctx, entry(fmt.Sprintf("g%d-%d", g, i)), journal.ReuseAny)
+				if err != nil {
+					assert.ErrorIs(t, err, journal.ErrClosed)
+					continue // keep calling: nothing may reach the file
+				}
+				r.Attempts = 1
+				_ = s.Update(ctx, r)
+				_ = s.Sync(ctx)
+				_ = s.Compact(ctx)
+				if i == 20 && g == 0 {
+					failing.Store(true)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.True(t, failed.Load(), "the fault was injected")
+	require.ErrorIs(t, s.Close(), journal.ErrClosed)
+	assert.Zero(t, after.Load(), "writes or syncs after the failed fsync")
+}
+
+// openCopy opens a copy of dir's journal file as it is now (the journal
+// itself stays open): what a crash at this moment would leave.
+func openCopy(t *testing.T, dir string) *Journal {
+	t.Helper()
+	data, err := os.ReadFile(dir + "/" + journalName)
+	require.NoError(t, err)
+	cp := t.TempDir()
+	require.NoError(t, os.WriteFile(cp+"/"+journalName, data, 0o600))
+	s, _ := mustOpen(t, cp, testOpts())
+	return s
+}
+
+// A batch of lazy updates larger than a frame's payload is written by Sync
+// as several frames through the reused scratch buffers, and so are the
+// smaller and larger batches after it: after each Sync, the file holds
+// every update, byte for byte.
+func TestReviewHugeBatchesThroughReusedBuffers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes megabytes")
+	}
+	var syncs atomic.Int64
+	o := testOpts()
+	o.flushEvery = time.Hour
+	o.hooks = &hooks{wrapFile: func(name string, f file) file {
+		if name != journalName {
+			return f
+		}
+		return countingFile{f, &syncs}
+	}}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	defer s.Close()
+	ctx := context.Background()
+	const n = 2600 // about 1.3 KB an upsert: 3.4 MB, four frames
+	recs := make([]journal.Record, n)
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 32 {
+				e := entry(fmt.Sprintf("%04d-%s", i, strings.Repeat(string(rune('a'+i%26)), journal.MaxActionID-5)))
+				e.Key = fmt.Sprintf("k%04d-%s", i, strings.Repeat("x", journal.MaxKeyLength-6))
+				r, _, err := s.Reserve(ctx, e, journal.ReuseAny)
+				assert.NoError(t, err)
+				recs[i] = r
+			}
+		}()
+	}
+	wg.Wait()
+	require.False(t, t.Failed())
+	// Rounds of lazy updates, huge, small, huge, each then synced.
+	counts := []int{n, 3, n, 1, n / 2}
+	for round, count := range counts {
+		for i := range count {
+			r := recs[i]
+			r.Attempts = round + 2
+			require.NoError(t, s.Update(ctx, r))
+		}
+		before := syncs.Load()
+		require.NoError(t, s.Sync(ctx))
+		if count == n {
+			require.GreaterOrEqual(t, syncs.Load()-before, int64(3), "round %d: a batch of several frames", round)
+		}
+		c := openCopy(t, dir)
+		for i := range n {
+			got, ok, err := c.get(recs[i].ActionID)
+			require.NoError(t, err)
+			require.True(t, ok, "round %d: %d lost", round, i)
+			require.Equal(t, recs[i].Key, got.Key, "round %d: %d", round, i)
+			want := 0 // the attempts of the latest round that updated it
+			for rr, cc := range counts[:round+1] {
+				if i < cc {
+					want = rr + 2
+				}
+			}
+			require.Equal(t, want, got.Attempts, "round %d: %d's attempts", round, i)
+		}
+		require.NoError(t, c.Close())
+	}
+}
+
+// Every lazy update reaches the file by the flush timer alone (no Sync, no
+// Reserve, no Close after it), even when updates keep arriving while the
+// timer fires and while the committer writes the batch it fired for.
+func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
+	for _, flush := range []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond} {
+		t.Run(flush.String(), func(t *testing.T) {
+			o := testOpts()
+			o.flushEvery = flush
+			dir := t.TempDir()
+			s, _ := mustOpen(t, dir, o)
+			defer s.Close()
+			const gs, per = 8, 300
+			recs := make([]journal.Record, gs)
+			for g := range gs {
+				recs[g] = reserve(t, s, entry(fmt.Sprintf("g%d", g)))
+			}
+			var wg sync.WaitGroup
+			for g := range gs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := recs[g]
+					for a := 1; a <= per; a++ {
+						r.Attempts = a
+						assert.NoError(t, s.Update(context.Background(), r))
+						if a%16 == 0 {
+							time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			require.Eventually(t, func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return len(s.queue) == 0 && s.writing == nil
+			}, 10*time.Second, time.Millisecond, "lazy updates still queued: the flush timer is not armed")
+			c := openCopy(t, dir)
+			defer c.Close()
+			for g := range gs {
+				got, ok, err := c.get(recs[g].ActionID)
+				require.NoError(t, err)
+				require.True(t, ok)
+				assert.Equal(t, per, got.Attempts, "g%d's last update", g)
+			}
+		})
+	}
+}
+
+// Close writes the lazy updates still queued, with nothing else to write
+// them: the flush timer is an hour away, or fires while Close runs.
+func TestReviewCloseWritesQueuedLazyUpdates(t *testing.T) {
+	for _, flush := range []time.Duration{time.Hour, time.Nanosecond} {
+		t.Run(flush.String(), func(t *testing.T) {
+			o := testOpts()
+			o.flushEvery = flush
+			dir := t.TempDir()
+			s, _ := mustOpen(t, dir, o)
+			var recs []journal.Record
+			for i := range 20 {
+				recs = append(recs, reserve(t, s, entry(fmt.Sprintf("a%d", i))))
+			}
+			for i, r := range recs {
+				r.State, r.Attempts, r.Status = journal.StateDone, 1, 200+i
+				require.NoError(t, s.Update(context.Background(), r))
+			}
+			require.NoError(t, s.Close())
+			s2, _ := mustOpen(t, dir, testOpts())
+			defer s2.Close()
+			for i, r := range recs {
+				got, ok, err := s2.get(r.ActionID)
+				require.NoError(t, err)
+				require.True(t, ok)
+				assert.Equal(t, journal.StateDone, got.State, r.ActionID)
+				assert.Equal(t, 200+i, got.Status, r.ActionID)
+			}
+		})
+	}
+}
+
+// Close racing lazy updates and the flush timer: every Update that
+// returned nil before Close stopped the journal is on disk after it; the
+// ones after it fail with ErrClosed.
+func TestReviewCloseRacingUpdatesAndTimer(t *testing.T) {
+	for _, flush := range []time.Duration{time.Nanosecond, 20 * time.Microsecond, time.Hour} {
+		t.Run(flush.String(), func(t *testing.T) {
+			for range 5 {
+				o := testOpts()
+				o.flushEvery = flush
+				dir := t.TempDir()
+				s, _ := mustOpen(t, dir, o)
+				const gs = 8
+				recs := make([]journal.Record, gs)
+				for g := range gs {
+					recs[g] = reserve(t, s, entry(fmt.Sprintf("g%d", g)))
+				}
+				acked := make([]int, gs)
+				var wg sync.WaitGroup
+				for g := range gs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := recs[g]
+						for a := 1; ; a++ {
+							r.Attempts = a
+							if err := s.Update(context.Background(), r); err != nil {
+								assert.ErrorIs(t, err, journal.ErrClosed)
+								return
+							}
+							acked[g] = a
+						}
+					}()
+				}
+				time.Sleep(time.Duration(1+rand.IntN(5)) * time.Millisecond)
+				require.NoError(t, s.Close())
+				wg.Wait()
+				s2, _ := mustOpen(t, dir, testOpts())
+				for g := range gs {
+					got, ok, err := s2.get(recs[g].ActionID)
+					require.NoError(t, err)
+					require.True(t, ok)
+					require.Equal(t, acked[g], got.Attempts, "g%d: the last update acknowledged before Close", g)
+				}
+				require.NoError(t, s2.Close())
+			}
+		})
+	}
+}
