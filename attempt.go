@@ -96,9 +96,11 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) 
 // a final answer, whether it refuses the key as reused; both may read the
 // start of an error body, for at most DefaultMaxDrainTime.
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if r.cancel != nil && resp != nil && mayReadBody(policy, resp) {
-		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
-		defer timer.Stop()
+	if resp != nil && mayReadBody(policy, resp) {
+		if abort := r.abort(resp); abort != nil {
+			timer := time.AfterFunc(DefaultMaxDrainTime, abort)
+			defer timer.Stop()
+		}
 	}
 	final = !policy(withoutCancel(r.ctx), resp, err)
 	return final, final && err == nil && KeyReuseRejected(resp)
@@ -156,25 +158,62 @@ type run struct {
 	lastStatus int  // of the previous attempt: 0 if none, or a transport error
 	lastErr    error
 	out        *http.Request // the last attempt's request
-	cancel     context.CancelFunc
-	tr         *attemptTrace // the last attempt's
+	// cancel ends the last attempt's context; nil where the base is an
+	// *http.Transport, whose attempts run in the caller's context (see
+	// abort).
+	cancel context.CancelFunc
+	tr     *attemptTrace // the last attempt's
+}
+
+// abort returns what cuts short a read of resp's body that stalls: the
+// attempt's cancel, or, where the base is an *http.Transport (whose
+// response bodies may be closed while a read is in progress: the read then
+// fails at once and the connection is dropped, as a cancel would), closing
+// the body. nil if there is nothing to cut.
+func (r *run) abort(resp *http.Response) func() {
+	if r.cancel != nil {
+		return r.cancel
+	}
+	if resp == nil || resp.Body == nil || resp.Body == http.NoBody {
+		return nil
+	}
+	body := resp.Body
+	return func() { body.Close() }
+}
+
+// closeAborts reports whether base's response bodies may be closed while a
+// read of them is in progress, ending that read: true of net/http's own
+// Transport (HTTP/1, its gzip reader and HTTP/2 alike) and of nothing else
+// that can be told, so that any other base keeps a cancel per attempt.
+func closeAborts(base http.RoundTripper) bool {
+	_, ok := base.(*http.Transport)
+	return ok
 }
 
 // send makes one attempt. Its context is the caller's, with a trace that
 // tells whether the request was written (net/http may resend a request with
 // an Idempotency-Key on a new connection by itself, and report only that
-// resend's dial error), and a cancel that bounds the drain of a discarded
-// body.
+// resend's dial error), and, unless the base is an *http.Transport, a
+// cancel that bounds the drain of a discarded body (see abort).
 func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ error) {
 	// Each attempt counts its own writes: a write of an earlier attempt
-	// reported late must not count for this one.
+	// reported late must not count for this one. Each has its own request
+	// copy too, in the same allocation: the base may still hold the last
+	// attempt's.
 	tr := new(attemptTrace)
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(r.ctx, &tr.trace))
-	out, err := r.t.newAttempt(req.WithContext(ctx), b, r.key())
+	ctx := httptrace.WithClientTrace(r.ctx, &tr.trace)
+	var cancel context.CancelFunc
+	if !r.t.closeAborts {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	tr.req = *req.WithContext(ctx)
+	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
 	if err != nil {
-		cancel()
+		if cancel != nil {
+			cancel()
+		}
 		return nil, false, err
 	}
 	r.out, r.cancel, r.tr = out, cancel, tr
@@ -208,19 +247,23 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
 	r.lastErr = err
-	if err != nil {
+	if err != nil && cancel != nil {
 		cancel()
 	}
 	return resp, true, err
 }
 
 // attemptTrace is one attempt's httptrace hooks, the count of the
-// requests they saw written, and the wrapper of its response's body if it
-// is returned, in one allocation.
+// requests they saw written, its request, and the wrapper of its
+// response's body if it is returned, in one allocation.
 type attemptTrace struct {
 	trace  httptrace.ClientTrace
 	writes atomic.Int32
+	req    http.Request
 	body   cancelOnClose
+	// vals holds the values of the request's header copy when they fit
+	// (most requests carry a handful of headers).
+	vals [8]string
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }
@@ -240,7 +283,8 @@ func (c *cancelOnClose) Close() error {
 
 // discard drains and closes a response that is not returned: at most
 // maxDrain bytes, for at most DefaultMaxDrainTime (a body that stalls is
-// cut by cancelling its attempt, which drops the connection).
+// cut by cancelling its attempt or closing the body, which drops the
+// connection).
 func (r *run) discard(resp *http.Response) {
 	if resp == nil || resp.Body == nil {
 		if r.cancel != nil {
@@ -248,16 +292,22 @@ func (r *run) discard(resp *http.Response) {
 		}
 		return
 	}
-	if r.cancel != nil {
-		stop := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
-		defer func() { stop.Stop(); r.cancel() }()
+	if abort := r.abort(resp); abort != nil {
+		stop := time.AfterFunc(DefaultMaxDrainTime, abort)
+		defer func() {
+			stop.Stop()
+			if r.cancel != nil {
+				r.cancel()
+			}
+		}()
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
 	resp.Body.Close()
 }
 
-// newAttempt clones req for one attempt, with a fresh body and the key.
-func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Request, error) {
+// newAttempt clones req for one attempt, with a fresh body and the key;
+// the header's values go in vals if they fit.
+func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []string) (*http.Request, error) {
 	r, err := b.next()
 	if err != nil {
 		return nil, fmt.Errorf("idemretry: rewind request body: %w", err)
@@ -267,7 +317,7 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Re
 	// only the header, which gets the key, needs copying.
 	out := req
 	var spare []string
-	out.Header, spare = cloneHeader(req.Header, key != "")
+	out.Header, spare = cloneHeader(req.Header, key != "", vals)
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
 		deleteHeader(out.Header, t.cfg.header)
@@ -280,8 +330,10 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string) (*http.Re
 // cloneHeader is http.Header.Clone (values copied into one array, each
 // value slice capped at its length), never nil and with room for one more
 // header; with spare, the array has one more value, returned as spare (of
-// length 1), so that the key's value costs no allocation of its own.
-func cloneHeader(h http.Header, withSpare bool) (_ http.Header, spare []string) {
+// length 1), so that the key's value costs no allocation of its own. The
+// array is vals if the values fit in it (vals must be zero and not used
+// otherwise).
+func cloneHeader(h http.Header, withSpare bool, vals []string) (_ http.Header, spare []string) {
 	nv := 0
 	for _, vv := range h {
 		nv += len(vv)
@@ -289,7 +341,12 @@ func cloneHeader(h http.Header, withSpare bool) (_ http.Header, spare []string) 
 	if withSpare {
 		nv++
 	}
-	sv := make([]string, nv)
+	var sv []string
+	if nv <= len(vals) {
+		sv = vals[:nv:nv]
+	} else {
+		sv = make([]string, nv)
+	}
 	if withSpare {
 		spare, sv = sv[:1:1], sv[1:]
 	}

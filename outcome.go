@@ -108,7 +108,7 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
 		}
-		if resp.Body != nil {
+		if resp.Body != nil && r.cancel != nil {
 			// The attempt's trace holds the wrapper: it lives as long.
 			r.tr.body = cancelOnClose{resp.Body, r.cancel}
 			resp.Body = &r.tr.body
