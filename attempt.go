@@ -22,9 +22,11 @@ import (
 // attempts sends req until the policy calls an outcome final or the retries
 // stop. a is nil for methods that carry no key; retry is false for requests
 // that must be sent once. pending reports that the action is left unfinished.
-func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings) (resp *http.Response, pending bool, err error) {
+// first, if not nil, is the zero attemptTrace the first attempt uses (a
+// flight's, to need no allocation of its own).
+func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, first *attemptTrace) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
-	r := &run{t: t, ctx: ctx, a: a}
+	r := &run{t: t, ctx: ctx, a: a, first: first}
 	var bo backoff.BackOff // made for the first retry: most actions need none
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
@@ -163,6 +165,7 @@ type run struct {
 	// abort).
 	cancel context.CancelFunc
 	tr     *attemptTrace // the last attempt's
+	first  *attemptTrace // for the first attempt, if given
 }
 
 // abort returns what cuts short a read of resp's body that stalls: the
@@ -200,7 +203,12 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	// reported late must not count for this one. Each has its own request
 	// copy too, in the same allocation: the base may still hold the last
 	// attempt's.
-	tr := new(attemptTrace)
+	tr := r.first
+	if tr != nil {
+		r.first = nil
+	} else {
+		tr = new(attemptTrace)
+	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
 	ctx := httptrace.WithClientTrace(r.ctx, &tr.trace)

@@ -24,9 +24,10 @@ type flight struct {
 	// common case, needs none. Once the flight has landed it no longer
 	// changes.
 	done chan struct{}
-	// act is the action the leader reserved, kept here to need no
-	// allocation of its own.
-	act action
+	// act is the action the leader reserved, and trace its first
+	// attempt's trace, kept here to need no allocation of their own.
+	act   action
+	trace attemptTrace
 
 	// id is the action id the flight is in the map under; digest is its
 	// digest form (journal.Digest), computed only when a request with an

@@ -206,7 +206,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !idempotentMethods[method] {
 			s.maxRetries = 0
 		}
-		resp, _, err := t.attempts(req, b, nil, s)
+		resp, _, err := t.attempts(req, b, nil, s, nil)
 		return resp, err
 	}
 	who, err := t.identify(req, b)
@@ -249,7 +249,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	defer t.releaseLease(a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)
-		resp, pending, err = t.attempts(req, b, a, s)
+		resp, pending, err = t.attempts(req, b, a, s, &f.trace)
 	}
 	n := t.flights.land(f)
 	shared = true
