@@ -136,14 +136,25 @@ func formatKey(key string, quoted bool) string {
 }
 
 // fingerprint hashes what makes two requests the same payload: method, URL
-// and the SHA-256 of the body (of no bytes when body is nil).
-func fingerprint(req *http.Request, body io.Reader) (journal.Fingerprint, error) {
+// and the SHA-256 of the body (of no bytes when it has none): read in place
+// where it can be (body.writeTo), else from a copy from its GetBody.
+func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 	s := fingerprintScratch.Get().(*fpScratch)
 	defer fingerprintScratch.Put(s)
 	s.h.Reset()
-	if body != nil {
-		if _, err := io.Copy(s.h, body); err != nil {
+	if ok, err := bd.writeTo(s.h, s.chunk[:]); err != nil {
+		return journal.Fingerprint{}, err
+	} else if !ok {
+		r, err := bd.reader()
+		if err != nil {
 			return journal.Fingerprint{}, err
+		}
+		if r != nil {
+			_, err = io.Copy(s.h, r)
+			r.Close()
+			if err != nil {
+				return journal.Fingerprint{}, err
+			}
 		}
 	}
 	// The sums go into the scratch buffer: a local array passed to the
@@ -200,8 +211,9 @@ func plainURLPart(s, extra string) bool {
 // fpScratch is a hash and a buffer reused across fingerprints: the hot path
 // of every keyed request.
 type fpScratch struct {
-	h   hash.Hash
-	buf []byte
+	h     hash.Hash
+	buf   []byte
+	chunk [2048]byte // for reading a body in place
 }
 
 var fingerprintScratch = sync.Pool{New: func() any {

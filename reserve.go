@@ -42,14 +42,7 @@ type identity struct {
 
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
-	r, err := b.reader()
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
-	}
-	fp, err := fingerprint(req, r)
-	if r != nil {
-		r.Close()
-	}
+	fp, err := fingerprint(req, b)
 	if err != nil {
 		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
