@@ -110,3 +110,37 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// journalContext makes no timer of its own when the caller's deadline comes
+// first: the journal call is then bounded by that deadline (the caller's
+// own end, not an unavailable journal), and otherwise still by the journal
+// timeout (journal.ErrUnavailable), both with nothing sent (guarantee 5).
+func TestJournalCallBoundedByTheEarlierOfDeadlineAndTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		deadline, timeout time.Duration
+		want              error
+	}{
+		{"deadline first", 300 * time.Millisecond, time.Minute, context.DeadlineExceeded},
+		{"timeout first", time.Minute, 300 * time.Millisecond, journal.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
+				idemretry.WithJournalTimeout(tc.timeout))
+			require.NoError(t, err)
+			defer tr.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
+			defer cancel()
+			start := time.Now()
+			_, err = tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:bounded"), srv.URL, `{"amount":1}`))
+			elapsed := time.Since(start)
+			require.ErrorIs(t, err, tc.want)
+			if tc.want == context.DeadlineExceeded {
+				require.NotErrorIs(t, err, journal.ErrUnavailable)
+			}
+			require.Less(t, elapsed, 20*time.Second)
+			require.Empty(t, srv.seen())
+		})
+	}
+}

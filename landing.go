@@ -41,9 +41,14 @@ func (t *Transport) outcomeContext(ctx context.Context) (context.Context, contex
 }
 
 // journalContext bounds a journal call made before sending: by the caller's
-// context and the journal timeout.
+// context and the journal timeout. A caller's context whose deadline comes
+// before the journal timeout would end is already that bound: no context
+// and timer are made for it.
 func (t *Transport) journalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.journalNeverWaits() {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= t.cfg.journalTimeout {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, t.cfg.journalTimeout)
