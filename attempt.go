@@ -27,7 +27,13 @@ import (
 func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, first *attemptTrace) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
 	r := &run{t: t, ctx: ctx, a: a, first: first}
-	var bo backoff.BackOff // made for the first retry: most actions need none
+	var bo backoff.BackOff // the default's is made for the first retry: most actions need none
+	if reflect.ValueOf(s.newBackOff).Pointer() != defaultBackOffPC {
+		// A caller's BackOff may count from its Reset (an
+		// ExponentialBackOff's MaxElapsedTime): it starts with the RoundTrip.
+		bo = s.newBackOff()
+		bo.Reset()
+	}
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
@@ -122,6 +128,10 @@ func mayReadBody(policy RetryPolicy, resp *http.Response) bool {
 
 // defaultPolicyPC identifies DefaultRetryPolicy among policies.
 var defaultPolicyPC = reflect.ValueOf(RetryPolicy(DefaultRetryPolicy)).Pointer()
+
+// defaultBackOffPC identifies defaultBackOff, which counts no time, among
+// BackOff factories.
+var defaultBackOffPC = reflect.ValueOf(defaultBackOff).Pointer()
 
 // nextWait returns how long to wait before attempt n+1, or why there is none.
 func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetries int, resp *http.Response) (time.Duration, error) {

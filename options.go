@@ -102,9 +102,9 @@ func defaultConfig() config {
 }
 
 // WithBackOff sets how the Transport waits between attempts. newBackOff is
-// called at most once per RoundTrip, before its first retry (a RoundTrip
-// that needs none makes no BackOff), so stateful backoffs are never shared;
-// it must be safe for concurrent use. If a BackOff returns backoff.Stop, the retries
+// called once per RoundTrip, as it begins, and the BackOff reset then (an
+// ExponentialBackOff's MaxElapsedTime counts the whole RoundTrip), so
+// stateful backoffs are never shared; it must be safe for concurrent use. If a BackOff returns backoff.Stop, the retries
 // end. The default (and what nil restores) is full jitter with
 // DefaultBaseDelay and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
