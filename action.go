@@ -118,15 +118,6 @@ func headerValues(h http.Header, name string) []string {
 	return vs
 }
 
-// deleteHeader removes header name from h under every spelling.
-func deleteHeader(h http.Header, name string) {
-	for k := range h {
-		if strings.EqualFold(k, name) {
-			delete(h, k)
-		}
-	}
-}
-
 // formatKey renders a bare key for the header.
 func formatKey(key string, quoted bool) string {
 	if quoted {

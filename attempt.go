@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -334,49 +335,49 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	// its own header: the base RoundTripper must not modify the request, so
 	// only the header, which gets the key, needs copying.
 	out := req
+	drop := "" // the key's header, under any spelling, when the key is set
+	if key != "" {
+		drop = t.cfg.header
+	}
 	var spare []string
-	out.Header, spare = cloneHeader(req.Header, key != "", vals)
+	out.Header, spare = cloneHeader(req.Header, drop, vals)
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
-		deleteHeader(out.Header, t.cfg.header)
 		spare[0] = formatKey(key, t.cfg.quoted)
 		out.Header[t.cfg.header] = spare
 	}
 	return out, nil
 }
 
-// cloneHeader is http.Header.Clone (values copied into one array, each
-// value slice capped at its length), never nil and with room for one more
-// header; with spare, the array has one more value, returned as spare (of
-// length 1), so that the key's value costs no allocation of its own. The
-// array is vals if the values fit in it (vals must be zero and not used
-// otherwise).
-func cloneHeader(h http.Header, withSpare bool, vals []string) (_ http.Header, spare []string) {
-	nv := 0
-	for _, vv := range h {
-		nv += len(vv)
-	}
-	if withSpare {
-		nv++
-	}
-	var sv []string
-	if nv <= len(vals) {
-		sv = vals[:nv:nv]
-	} else {
-		sv = make([]string, nv)
-	}
-	if withSpare {
-		spare, sv = sv[:1:1], sv[1:]
+// cloneHeader is http.Header.Clone in one pass over h (each value slice
+// capped at its length), never nil and with room for one more header,
+// without the headers named drop under any spelling (none if drop is ""),
+// for which it returns spare, of length 1, so that the key's value costs no
+// allocation of its own. The values go in vals while they fit (vals must
+// be zero and not used otherwise), then in arrays of their own.
+func cloneHeader(h http.Header, drop string, vals []string) (_ http.Header, spare []string) {
+	free := vals
+	if drop != "" {
+		if len(free) == 0 {
+			free = make([]string, 1+2*len(h))
+		}
+		spare, free = free[:1:1], free[1:]
 	}
 	h2 := make(http.Header, len(h)+1)
 	for k, vv := range h {
+		if drop != "" && strings.EqualFold(k, drop) {
+			continue
+		}
 		if vv == nil {
 			h2[k] = nil // as Clone keeps them
 			continue
 		}
-		n := copy(sv, vv)
-		h2[k] = sv[:n:n]
-		sv = sv[n:]
+		if len(vv) > len(free) {
+			free = make([]string, max(len(vv), 2*len(h)))
+		}
+		n := copy(free, vv)
+		h2[k] = free[:n:n]
+		free = free[n:]
 	}
 	return h2, spare
 }

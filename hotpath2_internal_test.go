@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -127,5 +128,68 @@ func TestFingerprintOtherBodyUsesGetBody(t *testing.T) {
 	want, _ := fingerprint(req, &ref)
 	if calls != 2 || fp != want {
 		t.Errorf("GetBody called %d times (want 2), fingerprint %x want %x", calls, fp, want)
+	}
+}
+
+// cloneHeader is http.Header.Clone without the dropped header (under any
+// spelling), in one pass: whatever the number of values (within vals,
+// beyond it, one header with more than vals holds), nil and empty value
+// slices kept as Clone keeps them, and no value slice able to overwrite
+// another's or the caller's by an append.
+func TestCloneHeaderIsCloneWithoutTheKey(t *testing.T) {
+	const name = "Idempotency-Key"
+	for _, nv := range []int{0, 1, 3, 7, 8, 9, 20} {
+		for _, many := range []bool{false, true} {
+			h := http.Header{"Nil": nil, "Empty": {}, "idempotency-key": {"old"}, name: {"older"}}
+			for i := 0; i < nv; i++ {
+				k := "X-H" + strings.Repeat("i", i%4)
+				if many {
+					k = "X-Many"
+				}
+				h[k] = append(h[k], strings.Repeat("v", i))
+			}
+			want := h.Clone()
+			delete(want, "idempotency-key")
+			delete(want, name)
+			for _, drop := range []string{"", name} {
+				var vals [8]string
+				got, spare := cloneHeader(h, drop, vals[:])
+				if drop == "" {
+					if spare != nil || !reflect.DeepEqual(got, h.Clone()) {
+						t.Fatalf("nv %d many %v: clone %v spare %v, want %v", nv, many, got, spare, h)
+					}
+					continue
+				}
+				if len(spare) != 1 || cap(spare) != 1 {
+					t.Fatalf("spare %d/%d, want 1/1", len(spare), cap(spare))
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("nv %d many %v: clone %v, want %v", nv, many, got, want)
+				}
+				if got["Nil"] != nil || got["Empty"] == nil {
+					t.Fatalf("nil and empty values not kept: %#v %#v", got["Nil"], got["Empty"])
+				}
+				for k, vv := range got {
+					if cap(vv) != len(vv) {
+						t.Fatalf("%s: cap %d > len %d", k, cap(vv), len(vv))
+					}
+					got[k] = append(vv, "appended")
+				}
+				spare[0] = "key"
+				got[name] = spare
+				if !reflect.DeepEqual(h, func() http.Header {
+					w := want.Clone()
+					w["idempotency-key"], w[name] = []string{"old"}, []string{"older"}
+					return w
+				}()) {
+					t.Fatalf("the caller's header changed: %v", h)
+				}
+				for k, vv := range got {
+					if k != name && vv[len(vv)-1] != "appended" {
+						t.Fatalf("%s overwritten: %v", k, vv)
+					}
+				}
+			}
+		}
 	}
 }
