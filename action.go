@@ -133,7 +133,7 @@ func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 	s := fingerprintScratch.Get().(*fpScratch)
 	defer fingerprintScratch.Put(s)
 	s.h.Reset()
-	if ok, err := bd.writeTo(s.h, s.chunk[:]); err != nil {
+	if ok, err := bd.writeTo(s.h); err != nil {
 		return journal.Fingerprint{}, err
 	} else if !ok {
 		r, err := bd.reader()
@@ -202,9 +202,8 @@ func plainURLPart(s, extra string) bool {
 // fpScratch is a hash and a buffer reused across fingerprints: the hot path
 // of every keyed request.
 type fpScratch struct {
-	h     hash.Hash
-	buf   []byte
-	chunk [2048]byte // for reading a body in place
+	h   hash.Hash
+	buf []byte
 }
 
 var fingerprintScratch = sync.Pool{New: func() any {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
-	"strings"
 )
 
 // body gives every attempt a full, fresh copy of the request body.
@@ -41,63 +39,20 @@ func newBody(req *http.Request, limit int64) (body, error) {
 	}}, nil
 }
 
-// writeTo writes the body the first attempt sends to w without reading it,
-// where that can be done: a body read into memory, or the caller's own
-// Body when it is an in-memory reader (*bytes.Reader, *strings.Reader,
-// *bytes.Buffer) wrapped by io.NopCloser, as http.NewRequest makes it (its
-// unread bytes, through ReadAt or Bytes). ok is false otherwise. It spares
-// the copy that fingerprinting would read from GetBody.
-func (b *body) writeTo(w io.Writer, scratch []byte) (ok bool, err error) {
-	if b.getBody == nil {
+// writeTo writes the body to w without a copy where that gives the bytes
+// GetBody gives: a body newBody read into memory (its GetBody is a reader
+// over the same bytes). ok is false otherwise. The caller's own Body is
+// never read in place, even an in-memory reader under io.NopCloser: its
+// unread bytes are not always GetBody's (http.NewRequest's GetBody is a
+// snapshot taken when the request was made; a Body read, written to or
+// replaced since holds other bytes), and the fingerprint is of GetBody's,
+// as it always was (it names unnamed actions and is stored in journals).
+func (b *body) writeTo(w io.Writer) (ok bool, err error) {
+	if b.getBody == nil || b.orig != nil || b.buf == nil {
 		return false, nil
 	}
-	if b.orig == nil {
-		if b.buf == nil {
-			return false, nil
-		}
-		_, err = w.Write(b.buf)
-		return true, err
-	}
-	t := reflect.TypeOf(b.orig)
-	if t != nopCloserType && t != nopCloserWriterToType {
-		return false, nil
-	}
-	switch r := reflect.ValueOf(b.orig).Field(0).Interface().(type) {
-	case *bytes.Buffer:
-		_, err = w.Write(r.Bytes())
-		return true, err
-	case *bytes.Reader:
-		return true, writeAt(w, r, r.Size()-int64(r.Len()), r.Size(), scratch)
-	case *strings.Reader:
-		return true, writeAt(w, r, r.Size()-int64(r.Len()), r.Size(), scratch)
-	}
-	return false, nil
-}
-
-// The types of io.NopCloser's results (as net/http finds them).
-var (
-	nopCloserType         = reflect.TypeOf(io.NopCloser(struct{ io.Reader }{}))
-	nopCloserWriterToType = reflect.TypeOf(io.NopCloser(struct {
-		io.Reader
-		io.WriterTo
-	}{}))
-)
-
-// writeAt writes r's bytes from off to end to w, through scratch.
-func writeAt(w io.Writer, r io.ReaderAt, off, end int64, scratch []byte) error {
-	for off < end {
-		n, err := r.ReadAt(scratch[:min(int64(len(scratch)), end-off)], off)
-		if n > 0 {
-			if _, werr := w.Write(scratch[:n]); werr != nil {
-				return werr
-			}
-			off += int64(n)
-		}
-		if err != nil && (err != io.EOF || off < end) {
-			return err
-		}
-	}
-	return nil
+	_, err = w.Write(b.buf)
+	return true, err
 }
 
 // reader returns a copy of the body to hash, or nil if there is none.

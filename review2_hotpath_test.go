@@ -1,0 +1,310 @@
+package idemretry_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Review of the second hot-path pass (666b1be, 8d51a09, 2102882, b5ea642,
+// 97249ff): attempts through an *http.Transport without a cancel of their
+// own, the flight's attempt trace, the fingerprint read in place, the
+// journal bound without a timer, the header copied in one pass. Real
+// loopback HTTP.
+
+// fpJournal is a journal.Memory that keeps the fingerprint of every
+// record it is asked to reserve.
+type fpJournal struct {
+	*journal.Memory
+	mu  sync.Mutex
+	fps []journal.Fingerprint
+}
+
+func (j *fpJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	j.mu.Lock()
+	j.fps = append(j.fps, rec.Fingerprint)
+	j.mu.Unlock()
+	return j.Memory.Reserve(ctx, rec, mode)
+}
+
+func (j *fpJournal) last(t *testing.T) journal.Fingerprint {
+	t.Helper()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	require.NotEmpty(t, j.fps)
+	return j.fps[len(j.fps)-1]
+}
+
+// The fingerprint names unnamed actions and is stored in journals across
+// restarts: it must be what it was before the in-place hashing, the
+// SHA-256 of the bytes GetBody gives, for every request. http.NewRequest's
+// GetBody is a snapshot taken when the request was made; a Body read or
+// written to after that, or replaced, no longer holds the same bytes
+// (and the retries send GetBody's). Each request here must get the
+// fingerprint of a fresh request whose body is GetBody's bytes.
+func TestReview2FingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	const payload = `{"amount":100,"currency":"eur"}`
+	cases := map[string]func(t *testing.T) *http.Request{
+		"bytes.Reader read after NewRequest": func(t *testing.T) *http.Request {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/pay", bytes.NewReader([]byte(payload)))
+			require.NoError(t, err)
+			_, err = io.ReadFull(req.Body, make([]byte, 5))
+			require.NoError(t, err)
+			return req
+		},
+		"strings.Reader read after NewRequest": func(t *testing.T) *http.Request {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(payload))
+			require.NoError(t, err)
+			_, err = io.ReadFull(req.Body, make([]byte, 5))
+			require.NoError(t, err)
+			return req
+		},
+		"bytes.Buffer written after NewRequest": func(t *testing.T) *http.Request {
+			buf := bytes.NewBufferString(payload)
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/pay", buf)
+			require.NoError(t, err)
+			buf.WriteString(`,"extra":1`)
+			return req
+		},
+		"Body replaced, GetBody kept": func(t *testing.T) *http.Request {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(payload))
+			require.NoError(t, err)
+			req.Body = io.NopCloser(strings.NewReader(`{"amount":1,"currency":"eur"}`))
+			return req
+		},
+	}
+	for name, mk := range cases {
+		t.Run(name, func(t *testing.T) {
+			j := &fpJournal{Memory: journal.NewMemory()}
+			tr := transportOver(t, j)
+			ref, err := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(payload))
+			require.NoError(t, err)
+			roundTrip(t, tr, ref)
+			want := j.last(t)
+
+			req := mk(t)
+			gb, err := req.GetBody()
+			require.NoError(t, err)
+			got, _ := io.ReadAll(gb)
+			require.Equal(t, payload, string(got), "GetBody gives the request's snapshot")
+			if resp, err := tr.RoundTrip(req); err == nil { // what is sent does not matter here
+				resp.Body.Close()
+			}
+			require.Equal(t, want, j.last(t), "the fingerprint is no longer the one of GetBody's bytes")
+		})
+	}
+}
+
+// The same split seen by a named action: a second request of the action,
+// whose GetBody gives the same payload, is the same payload (a resend
+// answered from the journal), not ErrFingerprintMismatch.
+func TestReview2NamedActionResendWithReadBodyIsSamePayload(t *testing.T) {
+	srv := newPayServer(t)
+	tr := transportOver(t, journal.NewMemory())
+	ctx := idemretry.WithAction(context.Background(), "pay:review2-read-body")
+	roundTrip(t, tr, post(t, ctx, srv.URL, `{"amount":100}`))
+	req := post(t, ctx, srv.URL, `{"amount":100}`)
+	_, err := io.ReadFull(req.Body, make([]byte, 3)) // e.g. a logging middleware that peeked
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.False(t, errors.Is(err, idemretry.ErrFingerprintMismatch), "a resend of the same GetBody payload refused: %v", err)
+}
+
+// Hashing in place must not consume or move the caller's Body: with a body
+// net/http can rewind, and one it cannot (read into memory), the server
+// gets the whole payload on the first attempt, and the caller's reader is
+// where it was.
+func TestReview2FingerprintLeavesCallerBodyAlone(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(string(b))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	tr := transportOver(t, journal.NewMemory())
+	payload := strings.Repeat("x", 5000)
+	for _, name := range []string{"strings.Reader", "bytes.Reader", "bytes.Buffer", "empty", "NoBody"} {
+		t.Run(name, func(t *testing.T) {
+			var body io.Reader
+			want := payload
+			switch name {
+			case "strings.Reader":
+				body = strings.NewReader(payload)
+			case "bytes.Reader":
+				body = bytes.NewReader([]byte(payload))
+			case "bytes.Buffer":
+				body = bytes.NewBufferString(payload)
+			case "empty":
+				body, want = strings.NewReader(""), ""
+			case "NoBody":
+				body, want = http.NoBody, ""
+			}
+			req, err := http.NewRequest(http.MethodPost, srv.URL, body)
+			require.NoError(t, err)
+			before := *req
+			hdr := req.Header.Clone()
+			roundTrip(t, tr, req)
+			require.Equal(t, want, got.Load())
+			require.Equal(t, hdr, req.Header, "the caller's header was changed")
+			require.True(t, before.Body == req.Body && before.ContentLength == req.ContentLength, "the caller's request was changed")
+		})
+	}
+}
+
+// The attempt's header copy: the key header set by the caller under a
+// non-canonical spelling must reach the wire once, as the one key of every
+// attempt (not twice, under both spellings), beside many values of another
+// header, and nothing the attempts do reaches the caller's header.
+func TestReview2KeyHeaderSpellingsAndIsolation(t *testing.T) {
+	var mu sync.Mutex
+	var seenKeys [][]string
+	var seenOther [][]string
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seenKeys = append(seenKeys, r.Header.Values("Idempotency-Key"))
+		seenOther = append(seenOther, r.Header.Values("X-Many"))
+		mu.Unlock()
+		if n.Add(1) < 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
+	req := post(t, context.Background(), srv.URL, `{"amount":1}`)
+	// Many values: beyond what the attempt's own value array holds.
+	for i := 0; i < 12; i++ {
+		req.Header.Add("X-Many", strings.Repeat("v", i+1))
+	}
+	req.Header["idempotency-key"] = []string{"caller-key-review2"} // not canonical: net/http sends it as is
+	hdr := req.Header.Clone()
+	roundTrip(t, tr, req)
+	require.Equal(t, hdr, req.Header, "the caller's header was changed")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seenKeys, 3)
+	for i := range seenKeys {
+		require.Len(t, seenKeys[i], 1, "attempt %d: the key header sent %v", i, seenKeys[i])
+		require.Equal(t, seenKeys[0], seenKeys[i], "one key for every attempt")
+		require.Equal(t, "caller-key-review2", seenKeys[i][0])
+		require.Equal(t, hdr["X-Many"], seenOther[i])
+	}
+}
+
+// An attempt through an *http.Transport runs in the caller's context: the
+// caller's cancel during a stalled 503 body (a policy that reads every
+// body) ends RoundTrip promptly with the caller's error, the stalled
+// request is ended at the server, and the same Transport's next request
+// gets its answer over a working connection.
+func TestReview2CallerCancelDuringStalledBodyAndReuse(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var ended atomic.Int32
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/ok" {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "ok")
+			return
+		}
+		n.Add(1)
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			ended.Add(1)
+		}
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	slowPolicy := func(ctx context.Context, resp *http.Response, err error) bool {
+		if resp != nil {
+			io.ReadAll(resp.Body) // stalls until cut
+		}
+		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	}
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithRetryPolicy(slowPolicy), idemretry.WithBackOff(constant(5*time.Second)), idemretry.WithMaxRetries(3))
+	require.NoError(t, err)
+	defer tr.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for n.Load() == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+	}()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:review2-cancel"), srv.URL+"/pay", `{"amount":1}`))
+	if err == nil { // the last answer, given up on for the caller's cancel
+		resp.Body.Close()
+		err = idemretry.GiveUpReason(resp)
+	}
+	require.True(t, errors.Is(err, context.Canceled), "want the caller's cancel, got %v", err)
+	require.Less(t, time.Since(start), 4*time.Second, "RoundTrip waited out the backoff or the stall")
+	require.EqualValues(t, 1, n.Load(), "no attempt after the caller's cancel")
+	require.Eventually(t, func() bool { return ended.Load() == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the stalled request's connection outlived RoundTrip")
+
+	// The Transport's connections still work.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	resp = roundTrip(t, tr, post(t, idemretry.WithAction(ctx2, "pay:review2-after"), srv.URL+"/ok", `{}`))
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+}
+
+// A final answer whose body the policy peeked at is returned whole, and
+// stays readable after DefaultMaxDrainTime: the timer that would cut a
+// stalled peek must not close a body handed to the caller.
+func TestReview2PeekedFinalBodyNotCutLater(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"error":"something else"}`)
+		w.(http.Flusher).Flush()
+		time.Sleep(600 * time.Millisecond) // the rest comes late
+		io.WriteString(w, strings.Repeat("z", 10))
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:review2-409"), srv.URL, `{}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusConflict, resp.StatusCode)
+	require.Equal(t, `{"error":"something else"}`+strings.Repeat("z", 10), readAll(t, resp))
+}
