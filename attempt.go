@@ -222,7 +222,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	ctx := httptrace.WithClientTrace(r.ctx, &tr.trace)
+	ctx := tr.withTrace(r.ctx)
 	var cancel context.CancelFunc
 	if !r.t.closeAborts {
 		ctx, cancel = context.WithCancel(ctx)
@@ -283,9 +283,69 @@ type attemptTrace struct {
 	// vals holds the values of the request's header copy when they fit
 	// (most requests carry a handful of headers).
 	vals [8]string
+	// parent is the caller's context, when the attemptTrace is itself the
+	// attempt's context (see withTrace).
+	parent context.Context
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }
+
+// withTrace returns ctx with a's hooks, as httptrace.WithClientTrace does:
+// a itself, a context that answers httptrace's lookup with a's hooks and
+// everything else as ctx does, so that the trace needs no context of its
+// own. A ctx that already carries a trace (whose hooks a's must compose
+// with) gets httptrace.WithClientTrace's.
+func (a *attemptTrace) withTrace(ctx context.Context) context.Context {
+	if clientTraceKey == nil || httptrace.ContextClientTrace(ctx) != nil {
+		return httptrace.WithClientTrace(ctx, &a.trace)
+	}
+	a.parent = ctx
+	return a
+}
+
+// The context methods of an attemptTrace made the attempt's context: the
+// caller's, with the trace.
+
+func (a *attemptTrace) Deadline() (time.Time, bool) { return a.parent.Deadline() }
+func (a *attemptTrace) Done() <-chan struct{}       { return a.parent.Done() }
+func (a *attemptTrace) Err() error                  { return a.parent.Err() }
+func (a *attemptTrace) Value(key any) any {
+	if key == clientTraceKey {
+		return &a.trace
+	}
+	return a.parent.Value(key)
+}
+
+// clientTraceKey is the key httptrace.ContextClientTrace looks its hooks up
+// by (unexported: learnt by watching it look), or nil if an attemptTrace
+// cannot be found by it that way, and httptrace.WithClientTrace is used.
+var clientTraceKey any
+
+func init() {
+	p := &keyProbe{Context: context.Background()}
+	httptrace.ContextClientTrace(p)
+	if p.key == nil {
+		return
+	}
+	clientTraceKey = p.key
+	a := &attemptTrace{parent: context.Background()}
+	if httptrace.ContextClientTrace(a) != &a.trace {
+		clientTraceKey = nil
+	}
+}
+
+// keyProbe records the first key it is asked for.
+type keyProbe struct {
+	context.Context
+	key any
+}
+
+func (p *keyProbe) Value(key any) any {
+	if p.key == nil {
+		p.key = key
+	}
+	return nil
+}
 
 // cancelOnClose ends a returned response's attempt context when the caller
 // closes its body.

@@ -2,12 +2,16 @@ package idemretry
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Fingerprinting reads an in-memory body in place (body.writeTo) instead of
@@ -191,5 +195,63 @@ func TestCloneHeaderIsCloneWithoutTheKey(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+type probeKey struct{}
+
+// An attempt's context is its attemptTrace (no context of its own for the
+// trace): httptrace finds the attempt's hooks in it, every other value,
+// the deadline, Done and Err are the caller's; a caller's context that
+// already carries a trace gets httptrace's own composition instead.
+func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
+	if clientTraceKey == nil {
+		t.Fatal("httptrace's key was not learnt: every attempt pays for a context of its own")
+	}
+	parent, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, "v"), time.Hour)
+	tr := new(attemptTrace)
+	tr.trace.WroteRequest = tr.wrote
+	ctx := tr.withTrace(parent)
+	if ctx != context.Context(tr) {
+		t.Fatalf("withTrace made a context of its own: %T", ctx)
+	}
+	if httptrace.ContextClientTrace(ctx) != &tr.trace {
+		t.Fatal("httptrace does not find the attempt's hooks")
+	}
+	if ctx.Value(probeKey{}) != "v" {
+		t.Fatal("the caller's values are lost")
+	}
+	dl, ok := ctx.Deadline()
+	pdl, _ := parent.Deadline()
+	if !ok || !dl.Equal(pdl) || ctx.Done() != parent.Done() || ctx.Err() != nil {
+		t.Fatal("deadline or Done are not the caller's")
+	}
+	// net/http's own cancel under it is registered with the caller's.
+	child, childCancel := context.WithCancel(ctx)
+	defer childCancel()
+	cancel()
+	select {
+	case <-child.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a context made under the attempt's did not end with the caller's")
+	}
+	if ctx.Err() != context.Canceled {
+		t.Fatalf("Err %v", ctx.Err())
+	}
+
+	// A caller's trace is composed with the attempt's, by httptrace.
+	var callerWrites atomic.Int32
+	withCaller := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { callerWrites.Add(1) },
+	})
+	tr2 := new(attemptTrace)
+	tr2.trace.WroteRequest = tr2.wrote
+	ctx2 := tr2.withTrace(withCaller)
+	if ctx2 == context.Context(tr2) {
+		t.Fatal("a caller's trace was not composed")
+	}
+	httptrace.ContextClientTrace(ctx2).WroteRequest(httptrace.WroteRequestInfo{})
+	if callerWrites.Load() != 1 || tr2.writes.Load() != 1 {
+		t.Fatalf("caller saw %d writes, attempt %d; want 1 and 1", callerWrites.Load(), tr2.writes.Load())
 	}
 }
