@@ -105,11 +105,9 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 // a final answer, whether it refuses the key as reused; both may read the
 // start of an error body, for at most DefaultMaxDrainTime.
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if resp != nil && mayReadBody(policy, resp) {
-		if abort := r.abort(resp); abort != nil {
-			timer := time.AfterFunc(DefaultMaxDrainTime, abort)
-			defer timer.Stop()
-		}
+	if r.cancel != nil && resp != nil && mayReadBody(policy, resp) {
+		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
+		defer timer.Stop()
 	}
 	final = !policy(withoutCancel(r.ctx), resp, err)
 	return final, final && err == nil && KeyReuseRejected(resp)
@@ -171,44 +169,20 @@ type run struct {
 	lastStatus int  // of the previous attempt: 0 if none, or a transport error
 	lastErr    error
 	out        *http.Request // the last attempt's request
-	// cancel ends the last attempt's context; nil where the base is an
-	// *http.Transport, whose attempts run in the caller's context (see
-	// abort).
+	// cancel ends the last attempt's context: it cuts a stalled read of
+	// its body. (Closing the body instead would not do for every base: an
+	// *http.Transport may hand a scheme to a RoundTripper registered with
+	// RegisterProtocol, whose body's Close may wait for the read.)
 	cancel context.CancelFunc
 	tr     *attemptTrace // the last attempt's
 	first  *attemptTrace // for the first attempt, if given
 }
 
-// abort returns what cuts short a read of resp's body that stalls: the
-// attempt's cancel, or, where the base is an *http.Transport (whose
-// response bodies may be closed while a read is in progress: the read then
-// fails at once and the connection is dropped, as a cancel would), closing
-// the body. nil if there is nothing to cut.
-func (r *run) abort(resp *http.Response) func() {
-	if r.cancel != nil {
-		return r.cancel
-	}
-	if resp == nil || resp.Body == nil || resp.Body == http.NoBody {
-		return nil
-	}
-	body := resp.Body
-	return func() { body.Close() }
-}
-
-// closeAborts reports whether base's response bodies may be closed while a
-// read of them is in progress, ending that read: true of net/http's own
-// Transport (HTTP/1, its gzip reader and HTTP/2 alike) and of nothing else
-// that can be told, so that any other base keeps a cancel per attempt.
-func closeAborts(base http.RoundTripper) bool {
-	_, ok := base.(*http.Transport)
-	return ok
-}
-
 // send makes one attempt. Its context is the caller's, with a trace that
 // tells whether the request was written (net/http may resend a request with
 // an Idempotency-Key on a new connection by itself, and report only that
-// resend's dial error), and, unless the base is an *http.Transport, a
-// cancel that bounds the drain of a discarded body (see abort).
+// resend's dial error), and a cancel that bounds the drain of a discarded
+// body.
 func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ error) {
 	// Each attempt counts its own writes: a write of an earlier attempt
 	// reported late must not count for this one. Each has its own request
@@ -222,17 +196,11 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	ctx := tr.withTrace(r.ctx)
-	var cancel context.CancelFunc
-	if !r.t.closeAborts {
-		ctx, cancel = context.WithCancel(ctx)
-	}
+	ctx, cancel := context.WithCancel(tr.withTrace(r.ctx))
 	tr.req = *req.WithContext(ctx)
 	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
 	if err != nil {
-		if cancel != nil {
-			cancel()
-		}
+		cancel()
 		return nil, false, err
 	}
 	r.out, r.cancel, r.tr = out, cancel, tr
@@ -266,7 +234,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
 	r.lastErr = err
-	if err != nil && cancel != nil {
+	if err != nil {
 		cancel()
 	}
 	return resp, true, err
@@ -362,8 +330,7 @@ func (c *cancelOnClose) Close() error {
 
 // discard drains and closes a response that is not returned: at most
 // maxDrain bytes, for at most DefaultMaxDrainTime (a body that stalls is
-// cut by cancelling its attempt or closing the body, which drops the
-// connection).
+// cut by cancelling its attempt, which drops the connection).
 func (r *run) discard(resp *http.Response) {
 	if resp == nil || resp.Body == nil {
 		if r.cancel != nil {
@@ -371,14 +338,9 @@ func (r *run) discard(resp *http.Response) {
 		}
 		return
 	}
-	if abort := r.abort(resp); abort != nil {
-		stop := time.AfterFunc(DefaultMaxDrainTime, abort)
-		defer func() {
-			stop.Stop()
-			if r.cancel != nil {
-				r.cancel()
-			}
-		}()
+	if r.cancel != nil {
+		stop := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
+		defer func() { stop.Stop(); r.cancel() }()
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
 	resp.Body.Close()

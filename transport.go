@@ -50,10 +50,6 @@ type Transport struct {
 	// journalNonBlocking: the journal says its calls never block
 	// (journal.NonBlocker), asked once.
 	journalNonBlocking bool
-	// closeAborts: base is an *http.Transport, whose response bodies can
-	// be closed to cut a read in progress, so attempts need no cancel of
-	// their own (see run.abort).
-	closeAborts bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -86,7 +82,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		}
 	}
 	t.journalNonBlocking = neverBlocks(t.journal)
-	t.closeAborts = closeAborts(base)
 	t.logClock()
 	return t, nil
 }
