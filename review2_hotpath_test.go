@@ -308,3 +308,71 @@ func TestReview2PeekedFinalBodyNotCutLater(t *testing.T) {
 	require.Equal(t, http.StatusConflict, resp.StatusCode)
 	require.Equal(t, `{"error":"something else"}`+strings.Repeat("z", 10), readAll(t, resp))
 }
+
+// lockedBody serializes Read and Close, as many instrumenting wrappers do:
+// its Close waits for a Read in progress.
+type lockedBody struct {
+	mu sync.Mutex
+	rc io.ReadCloser
+}
+
+func (b *lockedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rc.Read(p)
+}
+
+func (b *lockedBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rc.Close()
+}
+
+// An *http.Transport may send through a RoundTripper registered for the
+// scheme (RegisterProtocol), whose response bodies are not net/http's: a
+// discarded 503 body that stalls must still be cut after
+// DefaultMaxDrainTime (guarantee 5), and the retry answered, long before
+// the server would release it.
+func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
+	release := make(chan struct{})
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	inner := &http.Transport{}
+	defer inner.CloseIdleConnections()
+	base := &http.Transport{}
+	base.RegisterProtocol("http", roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := inner.RoundTrip(r)
+		if err == nil {
+			resp.Body = &lockedBody{rc: resp.Body}
+		}
+		return resp, err
+	}))
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+	require.NoError(t, err)
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:review2-altproto"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Less(t, time.Since(start), 5*time.Second, "the stalled body was not cut")
+}
