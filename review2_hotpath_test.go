@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -375,4 +377,106 @@ func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Less(t, time.Since(start), 5*time.Second, "the stalled body was not cut")
+}
+
+// An attempt's context is its attemptTrace (4e07089): the Transport's
+// write count must compose with traces of others. A caller's trace on its
+// context still sees every write, a base that adds a trace of its own
+// (httptrace.WithClientTrace over the attempt's context, as tracing
+// wrappers do) still lets the Transport count them, and the caller's
+// context values reach the base. Stats.Attempts counts the requests
+// written: a base that sends each attempt twice (stacked retries) writes 2.
+func TestReview2TracesCompose(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1)%2 == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	type ctxKey struct{}
+	for _, kind := range []string{"plain", "caller-trace", "base-trace"} {
+		t.Run(kind, func(t *testing.T) {
+			inner := &http.Transport{}
+			defer inner.CloseIdleConnections()
+			var baseWrites, callerWrites atomic.Int32
+			var sawValue atomic.Bool
+			base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				sawValue.Store(r.Context().Value(ctxKey{}) == "v")
+				if kind == "base-trace" {
+					r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+						WroteRequest: func(httptrace.WroteRequestInfo) { baseWrites.Add(1) },
+					}))
+				}
+				// A stacked retry: a 503 is sent again once, by the base.
+				resp, err := inner.RoundTrip(r)
+				if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+					return resp, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				r2 := r.Clone(r.Context())
+				r2.Body, _ = r.GetBody()
+				return inner.RoundTrip(r2)
+			})
+			tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()))
+			require.NoError(t, err)
+			defer tr.Close()
+			ctx := context.WithValue(context.Background(), ctxKey{}, "v")
+			if kind == "caller-trace" {
+				ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+					WroteRequest: func(httptrace.WroteRequestInfo) { callerWrites.Add(1) },
+				})
+			}
+			resp := roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:review2-trace-"+kind), srv.URL, `{"amount":1}`))
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.True(t, sawValue.Load(), "the caller's context value did not reach the base")
+			require.EqualValues(t, 2, tr.Stats().Attempts, "requests written, as the Transport counted them")
+			switch kind {
+			case "caller-trace":
+				require.EqualValues(t, 2, callerWrites.Load())
+			case "base-trace":
+				require.EqualValues(t, 2, baseWrites.Load())
+			}
+		})
+	}
+}
+
+// MaybeProcessed is judged per action from every attempt's own writes: an
+// action whose first attempt was written (a 503) and whose retry could
+// not even connect may have been processed; one none of whose attempts
+// could connect was not.
+func TestReview2MaybeProcessedAcrossAttempts(t *testing.T) {
+	for _, written := range []bool{true, false} {
+		t.Run(fmt.Sprint("first written ", written), func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				w.Header().Set("Connection", "close")
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+			url := srv.URL
+			if !written {
+				srv.Close()
+			}
+			var attempts atomic.Int32
+			tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2),
+				idemretry.WithObserver(func(e idemretry.Event) {
+					if e.Kind == idemretry.EventAttempt && attempts.Add(1) == 1 && written {
+						srv.Close() // the retries find nobody listening
+					}
+				}))
+			resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:review2-maybe"), url, `{"amount":1}`))
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("got %d, want an error", resp.StatusCode)
+			}
+			var ae *idemretry.ActionError
+			require.True(t, errors.As(err, &ae), "%v", err)
+			require.Equal(t, written, ae.MaybeProcessed, "%v", err)
+			require.EqualValues(t, 3, attempts.Load())
+		})
+	}
 }
