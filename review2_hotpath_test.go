@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -478,5 +479,85 @@ func TestReview2MaybeProcessedAcrossAttempts(t *testing.T) {
 			require.Equal(t, written, ae.MaybeProcessed, "%v", err)
 			require.EqualValues(t, 3, attempts.Load())
 		})
+	}
+}
+
+// persistConnGoroutines counts net/http's client connection goroutines
+// (HTTP/1 read and write loops, HTTP/2 read loops) of the whole process.
+func persistConnGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "net/http.(*persistConn).readLoop") || strings.Contains(g, "net/http.(*persistConn).writeLoop") ||
+			strings.Contains(g, "net/http.(*http2ClientConn).readLoop") || strings.Contains(g, "net/http.(*http2clientConnReadLoop)") {
+			n++
+		}
+	}
+	return n
+}
+
+// Nothing of a retried attempt outlives it: after RoundTrip returns (its
+// first attempt's 503 or 409 body stalled mid-body and was cut) and the
+// answer's body is closed, every connection left is idle, so that closing
+// the idle connections leaves no connection goroutine; the server sees
+// the stalled request end; and no goroutine of the package is left. Over
+// HTTP/1 and HTTP/2, and with a second request reusing the connection.
+func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
+	for _, proto := range []string{"http1", "http2"} {
+		for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
+			t.Run(fmt.Sprint(proto, "/", status), func(t *testing.T) {
+				before := persistConnGoroutines() // of earlier tests, if any
+				release := make(chan struct{})
+				var ended atomic.Int32
+				var n atomic.Int32
+				srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					io.Copy(io.Discard, r.Body)
+					if r.URL.Path != "/stall" || n.Add(1) > 1 {
+						w.WriteHeader(http.StatusCreated)
+						io.WriteString(w, "ok")
+						return
+					}
+					w.Header().Set("Content-Length", "100000")
+					w.WriteHeader(status)
+					io.WriteString(w, `{"error":"busy"`)
+					w.(http.Flusher).Flush()
+					select {
+					case <-release:
+					case <-r.Context().Done():
+						ended.Add(1)
+					}
+				}))
+				var base *http.Transport
+				if proto == "http2" {
+					srv.EnableHTTP2 = true
+					srv.StartTLS()
+					base = srv.Client().Transport.(*http.Transport)
+				} else {
+					srv.Start()
+					base = &http.Transport{}
+				}
+				defer srv.Close()
+				defer close(release)
+				tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+					idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+				require.NoError(t, err)
+				defer tr.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				start := time.Now()
+				resp := roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:review2-outlive"), srv.URL+"/stall", `{"amount":1}`))
+				require.Equal(t, http.StatusCreated, resp.StatusCode)
+				require.Less(t, time.Since(start), 10*time.Second)
+				require.Eventually(t, func() bool { return ended.Load() == 1 }, 10*time.Second, 10*time.Millisecond,
+					"the stalled request was not ended at the server")
+				resp = roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:review2-outlive-2"), srv.URL+"/ok", `{}`))
+				require.Equal(t, http.StatusCreated, resp.StatusCode)
+				base.CloseIdleConnections()
+				require.Eventually(t, func() bool { return persistConnGoroutines() <= before }, 10*time.Second, 10*time.Millisecond,
+					"a connection outlived its attempt")
+				checkNoPackageGoroutines(t)
+			})
+		}
 	}
 }
