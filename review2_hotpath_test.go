@@ -561,3 +561,50 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 		}
 	}
 }
+
+// A request with a nil header map gets its key on every attempt, and the
+// caller's map stays nil; a key header present with no value (nil) in the
+// caller's map is not sent beside the minted key.
+func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
+	var mu sync.Mutex
+	var keys [][]string
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Values("Idempotency-Key"))
+		mu.Unlock()
+		if n.Add(1)%2 == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
+	for i, hdr := range []http.Header{nil, {"idempotency-key": nil, "Idempotency-Key": {}}} {
+		req := post(t, idemretry.WithAction(context.Background(), fmt.Sprint("pay:review2-nilhdr-", i)), srv.URL, `{}`)
+		req.Header = hdr
+		var want http.Header
+		if hdr != nil {
+			want = hdr.Clone()
+		}
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err, "header %v", hdr)
+		resp.Body.Close()
+		require.Equal(t, want, req.Header)
+		if hdr == nil {
+			require.Nil(t, req.Header)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, keys, 4)
+	for i, k := range keys {
+		require.Len(t, k, 1, "request %d sent keys %v", i, k)
+		require.NotEmpty(t, k[0])
+	}
+	require.Equal(t, keys[0], keys[1])
+	require.Equal(t, keys[2], keys[3])
+	require.NotEqual(t, keys[0], keys[2])
+}
