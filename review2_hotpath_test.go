@@ -608,3 +608,37 @@ func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
 	require.Equal(t, keys[2], keys[3])
 	require.NotEqual(t, keys[0], keys[2])
 }
+
+// Stacked Transports: the outer one's attempt context (an attemptTrace)
+// is the inner one's caller context, which carries a trace: the inner
+// Transport composes with it, so the outer counts every request the inner
+// one writes, retries included, and both send the outer's key.
+func TestReview2StackedTransportsCountWrites(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		mu.Unlock()
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	inner := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
+	outer, err := idemretry.NewTransport(inner, idemretry.WithJournal(journal.NewMemory()))
+	require.NoError(t, err)
+	defer outer.Close()
+	resp := roundTrip(t, outer, post(t, idemretry.WithAction(context.Background(), "pay:review2-stacked"), srv.URL, `{"amount":1}`))
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.EqualValues(t, 2, inner.Stats().Attempts)
+	require.EqualValues(t, 2, outer.Stats().Attempts, "the outer Transport did not see the inner one's writes")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, keys, 2)
+	require.Equal(t, keys[0], keys[1])
+}
