@@ -32,7 +32,9 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 	if reflect.ValueOf(s.newBackOff).Pointer() != defaultBackOffPC {
 		// A caller's BackOff may count from its Reset (an
 		// ExponentialBackOff's MaxElapsedTime): it starts with the RoundTrip.
-		bo = s.newBackOff()
+		if bo = s.newBackOff(); bo == nil {
+			return r.end(journal.StatePending, nil, nil, errNilBackOff)
+		}
 		bo.Reset()
 	}
 	maxRetries := s.maxRetries
@@ -127,6 +129,10 @@ func mayReadBody(policy RetryPolicy, resp *http.Response) bool {
 
 // defaultPolicyPC identifies DefaultRetryPolicy among policies.
 var defaultPolicyPC = reflect.ValueOf(RetryPolicy(DefaultRetryPolicy)).Pointer()
+
+// errNilBackOff refuses, before anything is sent, a RoundTrip whose BackOff
+// factory (WithBackOff, RequestBackOff) returned nil.
+var errNilBackOff = fmt.Errorf("%w: the BackOff factory returned nil", ErrInvalidOption)
 
 // defaultBackOffPC identifies defaultBackOff, which counts no time, among
 // BackOff factories.

@@ -104,9 +104,11 @@ func defaultConfig() config {
 // WithBackOff sets how the Transport waits between attempts. newBackOff is
 // called once per RoundTrip, as it begins, and the BackOff reset then (an
 // ExponentialBackOff's MaxElapsedTime counts the whole RoundTrip), so
-// stateful backoffs are never shared; it must be safe for concurrent use. If a BackOff returns backoff.Stop, the retries
-// end. The default (and what nil restores) is full jitter with
-// DefaultBaseDelay and DefaultMaxDelay.
+// stateful backoffs are never shared; it must be safe for concurrent use.
+// If it returns nil, RoundTrip fails with ErrInvalidOption before anything
+// is sent. If a BackOff returns backoff.Stop, the retries end. The default
+// (and what a nil newBackOff restores) is full jitter with DefaultBaseDelay
+// and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(c *config) {
 		if newBackOff == nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -471,5 +472,33 @@ func TestStackedRetriesCountedAndStatusKept(t *testing.T) {
 			assert.Equal(t, 503, ae.Status, "the base's last status is kept")
 		}
 		require.NoError(t, tr.Close())
+	}
+}
+
+// A BackOff factory that returns nil is the caller's bug: RoundTrip refuses
+// the request with ErrInvalidOption before sending it, for WithBackOff and for
+// RequestBackOff alike, and does not panic.
+func TestNilBackOffIsRefusedBeforeSending(t *testing.T) {
+	nilBackOff := func() backoff.BackOff { return nil }
+	for name, tc := range map[string]struct {
+		opts []idemretry.Option
+		ctx  func(context.Context) context.Context
+	}{
+		"WithBackOff": {opts: []idemretry.Option{idemretry.WithBackOff(nilBackOff)}, ctx: func(c context.Context) context.Context { return c }},
+		"RequestBackOff": {ctx: func(c context.Context) context.Context {
+			return idemretry.WithRequestOptions(c, idemretry.RequestBackOff(nilBackOff))
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, _, _ := newTestTransport(t, tc.opts...)
+			ctx := tc.ctx(idemretry.WithAction(context.Background(), "pay:nil-backoff"))
+			err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":1}`))
+			require.ErrorIs(t, err, idemretry.ErrInvalidOption)
+			require.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "the prefix once: %v", err)
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			require.Empty(t, srv.requests, "a request was sent with no BackOff to retry it")
+		})
 	}
 }
