@@ -25,10 +25,6 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 			const ret = time.Hour
 			j := NewMemory(MemoryClock(clk.Now), MemoryRetention(ret))
 			j.mask = mask
-			type modelRec struct {
-				rec   Record
-				added time.Time
-			}
 			model := map[string]modelRec{}
 			rng := rand.New(rand.NewPCG(7, mask))
 			ids := make([]string, 2000)
@@ -126,21 +122,9 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 					if ok && rng.IntN(2) == 0 {
 						upd.State = StateDone // most actions end done, so that sweeps have work
 					}
-					err := j.Update(ctx, upd)
-					if !ok || upd.Key != m.rec.Key {
-						if !errors.Is(err, ErrNotFound) {
-							t.Fatalf("step %d: Update of a missing record: %v", step, err)
-						}
+					if !updateModel(ctx, t, j, model, step, upd) {
 						continue
 					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					if m.rec.State != StateDone {
-						m.rec.State, m.rec.Status = upd.State, upd.Status
-					}
-					m.rec.Attempts = max(m.rec.Attempts, upd.Attempts)
-					model[id] = m
 				case op < 64:
 					if err := j.Forget(ctx, id); err != nil {
 						t.Fatal(err)

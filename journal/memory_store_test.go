@@ -24,10 +24,6 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 			clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 			j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Hour))
 			j.mask = mask
-			type modelRec struct {
-				rec   Record
-				added time.Time
-			}
 			model := map[string]modelRec{}
 			rng := rand.New(rand.NewPCG(1, mask))
 			ids := make([]string, 300)
@@ -76,21 +72,9 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 					if ok && rng.IntN(5) > 0 {
 						upd.Key = m.rec.Key
 					}
-					err := j.Update(ctx, upd)
-					if !ok || upd.Key != m.rec.Key {
-						if !errors.Is(err, ErrNotFound) {
-							t.Fatalf("step %d: Update of a missing record: %v", step, err)
-						}
+					if !updateModel(ctx, t, j, model, step, upd) {
 						continue
 					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					if m.rec.State != StateDone {
-						m.rec.State, m.rec.Status = upd.State, upd.Status
-					}
-					m.rec.Attempts = max(m.rec.Attempts, upd.Attempts)
-					model[id] = m
 				case op < 8:
 					if err := j.Forget(ctx, id); err != nil {
 						t.Fatal(err)
@@ -128,6 +112,38 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 			}
 		})
 	}
+}
+
+// modelRec is a record of the model a Memory is checked against, with when
+// it was added.
+type modelRec struct {
+	rec   Record
+	added time.Time
+}
+
+// updateModel makes the Update upd on j and on the model: an Update of a
+// record the model does not hold under upd.Key must fail with ErrNotFound
+// (and updateModel reports false); otherwise it must succeed, and a record
+// not yet done takes upd's state and status, its attempts never going down.
+func updateModel(ctx context.Context, t *testing.T, j *Memory, model map[string]modelRec, step int, upd Record) bool {
+	t.Helper()
+	m, ok := model[upd.ActionID]
+	err := j.Update(ctx, upd)
+	if !ok || upd.Key != m.rec.Key {
+		if !errors.Is(err, ErrNotFound) {
+			t.Fatalf("step %d: Update of a missing record: %v", step, err)
+		}
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.rec.State != StateDone {
+		m.rec.State, m.rec.Status = upd.State, upd.Status
+	}
+	m.rec.Attempts = max(m.rec.Attempts, upd.Attempts)
+	model[upd.ActionID] = m
+	return true
 }
 
 func sortRecords(rs []Record) {
