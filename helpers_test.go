@@ -311,6 +311,32 @@ func transportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) *i
 	return tr
 }
 
+// retryTwiceOver returns a Transport over base and a fresh in-memory journal
+// that retries twice, a millisecond apart. The caller closes it.
+func retryTwiceOver(t *testing.T, base http.RoundTripper) *idemretry.Transport {
+	t.Helper()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+	require.NoError(t, err)
+	return tr
+}
+
+// stallBody answers with status and a body that stops after prefix, short
+// of its declared length, until release is closed or the request ends; it
+// reports whether the request ended first.
+func stallBody(w http.ResponseWriter, r *http.Request, status int, prefix string, release <-chan struct{}) bool {
+	w.Header().Set("Content-Length", "100000")
+	w.WriteHeader(status)
+	io.WriteString(w, prefix)
+	w.(http.Flusher).Flush()
+	select {
+	case <-release:
+		return false
+	case <-r.Context().Done():
+		return true
+	}
+}
+
 // checkNoPackageGoroutines fails if a goroutine running the package's code
 // (other than tests) is still alive: RoundTrip must not leave any behind.
 func checkNoPackageGoroutines(t *testing.T) {

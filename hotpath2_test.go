@@ -88,9 +88,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 	defer srv.Close()
 	defer close(release)
 
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
-		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
-	require.NoError(t, err)
+	tr := retryTwiceOver(t, base)
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

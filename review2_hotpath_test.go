@@ -237,13 +237,7 @@ func TestReview2CallerCancelDuringStalledBodyAndReuse(t *testing.T) {
 			return
 		}
 		n.Add(1)
-		w.Header().Set("Content-Length", "100000")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "partial")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
+		if stallBody(w, r, http.StatusServiceUnavailable, "partial", release) {
 			ended.Add(1)
 		}
 	}))
@@ -345,14 +339,7 @@ func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			return
 		}
-		w.Header().Set("Content-Length", "100000")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "partial")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
+		stallBody(w, r, http.StatusServiceUnavailable, "partial", release)
 	}))
 	defer srv.Close()
 	defer close(release)
@@ -518,13 +505,7 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 						io.WriteString(w, "ok")
 						return
 					}
-					w.Header().Set("Content-Length", "100000")
-					w.WriteHeader(status)
-					io.WriteString(w, `{"error":"busy"`)
-					w.(http.Flusher).Flush()
-					select {
-					case <-release:
-					case <-r.Context().Done():
+					if stallBody(w, r, status, `{"error":"busy"`, release) {
 						ended.Add(1)
 					}
 				}))
@@ -539,9 +520,7 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 				}
 				defer srv.Close()
 				defer close(release)
-				tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
-					idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
-				require.NoError(t, err)
+				tr := retryTwiceOver(t, base)
 				defer tr.Close()
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
