@@ -312,13 +312,17 @@ func transportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) *i
 }
 
 // retryTwiceOver returns a Transport over base and a fresh in-memory journal
-// that retries twice, a millisecond apart. The caller closes it.
-func retryTwiceOver(t *testing.T, base http.RoundTripper) *idemretry.Transport {
+// that retries twice, a millisecond apart, closed when t ends, and a context
+// that ends after 20 s or when t ends.
+func retryTwiceOver(t *testing.T, base http.RoundTripper) (*idemretry.Transport, context.Context) {
 	t.Helper()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
 		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
 	require.NoError(t, err)
-	return tr
+	t.Cleanup(func() { tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return tr, ctx
 }
 
 // stallBody answers with status and a body that stops after prefix, short

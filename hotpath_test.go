@@ -95,10 +95,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 	defer srv.Close()
 	defer close(release)
 
-	tr := retryTwiceOver(t, base)
-	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	tr, ctx := retryTwiceOver(t, base)
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:stalled-"+kind), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -919,10 +916,7 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 				}
 				defer srv.Close()
 				defer close(release)
-				tr := retryTwiceOver(t, base)
-				defer tr.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
+				tr, ctx := retryTwiceOver(t, base)
 				start := time.Now()
 				resp := roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:review2-outlive"), srv.URL+"/stall", `{"amount":1}`))
 				require.Equal(t, http.StatusCreated, resp.StatusCode)
