@@ -162,26 +162,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 			rec := make([]byte, frameSizeOf(benchEntry(0))-frameHeaderSize)
 			// Enough operations per phase for a stable rate.
 			ops := max(b.N, 4*n, 200)
-			run := func(do func(i int)) time.Duration {
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for range n {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for {
-							i := int(next.Add(1))
-							if i > ops {
-								return
-							}
-							do(i)
-						}
-					}()
-				}
-				wg.Wait()
-				return time.Since(start)
-			}
+			run := func(do func(i int)) time.Duration { return runSpread(n, ops, do) }
 			ctx := context.Background()
 			// Entries are made before the clock starts: minting ids and
 			// random keys is the caller's cost, not the journal's.
@@ -366,47 +347,14 @@ func benchReserveDurable(b *testing.B, n int, unnamed bool) {
 	rec := make([]byte, frameSizeOf(benchEntry(0))-frameHeaderSize)
 	frame := make([]byte, frameSizeOf(benchEntry(0)))
 	ops := max(b.N, 4*n, 200)
-	run := func(do func(i int)) time.Duration {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := int(next.Add(1))
-					if i > ops {
-						return
-					}
-					do(i)
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start)
-	}
+	run := func(do func(i int)) time.Duration { return runSpread(n, ops, do) }
 	ctx := context.Background()
 	const rounds = 4
 	entries := make([]journal.Record, rounds*ops+1)
 	for i := range entries {
 		entries[i] = benchEntry(i)
 	}
-	action := func(e journal.Record) {
-		if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); err != nil {
-			b.Error(err)
-			return
-		}
-		e.State, e.Status = journal.StateDone, 200
-		if err := s.Update(ctx, e); err != nil {
-			b.Error(err)
-		}
-		if unnamed {
-			if err := s.Sync(ctx); err != nil {
-				b.Error(err)
-			}
-		}
-	}
+	action := func(e journal.Record) { benchAction(ctx, b, s, e, unnamed) }
 	b.ResetTimer()
 	if n == 1 {
 		// One action, then one inline raw write+fdatasync of a frame, in
@@ -490,19 +438,8 @@ func BenchmarkOverheadNoSync(b *testing.B) {
 							if i >= b.N {
 								return
 							}
-							e := entries[i]
-							if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); err != nil {
-								b.Error(err)
+							if !benchAction(ctx, b, s, entries[i], unnamed) {
 								return
-							}
-							e.State, e.Status = journal.StateDone, 200
-							if err := s.Update(ctx, e); err != nil {
-								b.Error(err)
-							}
-							if unnamed {
-								if err := s.Sync(ctx); err != nil {
-									b.Error(err)
-								}
 							}
 						}
 					}()
@@ -511,4 +448,46 @@ func BenchmarkOverheadNoSync(b *testing.B) {
 			})
 		}
 	}
+}
+
+// runSpread calls do(1) .. do(ops), spread over n goroutines, and returns
+// the time they took.
+func runSpread(n, ops int, do func(i int)) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1))
+				if i > ops {
+					return
+				}
+				do(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+// benchAction journals one action: Reserve, then its final Update, then,
+// with syncAfter, a Sync. It reports false if the Reserve failed.
+func benchAction(ctx context.Context, b *testing.B, s *Journal, e journal.Record, syncAfter bool) bool {
+	if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); err != nil {
+		b.Error(err)
+		return false
+	}
+	e.State, e.Status = journal.StateDone, 200
+	if err := s.Update(ctx, e); err != nil {
+		b.Error(err)
+	}
+	if syncAfter {
+		if err := s.Sync(ctx); err != nil {
+			b.Error(err)
+		}
+	}
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -49,27 +50,10 @@ func TestCrashChild(t *testing.T) {
 	if mode == "" {
 		t.Skip("child process of the crash tests")
 	}
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
+	say := childSay()
 	o := crashOpts()
 	if spec := os.Getenv(envFP); spec != "" {
-		name, n, _ := strings.Cut(spec, ":")
-		left, _ := strconv.Atoi(n)
-		var mu sync.Mutex
-		o.hooks = &hooks{failpoint: func(fp string) {
-			mu.Lock()
-			defer mu.Unlock()
-			if fp == name {
-				if left--; left == 0 {
-					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-					select {}
-				}
-			}
-		}}
+		o.hooks = killAtFailpoint(spec)
 	}
 	s, _, err := openWith(os.Getenv(envDir), o)
 	if mode == "try" {
@@ -105,25 +89,13 @@ func TestCrashChild(t *testing.T) {
 				if i%7 == 3 {
 					e.Key = "custom-" + e.ActionID
 				}
-				say("sub %s %s", e.ActionID, e.Key)
-				got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
-				if err != nil {
-					say("error %v", err)
-					os.Exit(4)
-				}
-				say("ack %s %s", got.ActionID, got.Key)
+				got := childReserve(ctx, s, say, e)
 				mine = append(mine, got.ActionID)
 				for a := range 3 {
 					_ = update(s, got.ActionID, got.Key, journal.StatePending, uint32(a+1), 0)
 				}
 				if i%5 == 4 {
-					id := mine[rand.IntN(len(mine))]
-					say("fsub %s", id)
-					if err := s.Forget(ctx, id); err != nil {
-						say("error %v", err)
-						os.Exit(4)
-					}
-					say("fack %s", id)
+					childForgetOne(ctx, s, say, mine)
 				}
 			}
 		}()
@@ -131,18 +103,86 @@ func TestCrashChild(t *testing.T) {
 	select {}
 }
 
-func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
+// childReserve reserves e in a crash child, saying "sub" before and "ack"
+// after; the child exits on an error.
+func childReserve(ctx context.Context, s *Journal, say func(string, ...any), e journal.Record) journal.Record {
+	say("sub %s %s", e.ActionID, e.Key)
+	got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
+	if err != nil {
+		say("error %v", err)
+		os.Exit(4)
+	}
+	say("ack %s %s", got.ActionID, got.Key)
+	return got
+}
+
+// childForgetOne forgets one of the ids in mine, at random, in a crash
+// child, saying "fsub" before and "fack" after; the child exits on an error.
+func childForgetOne(ctx context.Context, s *Journal, say func(string, ...any), mine []string) {
+	id := mine[rand.IntN(len(mine))]
+	say("fsub %s", id)
+	if err := s.Forget(ctx, id); err != nil {
+		say("error %v", err)
+		os.Exit(4)
+	}
+	say("fack %s", id)
+}
+
+// childSay returns a printf to the child's stdout, one whole line at a
+// time, safe for concurrent use.
+func childSay() func(format string, args ...any) {
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
+	}
+}
+
+// killAtFailpoint returns hooks that SIGKILL the process at the n-th hit of
+// failpoint name, spec being "name:n".
+func killAtFailpoint(spec string) *hooks {
+	name, n, _ := strings.Cut(spec, ":")
+	left, _ := strconv.Atoi(n)
+	var mu sync.Mutex
+	return &hooks{failpoint: func(fp string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fp == name {
+			if left--; left == 0 {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+	}}
+}
+
+// startChild starts the test binary running only the test named run, with
+// env added to the environment, and returns it with its stdout.
+func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, io.ReadCloser) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
 	// A race-enabled child would sleep a second at exit by default.
-	cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0", envChild + "=" + mode, envDir + "=" + dir}, env...)...)
+	cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0"}, env...)...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
+	return cmd, out
+}
+
+// spawnLines is startChild with the child's output collected in lines.
+func spawnLines(t *testing.T, run string, env ...string) (*exec.Cmd, *lines) {
+	t.Helper()
+	cmd, out := startChild(t, run, env...)
 	l := &lines{done: make(chan struct{}), first: make(chan string, 1)}
 	go l.read(out)
 	return cmd, l
+}
+
+func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
+	t.Helper()
+	return spawnLines(t, "TestCrashChild", append([]string{envChild + "=" + mode, envDir + "=" + dir}, env...)...)
 }
 
 // lines collects a child's complete output lines.

@@ -19,21 +19,9 @@ import (
 // recovery"). (Found in review: the record was lost.)
 func TestLostCompactionRenameKeepsAppends(t *testing.T) {
 	dir := t.TempDir()
-	var oldJournal []byte
-	armed := false
-	o := testOpts()
-	o.hooks = &hooks{failpoint: func(fp string) {
-		if armed && fp == fpTmpSynced {
-			b, err := os.ReadFile(filepath.Join(dir, journalName))
-			if err == nil {
-				oldJournal = b
-			}
-		}
-	}}
-	s, _ := mustOpen(t, dir, o)
+	s, compact := openKeepingOldJournal(t, dir)
 	reserve(t, s, entry("before"))
-	armed = true
-	require.NoError(t, s.Compact(context.Background()))
+	oldJournal := compact()
 	acked := reserve(t, s, entry("after-compaction")) // durable per the contract
 	require.NoError(t, s.Close())
 	newJournal, err := os.ReadFile(filepath.Join(dir, journalName))
@@ -90,4 +78,31 @@ func TestOpenCreatesNestedDir(t *testing.T) {
 	defer s.Close()
 	_, found, _ := s.get(e.ActionID)
 	require.True(t, found)
+}
+
+// openKeepingOldJournal opens a journal in dir, and returns it with compact,
+// which compacts it and returns what the file "journal" held when the
+// compaction's journal.tmp was synced: what a crash losing the rename that
+// followed leaves under that name.
+func openKeepingOldJournal(t *testing.T, dir string) (*Journal, func() []byte) {
+	t.Helper()
+	var old []byte
+	armed := false
+	o := testOpts()
+	o.hooks = &hooks{failpoint: func(fp string) {
+		if armed && fp == fpTmpSynced {
+			b, err := os.ReadFile(filepath.Join(dir, journalName))
+			if err == nil {
+				old = b
+			}
+		}
+	}}
+	s, _ := mustOpen(t, dir, o)
+	return s, func() []byte {
+		t.Helper()
+		armed = true
+		require.NoError(t, s.Compact(context.Background()))
+		require.NotNil(t, old)
+		return old
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -52,12 +51,7 @@ func TestReviewCommitChild(t *testing.T) {
 		fmt.Printf("error %v\n", err)
 		os.Exit(3)
 	}
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
+	say := childSay()
 	fail := func(err error) {
 		say("error %v", err)
 		os.Exit(4)
@@ -73,12 +67,7 @@ func TestReviewCommitChild(t *testing.T) {
 				if i%11 == 5 {
 					e.Key = "custom-" + e.ActionID
 				}
-				say("sub %s %s", e.ActionID, e.Key)
-				got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
-				if err != nil {
-					fail(err)
-				}
-				say("ack %s %s", got.ActionID, got.Key)
+				got := childReserve(ctx, s, say, e)
 				mine = append(mine, got.ActionID)
 				got.Attempts = 1
 				if err := s.Update(ctx, got); err != nil { // lazy
@@ -95,12 +84,7 @@ func TestReviewCommitChild(t *testing.T) {
 					say("synced %s %d", got.ActionID, got.Status)
 				}
 				if i%7 == 6 {
-					id := mine[rand.IntN(len(mine))]
-					say("fsub %s", id)
-					if err := s.Forget(ctx, id); err != nil {
-						fail(err)
-					}
-					say("fack %s", id)
+					childForgetOne(ctx, s, say, mine)
 				}
 			}
 		}()
@@ -184,13 +168,8 @@ func TestReviewAckedSurvivesKill(t *testing.T) {
 			dir := t.TempDir()
 			o := &reviewOracle{acked: map[string]string{}, synced: map[string]int{}, forgotten: map[string]bool{}}
 			for r := range rounds {
-				cmd := exec.Command(os.Args[0], "-test.run=^TestReviewCommitChild$", "-test.count=1")
-				cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envReviewChild+"="+dir,
+				cmd, out := startChild(t, "TestReviewCommitChild", envReviewChild+"="+dir,
 					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envReviewTag, r))
-				out, err := cmd.StdoutPipe()
-				require.NoError(t, err)
-				cmd.Stderr = os.Stderr
-				require.NoError(t, cmd.Start())
 				var ls []string
 				br := bufio.NewReader(out)
 				want := 50 + rand.IntN(400)
@@ -642,10 +621,7 @@ func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
 			s, _ := mustOpen(t, dir, o)
 			defer s.Close()
 			const gs, per = 8, 300
-			recs := make([]journal.Record, gs)
-			for g := range gs {
-				recs[g] = reserve(t, s, entry(fmt.Sprintf("g%d", g)))
-			}
+			recs := reserveNumbered(t, s, "g", gs)
 			var wg sync.WaitGroup
 			for g := range gs {
 				wg.Add(1)
@@ -688,10 +664,7 @@ func TestReviewCloseWritesQueuedLazyUpdates(t *testing.T) {
 			o.flushEvery = flush
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, o)
-			var recs []journal.Record
-			for i := range 20 {
-				recs = append(recs, reserve(t, s, entry(fmt.Sprintf("a%d", i))))
-			}
+			recs := reserveNumbered(t, s, "a", 20)
 			for i, r := range recs {
 				r.State, r.Attempts, r.Status = journal.StateDone, 1, 200+i
 				require.NoError(t, s.Update(context.Background(), r))
@@ -722,10 +695,7 @@ func TestReviewCloseRacingUpdatesAndTimer(t *testing.T) {
 				dir := t.TempDir()
 				s, _ := mustOpen(t, dir, o)
 				const gs = 8
-				recs := make([]journal.Record, gs)
-				for g := range gs {
-					recs[g] = reserve(t, s, entry(fmt.Sprintf("g%d", g)))
-				}
+				recs := reserveNumbered(t, s, "g", gs)
 				acked := make([]int, gs)
 				var wg sync.WaitGroup
 				for g := range gs {
@@ -757,4 +727,14 @@ func TestReviewCloseRacingUpdatesAndTimer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reserveNumbered reserves the actions prefix0 .. prefix<n-1>, in order.
+func reserveNumbered(t *testing.T, s *Journal, prefix string, n int) []journal.Record {
+	t.Helper()
+	recs := make([]journal.Record, n)
+	for i := range recs {
+		recs[i] = reserve(t, s, entry(fmt.Sprintf("%s%d", prefix, i)))
+	}
+	return recs
 }

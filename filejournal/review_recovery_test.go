@@ -872,28 +872,15 @@ func TestReviewKillLargeIDs(t *testing.T) {
 
 func reviewSpawn(t *testing.T, dir, tag, compactMin, fp string) (*exec.Cmd, *lines) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewKillLargeIDs$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "IDEMRETRY_REVIEW_CHILD=1",
+	return spawnLines(t, "TestReviewKillLargeIDs", "IDEMRETRY_REVIEW_CHILD=1",
 		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin, envFP+"="+fp)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	l := &lines{done: make(chan struct{}), first: make(chan string, 1)}
-	go l.read(out)
-	return cmd, l
 }
 
 // reviewChild is the child of TestReviewKillLargeIDs: 4 goroutines
 // reserve records with max-length ids (some custom keys), update them,
 // and forget some, saying what was submitted and acknowledged.
 func reviewChild() {
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
+	say := childSay()
 	o := testOpts()
 	o.flushEvery = 2 * time.Millisecond
 	var cm int64
@@ -902,20 +889,7 @@ func reviewChild() {
 	if spec := os.Getenv(envFP); spec != "" {
 		// Killed at the n-th hit of a failpoint: in the middle of a
 		// batch's write, before its sync, inside a compaction.
-		name, n, _ := strings.Cut(spec, ":")
-		var left int
-		_, _ = fmt.Sscan(n, &left)
-		var mu sync.Mutex
-		o.hooks = &hooks{failpoint: func(fp string) {
-			mu.Lock()
-			defer mu.Unlock()
-			if fp == name {
-				if left--; left == 0 {
-					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-					select {}
-				}
-			}
-		}}
+		o.hooks = killAtFailpoint(spec)
 	}
 	s, _, err := openWith(os.Getenv(envDir), o)
 	if err != nil {
@@ -934,23 +908,11 @@ func reviewChild() {
 				if i%7 == 3 {
 					e.Key = fmt.Sprintf("custom-%s-%d-%d", tag, g, i)
 				}
-				say("sub %s %s", id, e.Key)
-				got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
-				if err != nil {
-					say("error %v", err)
-					os.Exit(4)
-				}
-				say("ack %s %s", id, got.Key)
+				got := childReserve(ctx, s, say, e)
 				mine = append(mine, id)
 				_ = update(s, id, got.Key, journal.StatePending, 2, 0)
 				if i%5 == 4 {
-					v := mine[rand.IntN(len(mine))]
-					say("fsub %s", v)
-					if err := s.Forget(ctx, v); err != nil {
-						say("error %v", err)
-						os.Exit(4)
-					}
-					say("fack %s", v)
+					childForgetOne(ctx, s, say, mine)
 				}
 			}
 		}()
@@ -980,23 +942,11 @@ func TestReviewDamagedLostRenameTempIsCorruption(t *testing.T) {
 // acknowledged data too.
 func reviewDamagedLostRename(t *testing.T, compaction, inSnapshot bool) {
 	dir := t.TempDir()
-	var oldJournal []byte
-	armed := false
-	o := testOpts()
-	o.hooks = &hooks{failpoint: func(fp string) {
-		if armed && fp == fpTmpSynced {
-			b, err := os.ReadFile(filepath.Join(dir, journalName))
-			if err == nil {
-				oldJournal = b
-			}
-		}
-	}}
-	s, _ := mustOpen(t, dir, o)
+	s, compact := openKeepingOldJournal(t, dir)
 	before := reserve(t, s, entry("before"))
+	var oldJournal []byte
 	if compaction {
-		armed = true
-		require.NoError(t, s.Compact(context.Background()))
-		require.NotNil(t, oldJournal)
+		oldJournal = compact()
 	}
 	var es []journal.Record
 	for i := range 6 {
