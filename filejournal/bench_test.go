@@ -149,16 +149,7 @@ func (c *rawCommitter) close() {
 func BenchmarkGroupCommit(b *testing.B) {
 	for _, n := range []int{1, 4, 16, 64, 256} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-			dir := b.TempDir()
-			s, _ := mustOpen(b, dir, testOpts())
-			defer s.Close()
-			f, err := os.OpenFile(filepath.Join(dir, "raw"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer f.Close()
-			rc := newRawCommitter(f)
-			defer rc.close()
+			s, _, rc := openBenchRaw(b)
 			rec := make([]byte, frameSizeOf(benchEntry(0))-frameHeaderSize)
 			// Enough operations per phase for a stable rate.
 			ops := max(b.N, 4*n, 200)
@@ -334,16 +325,7 @@ func BenchmarkReserveDurable(b *testing.B) {
 }
 
 func benchReserveDurable(b *testing.B, n int, unnamed bool) {
-	dir := b.TempDir()
-	s, _ := mustOpen(b, dir, testOpts())
-	defer s.Close()
-	f, err := os.OpenFile(filepath.Join(dir, "raw"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	rc := newRawCommitter(f)
-	defer rc.close()
+	s, f, rc := openBenchRaw(b)
 	rec := make([]byte, frameSizeOf(benchEntry(0))-frameHeaderSize)
 	frame := make([]byte, frameSizeOf(benchEntry(0)))
 	ops := max(b.N, 4*n, 200)
@@ -490,4 +472,21 @@ func benchAction(ctx context.Context, b *testing.B, s *Journal, e journal.Record
 		}
 	}
 	return true
+}
+
+// openBenchRaw opens a journal in a new directory and, beside it, the raw
+// probe's file "raw" with its committer; all are closed when b ends,
+// the committer first and the journal last.
+func openBenchRaw(b *testing.B) (*Journal, *os.File, *rawCommitter) {
+	dir := b.TempDir()
+	s, _ := mustOpen(b, dir, testOpts())
+	b.Cleanup(func() { _ = s.Close() })
+	f, err := os.OpenFile(filepath.Join(dir, "raw"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.Close() })
+	rc := newRawCommitter(f)
+	b.Cleanup(rc.close)
+	return s, f, rc
 }
