@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/idemretry/idemretry/internal/datasync"
 )
 
 // ProbeBytes is what one probe write appends: about one file-journal frame
@@ -44,7 +46,7 @@ func (p *Probe) Sync() error {
 	if _, err := p.f.Write(p.buf); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	if err := datasync(p.f); err != nil {
+	if err := datasync.File(p.f); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/datasync"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -119,7 +120,7 @@ func (c *rawCommitter) run() {
 		c.gen++
 		c.mu.Unlock()
 		_, _ = c.f.Write(buf)
-		_ = datasync(c.f)
+		_ = datasync.File(c.f)
 		c.mu.Lock()
 		c.synced++
 		c.cond.Broadcast()
@@ -301,7 +302,7 @@ func openWithRawProbe(b *testing.B) (s *Journal, rawWrite func() error) {
 		if _, err := raw.Write(buf); err != nil {
 			return err
 		}
-		return datasync(raw)
+		return datasync.File(raw)
 	}
 }
 
@@ -349,7 +350,7 @@ func benchReserveDurable(b *testing.B, n int, unnamed bool) {
 			if _, err := f.Write(frame); err != nil {
 				b.Fatal(err)
 			}
-			if err := datasync(f); err != nil {
+			if err := datasync.File(f); err != nil {
 				b.Fatal(err)
 			}
 			jl, rl = append(jl, t1.Sub(t0)), append(rl, time.Since(t1))

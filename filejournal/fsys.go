@@ -2,6 +2,8 @@ package filejournal
 
 import (
 	"os"
+
+	"github.com/idemretry/idemretry/internal/datasync"
 )
 
 // file is what the Journal writes journal files through. The real one is
@@ -55,4 +57,4 @@ func (h *hooks) wrap(name string, f file) file {
 // osFile is the real file.
 type osFile struct{ *os.File }
 
-func (f osFile) Sync() error { return datasync(f.File) }
+func (f osFile) Sync() error { return datasync.File(f.File) }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/datasync"
 	"github.com/idemretry/idemretry/internal/lockfile"
 	"github.com/idemretry/idemretry/journal"
 )
@@ -564,7 +565,7 @@ func syncFile(path string) error {
 	if err != nil {
 		return err
 	}
-	err = datasync(f)
+	err = datasync.File(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -633,7 +634,7 @@ func truncate(path string, size int64) error {
 	}
 	err = f.Truncate(size)
 	if err == nil {
-		err = datasync(f)
+		err = datasync.File(f)
 	}
 	return errors.Join(err, f.Close())
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package filejournal
+package datasync
 
 import (
 	"errors"
@@ -9,9 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// datasync is fdatasync: it flushes the data and the metadata needed to read
-// it back (the size of an appended file), not timestamps.
-func datasync(f *os.File) error {
+// File is fdatasync: it flushes the data and the metadata needed to read it
+// back (the size of an appended file), not timestamps. An interrupted call
+// is made again.
+func File(f *os.File) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
@@ -19,9 +20,8 @@ func datasync(f *os.File) error {
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		for {
-			serr = unix.Fdatasync(int(fd))
-			if !errors.Is(serr, unix.EINTR) {
-				break
+			if serr = unix.Fdatasync(int(fd)); !errors.Is(serr, unix.EINTR) {
+				return
 			}
 		}
 	}); err != nil {
