@@ -2,7 +2,6 @@ package idemretry
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -59,32 +59,15 @@ func checkActionID(id string) error {
 	return nil
 }
 
-// newUUIDKey returns a random UUIDv4 in its canonical form, as
-// uuid.NewRandom().String() makes it, in one allocation: the random bytes
-// are read into a pooled buffer, the text formed on the stack.
+// newUUIDKey returns a random UUIDv4 (google/uuid, from crypto/rand) in its
+// canonical form.
 func newUUIDKey() (string, error) {
-	rb := uuidRandom.Get().(*[16]byte)
-	defer uuidRandom.Put(rb)
-	if _, err := rand.Read(rb[:]); err != nil {
+	u, err := uuid.NewRandom()
+	if err != nil {
 		return "", err
 	}
-	u := *rb
-	u[6] = u[6]&0x0f | 0x40 // version 4
-	u[8] = u[8]&0x3f | 0x80 // variant 10 (RFC 9562)
-	var s [36]byte
-	hex.Encode(s[0:8], u[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], u[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], u[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], u[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:], u[10:])
-	return string(s[:]), nil
+	return u.String(), nil
 }
-
-var uuidRandom = sync.Pool{New: func() any { return new([16]byte) }}
 
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted
 // form and returns it bare.
