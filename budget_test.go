@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/internal/hammer"
-	"github.com/idemretry/idemretry/journal"
 )
 
 // outage is a loopback server that answers 503 while down is set, and
@@ -104,11 +102,10 @@ func TestBudgetTotalOutage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var requests atomic.Int64
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 				requests.Add(1)
 				w.WriteHeader(http.StatusServiceUnavailable)
-			}))
-			defer srv.Close()
+			})
 			tr, _, _ := newTestTransport(t, tc.opts...)
 			var parked atomic.Int64
 			hammer.Run(8, 25, func(g, i int) {
@@ -132,7 +129,7 @@ func TestBudgetOptionsValidated(t *testing.T) {
 		idemretry.WithRetryBudget(-1, 0.1), idemretry.WithRetryBudget(10, 1.5),
 		idemretry.WithRetryBudget(0.5, 0.1), idemretry.WithRetryBudget(10, -0.1),
 	} {
-		_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), o)
+		_, err := idemretry.NewTransport(nil, inMemory(), o)
 		assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 	}
 }

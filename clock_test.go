@@ -100,7 +100,7 @@ func TestWindowRecheckedBeforeAttempt(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := suspendClock{fakeClock: newFakeClock(), jump: 25 * time.Hour}
-	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(journal.NewMemory()),
+	tr, err := idemretry.NewTransport(&http.Transport{}, inMemory(),
 		idemretry.WithClock(clk), idemretry.WithBackOff(constant(time.Second)))
 	require.NoError(t, err)
 	defer tr.Close()

@@ -212,7 +212,7 @@ func newRedirectPayServer(t *testing.T, delay time.Duration) (srv *httptest.Serv
 	var mu sync.Mutex
 	keys := map[string]bool{}
 	arrived = make(chan struct{}, 1000)
-	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv = newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/pay" {
 			arrived <- struct{}{}
@@ -229,8 +229,7 @@ func newRedirectPayServer(t *testing.T, delay time.Duration) (srv *httptest.Serv
 		}
 		mu.Unlock()
 		w.WriteHeader(201)
-	}))
-	t.Cleanup(srv.Close)
+	})
 	return srv, charges, arrived
 }
 
@@ -519,7 +518,7 @@ func TestSharedResponseOverLimit(t *testing.T) {
 	release := make(chan struct{})
 	var charges int
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		charges++
 		mu.Unlock()
@@ -527,8 +526,7 @@ func TestSharedResponseOverLimit(t *testing.T) {
 		<-release
 		w.WriteHeader(201)
 		w.Write([]byte(big))
-	}))
-	defer srv.Close()
+	})
 	tr, _, _ := newTestTransport(t, idemretry.WithMaxSharedResponse(1024))
 	var wg sync.WaitGroup
 	var leadBody string

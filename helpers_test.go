@@ -1,7 +1,6 @@
 package idemretry_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -64,8 +63,7 @@ type storedAnswer struct {
 func newPayServer(t *testing.T) *payServer {
 	t.Helper()
 	s := &payServer{stored: map[string]storedAnswer{}, commitThenDrop: map[int]bool{}, finalStatus: http.StatusCreated, inflight: map[string]bool{}}
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.Close)
+	s.Server = newServer(t, s.serve)
 	return s
 }
 
@@ -124,6 +122,15 @@ func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(a.status)
 	io.WriteString(w, a.body)
+}
+
+// newServer starts a loopback server that answers with h, closed when t
+// ends.
+func newServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // hijackAndClose cuts the connection without an answer: to the client it
@@ -261,6 +268,10 @@ func constant(d time.Duration) func() backoff.BackOff {
 	return func() backoff.BackOff { return backoff.NewConstantBackOff(d) }
 }
 
+// inMemory is the journal option of a Transport whose keys need not outlive
+// it: a fresh in-memory journal.
+func inMemory() idemretry.Option { return idemretry.WithJournal(journal.NewMemory()) }
+
 // newTestTransport returns a Transport over an in-memory journal with a fake
 // clock, and checks at cleanup that no goroutine of the package is left.
 func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transport, *journal.Memory, *fakeClock) {
@@ -316,7 +327,7 @@ func transportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) *i
 // that ends after 20 s or when t ends.
 func retryTwiceOver(t *testing.T, base http.RoundTripper) (*idemretry.Transport, context.Context) {
 	t.Helper()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+	tr, err := idemretry.NewTransport(base, inMemory(),
 		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
 	require.NoError(t, err)
 	t.Cleanup(func() { tr.Close() })
@@ -347,10 +358,8 @@ func checkNoPackageGoroutines(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
 		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, g := range strings.Split(goroutineStacks(), "\n\n") {
 			if strings.Contains(g, "github.com/idemretry/idemretry.") &&
 				!strings.Contains(g, "_test.") && !strings.Contains(g, "testing.tRunner") {
 				leaked = append(leaked, g)
@@ -364,6 +373,12 @@ func checkNoPackageGoroutines(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// goroutineStacks is the stack dump of every goroutine, one paragraph each.
+func goroutineStacks() string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, true)])
 }
 
 func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
@@ -399,8 +414,6 @@ func (c *closeTracker) isClosed() bool {
 	defer c.mu.Unlock()
 	return c.closed
 }
-
-var _ = bytes.NewReader
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
 

@@ -8,15 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/idemretry/idemretry/journal"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,7 +95,7 @@ func TestDiscardedResponsesClosed(t *testing.T) {
 	srv.script = scriptFirst(status(503), status(503))
 	rec := &recordingTransport{base: &http.Transport{}}
 	defer rec.base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(rec, idemretry.WithJournal(journal.NewMemory()),
+	tr, err := idemretry.NewTransport(rec, inMemory(),
 		idemretry.WithClock(newFakeClock()))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
@@ -176,12 +173,12 @@ func TestInvalidRequests(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, "/relative", nil)
 	_, err = tr.RoundTrip(req)
 	assert.ErrorIs(t, err, idemretry.ErrInvalidRequest)
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithKeyWindow(0))
+	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithKeyWindow(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
 func TestInvalidOptions(t *testing.T) {
-	j := idemretry.WithJournal(journal.NewMemory())
+	j := inMemory()
 	for name, o := range map[string]idemretry.Option{
 		"zero window":       idemretry.WithKeyWindow(0),
 		"negative cap":      idemretry.WithMaxRetryAfter(-time.Second),
@@ -214,7 +211,7 @@ func TestHugeKeyWindowOpensJournal(t *testing.T) {
 // closing it closes nobody else's connections; and WithJournal with
 // WithJournalDir is a mistake, refused.
 func TestNewTransportDefaults(t *testing.T) {
-	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalDir(t.TempDir()))
+	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithJournalDir(t.TempDir()))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 
 	srv := newPayServer(t)
@@ -228,7 +225,7 @@ func TestNewTransportDefaults(t *testing.T) {
 		return reused
 	}
 	get() // leaves an idle connection in http.DefaultTransport's pool
-	own, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()))
+	own, err := idemretry.NewTransport(nil, inMemory())
 	require.NoError(t, err)
 	resp, err := own.RoundTrip(post(t, context.Background(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -252,7 +249,7 @@ func TestBaseReturningBothIsClosed(t *testing.T) {
 		r.Body.Close()
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("broken base")
 	})
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+	tr, err := idemretry.NewTransport(base, inMemory(),
 		idemretry.WithClock(newFakeClock()), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(post(t, context.Background(), "http://pay.example/", "x"))
@@ -264,7 +261,7 @@ func TestBaseReturningBothIsClosed(t *testing.T) {
 // Issue 7, item 12: a 503 whose body stalls must not hang RoundTrip: draining a
 // discarded body is bounded in time as well as bytes.
 func TestStalledDiscardedBodyIsCut(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "100000")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.(http.Flusher).Flush()
@@ -277,8 +274,7 @@ func TestStalledDiscardedBodyIsCut(t *testing.T) {
 			fmt.Fprint(w, "x")
 			w.(http.Flusher).Flush()
 		}
-	}))
-	defer srv.Close()
+	})
 	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(2))
 	done := make(chan struct{})
 	var resp *http.Response
@@ -305,7 +301,7 @@ func TestStalledDiscardedBodyIsCut(t *testing.T) {
 func TestStalledErrorBodyDoesNotHoldRetries(t *testing.T) {
 	release := make(chan struct{})
 	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)
 		if n.Add(1) == 1 {
 			w.Header().Set("Content-Type", "application/json")
@@ -320,8 +316,7 @@ func TestStalledErrorBodyDoesNotHoldRetries(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"charge":"ch_1"}`)
-	}))
-	defer srv.Close()
+	})
 	defer close(release)
 	tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(time.Millisecond)))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

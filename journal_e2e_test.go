@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -65,7 +64,7 @@ func TestJournalSurvivesKill(t *testing.T) {
 	var keys []string
 	charges := map[string]int{} // key -> charges made
 	committed := make(chan struct{}, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		key := r.Header.Get("Idempotency-Key")
 		mu.Lock()
@@ -82,8 +81,7 @@ func TestJournalSurvivesKill(t *testing.T) {
 			return
 		}
 		w.WriteHeader(http.StatusOK) // a replay of the stored answer
-	}))
-	defer srv.Close()
+	})
 	dir := t.TempDir()
 
 	run := func() (*exec.Cmd, *bufio.Reader) {

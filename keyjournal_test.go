@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,51 @@ func TestSecondTransportOnDirLocked(t *testing.T) {
 	assert.Contains(t, err.Error(), "WithLockWait")
 }
 
+// filejournalGoroutines counts the frames of package filejournal in the
+// stacks of all goroutines.
+func filejournalGoroutines() int {
+	return strings.Count(goroutineStacks(), "idemretry/filejournal.")
+}
+
+// A Transport that is dropped without Close closes the journal it opened
+// once it is garbage collected: no goroutine is left, the lock is released.
+func TestDroppedTransportReleasesJournal(t *testing.T) {
+	srv := newPayServer(t)
+	dir := t.TempDir()
+	before := filejournalGoroutines()
+	func() {
+		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+		require.NoError(t, err)
+		roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:dropped"), srv.URL, "x"))
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for filejournalGoroutines() > before && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.LessOrEqual(t, filejournalGoroutines(), before, "the dropped Transport's journal is still running")
+	again, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err, "the lock is released")
+	require.NoError(t, again.Close())
+}
+
+// The GC cleanup of a dropped Transport leaves open the journal it opened
+// when the app holds it through Journal().
+func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	j := tr.Journal()
+	tr = nil
+	for i := 0; i < 5; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err = j.Unfinished(context.Background())
+	t.Logf("Unfinished after dropping the Transport: %v", err)
+	require.NoError(t, err)
+}
+
 // Issue 7, item 14: the journal directory deleted under a running process.
 // The next new action is refused before anything is sent (its key could not
 // be kept), Close reports it, and after a restart the action goes out once,
@@ -116,7 +162,7 @@ func TestJournalTimeoutIsUnavailable(t *testing.T) {
 	assert.ErrorIs(t, err, journal.ErrUnavailable)
 	assert.Less(t, time.Since(start), 2*time.Second)
 	assert.Empty(t, srv.seen())
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithJournalTimeout(0))
+	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithJournalTimeout(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
@@ -129,5 +175,5 @@ func TestErrorPrefixOnce(t *testing.T) {
 	defer tr.Close()
 	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), "http://127.0.0.1:1/", "x"))
 	require.ErrorIs(t, err, journal.ErrClosed)
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+	wantPrefixOnce(t, err)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -398,13 +397,12 @@ func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
 func TestLowerCaseCallerKeyHeader(t *testing.T) {
 	var got [][]string
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		got = append(got, r.Header.Values("Idempotency-Key"))
 		mu.Unlock()
 		w.WriteHeader(201)
-	}))
-	defer srv.Close()
+	})
 	tr, j, _ := newTestTransport(t)
 	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
 	req.Header["idempotency-key"] = []string{"order-77-pay"}
@@ -472,9 +470,9 @@ func TestDuplicateWindow(t *testing.T) {
 	assert.Equal(t, keys[0], keys[1])
 	assert.NotEqual(t, keys[1], keys[2])
 
-	_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(-time.Second))
+	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(-time.Second))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
-	_, err = idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(48*time.Hour))
+	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(48*time.Hour))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 

@@ -18,11 +18,11 @@ import (
 // millisecond is refused by NewTransport.
 func TestWithLeaseTTLValidated(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, time.Microsecond, time.Millisecond - 1} {
-		_, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithLeaseTTL(d))
+		_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithLeaseTTL(d))
 		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, "WithLeaseTTL(%v)", d)
 	}
 	for _, d := range []time.Duration{0, time.Millisecond, idemretry.DefaultLeaseTTL} {
-		tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()), idemretry.WithLeaseTTL(d))
+		tr, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithLeaseTTL(d))
 		if assert.NoError(t, err, "WithLeaseTTL(%v)", d) {
 			tr.Close()
 		}

@@ -252,7 +252,7 @@ func TestMaybeProcessedAfterHiddenResend(t *testing.T) {
 	defer srv.Close()
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()),
+	tr, err := idemretry.NewTransport(base, inMemory(),
 		idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -392,13 +392,12 @@ func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
 func TestGiveUpReasons(t *testing.T) {
 	var mu sync.Mutex
 	answer := func(w http.ResponseWriter) { w.WriteHeader(503) }
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		a := answer
 		mu.Unlock()
 		a(w)
-	}))
-	defer srv.Close()
+	})
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	tr, _, _ := newTestTransport(t, idemretry.WithLogger(logger), idemretry.WithMaxRetries(2))

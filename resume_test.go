@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -109,34 +108,6 @@ func TestResumeAfterRestart(t *testing.T) {
 	assert.Equal(t, int64(3), second.Stats().Resumed)
 }
 
-func filejournalGoroutines() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "idemretry/filejournal.")
-}
-
-// A Transport that is dropped without Close closes the journal it opened
-// once it is garbage collected: no goroutine is left, the lock is released.
-func TestDroppedTransportReleasesJournal(t *testing.T) {
-	srv := newPayServer(t)
-	dir := t.TempDir()
-	before := filejournalGoroutines()
-	func() {
-		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
-		require.NoError(t, err)
-		roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:dropped"), srv.URL, "x"))
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for filejournalGoroutines() > before && time.Now().Before(deadline) {
-		runtime.GC()
-		time.Sleep(20 * time.Millisecond)
-	}
-	assert.LessOrEqual(t, filejournalGoroutines(), before, "the dropped Transport's journal is still running")
-	again, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
-	require.NoError(t, err, "the lock is released")
-	require.NoError(t, again.Close())
-}
-
 // Resume of a fingerprint-named action whose Rebuild returns another
 // body: the README says the fingerprint is checked; instead a new action is
 // minted and sent (a second payment).
@@ -221,23 +192,6 @@ func TestResumeHashedCrashThenRepeatIsCharged(t *testing.T) {
 		t.Logf("repeat: %d replayed=%v charges=%d", resp.StatusCode, idemretry.IsReplay(resp), srv.chargeCount())
 		require.Equal(t, 2, srv.chargeCount(), "the deliberate repeat was answered with the old payment's replay")
 	})
-}
-
-// the journal of a dropped Transport is closed by the GC cleanup while
-// the app still holds it through Journal().
-func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
-	dir := t.TempDir()
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
-	require.NoError(t, err)
-	j := tr.Journal()
-	tr = nil
-	for i := 0; i < 5; i++ {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
-	_, err = j.Unfinished(context.Background())
-	t.Logf("Unfinished after dropping the Transport: %v", err)
-	require.NoError(t, err)
 }
 
 // unnamedPaymentLeftPending makes an unnamed payment whose answer is lost

@@ -449,18 +449,17 @@ func (b *retryingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 // is counted, and the last status is kept when the base returns it.
 func TestStackedRetriesCountedAndStatusKept(t *testing.T) {
 	var requests atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusServiceUnavailable)
-	}))
-	defer srv.Close()
+	})
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
 	for _, keep := range []bool{false, true} {
 		requests.Store(0)
 		tr, err := idemretry.NewTransport(&retryingBase{inner: inner, tries: 5, keep: keep},
-			idemretry.WithJournal(journal.NewMemory()), idemretry.WithMaxRetries(1), idemretry.WithRetryBudget(0, 0),
+			inMemory(), idemretry.WithMaxRetries(1), idemretry.WithRetryBudget(0, 0),
 			idemretry.WithBackOff(constant(0)))
 		require.NoError(t, err)
 		_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:stacked"), srv.URL, "x"))
