@@ -38,11 +38,16 @@ type ActionList struct {
 func (l *ActionList) Len() int32 { return int32(len(l.items)) }
 
 // Get returns action i (0 to Len()-1), or null if there is none.
-func (l *ActionList) Get(i int32) *Action {
-	if i < 0 || int(i) >= len(l.items) {
+func (l *ActionList) Get(i int32) *Action { return itemAt(l.items, i) }
+
+// itemAt returns items[i], or nil when i is out of range: the Get of the
+// list types, which gobind needs as named types of their own (it binds no
+// generic type).
+func itemAt[T any](items []*T, i int32) *T {
+	if i < 0 || int(i) >= len(items) {
 		return nil
 	}
-	return l.items[i]
+	return items[i]
 }
 
 // Unfinished lists the actions left unfinished, oldest first: pending ones
@@ -113,12 +118,7 @@ type OutcomeList struct {
 func (l *OutcomeList) Len() int32 { return int32(len(l.items)) }
 
 // Get returns outcome i (0 to Len()-1), or null if there is none.
-func (l *OutcomeList) Get(i int32) *Outcome {
-	if i < 0 || int(i) >= len(l.items) {
-		return nil
-	}
-	return l.items[i]
-}
+func (l *OutcomeList) Get(i int32) *Outcome { return itemAt(l.items, i) }
 
 // Resume sends again, one after the other and with their old keys, the
 // actions a previous run left pending, each rebuilt by rebuilder, and
