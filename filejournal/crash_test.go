@@ -3,11 +3,9 @@
 package filejournal
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -23,14 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Environment of the child process that the crash tests start: the test
-// binary itself, running TestCrashChild.
+// Environment of the child process that the crash tests start, beside
+// envDir, envFP and envTag: the test binary itself, running TestCrashChild.
 const (
 	envChild = "IDEMRETRY_CRASH_CHILD" // mode: work, hold, try
-	envDir   = "IDEMRETRY_CRASH_DIR"
-	envFP    = "IDEMRETRY_CRASH_FP" // failpoint:n, kill at its n-th hit
-	envTag   = "IDEMRETRY_CRASH_TAG"
-	envHold  = "IDEMRETRY_CRASH_HOLD" // hold: release after this duration
+	envHold  = "IDEMRETRY_CRASH_HOLD"  // hold: release after this duration
 	// IDEMRETRY_CRASH_ROUNDS sets the kill -9 rounds of TestKillLoop.
 	envRounds = "IDEMRETRY_CRASH_ROUNDS"
 )
@@ -50,13 +45,13 @@ func TestCrashChild(t *testing.T) {
 	if mode == "" {
 		t.Skip("child process of the crash tests")
 	}
-	say := childSay()
 	o := crashOpts()
 	if spec := os.Getenv(envFP); spec != "" {
 		o.hooks = killAtFailpoint(spec)
 	}
-	s, _, err := openWith(os.Getenv(envDir), o)
 	if mode == "try" {
+		say := childSay()
+		s, _, err := openWith(os.Getenv(envDir), o)
 		switch {
 		case errors.Is(err, ErrLocked):
 			say("locked")
@@ -68,164 +63,32 @@ func TestCrashChild(t *testing.T) {
 		}
 		os.Exit(0)
 	}
-	if err != nil {
-		say("error %v", err)
-		os.Exit(3)
-	}
-	say("open")
+	c := openChild(os.Getenv(envDir), o)
 	if mode == "hold" {
 		d, _ := time.ParseDuration(os.Getenv(envHold))
 		time.Sleep(d)
-		_ = s.Close()
+		_ = c.Close()
 		os.Exit(0)
 	}
 	tag := os.Getenv(envTag)
-	ctx := context.Background()
-	for g := range 4 {
-		go func() {
-			var mine []string
-			for i := 0; ; i++ {
-				e := entry(fmt.Sprintf("%s-%d-%d", tag, g, i))
-				if i%7 == 3 {
-					e.Key = "custom-" + e.ActionID
-				}
-				got := childReserve(ctx, s, say, e)
-				mine = append(mine, got.ActionID)
-				for a := range 3 {
-					_ = update(s, got.ActionID, got.Key, journal.StatePending, uint32(a+1), 0)
-				}
-				if i%5 == 4 {
-					childForgetOne(ctx, s, say, mine)
-				}
-			}
-		}()
-	}
-	select {}
-}
-
-// childReserve reserves e in a crash child, saying "sub" before and "ack"
-// after; the child exits on an error.
-func childReserve(ctx context.Context, s *Journal, say func(string, ...any), e journal.Record) journal.Record {
-	say("sub %s %s", e.ActionID, e.Key)
-	got, _, err := s.Reserve(ctx, e, journal.ReuseAny)
-	if err != nil {
-		say("error %v", err)
-		os.Exit(4)
-	}
-	say("ack %s %s", got.ActionID, got.Key)
-	return got
-}
-
-// childForgetOne forgets one of the ids in mine, at random, in a crash
-// child, saying "fsub" before and "fack" after; the child exits on an error.
-func childForgetOne(ctx context.Context, s *Journal, say func(string, ...any), mine []string) {
-	id := mine[rand.IntN(len(mine))]
-	say("fsub %s", id)
-	if err := s.Forget(ctx, id); err != nil {
-		say("error %v", err)
-		os.Exit(4)
-	}
-	say("fack %s", id)
-}
-
-// childSay returns a printf to the child's stdout, one whole line at a
-// time, safe for concurrent use.
-func childSay() func(format string, args ...any) {
-	var mu sync.Mutex
-	return func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
-}
-
-// killAtFailpoint returns hooks that SIGKILL the process at the n-th hit of
-// failpoint name, spec being "name:n".
-func killAtFailpoint(spec string) *hooks {
-	name, n, _ := strings.Cut(spec, ":")
-	left, _ := strconv.Atoi(n)
-	var mu sync.Mutex
-	return &hooks{failpoint: func(fp string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if fp == name {
-			if left--; left == 0 {
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {}
-			}
+	c.work(4, func(w *childWorker, i int) {
+		e := entry(fmt.Sprintf("%s-%d-%d", tag, w.g, i))
+		if i%7 == 3 {
+			e.Key = "custom-" + e.ActionID
 		}
-	}}
-}
-
-// startChild starts the test binary running only the test named run, with
-// env added to the environment, and returns it with its stdout.
-func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, io.ReadCloser) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
-	// A race-enabled child would sleep a second at exit by default.
-	cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0"}, env...)...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	return cmd, out
-}
-
-// spawnLines is startChild with the child's output collected in lines.
-func spawnLines(t *testing.T, run string, env ...string) (*exec.Cmd, *lines) {
-	t.Helper()
-	cmd, out := startChild(t, run, env...)
-	l := &lines{done: make(chan struct{}), first: make(chan string, 1)}
-	go l.read(out)
-	return cmd, l
+		got := w.reserve(e)
+		for a := range 3 {
+			_ = update(c.Journal, got.ActionID, got.Key, journal.StatePending, uint32(a+1), 0)
+		}
+		if i%5 == 4 {
+			w.forgetOne()
+		}
+	})
 }
 
 func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
 	t.Helper()
 	return spawnLines(t, "TestCrashChild", append([]string{envChild + "=" + mode, envDir + "=" + dir}, env...)...)
-}
-
-// lines collects a child's complete output lines.
-type lines struct {
-	done  chan struct{}
-	first chan string
-	all   []string
-}
-
-func (l *lines) read(r interface{ Read([]byte) (int, error) }) {
-	defer close(l.done)
-	br := bufio.NewReader(r)
-	for {
-		s, err := br.ReadString('\n')
-		if err != nil {
-			return // a partial last line is dropped: it was never complete
-		}
-		s = strings.TrimSuffix(s, "\n")
-		if len(l.all) == 0 {
-			l.first <- s
-		}
-		l.all = append(l.all, s)
-	}
-}
-
-// waitFirst returns the child's first line, or "" if it died silently (a
-// failpoint can kill it inside Open).
-func (l *lines) waitFirst(t *testing.T) string {
-	t.Helper()
-	select {
-	case s := <-l.first:
-		return s
-	case <-l.done:
-		select {
-		case s := <-l.first:
-			return s
-		default:
-			return ""
-		}
-	case <-time.After(30 * time.Second):
-		t.Error("child said nothing")
-		return ""
-	}
 }
 
 // oracle is what the child acknowledged over all rounds.
@@ -424,4 +287,61 @@ func TestLockWaitForRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	_ = cmd.Wait()
+}
+
+// TestSyncCrashChild is the child of TestSyncedDoneSurvivesKill; it does
+// nothing in a normal run. Four workers each create an action, record it
+// done (a lazy Update), Sync, and then say so; the flush interval is an
+// hour, so only Sync can have written the done.
+func TestSyncCrashChild(t *testing.T) {
+	dir := os.Getenv(envDir)
+	if dir == "" {
+		t.Skip("child process of TestSyncedDoneSurvivesKill")
+	}
+	o := testOpts()
+	o.flushEvery = time.Hour
+	c := openChild(dir, o)
+	ctx := context.Background()
+	c.work(4, func(w *childWorker, i int) {
+		r, _, err := c.Reserve(ctx, entry(fmt.Sprintf("u-%d-%d", w.g, i)), journal.ReuseAny)
+		if err == nil {
+			r.State, r.Attempts, r.Status = journal.StateDone, 1, 201
+			err = c.Update(ctx, r)
+		}
+		if err == nil {
+			err = c.Sync(ctx)
+		}
+		if err != nil {
+			c.fail(err)
+		}
+		c.say("synced %s", r.ActionID)
+	})
+}
+
+// An unnamed action's "done" is synced before RoundTrip returns: a child
+// killed with SIGKILL right after Syncs returned must leave every one of
+// those dones on disk, with its status.
+func TestSyncedDoneSurvivesKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	for round := range 5 {
+		dir := t.TempDir()
+		cmd, out := startChild(t, "TestSyncCrashChild", envDir+"="+dir)
+		// Killed right after the last Sync it said returned.
+		ls, err := killAfter(cmd, out, 1+20+10*round)
+		require.NoError(t, err, "round %d", round)
+		require.Equal(t, "open", ls[0], "round %d", round)
+		s, _ := mustOpen(t, dir, testOpts())
+		for _, l := range ls[1:] {
+			f := strings.Fields(l)
+			require.Equal(t, "synced", f[0], "round %d: child: %s", round, l)
+			got, ok, err := s.get(f[1])
+			require.NoError(t, err)
+			require.True(t, ok, "round %d: %s lost", round, f[1])
+			assert.Equal(t, journal.StateDone, got.State, "round %d: %s's synced done lost", round, f[1])
+			assert.Equal(t, 201, got.Status, "round %d: %s", round, f[1])
+		}
+		require.NoError(t, s.Close())
+	}
 }

@@ -49,6 +49,17 @@ func mustOpen(t testing.TB, dir string, o config) (*Journal, Recovery) {
 	return s, rep
 }
 
+// openFlushing opens a journal in a new directory whose flush timer writes
+// the lazy updates every flush, and returns it with the directory.
+func openFlushing(t testing.TB, flush time.Duration) (*Journal, string) {
+	t.Helper()
+	o := testOpts()
+	o.flushEvery = flush
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	return s, dir
+}
+
 func newKey() string {
 	var k [16]byte
 	_, _ = rand.Read(k[:])

@@ -3,7 +3,6 @@
 package filejournal
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,77 +25,57 @@ import (
 // itself, the reused queue and frame buffers, the committer's yield, and
 // Sync sharing the next batch.
 
-const (
-	envReviewChild = "IDEMRETRY_REVIEW_COMMIT_CHILD" // the directory, in the child
-	envReviewFlush = "IDEMRETRY_REVIEW_COMMIT_FLUSH" // the child's flush interval
-	envReviewTag   = "IDEMRETRY_REVIEW_COMMIT_TAG"
-)
+// The flush interval of TestReviewCommitChild.
+const envReviewFlush = "IDEMRETRY_REVIEW_COMMIT_FLUSH"
 
 // TestReviewCommitChild is the child of TestReviewAckedSurvivesKill; it does
-// nothing in a normal run. Six goroutines reserve actions (in batches that
+// nothing in a normal run. Six workers reserve actions (in batches that
 // grow and shrink, so the reused buffers change size), update them lazily,
-// record some done and Sync, forget some; a seventh compacts now and then.
-// The journal compacts often by itself too (a small compactMin).
+// record some done and Sync, forget some; a seventh goroutine compacts now
+// and then. The journal compacts often by itself too (a small compactMin).
 func TestReviewCommitChild(t *testing.T) {
-	dir := os.Getenv(envReviewChild)
+	dir := os.Getenv(envDir)
 	if dir == "" {
 		t.Skip("child process of TestReviewAckedSurvivesKill")
 	}
 	o := testOpts()
 	o.compactMin = 4096
 	o.flushEvery, _ = time.ParseDuration(os.Getenv(envReviewFlush))
-	s, _, err := openWith(dir, o)
-	if err != nil {
-		fmt.Printf("error %v\n", err)
-		os.Exit(3)
-	}
-	say := childSay()
-	fail := func(err error) {
-		say("error %v", err)
-		os.Exit(4)
-	}
-	say("open")
-	tag := os.Getenv(envReviewTag)
+	c := openChild(dir, o)
+	tag := os.Getenv(envTag)
 	ctx := context.Background()
-	for g := range 6 {
-		go func() {
-			var mine []string
-			for i := 0; ; i++ {
-				e := entry(fmt.Sprintf("%s-%d-%d", tag, g, i))
-				if i%11 == 5 {
-					e.Key = "custom-" + e.ActionID
-				}
-				got := childReserve(ctx, s, say, e)
-				mine = append(mine, got.ActionID)
-				got.Attempts = 1
-				if err := s.Update(ctx, got); err != nil { // lazy
-					fail(err)
-				}
-				if i%3 != 1 {
-					got.State, got.Attempts, got.Status = journal.StateDone, 2, 200+g
-					if err := s.Update(ctx, got); err != nil {
-						fail(err)
-					}
-					if err := s.Sync(ctx); err != nil {
-						fail(err)
-					}
-					say("synced %s %d", got.ActionID, got.Status)
-				}
-				if i%7 == 6 {
-					childForgetOne(ctx, s, say, mine)
-				}
-			}
-		}()
-	}
 	go func() {
 		for {
 			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-			if err := s.Compact(ctx); err != nil {
-				fail(err)
+			if err := c.Compact(ctx); err != nil {
+				c.fail(err)
 			}
 		}
 	}()
-	select {}
+	c.work(6, func(w *childWorker, i int) {
+		e := entry(fmt.Sprintf("%s-%d-%d", tag, w.g, i))
+		if i%11 == 5 {
+			e.Key = "custom-" + e.ActionID
+		}
+		got := w.reserve(e)
+		got.Attempts = 1
+		if err := c.Update(ctx, got); err != nil { // lazy
+			c.fail(err)
+		}
+		if i%3 != 1 {
+			got.State, got.Attempts, got.Status = journal.StateDone, 2, 200+w.g
+			if err := c.Update(ctx, got); err != nil {
+				c.fail(err)
+			}
+			if err := c.Sync(ctx); err != nil {
+				c.fail(err)
+			}
+			c.say("synced %s %d", got.ActionID, got.Status)
+		}
+		if i%7 == 6 {
+			w.forgetOne()
+		}
+	})
 }
 
 // reviewOracle is what the children acknowledged, over all rounds.
@@ -168,30 +146,11 @@ func TestReviewAckedSurvivesKill(t *testing.T) {
 			dir := t.TempDir()
 			o := &reviewOracle{acked: map[string]string{}, synced: map[string]int{}, forgotten: map[string]bool{}}
 			for r := range rounds {
-				cmd, out := startChild(t, "TestReviewCommitChild", envReviewChild+"="+dir,
-					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envReviewTag, r))
-				var ls []string
-				br := bufio.NewReader(out)
-				want := 50 + rand.IntN(400)
-				for len(ls) < want {
-					l, err := br.ReadString('\n')
-					if err != nil {
-						_ = cmd.Process.Kill()
-						_ = cmd.Wait()
-						t.Fatalf("round %d: child ended early: %v\n%s", r, err, strings.Join(ls, "\n"))
-					}
-					ls = append(ls, strings.TrimSuffix(l, "\n"))
-				}
+				cmd, out := startChild(t, "TestReviewCommitChild", envDir+"="+dir,
+					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envTag, r))
 				// Killed right after its last acknowledgement was read.
-				require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-				for { // the complete lines it wrote before it died count too
-					l, err := br.ReadString('\n')
-					if err != nil {
-						break
-					}
-					ls = append(ls, strings.TrimSuffix(l, "\n"))
-				}
-				_ = cmd.Wait()
+				ls, err := killAfter(cmd, out, 50+rand.IntN(400))
+				require.NoError(t, err, "round %d", r)
 				require.Equal(t, "open", ls[0], "round %d", r)
 				o.apply(t, ls[1:])
 				s, _ := mustOpen(t, dir, testOpts())
@@ -444,9 +403,7 @@ func TestReviewFailureStopsAcknowledging(t *testing.T) {
 func TestReviewTimerLeavesNoGoroutine(t *testing.T) {
 	before := runtime.NumGoroutine()
 	for i := range 30 {
-		o := testOpts()
-		o.flushEvery = []time.Duration{time.Nanosecond, time.Millisecond, time.Hour}[i%3]
-		s, _ := mustOpen(t, t.TempDir(), o)
+		s, _ := openFlushing(t, []time.Duration{time.Nanosecond, time.Millisecond, time.Hour}[i%3])
 		r := reserve(t, s, entry("a"))
 		r.Attempts = 1
 		require.NoError(t, s.Update(context.Background(), r))
@@ -615,29 +572,17 @@ func TestReviewHugeBatchesThroughReusedBuffers(t *testing.T) {
 func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
 	for _, flush := range []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond} {
 		t.Run(flush.String(), func(t *testing.T) {
-			o := testOpts()
-			o.flushEvery = flush
-			dir := t.TempDir()
-			s, _ := mustOpen(t, dir, o)
+			s, dir := openFlushing(t, flush)
 			defer s.Close()
 			const gs, per = 8, 300
 			recs := reserveNumbered(t, s, "g", gs)
-			var wg sync.WaitGroup
-			for g := range gs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := recs[g]
-					for a := 1; a <= per; a++ {
-						r.Attempts = a
-						assert.NoError(t, s.Update(context.Background(), r))
-						if a%16 == 0 {
-							time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			raiseAttempts(s, recs, func(_, a int, err error) bool {
+				assert.NoError(t, err)
+				if a%16 == 0 {
+					time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+				}
+				return a < per
+			})()
 			require.Eventually(t, func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
@@ -660,10 +605,7 @@ func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
 func TestReviewCloseWritesQueuedLazyUpdates(t *testing.T) {
 	for _, flush := range []time.Duration{time.Hour, time.Nanosecond} {
 		t.Run(flush.String(), func(t *testing.T) {
-			o := testOpts()
-			o.flushEvery = flush
-			dir := t.TempDir()
-			s, _ := mustOpen(t, dir, o)
+			s, dir := openFlushing(t, flush)
 			recs := reserveNumbered(t, s, "a", 20)
 			for i, r := range recs {
 				r.State, r.Attempts, r.Status = journal.StateDone, 1, 200+i
@@ -690,32 +632,21 @@ func TestReviewCloseRacingUpdatesAndTimer(t *testing.T) {
 	for _, flush := range []time.Duration{time.Nanosecond, 20 * time.Microsecond, time.Hour} {
 		t.Run(flush.String(), func(t *testing.T) {
 			for range 5 {
-				o := testOpts()
-				o.flushEvery = flush
-				dir := t.TempDir()
-				s, _ := mustOpen(t, dir, o)
+				s, dir := openFlushing(t, flush)
 				const gs = 8
 				recs := reserveNumbered(t, s, "g", gs)
 				acked := make([]int, gs)
-				var wg sync.WaitGroup
-				for g := range gs {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						r := recs[g]
-						for a := 1; ; a++ {
-							r.Attempts = a
-							if err := s.Update(context.Background(), r); err != nil {
-								assert.ErrorIs(t, err, journal.ErrClosed)
-								return
-							}
-							acked[g] = a
-						}
-					}()
-				}
+				wait := raiseAttempts(s, recs, func(g, a int, err error) bool {
+					if err != nil {
+						assert.ErrorIs(t, err, journal.ErrClosed)
+						return false
+					}
+					acked[g] = a
+					return true
+				})
 				time.Sleep(time.Duration(1+rand.IntN(5)) * time.Millisecond)
 				require.NoError(t, s.Close())
-				wg.Wait()
+				wait()
 				s2, _ := mustOpen(t, dir, testOpts())
 				for g := range gs {
 					got, ok, err := s2.get(recs[g].ActionID)
@@ -737,4 +668,25 @@ func reserveNumbered(t *testing.T, s *Journal, prefix string, n int) []journal.R
 		recs[i] = reserve(t, s, entry(fmt.Sprintf("%s%d", prefix, i)))
 	}
 	return recs
+}
+
+// raiseAttempts starts one goroutine per record of recs, which updates it
+// (a lazy Update) with attempts 1, 2, 3, ... and calls next(g, a, err)
+// after each, g being the record's index, until next returns false; wait
+// waits for them all.
+func raiseAttempts(s *Journal, recs []journal.Record, next func(g, a int, err error) bool) (wait func()) {
+	var wg sync.WaitGroup
+	for g, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for a := 1; ; a++ {
+				r.Attempts = a
+				if !next(g, a, s.Update(context.Background(), r)) {
+					return
+				}
+			}
+		}()
+	}
+	return wg.Wait
 }

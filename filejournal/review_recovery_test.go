@@ -530,37 +530,36 @@ func TestReviewLargeTempAdoption(t *testing.T) {
 		_, ok, _ := s.get(after.ActionID)
 		require.True(t, ok, msg)
 	}
-	// The rename lost, journal gone: journal.tmp (with the append after
-	// the snapshot, and a torn tail) is adopted.
-	d1 := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(d1, tmpName), append(slices.Clone(snap), 1, 2, 3), 0o600))
-	s, rep, err := openWith(d1, reviewOpts())
-	require.NoError(t, err)
-	require.True(t, rep.AdoptedTemp)
-	require.True(t, rep.TornTail)
-	check(s, "adopted, journal missing")
-	require.NoError(t, s.Close())
-	// The rename lost, the old journal still there: journal.tmp starts
-	// past its last frame, and wins.
-	d2 := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(d2, journalName), old, 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(d2, tmpName), snap, 0o600))
-	s, rep, err = openWith(d2, reviewOpts())
-	require.NoError(t, err)
-	require.True(t, rep.AdoptedTemp)
-	check(s, "adopted over the old journal")
-	require.NoError(t, s.Close())
-	// A journal.tmp that journal went on past is stale: removed.
-	d3 := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(d3, journalName), snap, 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(d3, tmpName), old, 0o600))
-	s, rep, err = openWith(d3, reviewOpts())
-	require.NoError(t, err)
-	require.True(t, rep.RemovedTemp)
-	check(s, "stale tmp removed")
-	require.NoError(t, s.Close())
-	_, err = os.Stat(filepath.Join(d3, tmpName))
-	require.ErrorIs(t, err, os.ErrNotExist)
+	for _, c := range []struct {
+		msg          string
+		journal, tmp []byte // the files' contents; a nil journal: none
+		adopted      bool   // journal.tmp adopted
+		torn         bool
+	}{
+		// The rename lost, journal gone: journal.tmp (with the append after
+		// the snapshot, and a torn tail) is adopted.
+		{"adopted, journal missing", nil, append(slices.Clone(snap), 1, 2, 3), true, true},
+		// The rename lost, the old journal still there: journal.tmp starts
+		// past its last frame, and wins.
+		{"adopted over the old journal", old, snap, true, false},
+		// A journal.tmp that journal went on past is stale: removed.
+		{"stale tmp removed", snap, old, false, false},
+	} {
+		d := t.TempDir()
+		if c.journal != nil {
+			require.NoError(t, os.WriteFile(filepath.Join(d, journalName), c.journal, 0o600))
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(d, tmpName), c.tmp, 0o600))
+		s, rep, err := openWith(d, reviewOpts())
+		require.NoError(t, err, c.msg)
+		require.Equal(t, c.adopted, rep.AdoptedTemp, c.msg)
+		require.Equal(t, !c.adopted, rep.RemovedTemp, c.msg)
+		require.Equal(t, c.torn, rep.TornTail, c.msg)
+		check(s, c.msg)
+		require.NoError(t, s.Close())
+		_, err = os.Stat(filepath.Join(d, tmpName))
+		require.ErrorIs(t, err, os.ErrNotExist, c.msg)
+	}
 }
 
 // The slab's refs are reused as records go (Forget, replacement, expiry at
@@ -876,11 +875,10 @@ func reviewSpawn(t *testing.T, dir, tag, compactMin, fp string) (*exec.Cmd, *lin
 		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin, envFP+"="+fp)
 }
 
-// reviewChild is the child of TestReviewKillLargeIDs: 4 goroutines
-// reserve records with max-length ids (some custom keys), update them,
-// and forget some, saying what was submitted and acknowledged.
+// reviewChild is the child of TestReviewKillLargeIDs: 4 workers reserve
+// records with max-length ids (some custom keys), update them, and forget
+// some, saying what was submitted and acknowledged.
 func reviewChild() {
-	say := childSay()
 	o := testOpts()
 	o.flushEvery = 2 * time.Millisecond
 	var cm int64
@@ -891,33 +889,20 @@ func reviewChild() {
 		// batch's write, before its sync, inside a compaction.
 		o.hooks = killAtFailpoint(spec)
 	}
-	s, _, err := openWith(os.Getenv(envDir), o)
-	if err != nil {
-		say("error %v", err)
-		os.Exit(3)
-	}
-	say("open")
+	c := openChild(os.Getenv(envDir), o)
 	tag := os.Getenv(envTag)
-	ctx := context.Background()
-	for g := range 4 {
-		go func() {
-			var mine []string
-			for i := 0; ; i++ {
-				id := reviewID(fmt.Sprintf("%s-%d", tag, g), i)
-				e := entry(id)
-				if i%7 == 3 {
-					e.Key = fmt.Sprintf("custom-%s-%d-%d", tag, g, i)
-				}
-				got := childReserve(ctx, s, say, e)
-				mine = append(mine, id)
-				_ = update(s, id, got.Key, journal.StatePending, 2, 0)
-				if i%5 == 4 {
-					childForgetOne(ctx, s, say, mine)
-				}
-			}
-		}()
-	}
-	select {}
+	c.work(4, func(w *childWorker, i int) {
+		id := reviewID(fmt.Sprintf("%s-%d", tag, w.g), i)
+		e := entry(id)
+		if i%7 == 3 {
+			e.Key = fmt.Sprintf("custom-%s-%d-%d", tag, w.g, i)
+		}
+		got := w.reserve(e)
+		_ = update(c.Journal, id, got.Key, journal.StatePending, 2, 0)
+		if i%5 == 4 {
+			w.forgetOne()
+		}
+	})
 }
 
 // A journal.tmp whose rename was lost holds acknowledged batches after its

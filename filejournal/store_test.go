@@ -171,10 +171,7 @@ func TestForgetAndUnfinishedOrder(t *testing.T) {
 }
 
 func TestLazyUpdateFlushedByTimer(t *testing.T) {
-	dir := t.TempDir()
-	o := testOpts()
-	o.flushEvery = 20 * time.Millisecond
-	s, _ := mustOpen(t, dir, o)
+	s, _ := openFlushing(t, 20*time.Millisecond)
 	reserve(t, s, entry("a"))
 	before := s.stats().FileBytes
 	require.NoError(t, update(s, "a", keyOf(t, s, "a"), journal.StateDone, 1, 200))

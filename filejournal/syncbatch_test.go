@@ -1,15 +1,10 @@
 package filejournal
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -113,9 +108,7 @@ func TestSyncSharesTheNextBatch(t *testing.T) {
 // it). One queued while the timer already runs, after a Reserve's batch
 // took the update that armed it, is still written by that timer.
 func TestLazyUpdateAfterBatchFlushedByTimer(t *testing.T) {
-	o := testOpts()
-	o.flushEvery = 20 * time.Millisecond
-	s, _ := mustOpen(t, t.TempDir(), o)
+	s, _ := openFlushing(t, 20*time.Millisecond)
 	defer s.Close()
 	a := reserve(t, s, entry("a"))
 	require.NoError(t, update(s, "a", a.Key, journal.StatePending, 1, 0)) // arms the timer
@@ -123,91 +116,4 @@ func TestLazyUpdateAfterBatchFlushedByTimer(t *testing.T) {
 	before := s.stats().FileBytes
 	require.NoError(t, update(s, "b", b.Key, journal.StateDone, 1, 200))
 	require.Eventually(t, func() bool { return s.stats().FileBytes > before }, 5*time.Second, 5*time.Millisecond)
-}
-
-const envSyncChild = "IDEMRETRY_SYNC_CHILD" // the directory, in the child
-
-// TestSyncCrashChild is the child of TestSyncedDoneSurvivesKill; it does
-// nothing in a normal run. Four goroutines each create an action, record
-// it done (a lazy Update), Sync, and then say so; the flush interval is an
-// hour, so only Sync can have written the done.
-func TestSyncCrashChild(t *testing.T) {
-	dir := os.Getenv(envSyncChild)
-	if dir == "" {
-		t.Skip("child process of TestSyncedDoneSurvivesKill")
-	}
-	o := testOpts()
-	o.flushEvery = time.Hour
-	s, _, err := openWith(dir, o)
-	if err != nil {
-		fmt.Printf("error %v\n", err)
-		os.Exit(3)
-	}
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
-	ctx := context.Background()
-	for g := range 4 {
-		go func() {
-			for i := 0; ; i++ {
-				r, _, err := s.Reserve(ctx, entry(fmt.Sprintf("u-%d-%d", g, i)), journal.ReuseAny)
-				if err == nil {
-					r.State, r.Attempts, r.Status = journal.StateDone, 1, 201
-					err = s.Update(ctx, r)
-				}
-				if err == nil {
-					err = s.Sync(ctx)
-				}
-				if err != nil {
-					say("error %v", err)
-					os.Exit(4)
-				}
-				say("synced %s", r.ActionID)
-			}
-		}()
-	}
-	select {}
-}
-
-// An unnamed action's "done" is synced before RoundTrip returns: a child
-// killed with SIGKILL right after Syncs returned must leave every one of
-// those dones on disk, with its status.
-func TestSyncedDoneSurvivesKill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	for round := range 5 {
-		dir := t.TempDir()
-		cmd := exec.Command(os.Args[0], "-test.run=^TestSyncCrashChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envSyncChild+"="+dir)
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		var synced []string
-		br := bufio.NewReader(out)
-		for len(synced) < 20+10*round {
-			l, err := br.ReadString('\n')
-			require.NoError(t, err, "child ended early")
-			f := strings.Fields(l)
-			require.Equal(t, "synced", f[0], "child: %s", l)
-			synced = append(synced, f[1])
-		}
-		// Killed right after the last Sync returned.
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		_ = cmd.Wait()
-
-		s, _ := mustOpen(t, dir, testOpts())
-		for _, id := range synced {
-			got, ok, err := s.get(id)
-			require.NoError(t, err)
-			require.True(t, ok, "round %d: %s lost", round, id)
-			assert.Equal(t, journal.StateDone, got.State, "round %d: %s's synced done lost", round, id)
-			assert.Equal(t, 201, got.Status, "round %d: %s", round, id)
-		}
-		require.NoError(t, s.Close())
-	}
 }

@@ -1,0 +1,231 @@
+//go:build linux || darwin
+
+package filejournal
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry/journal"
+	"github.com/stretchr/testify/require"
+)
+
+// The kill tests' child processes. A child is the test binary itself,
+// started to run one test alone (a Test...Child function, or a test that is
+// its own child); it opens a journal and works on it, saying on its stdout,
+// one whole line at a time, what it began and what returned. The parent
+// SIGKILLs it (at a random moment, after it said enough, or through a
+// failpoint), then opens the journal it left and checks it against what
+// the child said.
+
+// Environment of a child.
+const (
+	envDir = "IDEMRETRY_CRASH_DIR" // the journal's directory
+	envFP  = "IDEMRETRY_CRASH_FP"  // failpoint:n, kill at its n-th hit
+	envTag = "IDEMRETRY_CRASH_TAG" // tells this child's ids from earlier ones'
+)
+
+// startChild starts the test binary running only the test named run, with
+// env added to the environment, and returns it with its stdout.
+func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+	// A race-enabled child would sleep a second at exit by default.
+	cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0"}, env...)...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	return cmd, out
+}
+
+// spawnLines is startChild with the child's output collected in lines.
+func spawnLines(t *testing.T, run string, env ...string) (*exec.Cmd, *lines) {
+	t.Helper()
+	cmd, out := startChild(t, run, env...)
+	l := &lines{done: make(chan struct{}), first: make(chan string, 1)}
+	go l.read(out)
+	return cmd, l
+}
+
+// lines collects a child's complete output lines.
+type lines struct {
+	done  chan struct{}
+	first chan string
+	all   []string
+}
+
+func (l *lines) read(r io.Reader) {
+	defer close(l.done)
+	br := bufio.NewReader(r)
+	for {
+		s, err := br.ReadString('\n')
+		if err != nil {
+			return // a partial last line is dropped: it was never complete
+		}
+		s = strings.TrimSuffix(s, "\n")
+		if len(l.all) == 0 {
+			l.first <- s
+		}
+		l.all = append(l.all, s)
+	}
+}
+
+// waitFirst returns the child's first line, or "" if it died silently (a
+// failpoint can kill it inside Open).
+func (l *lines) waitFirst(t *testing.T) string {
+	t.Helper()
+	select {
+	case s := <-l.first:
+		return s
+	case <-l.done:
+		select {
+		case s := <-l.first:
+			return s
+		default:
+			return ""
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("child said nothing")
+		return ""
+	}
+}
+
+// killAfter reads the output of the child cmd until it has said n lines,
+// SIGKILLs it right after the n-th, and returns every complete line it
+// wrote before it died (those after the n-th count too). A child that ends
+// before its n-th line is an error, which holds what it said.
+func killAfter(cmd *exec.Cmd, out io.Reader, n int) ([]string, error) {
+	var ls []string
+	br := bufio.NewReader(out)
+	for len(ls) < n {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return ls, fmt.Errorf("child ended after %d of %d lines: %w\n%s", len(ls), n, err, strings.Join(ls, "\n"))
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	killErr := cmd.Process.Signal(syscall.SIGKILL)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			break // a partial last line is dropped: it was never complete
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	_ = cmd.Wait()
+	return ls, killErr
+}
+
+// childSay returns a printf to the child's stdout, one whole line at a
+// time, safe for concurrent use.
+func childSay() func(format string, args ...any) {
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
+	}
+}
+
+// killAtFailpoint returns hooks that SIGKILL the process at the n-th hit of
+// failpoint name, spec being "name:n".
+func killAtFailpoint(spec string) *hooks {
+	name, n, _ := strings.Cut(spec, ":")
+	left, _ := strconv.Atoi(n)
+	var mu sync.Mutex
+	return &hooks{failpoint: func(fp string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fp == name {
+			if left--; left == 0 {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+	}}
+}
+
+// childJournal is the journal a child works on, and its say.
+type childJournal struct {
+	*Journal
+	say func(format string, args ...any)
+}
+
+// openChild opens the journal in dir with o, in a child, and says "open";
+// on an error it says so and exits with 3.
+func openChild(dir string, o config) *childJournal {
+	say := childSay()
+	s, _, err := openWith(dir, o)
+	if err != nil {
+		say("error %v", err)
+		os.Exit(3)
+	}
+	say("open")
+	return &childJournal{s, say}
+}
+
+// fail says err and exits with 4.
+func (c *childJournal) fail(err error) {
+	c.say("error %v", err)
+	os.Exit(4)
+}
+
+// work runs n workers until the child is killed (it never returns): worker
+// g calls step(w, i) for i = 0, 1, 2, ..., w being g's own.
+func (c *childJournal) work(n int, step func(w *childWorker, i int)) {
+	for g := range n {
+		go func() {
+			w := &childWorker{childJournal: c, g: g}
+			for i := 0; ; i++ {
+				step(w, i)
+			}
+		}()
+	}
+	select {}
+}
+
+// childWorker is one of a child's workers: its number, and the ids it
+// reserved.
+type childWorker struct {
+	*childJournal
+	g    int
+	mine []string
+}
+
+// reserve reserves e, saying "sub" before and "ack" after; the child exits
+// on an error.
+func (w *childWorker) reserve(e journal.Record) journal.Record {
+	w.say("sub %s %s", e.ActionID, e.Key)
+	got, _, err := w.Reserve(context.Background(), e, journal.ReuseAny)
+	if err != nil {
+		w.fail(err)
+	}
+	w.say("ack %s %s", got.ActionID, got.Key)
+	w.mine = append(w.mine, got.ActionID)
+	return got
+}
+
+// forgetOne forgets one of the ids the worker reserved, at random, saying
+// "fsub" before and "fack" after; the child exits on an error.
+func (w *childWorker) forgetOne() {
+	id := w.mine[rand.IntN(len(w.mine))]
+	w.say("fsub %s", id)
+	if err := w.Forget(context.Background(), id); err != nil {
+		w.fail(err)
+	}
+	w.say("fack %s", id)
+}
