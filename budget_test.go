@@ -101,11 +101,8 @@ func TestBudgetTotalOutage(t *testing.T) {
 		{"no budget", []idemretry.Option{idemretry.WithRetryBudget(0, 0)}, 6 * 200, 6 * 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var requests atomic.Int64
-			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-				requests.Add(1)
-				w.WriteHeader(http.StatusServiceUnavailable)
-			})
+			srv := newOutage(t)
+			srv.down.Store(true)
 			tr, _, _ := newTestTransport(t, tc.opts...)
 			var parked atomic.Int64
 			hammer.Run(8, 25, func(g, i int) {
@@ -116,7 +113,7 @@ func TestBudgetTotalOutage(t *testing.T) {
 					parked.Add(1)
 				}
 			})
-			n := int(requests.Load())
+			n := len(srv.seen())
 			assert.LessOrEqual(t, n, tc.most)
 			assert.GreaterOrEqual(t, n, tc.atLeast)
 			t.Logf("%s: %d requests for 200 actions, %d parked", tc.name, n, parked.Load())

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -80,25 +79,21 @@ func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
 func TestMaybeProcessedAfterRestart(t *testing.T) {
 	j := journal.NewMemory()
 	clk := newFakeClock()
+	url := "http://" + closedAddr(t) + "/v1/charges" // the resend's dial is refused
 	// What a process killed during its first attempt leaves behind: the
 	// durable reservation, with the attempt count never updated.
 	_, _, err := j.Reserve(context.Background(), journal.Record{
 		ActionID: "pay:crashed", Key: "0b9f2f5e-8a7a-4d6e-9c43-2d1a5c7e8f90",
-		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: journal.StatePending,
+		Fingerprint: fpOf(t, url, "x"), CreatedAt: clk.Now(), State: journal.StatePending,
 	}, journal.ReuseAny)
 	require.NoError(t, err)
 
-	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
-	base := rtFunc(func(r *http.Request) (*http.Response, error) {
-		r.Body.Close()
-		return nil, dialErr
-	})
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
-	req, _ := http.NewRequestWithContext(idemretry.WithAction(context.Background(), "pay:crashed"),
-		http.MethodPost, "http://pay.example/v1/charges", strings.NewReader("x"))
-	_, err = tr.RoundTrip(req)
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:crashed"), url, "x"))
 	var ae *idemretry.ActionError
 	require.ErrorAs(t, err, &ae)
 	assert.True(t, ae.MaybeProcessed, "the previous run's attempt may have reached the server: %v", err)
@@ -106,13 +101,11 @@ func TestMaybeProcessedAfterRestart(t *testing.T) {
 	// The same after the key window: ErrKeyWindowExpired with MaybeProcessed false.
 	_, _, err = j.Reserve(context.Background(), journal.Record{
 		ActionID: "pay:crashed2", Key: "1b9f2f5e-8a7a-4d6e-9c43-2d1a5c7e8f90",
-		Fingerprint: fpOf(t, "http://pay.example/v1/charges", "x"), CreatedAt: clk.Now(), State: journal.StatePending,
+		Fingerprint: fpOf(t, url, "x"), CreatedAt: clk.Now(), State: journal.StatePending,
 	}, journal.ReuseAny)
 	require.NoError(t, err)
 	clk.Advance(25 * time.Hour)
-	req, _ = http.NewRequestWithContext(idemretry.WithAction(context.Background(), "pay:crashed2"),
-		http.MethodPost, "http://pay.example/v1/charges", strings.NewReader("x"))
-	_, err = tr.RoundTrip(req)
+	_, err = tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:crashed2"), url, "x"))
 	require.ErrorAs(t, err, &ae)
 	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 	assert.True(t, ae.MaybeProcessed, "unknown-outcome action reported as never processed: %v", err)

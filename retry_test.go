@@ -347,15 +347,6 @@ func TestOnRetryHook(t *testing.T) {
 	assert.Equal(t, "pay:hook", events[1].Action)
 }
 
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
-
 func uuidCheck(s string) error {
 	if len(s) != 36 || s[14] != '4' {
 		return errors.New("not a UUIDv4: " + s)
