@@ -5,26 +5,17 @@
 package lockfile
 
 import (
-	"errors"
 	"os"
 
 	"golang.org/x/sys/unix"
 )
 
 func tryLock(f *os.File) error {
-	return control(f, func(fd uintptr) error {
-		err := ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB) })
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return errBusy
-		}
-		return err
-	})
+	return control(f, func(fd uintptr) error { return flock(fd, unix.LOCK_EX|unix.LOCK_NB) })
 }
 
 // unlock releases the flock explicitly: a fork in progress (os/exec) may
 // hold a duplicate of the descriptor until its child execs.
 func unlock(f *os.File) error {
-	return control(f, func(fd uintptr) error {
-		return ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_UN) })
-	})
+	return control(f, func(fd uintptr) error { return flock(fd, unix.LOCK_UN) })
 }

@@ -14,13 +14,8 @@ import (
 
 func tryLock(f *os.File) error {
 	return control(f, func(fd uintptr) error {
-		err := ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB) })
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, unix.EWOULDBLOCK):
-			return errBusy
-		case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPERM):
+		err := flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if flockMissing(err) {
 			// flock is missing (seen on Android 14) or filtered by a
 			// seccomp policy: open-file-description locks have the same
 			// per-description semantics.
@@ -28,6 +23,12 @@ func tryLock(f *os.File) error {
 		}
 		return err
 	})
+}
+
+// flockMissing reports whether err, from flock, says that flock cannot be
+// used here (ENOSYS, EOPNOTSUPP, or EPERM from a seccomp filter).
+func flockMissing(err error) bool {
+	return errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM)
 }
 
 func ofdLock(fd uintptr) error {
@@ -45,8 +46,8 @@ func ofdLock(fd uintptr) error {
 // descriptor alone would leave the lock held until then.
 func unlock(f *os.File) error {
 	return control(f, func(fd uintptr) error {
-		err := ignoringEINTR(func() error { return unix.Flock(int(fd), unix.LOCK_UN) })
-		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM) {
+		err := flock(fd, unix.LOCK_UN)
+		if flockMissing(err) {
 			lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: io.SeekStart}
 			err = ignoringEINTR(func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
 		}
