@@ -8,12 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/procstat"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -132,45 +132,24 @@ func MeasureOpen(dir string) (RecoveryResult, error) {
 			res.FileBytes += fi.Size()
 		}
 	}
-	g, sg := newHeapGauge(), newHeapGauge()
 	runtime.GC()
-	base := g.read()
+	base := procstat.HeapObjects()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 
-	var peak atomic.Uint64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			if h := sg.read(); h > peak.Load() {
-				peak.Store(h)
-			}
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-		}
-	}()
+	stop := procstat.SampleHeapPeak(time.Millisecond)
 	start := time.Now()
 	j, err := filejournal.Open(dir)
 	res.Open = time.Since(start)
-	close(stop)
-	<-sampled
-	if h := g.read(); h > peak.Load() {
-		peak.Store(h)
-	}
+	peak := stop()
 	if err != nil {
 		return res, err
 	}
 	runtime.ReadMemStats(&after)
 	res.Allocated = after.TotalAlloc - before.TotalAlloc
-	res.Peak = sub(peak.Load(), base)
+	res.Peak = sub(peak, base)
 	runtime.GC()
-	res.Retained = sub(g.read(), base)
+	res.Retained = sub(procstat.HeapObjects(), base)
 	rec := j.Recovery()
 	res.Records, res.Compacted = rec.Records, rec.Compacted
 	return res, j.Close()
@@ -181,20 +160,4 @@ func sub(a, b uint64) uint64 {
 		return 0
 	}
 	return a - b
-}
-
-// heapGauge reads the bytes of heap objects, live or not yet swept,
-// without stopping the world and without allocating.
-type heapGauge []metrics.Sample
-
-func newHeapGauge() heapGauge {
-	return heapGauge{{Name: "/memory/classes/heap/objects:bytes"}}
-}
-
-func (g heapGauge) read() uint64 {
-	metrics.Read(g)
-	if g[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return g[0].Value.Uint64()
 }

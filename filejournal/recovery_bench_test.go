@@ -6,12 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/metrics"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/procstat"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -44,13 +43,13 @@ func BenchmarkColdRecovery1M(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
 			runtime.GC()
-			base := heapObjects()
-			stop := sampleHeap()
-			c0 := processCPU()
+			base := procstat.HeapObjects()
+			stop := procstat.SampleHeapPeak(200 * time.Microsecond)
+			c0 := procstat.CPUTime()
 			b.StartTimer()
 			s, rep, err := openWith(dir, testOpts())
 			b.StopTimer()
-			cpu += processCPU() - c0
+			cpu += procstat.CPUTime() - c0
 			p := stop()
 			if err != nil {
 				b.Fatal(err)
@@ -59,7 +58,7 @@ func BenchmarkColdRecovery1M(b *testing.B) {
 				b.Fatalf("records %d compacted %v torn %v", rep.Records, rep.Compacted, rep.TornTail)
 			}
 			runtime.GC()
-			kept := heapObjects()
+			kept := procstat.HeapObjects()
 			if err := s.Close(); err != nil {
 				b.Fatal(err)
 			}
@@ -72,44 +71,6 @@ func BenchmarkColdRecovery1M(b *testing.B) {
 		b.ReportMetric(float64(retained)/1e6, "retained-MB")
 		b.ReportMetric(float64(fi.Size())/1e6, "file-MB")
 	})
-}
-
-// heapObjects is the heap in use by objects, live or not yet swept.
-func heapObjects() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
-// sampleHeap samples heapObjects until the returned func is called, which
-// returns the highest sample (taken once more at the end).
-func sampleHeap() (stop func() uint64) {
-	var mu sync.Mutex
-	peak := heapObjects()
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(200 * time.Microsecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				h := heapObjects()
-				mu.Lock()
-				peak = max(peak, h)
-				mu.Unlock()
-			}
-		}
-	}()
-	return func() uint64 {
-		close(quit)
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		return max(peak, heapObjects())
-	}
 }
 
 // writeRecoveryJournal writes recoveryJournal(n) to dir's journal.

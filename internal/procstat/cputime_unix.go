@@ -1,14 +1,15 @@
 //go:build unix
 
-package filejournal
+package procstat
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is the CPU time, user and system, the process has used.
-func processCPU() time.Duration {
+// CPUTime returns the CPU time, user and system, that the process has
+// used; 0 if it cannot be read.
+func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
