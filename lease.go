@@ -155,10 +155,10 @@ type lease struct {
 // it. The lease is released by releaseLease.
 func (t *Transport) reserveLeased(ctx context.Context, who identity, window time.Duration, dst *action) (*action, error) {
 	a, err := t.reserve(ctx, who, window, dst)
-	lr, ok := t.journal.(journal.Leaser)
-	if err != nil || !ok {
+	if err != nil || !t.leasing {
 		return a, err
 	}
+	lr := t.journal.(journal.Leaser) // t.leasing says it is one
 	ttl := t.cfg.leaseTTLOrDefault()
 	holder := t.leases.newHolder()
 	poll := leasePollMin
@@ -250,6 +250,9 @@ func (t *Transport) renewLease(ctx context.Context, l *lease) (lost bool) {
 // last renewal is older than a third of the TTL (the renewals in the
 // background failed, or were late).
 func (t *Transport) checkLease(ctx context.Context, a *action) error {
+	if !t.leasing {
+		return nil
+	}
 	l := t.leases.get(a)
 	if l == nil {
 		return nil
@@ -270,7 +273,7 @@ func (t *Transport) checkLease(ctx context.Context, a *action) error {
 // timeout whatever the caller's context: the RoundTrip is over. An error
 // is logged only.
 func (t *Transport) releaseLease(a *action) {
-	if a == nil {
+	if a == nil || !t.leasing {
 		return
 	}
 	l := t.leases.take(a)

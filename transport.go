@@ -50,6 +50,9 @@ type Transport struct {
 	// journalNonBlocking: the journal says its calls never block
 	// (journal.NonBlocker), asked once.
 	journalNonBlocking bool
+	// leasing: the journal is a journal.Leaser, asked once; without one no
+	// lease is ever held, and the attempts skip the lease table (lease.go).
+	leasing bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -82,6 +85,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		}
 	}
 	t.journalNonBlocking = neverBlocks(t.journal)
+	_, t.leasing = t.journal.(journal.Leaser)
 	t.logClock()
 	return t, nil
 }

@@ -141,8 +141,11 @@ func (j *Memory) hash(id string) uint64 { return maphash.String(j.seed, id) & j.
 func (j *Memory) hashBytes(id []byte) uint64 { return maphash.Bytes(j.seed, id) & j.mask }
 
 // find returns the index of the entry of action id, or -1.
-func (j *Memory) find(id string) int {
-	for i := j.records[j.hash(id)]; i != 0; {
+func (j *Memory) find(id string) int { return j.findHashed(id, j.hash(id)) }
+
+// findHashed is find for an id whose hash is h.
+func (j *Memory) findHashed(id string, h uint64) int {
+	for i := j.records[h]; i != 0; {
 		e, _ := j.at(i - 1)
 		if string(j.id(e)) == id { // compiled without a conversion
 			return int(i - 1)
@@ -180,7 +183,11 @@ func addText[T string | []byte](j *Memory, id, key T) (chunk, pos uint32) {
 
 // insert stores rec, reserved at added, as a new entry.
 func (j *Memory) insert(rec Record, added time.Duration) {
-	h := j.hash(rec.ActionID)
+	j.insertHashed(rec, added, j.hash(rec.ActionID))
+}
+
+// insertHashed is insert for a record whose action id's hash is h.
+func (j *Memory) insertHashed(rec Record, added time.Duration, h uint64) {
 	var i uint32
 	if n := len(j.free); n > 0 {
 		i = j.free[n-1]
@@ -291,14 +298,15 @@ func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Rec
 	}
 	now := j.now().Sub(j.start)
 	j.sweep(now)
-	if i := j.find(rec.ActionID); i >= 0 {
+	h := j.hash(rec.ActionID) // once, for the lookup and the insert
+	if i := j.findHashed(rec.ActionID, h); i >= 0 {
 		old, _ := j.at(uint32(i))
 		if (mode == ReuseAny || old.state != StateDone) && (old.state != StateDone || now-old.added < j.retention) {
 			return j.record(i, rec.ActionID), false, nil
 		}
 		j.remove(i)
 	}
-	j.insert(rec, now)
+	j.insertHashed(rec, now, h)
 	return rec, true, nil
 }
 
