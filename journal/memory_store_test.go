@@ -147,25 +147,7 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 					clk.Add(time.Duration(rng.IntN(20)) * time.Minute)
 				}
 				if step%25 == 0 {
-					var want []Record
-					for _, m := range model {
-						if m.rec.State != StateDone {
-							want = append(want, m.rec)
-						}
-					}
-					got, err := j.Unfinished(ctx)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sortRecords(want)
-					if len(got) != len(want) {
-						t.Fatalf("step %d: %d unfinished, want %d", step, len(got), len(want))
-					}
-					for i := range got {
-						if got[i] != want[i] {
-							t.Fatalf("step %d: unfinished %+v, want %+v", step, got[i], want[i])
-						}
-					}
+					checkUnfinished(ctx, t, j, model, step)
 				}
 			}
 			j.mu.Lock()
@@ -207,6 +189,32 @@ func updateModel(ctx context.Context, t *testing.T, j *Memory, model map[string]
 	m.rec.Attempts = max(m.rec.Attempts, upd.Attempts)
 	model[upd.ActionID] = m
 	return true
+}
+
+// checkUnfinished fails unless j's Unfinished lists the model's records
+// that are not done, oldest first, and returns what it listed.
+func checkUnfinished(ctx context.Context, t *testing.T, j *Memory, model map[string]modelRec, step int) []Record {
+	t.Helper()
+	got, err := j.Unfinished(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []Record
+	for _, m := range model {
+		if m.rec.State != StateDone {
+			want = append(want, m.rec)
+		}
+	}
+	sortRecords(want)
+	if len(got) != len(want) {
+		t.Fatalf("step %d: %d unfinished, want %d", step, len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("step %d: unfinished[%d] %+v, want %+v", step, i, got[i], want[i])
+		}
+	}
+	return got
 }
 
 func sortRecords(rs []Record) {
@@ -428,27 +436,8 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 				case op < 68:
 					clk.Add(time.Duration(rng.IntN(30)) * time.Minute)
 				case op == 68:
-					got, err := j.Unfinished(ctx)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for _, r := range got {
+					for _, r := range checkUnfinished(ctx, t, j, model, step) {
 						keep(r)
-					}
-					var want []Record
-					for _, m := range model {
-						if m.rec.State != StateDone {
-							want = append(want, m.rec)
-						}
-					}
-					sortRecords(want)
-					if len(got) != len(want) {
-						t.Fatalf("step %d: %d unfinished, want %d", step, len(got), len(want))
-					}
-					for i := range got {
-						if got[i] != want[i] {
-							t.Fatalf("step %d: unfinished[%d] differs", step, i)
-						}
 					}
 				}
 			}
