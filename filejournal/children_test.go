@@ -229,3 +229,99 @@ func (w *childWorker) forgetOne() {
 	}
 	w.say("fack %s", id)
 }
+
+// oracle is what a child said over all the rounds of a kill test.
+type oracle struct {
+	submitted  map[string]string     // id -> key, every Reserve begun
+	acked      map[string]string     // id -> key, Reserve returned
+	synced     map[string]syncedDone // id -> its done, Sync returned
+	forgotting map[string]bool       // Forget begun
+	forgotten  map[string]bool       // Forget returned
+}
+
+// syncedDone is the status and attempts of a done the child synced.
+type syncedDone struct{ status, attempts int }
+
+func newOracle() *oracle {
+	return &oracle{submitted: map[string]string{}, acked: map[string]string{}, synced: map[string]syncedDone{},
+		forgotting: map[string]bool{}, forgotten: map[string]bool{}}
+}
+
+// apply adds the lines a child said: "sub id key", "ack id key", "synced
+// id status attempts", "fsub id", "fack id"; "error ..." fails the test.
+func (o *oracle) apply(t *testing.T, ls []string) {
+	for _, l := range ls {
+		f := strings.Fields(l)
+		switch f[0] {
+		case "sub":
+			o.submitted[f[1]] = f[2]
+		case "ack":
+			o.acked[f[1]] = f[2]
+		case "synced":
+			var d syncedDone
+			if _, err := fmt.Sscan(f[2]+" "+f[3], &d.status, &d.attempts); err != nil {
+				t.Errorf("child: %s: %v", l, err)
+			}
+			o.synced[f[1]] = d
+		case "fsub":
+			o.forgotting[f[1]] = true
+		case "fack":
+			o.forgotten[f[1]] = true
+		case "error":
+			t.Errorf("child: %s", l)
+		}
+	}
+}
+
+// check is the journal's oracle: every acknowledged record is there with
+// its key and its fingerprint (the bytes a reused buffer could overwrite)
+// unless a Forget of it began, and every synced done is done, with its
+// status and attempts; an acknowledged Forget holds; nothing never
+// submitted is there. It may run on a goroutine of its own, so it reports
+// with t.Errorf.
+func (o *oracle) check(t *testing.T, s *Journal, round int) bool {
+	t.Helper()
+	ok := true
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf("round %d: "+format, append([]any{round}, args...)...)
+		ok = false
+	}
+	for id, key := range o.acked {
+		got, found, err := s.get(id)
+		switch {
+		case err != nil:
+			fail("%v", err)
+			return false
+		case o.forgotten[id]:
+			if found {
+				fail("forgotten %s is back", id)
+			}
+			continue
+		case !found:
+			if !o.forgotting[id] {
+				fail("acknowledged %s lost", id)
+			}
+			continue
+		}
+		var fp journal.Fingerprint
+		copy(fp[:], id)
+		if got.Key != key || got.Fingerprint != fp {
+			fail("acknowledged %s changed: key %s -> %s, fingerprint %x -> %x", id, key, got.Key, fp, got.Fingerprint)
+		}
+		if d, synced := o.synced[id]; synced && (got.State != journal.StateDone || got.Status != d.status || got.Attempts != d.attempts) {
+			fail("%s's synced done (status %d, attempts %d) lost: %v, status %d, attempts %d", id, d.status, d.attempts, got.State, got.Status, got.Attempts)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.m {
+		r := s.recOf(id, ptr(s.m[id]))
+		if key, sub := o.submitted[id]; !sub || key != r.record(id).Key {
+			fail("%s was never submitted (or with another key)", id)
+		}
+	}
+	return ok
+}
+
+func ptr[T any](v T) *T { return &v }

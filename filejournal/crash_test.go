@@ -21,8 +21,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Environment of the child process that the crash tests start, beside
-// envDir, envFP and envTag: the test binary itself, running TestCrashChild.
+// The crash tests: child processes killed with SIGKILL (at random
+// moments, at the failpoints of the write and compaction paths, right after
+// an acknowledgement) must leave a journal that opens and holds everything
+// they were told was durable; and the lock excludes across processes. How a
+// child is started, killed and checked is in children_test.go.
+
+// Environment of TestCrashChild, beside envDir, envFP and envTag.
 const (
 	envChild = "IDEMRETRY_CRASH_CHILD" // mode: work, hold, try
 	envHold  = "IDEMRETRY_CRASH_HOLD"  // hold: release after this duration
@@ -91,71 +96,6 @@ func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
 	return spawnLines(t, "TestCrashChild", append([]string{envChild + "=" + mode, envDir + "=" + dir}, env...)...)
 }
 
-// oracle is what the child acknowledged over all rounds.
-type oracle struct {
-	submitted  map[string]string // id -> key, every Reserve begun
-	acked      map[string]string // id -> key, Reserve returned
-	forgotting map[string]bool   // Forget begun
-	forgotten  map[string]bool   // Forget returned
-}
-
-func (o *oracle) apply(t *testing.T, ls []string) {
-	for _, l := range ls {
-		f := strings.Fields(l)
-		switch f[0] {
-		case "sub":
-			o.submitted[f[1]] = f[2]
-		case "ack":
-			o.acked[f[1]] = f[2]
-		case "fsub":
-			o.forgotting[f[1]] = true
-		case "fack":
-			o.forgotten[f[1]] = true
-		case "error":
-			t.Errorf("child: %s", l)
-		}
-	}
-}
-
-// check is the journal's oracle: every acknowledged record is there with
-// its key; nothing never submitted is; an acknowledged Forget holds.
-// It runs on a goroutine of its own, so it reports with t.Errorf.
-func (o *oracle) check(t *testing.T, s *Journal, round int) bool {
-	t.Helper()
-	ok := true
-	for id, key := range o.acked {
-		got, found, err := s.get(id)
-		switch {
-		case err != nil:
-			t.Errorf("round %d: %v", round, err)
-			return false
-		case o.forgotten[id]:
-			if found {
-				t.Errorf("round %d: forgotten %s is back", round, id)
-				ok = false
-			}
-		case !found && !o.forgotting[id]:
-			t.Errorf("round %d: acknowledged %s lost", round, id)
-			ok = false
-		case found && got.Key != key:
-			t.Errorf("round %d: acknowledged %s changed key %s -> %s", round, id, key, got.Key)
-			ok = false
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id := range s.m {
-		r := s.recOf(id, ptr(s.m[id]))
-		if key, sub := o.submitted[id]; !sub || key != r.record(id).Key {
-			t.Errorf("round %d: %s was never submitted (or with another key)", round, id)
-			ok = false
-		}
-	}
-	return ok
-}
-
-func ptr[T any](v T) *T { return &v }
-
 // T6 and T8: a child creates, updates and forgets actions and is killed with
 // SIGKILL at random moments and at each failpoint of the write and
 // compaction paths; the journal must then open and satisfy the oracle.
@@ -185,8 +125,7 @@ func TestKillLoop(t *testing.T) {
 				// journals (and its rounds) small.
 				if (r/chains)%roundsPerDir == 0 {
 					dir = t.TempDir()
-					o = &oracle{submitted: map[string]string{}, acked: map[string]string{},
-						forgotting: map[string]bool{}, forgotten: map[string]bool{}}
+					o = newOracle()
 				}
 				fp := ""
 				if r%2 == 1 {
@@ -343,5 +282,93 @@ func TestSyncedDoneSurvivesKill(t *testing.T) {
 			assert.Equal(t, 201, got.Status, "round %d: %s", round, f[1])
 		}
 		require.NoError(t, s.Close())
+	}
+}
+
+// The flush interval of TestReviewCommitChild.
+const envReviewFlush = "IDEMRETRY_REVIEW_COMMIT_FLUSH"
+
+// TestReviewCommitChild is the child of TestReviewAckedSurvivesKill; it does
+// nothing in a normal run. Six workers reserve actions (in batches that
+// grow and shrink, so the reused buffers change size), update them lazily,
+// record some done and Sync, forget some; a seventh goroutine compacts now
+// and then. The journal compacts often by itself too (a small compactMin).
+func TestReviewCommitChild(t *testing.T) {
+	dir := os.Getenv(envDir)
+	if dir == "" {
+		t.Skip("child process of TestReviewAckedSurvivesKill")
+	}
+	o := testOpts()
+	o.compactMin = 4096
+	o.flushEvery, _ = time.ParseDuration(os.Getenv(envReviewFlush))
+	c := openChild(dir, o)
+	tag := os.Getenv(envTag)
+	ctx := context.Background()
+	go func() {
+		for {
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			if err := c.Compact(ctx); err != nil {
+				c.fail(err)
+			}
+		}
+	}()
+	c.work(6, func(w *childWorker, i int) {
+		e := entry(fmt.Sprintf("%s-%d-%d", tag, w.g, i))
+		if i%11 == 5 {
+			e.Key = "custom-" + e.ActionID
+		}
+		got := w.reserve(e)
+		got.Attempts = 1
+		if err := c.Update(ctx, got); err != nil { // lazy
+			c.fail(err)
+		}
+		if i%3 != 1 {
+			got.State, got.Attempts, got.Status = journal.StateDone, 2, 200+w.g
+			if err := c.Update(ctx, got); err != nil {
+				c.fail(err)
+			}
+			if err := c.Sync(ctx); err != nil {
+				c.fail(err)
+			}
+			c.say("synced %s %d %d", got.ActionID, got.Status, got.Attempts)
+		}
+		if i%7 == 6 {
+			w.forgetOne()
+		}
+	})
+}
+
+// Guarantees 1, 6 and 8 under SIGKILL: a child is killed at a random moment
+// while it reserves, updates, syncs, forgets and compacts; every Reserve
+// and every Sync it acknowledged must be on disk, byte for byte, whatever
+// the flush interval (a nanosecond: the timer fires while the committer is
+// mid-batch all the time; an hour: only Reserve, Sync, Forget, Compact and
+// Close write).
+func TestReviewAckedSurvivesKill(t *testing.T) {
+	rounds := 16
+	if testing.Short() {
+		rounds = 6
+	}
+	for _, flush := range []time.Duration{time.Nanosecond, time.Millisecond, time.Hour} {
+		t.Run(flush.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			o := newOracle()
+			for r := range rounds {
+				cmd, out := startChild(t, "TestReviewCommitChild", envDir+"="+dir,
+					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envTag, r))
+				// Killed right after its last acknowledgement was read.
+				ls, err := killAfter(cmd, out, 50+rand.IntN(400))
+				require.NoError(t, err, "round %d", r)
+				require.Equal(t, "open", ls[0], "round %d", r)
+				o.apply(t, ls[1:])
+				s, _ := mustOpen(t, dir, testOpts())
+				o.check(t, s, r)
+				require.NoError(t, s.Close())
+				if t.Failed() {
+					return
+				}
+			}
+			t.Logf("%d acknowledged, %d synced dones", len(o.acked), len(o.synced))
+		})
 	}
 }

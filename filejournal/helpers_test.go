@@ -60,6 +60,27 @@ func openFlushing(t testing.TB, flush time.Duration) (*Journal, string) {
 	return s, dir
 }
 
+// inBackground calls f over and over on a goroutine of its own until the
+// returned stop is called; stop returns once f has.
+func inBackground(f func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				f()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
 func newKey() string {
 	var k [16]byte
 	_, _ = rand.Read(k[:])

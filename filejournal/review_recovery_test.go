@@ -737,22 +737,11 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 	const workers, per = 6, 120
 	models := make([]map[string]journal.Record, workers)
 	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	var bg sync.WaitGroup
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_, err := s.Unfinished(ctx)
-			assert.NoError(t, err)
-			assert.NoError(t, s.Compact(ctx))
-		}
-	}()
+	stop := inBackground(func() {
+		_, err := s.Unfinished(ctx)
+		assert.NoError(t, err)
+		assert.NoError(t, s.Compact(ctx))
+	})
 	for w := range workers {
 		models[w] = map[string]journal.Record{}
 		wg.Add(1)
@@ -781,8 +770,7 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	bg.Wait()
+	stop()
 	require.NoError(t, s.Close())
 	s, _ = mustOpen(t, dir, o)
 	defer s.Close()
@@ -819,8 +807,7 @@ func TestReviewKillLargeIDs(t *testing.T) {
 	}
 	for _, compactMin := range []string{"1099511627776", "65536"} {
 		dir := t.TempDir()
-		o := &oracle{submitted: map[string]string{}, acked: map[string]string{},
-			forgotting: map[string]bool{}, forgotten: map[string]bool{}}
+		o := newOracle()
 		rng := rand.New(rand.NewPCG(uint64(len(compactMin)), 9))
 		for r := range rounds {
 			fp := ""
