@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
@@ -167,6 +168,11 @@ func (t *Transport) landAll() error {
 type unlanded struct {
 	mu sync.Mutex
 	m  map[string]unlandedRecord
+	// n is len(m), so that the request path, which nearly always finds
+	// nothing, need not take mu: an outcome kept for an action is kept
+	// before its flight lands (flights.mu orders it before the action's
+	// next RoundTrip looks).
+	n atomic.Int32
 }
 
 type unlandedRecord struct {
@@ -181,9 +187,13 @@ func (u *unlanded) keep(rec journal.Record, durable bool) {
 		u.m = make(map[string]unlandedRecord)
 	}
 	u.m[rec.ActionID] = unlandedRecord{rec, durable}
+	u.n.Store(int32(len(u.m)))
 }
 
 func (u *unlanded) get(id string) (unlandedRecord, bool) {
+	if u.n.Load() == 0 {
+		return unlandedRecord{}, false
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	r, ok := u.m[id]
@@ -192,10 +202,14 @@ func (u *unlanded) get(id string) (unlandedRecord, bool) {
 
 // drop forgets rec's outcome, if it is the one held.
 func (u *unlanded) drop(rec journal.Record) {
+	if u.n.Load() == 0 {
+		return
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if r, ok := u.m[rec.ActionID]; ok && r.rec.Key == rec.Key {
 		delete(u.m, rec.ActionID)
+		u.n.Store(int32(len(u.m)))
 	}
 }
 
