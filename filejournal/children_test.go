@@ -102,6 +102,21 @@ func (l *lines) waitFirst(t *testing.T) string {
 	}
 }
 
+// killWithin waits at most wait for the child cmd to die by itself (at its
+// failpoint), SIGKILLs it if it has not, and waits for the end of its
+// output, then for it; it says whether the child died by itself.
+func (l *lines) killWithin(cmd *exec.Cmd, wait time.Duration) (byItself bool) {
+	select {
+	case <-l.done:
+		byItself = true
+	case <-time.After(wait):
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+	}
+	<-l.done // before Wait, which closes the pipe
+	_ = cmd.Wait()
+	return byItself
+}
+
 // killAfter reads the output of the child cmd until it has said n lines,
 // SIGKILLs it right after the n-th, and returns every complete line it
 // wrote before it died (those after the n-th count too). A child that ends

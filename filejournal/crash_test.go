@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,27 +139,15 @@ func TestKillLoop(t *testing.T) {
 				}
 				cmd, ls := child(t, "work", dir, envFP+"="+fp, fmt.Sprintf("%s=r%d", envTag, r))
 				if first := ls.waitFirst(t); first != "open" && first != "" {
-					_ = cmd.Process.Kill()
-					<-ls.done
-					_ = cmd.Wait()
+					ls.killWithin(cmd, 0)
 					t.Errorf("round %d: child: %s", r, first)
 					return
 				}
-				killedByUs := false
 				wait := time.Duration(rng.IntN(15000)) * time.Microsecond
 				if fp != "" {
 					wait = 500 * time.Millisecond // until the failpoint kills it
 				}
-				exited := make(chan error, 1)
-				go func() { <-ls.done; exited <- nil }()
-				select {
-				case <-exited:
-				case <-time.After(wait):
-					killedByUs = true
-					_ = cmd.Process.Kill()
-				}
-				<-ls.done // before Wait, which closes the pipe
-				_ = cmd.Wait()
+				killedByUs := !ls.killWithin(cmd, wait)
 				if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 					t.Errorf("round %d (%s): child exited: %v\n%s", r, fp, cmd.ProcessState, strings.Join(ls.all, "\n"))
 					return
@@ -371,4 +360,97 @@ func TestReviewAckedSurvivesKill(t *testing.T) {
 			t.Logf("%d acknowledged, %d synced dones", len(o.acked), len(o.synced))
 		})
 	}
+}
+
+// SIGKILL: a child creating records with max-length ids (frames of every
+// size, the file growing past several windows, no compaction to keep it
+// small, or compaction often) is killed at random moments; every journal it
+// leaves opens, holds every acknowledged record with its key, and no
+// record never submitted.
+func TestReviewKillLargeIDs(t *testing.T) {
+	if os.Getenv("IDEMRETRY_REVIEW_CHILD") != "" {
+		reviewChild()
+		return
+	}
+	rounds := 8
+	if testing.Short() {
+		rounds = 3
+	}
+	for _, compactMin := range []string{"1099511627776", "65536"} {
+		dir := t.TempDir()
+		o := newOracle()
+		rng := rand.New(rand.NewPCG(uint64(len(compactMin)), 9))
+		for r := range rounds {
+			fp := ""
+			if r%2 == 1 { // else killed at a random moment
+				fp = fmt.Sprintf("%s:%d", failpoints[(r/2+len(compactMin))%len(failpoints)], 20+rng.IntN(200))
+			}
+			cmd, ls := reviewSpawn(t, dir, fmt.Sprintf("k%s-%d", compactMin[:2], r), compactMin, fp)
+			first := ls.waitFirst(t)
+			require.Equal(t, "open", first)
+			atFailpoint := ls.killWithin(cmd, time.Duration(100+rng.IntN(400))*time.Millisecond)
+			o.apply(t, ls.all)
+			// Only a child that died at its own after-write failpoint left an
+			// unsynced last frame; one the timeout killed first may have
+			// synced (and acknowledged) it, and a cut there would be a loss
+			// no crash can cause.
+			if atFailpoint && strings.HasPrefix(fp, fpAfterWrite+":") {
+				// Killed between a frame's write and its sync: a power
+				// loss then could keep any prefix of that frame.
+				path := filepath.Join(dir, journalName)
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				offs := frameOffsets(t, data)
+				last := offs[len(offs)-1]
+				if len(data)-last > 1 {
+					require.NoError(t, os.Truncate(path, int64(last+1+rng.IntN(len(data)-last-1))))
+				}
+			}
+			s, rep, err := openWith(dir, testOpts())
+			require.NoError(t, err, "round %d", r)
+			t.Logf("round %d (%s): %d records, torn %v (%d bytes), adopted tmp %v, %d lines", r, fp, rep.Records, rep.TornTail, rep.TornBytes, rep.AdoptedTemp, len(ls.all))
+			ok := o.check(t, s, r)
+			require.NoError(t, s.Close())
+			require.True(t, ok)
+		}
+		fi, err := os.Stat(filepath.Join(dir, journalName))
+		require.NoError(t, err)
+		t.Logf("compactMin %s: journal %d bytes", compactMin, fi.Size())
+	}
+}
+
+func reviewSpawn(t *testing.T, dir, tag, compactMin, fp string) (*exec.Cmd, *lines) {
+	t.Helper()
+	return spawnLines(t, "TestReviewKillLargeIDs", "IDEMRETRY_REVIEW_CHILD=1",
+		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin, envFP+"="+fp)
+}
+
+// reviewChild is the child of TestReviewKillLargeIDs: 4 workers reserve
+// records with max-length ids (some custom keys), update them, and forget
+// some, saying what was submitted and acknowledged.
+func reviewChild() {
+	o := testOpts()
+	o.flushEvery = 2 * time.Millisecond
+	var cm int64
+	_, _ = fmt.Sscan(os.Getenv("IDEMRETRY_REVIEW_COMPACTMIN"), &cm)
+	o.compactMin = cm
+	if spec := os.Getenv(envFP); spec != "" {
+		// Killed at the n-th hit of a failpoint: in the middle of a
+		// batch's write, before its sync, inside a compaction.
+		o.hooks = killAtFailpoint(spec)
+	}
+	c := openChild(os.Getenv(envDir), o)
+	tag := os.Getenv(envTag)
+	c.work(4, func(w *childWorker, i int) {
+		id := reviewID(fmt.Sprintf("%s-%d", tag, w.g), i)
+		e := entry(id)
+		if i%7 == 3 {
+			e.Key = fmt.Sprintf("custom-%s-%d-%d", tag, w.g, i)
+		}
+		got := w.reserve(e)
+		_ = update(c.Journal, id, got.Key, journal.StatePending, 2, 0)
+		if i%5 == 4 {
+			w.forgetOne()
+		}
+	})
 }
