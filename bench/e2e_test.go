@@ -61,7 +61,7 @@ func TestE2EDriverSendsDistinctActions(t *testing.T) {
 // Measure runs every participant, the probe too, and reports what each did;
 // the probe's file holds one ProbeBytes write per probe action counted.
 func TestE2EMeasureEveryParticipant(t *testing.T) {
-	names := append(append([]string{}, E2ENames...), ProbeName)
+	names := append(append([]string{}, E2ENames...), ProbeName, ProbeThenNetHTTP)
 	e, err := NewE2E(names)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +91,39 @@ func TestE2EMeasureEveryParticipant(t *testing.T) {
 	}
 	if n := fi.Size() / ProbeBytes; n < got[ProbeName].Actions || fi.Size()%ProbeBytes != 0 {
 		t.Errorf("probe file of %d bytes for %d counted syncs of %d bytes", fi.Size(), got[ProbeName].Actions, ProbeBytes)
+	}
+}
+
+// The sync-then-request floor does both, in turn, for each action it
+// counts: one probe write and one plain request (no key) per action.
+func TestE2EProbeThenNetHTTPSyncsAndSends(t *testing.T) {
+	srv := NewRecordingServer(SmallBody)
+	e, err := newE2E([]string{ProbeThenNetHTTP}, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	got, err := drive(e.actors[ProbeThenNetHTTP], 1, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Actions == 0 || len(got.Latencies) != int(got.Actions) {
+		t.Fatalf("%d actions, %d latencies", got.Actions, len(got.Latencies))
+	}
+	if srv.Requests() != got.Actions || len(srv.Keys()) != 0 || srv.BadBodies() != 0 {
+		t.Errorf("%d actions: server answered %d requests, %d keys, %d bad bodies",
+			got.Actions, srv.Requests(), len(srv.Keys()), srv.BadBodies())
+	}
+	fi, err := os.Stat(filepath.Join(e.Dir(), ProbeThenNetHTTP, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != got.Actions*ProbeBytes {
+		t.Errorf("probe file of %d bytes for %d actions of %d bytes", fi.Size(), got.Actions, ProbeBytes)
 	}
 }
 

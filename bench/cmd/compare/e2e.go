@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -17,7 +18,10 @@ import (
 // the journal's.
 type goal2Round struct {
 	probe, net, file, unnamed time.Duration // medians
-	mean                      goal2Means
+	// floor is the median of bench.ProbeThenNetHTTP: a sync, then a
+	// net/http request, one after the other.
+	floor time.Duration
+	mean  goal2Means
 }
 
 type goal2Means struct{ probe, net, file, unnamed time.Duration }
@@ -41,14 +45,7 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 		round, slices, d/time.Duration(slices))
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if e2e {
-		fmt.Fprint(w, "conc\t")
-		for _, name := range bench.E2ENames {
-			fmt.Fprintf(w, "%s\t", name)
-			if name != bench.NetHTTP {
-				fmt.Fprint(w, "ratio\t")
-			}
-		}
-		fmt.Fprintln(w)
+		printE2EHeader(w)
 	}
 	concs := bench.E2EConcurrency
 	if !e2e {
@@ -62,6 +59,9 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 		}
 		if probe && conc == 1 {
 			names = append(names, bench.ProbeName)
+			if e2e {
+				names = append(names, bench.ProbeThenNetHTTP)
+			}
 		}
 		e, err := bench.NewE2E(names)
 		if err != nil {
@@ -85,22 +85,19 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 			res.e2e[conc], res.e2eRatio[conc] = map[string][]float64{}, map[string][]float64{}
 		}
 		base := got[bench.NetHTTP].PerSecond()
-		fmt.Fprintf(w, "%d\t", conc)
 		for _, name := range bench.E2ENames {
 			rate := got[name].PerSecond()
 			res.e2e[conc][name] = append(res.e2e[conc][name], rate)
-			fmt.Fprintf(w, "%.0f\t", rate)
-			if name != bench.NetHTTP {
-				q := div(rate, base)
-				res.e2eRatio[conc][name] = append(res.e2eRatio[conc][name], q)
-				fmt.Fprintf(w, "%.3fx\t", q)
-			}
+			res.e2eRatio[conc][name] = append(res.e2eRatio[conc][name], div(rate, base))
 		}
-		fmt.Fprintln(w)
+		last := func(m map[string][]float64) func(string) float64 {
+			return func(name string) float64 { return m[name][len(m[name])-1] }
+		}
+		printE2ERow(w, conc, last(res.e2e[conc]), last(res.e2eRatio[conc]))
 		if conc == 1 && probe {
 			res.goal2 = append(res.goal2, goal2Round{probe: probeSample.P50(),
 				net: got[bench.NetHTTP].P50(), file: got[bench.IdemFile].P50(),
-				unnamed: got[bench.E2EFileUnnamed].P50(),
+				unnamed: got[bench.E2EFileUnnamed].P50(), floor: got[bench.ProbeThenNetHTTP].P50(),
 				mean: goal2Means{probe: probeSample.PerAction(), net: got[bench.NetHTTP].PerAction(),
 					file: got[bench.IdemFile].PerAction(), unnamed: got[bench.E2EFileUnnamed].PerAction()}})
 		}
@@ -116,33 +113,49 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 			us(g.net), us(g.mean.net), us(g.file), us(g.mean.file), us(g.unnamed), us(g.mean.unnamed))
 		fmt.Printf("  probe syncs' worth per action over nethttp (medians): file named %.2f, file unnamed %.2f\n",
 			g.syncs(g.file), g.syncs(g.unnamed))
+		fmt.Printf("  %s (a sync, then a request, one after the other): %.1f µs, %+.1f over probe + nethttp apart; file named %+.1f over it\n",
+			bench.ProbeThenNetHTTP, us(g.floor), us(g.floor-g.probe-g.net), us(g.file-g.floor))
 	}
 	return nil
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
+// printE2EHeader prints the header of an e2e table: each participant's
+// actions/s, and after each but net/http its ratio to net/http.
+func printE2EHeader(w io.Writer) {
+	fmt.Fprint(w, "conc\t")
+	for _, name := range bench.E2ENames {
+		fmt.Fprintf(w, "%s\t", name)
+		if name != bench.NetHTTP {
+			fmt.Fprint(w, "ratio\t")
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// printE2ERow prints the row of an e2e table at conc, under printE2EHeader.
+func printE2ERow(w io.Writer, conc int, rate, ratio func(name string) float64) {
+	fmt.Fprintf(w, "%d\t", conc)
+	for _, name := range bench.E2ENames {
+		fmt.Fprintf(w, "%.0f\t", rate(name))
+		if name != bench.NetHTTP {
+			fmt.Fprintf(w, "%.3fx\t", ratio(name))
+		}
+	}
+	fmt.Fprintln(w)
+}
+
 func (res *results) printE2EMedians() {
 	if len(res.e2e) > 0 {
 		fmt.Println("\ne2e: median actions/s and median ratio to nethttp in the same round")
 		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprint(w, "conc\t")
-		for _, name := range bench.E2ENames {
-			fmt.Fprintf(w, "%s\t", name)
-			if name != bench.NetHTTP {
-				fmt.Fprint(w, "ratio\t")
-			}
-		}
-		fmt.Fprintln(w)
+		printE2EHeader(w)
 		for _, conc := range bench.E2EConcurrency {
-			fmt.Fprintf(w, "%d\t", conc)
-			for _, name := range bench.E2ENames {
-				fmt.Fprintf(w, "%.0f\t", median(res.e2e[conc][name]))
-				if name != bench.NetHTTP {
-					fmt.Fprintf(w, "%.3fx\t", median(res.e2eRatio[conc][name]))
-				}
+			med := func(m map[string][]float64) func(string) float64 {
+				return func(name string) float64 { return median(m[name]) }
 			}
-			fmt.Fprintln(w)
+			printE2ERow(w, conc, med(res.e2e[conc]), med(res.e2eRatio[conc]))
 		}
 		w.Flush()
 	}

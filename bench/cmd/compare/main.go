@@ -17,7 +17,8 @@
 //	e2e       actions/s at 1, 16 and 64 goroutines: net/http, idemretry with
 //	          the memory journal, the file journal with named and unnamed actions
 //	probe     raw write+fdatasync in the same file system, interleaved with
-//	          e2e at concurrency 1 (alone if e2e is not run)
+//	          e2e at concurrency 1 (alone if e2e is not run); with e2e, also
+//	          a sync then a net/http request in turn (probe+nethttp)
 //	recovery  filejournal.Open of 1M records in a fresh process: time, bytes
 //	          allocated, peak heap; page cache warm and dropped
 package main
