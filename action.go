@@ -3,11 +3,9 @@ package idemretry
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash"
-	"hash/crc32"
 	"io"
 	"net/http"
 	"net/url"
@@ -111,57 +109,14 @@ func formatKey(key string, quoted bool) string {
 	return key
 }
 
-// bodyCheck says how a request's body enters its fingerprint.
-type bodyCheck uint8
-
-const (
-	// bodySHA256: the body's SHA-256. For an action named by its
-	// fingerprint, whose fingerprint is its identity: two payloads must never
-	// share one, not even payloads crafted to.
-	bodySHA256 bodyCheck = iota
-	// bodyCRC: the body's length and two CRC-32s of it, Castagnoli and IEEE
-	// (both done in hardware on amd64 and arm64, about ten times faster than
-	// SHA-256 here). For an action the caller named (WithAction or a key of
-	// its own), whose fingerprint only checks that the name is not reused
-	// for another payload (guarantee 9): the two CRCs together catch any
-	// accidental change (a miss is about 1 in 2^64) but not a payload crafted
-	// to collide, which is then sent under the action's key, where the
-	// server's own check of the payload is the guard, as for a key the caller
-	// copies by hand.
-	bodyCRC
-)
-
-// castagnoli is the CRC-32C table (crc32 builds it once and reads it only).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// crcPair is the io.Writer that bodyCRC feeds the body to.
-type crcPair struct {
-	c, ieee uint32
-	n       uint64
-}
-
-func (p *crcPair) Write(b []byte) (int, error) {
-	p.c = crc32.Update(p.c, castagnoli, b)
-	p.ieee = crc32.Update(p.ieee, crc32.IEEETable, b)
-	p.n += uint64(len(b))
-	return len(b), nil
-}
-
 // fingerprint hashes what makes two requests the same payload: method, URL
-// and a digest of the body (of no bytes when it has none) made as check
-// says; the digest's kind is hashed in too, so that the two kinds never
-// give one request the same fingerprint. The body is read in place where it
-// can be (body.writeTo), else from a copy from its GetBody.
-func fingerprint(req *http.Request, bd *body, check bodyCheck) (journal.Fingerprint, error) {
+// and the SHA-256 of the body (of no bytes when it has none): read in place
+// where it can be (body.writeTo), else from a copy from its GetBody.
+func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 	s := fingerprintScratch.Get().(*fpScratch)
 	defer fingerprintScratch.Put(s)
-	var w io.Writer = s.h
 	s.h.Reset()
-	if check == bodyCRC {
-		s.crc = crcPair{}
-		w = &s.crc
-	}
-	if ok, err := bd.writeTo(w); err != nil {
+	if ok, err := bd.writeTo(s.h); err != nil {
 		return journal.Fingerprint{}, err
 	} else if !ok {
 		r, err := bd.reader()
@@ -169,7 +124,7 @@ func fingerprint(req *http.Request, bd *body, check bodyCheck) (journal.Fingerpr
 			return journal.Fingerprint{}, err
 		}
 		if r != nil {
-			_, err = io.Copy(w, r)
+			_, err = io.Copy(s.h, r)
 			r.Close()
 			if err != nil {
 				return journal.Fingerprint{}, err
@@ -182,14 +137,7 @@ func fingerprint(req *http.Request, bd *body, check bodyCheck) (journal.Fingerpr
 	b = append(b, 0)
 	b = appendURL(b, req.URL) // the same bytes as URL.String
 	b = append(b, 0)
-	if check == bodyCRC {
-		b = append(b, "crc32c+ieee:"...)
-		b = binary.BigEndian.AppendUint32(b, s.crc.c)
-		b = binary.BigEndian.AppendUint32(b, s.crc.ieee)
-		b = binary.BigEndian.AppendUint64(b, s.crc.n)
-	} else {
-		b = s.h.Sum(b) // the body's SHA-256
-	}
+	b = s.h.Sum(b) // the body's SHA-256
 	s.h.Reset()
 	s.h.Write(b)
 	b = s.h.Sum(b)
@@ -238,7 +186,6 @@ func plainURLPart(s, extra string) bool {
 // of every keyed request.
 type fpScratch struct {
 	h   hash.Hash
-	crc crcPair
 	buf []byte
 }
 

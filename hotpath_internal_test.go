@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
 	"reflect"
@@ -196,22 +193,20 @@ func TestFingerprintInPlaceIsTheCopysFingerprint(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, check := range []bodyCheck{bodySHA256, bodyCRC} {
-					fp, err := fingerprint(req, &b, check)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var ref body
-					if size-skip > 0 {
-						ref = body{getBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload[skip:])), nil }}
-					}
-					wantFP, err := fingerprint(req, &ref, check) // through GetBody: the custom closure is not an in-memory reader
-					if err != nil {
-						t.Fatal(err)
-					}
-					if fp != wantFP {
-						t.Errorf("%s size %d skip %d check %d: fingerprint in place %x, through a copy %x", name, size, skip, check, fp, wantFP)
-					}
+				fp, err := fingerprint(req, &b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ref body
+				if size-skip > 0 {
+					ref = body{getBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload[skip:])), nil }}
+				}
+				wantFP, err := fingerprint(req, &ref) // through GetBody: the custom closure is not an in-memory reader
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fp != wantFP {
+					t.Errorf("%s size %d skip %d: fingerprint in place %x, through a copy %x", name, size, skip, fp, wantFP)
 				}
 				first, err := b.next()
 				if err != nil {
@@ -247,12 +242,12 @@ func TestFingerprintOtherBodyUsesGetBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.close()
-	fp, err := fingerprint(req, &b, bodySHA256)
+	fp, err := fingerprint(req, &b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ref := body{getBody: req.GetBody}
-	want, _ := fingerprint(req, &ref, bodySHA256)
+	want, _ := fingerprint(req, &ref)
 	if calls != 2 || fp != want {
 		t.Errorf("GetBody called %d times (want 2), fingerprint %x want %x", calls, fp, want)
 	}
@@ -416,117 +411,5 @@ func TestFlightsDigestMismatch(t *testing.T) {
 	fs.join("pay:1", journal.Fingerprint{1})
 	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}); !mismatch {
 		t.Fatal("a digest with another fingerprint joined")
-	}
-}
-
-// Each body check tells apart every change of method, URL or body (a byte
-// flipped at the start, middle or end, a zero byte appended) and the two
-// checks never give one request the same fingerprint. The SHA-256 form is
-// the identity of actions named by their fingerprint, as journals hold it:
-// SHA-256(method 0 URL 0 SHA-256(body)).
-func TestFingerprintBodyChecksTellPayloadsApart(t *testing.T) {
-	payload := bytes.Repeat([]byte(`{"amount":100,"currency":"THB"}`), 300)
-	fpOf := func(method, u string, b []byte, check bodyCheck) journal.Fingerprint {
-		t.Helper()
-		req, err := http.NewRequest(method, u, bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		bd, err := newBody(req, 1<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer bd.close()
-		fp, err := fingerprint(req, &bd, check)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fp
-	}
-	const u = "http://example.test/pay?x=1"
-	sum := sha256.Sum256(payload)
-	if got, want := fpOf(http.MethodPost, u, payload, bodySHA256), journal.Fingerprint(sha256.Sum256(append([]byte("POST\x00"+u+"\x00"), sum[:]...))); got != want {
-		t.Errorf("SHA-256 fingerprint %x, want %x (the form journals hold)", got, want)
-	}
-	for _, check := range []bodyCheck{bodySHA256, bodyCRC} {
-		base := fpOf(http.MethodPost, u, payload, check)
-		if again := fpOf(http.MethodPost, u, append([]byte(nil), payload...), check); again != base {
-			t.Errorf("check %d: the same request gives %x and %x", check, base, again)
-		}
-		variants := map[string]journal.Fingerprint{
-			"method":     fpOf(http.MethodPut, u, payload, check),
-			"URL":        fpOf(http.MethodPost, u+"0", payload, check),
-			"zero added": fpOf(http.MethodPost, u, append(append([]byte(nil), payload...), 0), check),
-			"no body":    fpOf(http.MethodPost, u, nil, check),
-		}
-		for _, at := range []int{0, len(payload) / 2, len(payload) - 1} {
-			p := append([]byte(nil), payload...)
-			p[at] ^= 0x01
-			variants[fmt.Sprintf("bit flipped at %d", at)] = fpOf(http.MethodPost, u, p, check)
-		}
-		for name, fp := range variants {
-			if fp == base {
-				t.Errorf("check %d: %s gives the same fingerprint", check, name)
-			}
-		}
-	}
-	if fpOf(http.MethodPost, u, payload, bodySHA256) == fpOf(http.MethodPost, u, payload, bodyCRC) {
-		t.Error("the two checks give one request the same fingerprint")
-	}
-}
-
-// Over HTTP: a named action streamed from GetBody (checked by CRC) and
-// reused with its last byte changed fails with ErrFingerprintMismatch and
-// sends nothing, while its exact repeat goes out under the same key.
-func TestNamedActionLastByteChangedIsRefused(t *testing.T) {
-	var sent atomic.Int32
-	keys := make(chan string, 4)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		sent.Add(1)
-		keys <- r.Header.Get(DefaultKeyHeader)
-		w.WriteHeader(http.StatusServiceUnavailable) // not final: the action stays pending
-	}))
-	defer srv.Close()
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := NewTransport(base, WithJournal(journal.NewMemory()), WithMaxRetries(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB
-	send := func(p []byte) error {
-		req, err := http.NewRequestWithContext(WithAction(context.Background(), "pay:large"), http.MethodPost, srv.URL, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(p)), nil }
-		req.Body, _ = req.GetBody()
-		req.ContentLength = int64(len(p))
-		resp, err := tr.RoundTrip(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return err
-	}
-	if err := send(payload); err != nil {
-		t.Fatalf("first send: %v", err)
-	}
-	first := <-keys
-	changed := append([]byte(nil), payload...)
-	changed[len(changed)-1] ^= 0x20
-	if err := send(changed); !errors.Is(err, ErrFingerprintMismatch) {
-		t.Fatalf("last byte changed: err %v, want ErrFingerprintMismatch", err)
-	}
-	if n := sent.Load(); n != 1 {
-		t.Fatalf("the server saw %d requests after the refused one, want 1", n)
-	}
-	if err := send(payload); err != nil {
-		t.Fatalf("exact repeat: %v", err)
-	}
-	if again := <-keys; again != first || first == "" {
-		t.Errorf("exact repeat sent key %q, want the first's %q", again, first)
 	}
 }

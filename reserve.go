@@ -42,68 +42,47 @@ type identity struct {
 
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
+	fp, err := fingerprint(req, b)
+	if err != nil {
+		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
+	}
 	var callerKey string
 	if vs := headerValues(req.Header, t.cfg.header); len(vs) > 1 {
 		return identity{}, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
 	} else if len(vs) == 1 {
-		var err error
 		if callerKey, err = parseKey(vs[0]); err != nil {
 			return identity{}, err
 		}
 	}
 	if rec, ok := req.Context().Value(resumeKey{}).(journal.Record); ok {
-		return resumedIdentity(req, b, rec)
+		return resumedIdentity(rec, fp)
 	}
-	id, err := t.actionName(req, callerKey)
+	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
 		return identity{}, err
 	}
-	if id == "" && t.cfg.requireAction {
+	byFP := strings.HasPrefix(id, fingerprintActionPrefix)
+	if byFP && t.cfg.requireAction {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	check := bodyCRC
-	if id == "" {
-		check = bodySHA256 // the fingerprint is the action's identity
-	}
-	fp, err := fingerprint(req, b, check)
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
-	}
-	switch {
-	case id == "":
-		return identity{id: fingerprintActionID(fp), fp: fp, byFingerprint: true}, nil
-	case req.Response != nil:
-		id += redirectActionInfix + hex.EncodeToString(fp[:8])
-	}
-	return identity{id: id, fp: fp, callerKey: callerKey}, nil
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
 }
 
 // resumedIdentity names a request Resume rebuilt for rec: exactly rec's
 // action, which the rebuilt request must match (its fingerprint), never a
-// new one. An action named by its fingerprint (its id, or with a hashing
-// journal the digest of its id, is that of the rebuilt request's SHA-256
-// fingerprint) is recognised as one, so that it is reserved and synced as
-// one; any other was named by the caller, and its fingerprint is checked
-// as a named action's.
-func resumedIdentity(req *http.Request, b *body, rec journal.Record) (identity, error) {
-	full, err := fingerprint(req, b, bodySHA256)
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
-	}
-	if fpID := fingerprintActionID(full); rec.Fingerprint == full && (rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID)) {
-		return identity{id: fpID, fp: full, byFingerprint: true}, nil
-	}
-	fp, err := fingerprint(req, b, bodyCRC)
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
-	}
+// new one. An action listed by its digest is recognised as named by its
+// fingerprint when the digest is that of the rebuilt request's
+// fingerprint id, so that it is reserved and synced as one.
+func resumedIdentity(rec journal.Record, fp journal.Fingerprint) (identity, error) {
 	if rec.Fingerprint != fp {
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
 			Reason: ErrFingerprintMismatch}
 	}
 	who := identity{id: rec.ActionID, fp: fp}
-	if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
+	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
+		who.id, who.byFingerprint = fpID, true
+	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
 		who.callerKey = rec.Key
 	}
 	return who, nil
@@ -184,30 +163,34 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	return dst, nil
 }
 
-// actionName names req's action, or returns "" when only its fingerprint
-// can (identify then names it so). A key the caller set names it (the
-// server knows the action by its key, so one key must mean one payload);
-// else the id given with WithAction. A hop of http.Client's 307/308
-// redirect is a sub-action of its parent, with its own key (identify adds
-// the hop's fingerprint to the name): the first server did not perform the
-// action, the next one might. An unnamed parent's hop is named by the
-// parent's key, not by its own fingerprint: a caller that joined the
-// parent's flight follows the same redirect, and must find the hop the
-// leader made, done or not.
-func (t *Transport) actionName(req *http.Request, callerKey string) (string, error) {
-	if callerKey != "" {
-		return keyActionPrefix + callerKey, nil
-	}
-	if id, ok := req.Context().Value(actionKey{}).(string); ok {
+// actionID names req's action: a key the caller set names it (the server
+// knows the action by its key, so one key must mean one payload); else the
+// id given with WithAction; else the request's fingerprint. A hop of
+// http.Client's 307/308 redirect is a sub-action of its parent, with its own
+// key: the first server did not perform the action, the next one might. An
+// unnamed parent's hop is named by the parent's key, not by its own
+// fingerprint: a caller that joined the parent's flight follows the same
+// redirect, and must find the hop the leader made, done or not.
+func (t *Transport) actionID(req *http.Request, callerKey string, fp journal.Fingerprint) (string, error) {
+	id, explicit := req.Context().Value(actionKey{}).(string)
+	switch {
+	case callerKey != "":
+		id = keyActionPrefix + callerKey
+	case explicit:
 		if err := checkActionID(id); err != nil {
 			return "", err
 		}
-		return id, nil
+	default:
+		parent, ok := t.parentKey(req)
+		if !ok {
+			return fingerprintActionID(fp), nil
+		}
+		id = keyActionPrefix + parent
 	}
-	if parent, ok := t.parentKey(req); ok {
-		return keyActionPrefix + parent, nil
+	if req.Response != nil {
+		id += redirectActionInfix + hex.EncodeToString(fp[:8])
 	}
-	return "", nil
+	return id, nil
 }
 
 // parentKey returns the key that the request redirected to req carried.
