@@ -254,9 +254,12 @@ type attemptTrace struct {
 	writes atomic.Int32
 	req    http.Request
 	body   cancelOnClose
-	// vals holds the values of the request's header copy when they fit
-	// (most requests carry a handful of headers).
-	vals [8]string
+	// vals holds the values of the request's header copy when they fit:
+	// the key and four more (most requests carry a handful of headers;
+	// the rest get one array of their own). Five keep a flight, which
+	// holds its first attemptTrace, within 896 bytes (eight took it to
+	// the next size class, 1024: 128 bytes more per action).
+	vals [5]string
 	// parent is the caller's context, when the attemptTrace is itself the
 	// attempt's context (see withTrace).
 	parent context.Context
