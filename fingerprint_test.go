@@ -58,31 +58,17 @@ func TestUpgradeResumesNamedActionsLeftPendingByThePreviousRelease(t *testing.T)
 					}
 					// What the previous release did before its first attempt:
 					// the key durable, with the fingerprint it computed.
-					dir := t.TempDir()
-					var fo []filejournal.Option
-					if hashed {
-						fo = append(fo, filejournal.WithHashedIDs())
-					}
-					old, err := filejournal.Open(dir, fo...)
-					require.NoError(t, err)
+					dir, fo, old := previousRelease(t, hashed)
 					_, created, err := old.Reserve(context.Background(), journal.Record{ActionID: id, Key: key,
 						Fingerprint: legacyFingerprint(http.MethodPost, srv.URL, body), CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
 					require.NoError(t, err)
 					require.True(t, created)
 					// Its attempt, charged by the server, answer lost.
-					first, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
-					first.Header.Set("Idempotency-Key", key)
-					if resp, err := (&http.Client{}).Do(first); err == nil {
-						resp.Body.Close()
-						t.Fatal("the first attempt's answer was not lost")
-					}
+					chargeAndLose(t, srv.URL, key, body)
 					require.NoError(t, old.Close())
 					require.Equal(t, 1, srv.chargeCount())
 
-					// The upgraded app.
-					tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
-					require.NoError(t, err)
-					defer tr.Close()
+					tr := upgraded(t, dir, fo)
 					var status int
 					var sendErr error
 					switch how {
@@ -278,34 +264,21 @@ func TestUpgradeNamedRedirectHopKeepsItsKey(t *testing.T) {
 			const parentKey, hopKey = "0b7e4d8c-6a51-4a8e-9d4e-3f1f8e2d7c10", "7c2f1e9a-0d3b-4f6e-8a5c-1b2d3e4f5a60"
 			hopFP := legacyFingerprint(http.MethodPost, srv.URL+"/pay", body)
 			hopID := "pay:H redirect:" + fmt.Sprintf("%x", hopFP[:8])
-			dir := t.TempDir()
-			var fo []filejournal.Option
-			if hashed {
-				fo = append(fo, filejournal.WithHashedIDs())
-			}
-			old, err := filejournal.Open(dir, fo...)
-			require.NoError(t, err)
+			dir, fo, old := previousRelease(t, hashed)
 			ctx := context.Background()
 			parent := journal.Record{ActionID: "pay:H", Key: parentKey, Fingerprint: legacyFingerprint(http.MethodPost, srv.URL+"/redir", body),
 				CreatedAt: time.Now(), State: journal.StatePending}
-			_, _, err = old.Reserve(ctx, parent, journal.ReuseAny)
+			_, _, err := old.Reserve(ctx, parent, journal.ReuseAny)
 			require.NoError(t, err)
 			parent.State, parent.Attempts, parent.Status = journal.StateDone, 1, http.StatusTemporaryRedirect
 			require.NoError(t, old.Update(ctx, parent))
 			_, _, err = old.Reserve(ctx, journal.Record{ActionID: hopID, Key: hopKey, Fingerprint: hopFP, CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
 			require.NoError(t, err)
-			hop, _ := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
-			hop.Header.Set("Idempotency-Key", hopKey)
-			if resp, err := (&http.Client{}).Do(hop); err == nil {
-				resp.Body.Close()
-				t.Fatal("the hop's answer was not lost")
-			}
+			chargeAndLose(t, srv.URL+"/pay", hopKey, body)
 			require.NoError(t, old.Close())
 			require.Equal(t, 1, srv.chargeCount())
 
-			tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			defer tr.Close()
+			tr := upgraded(t, dir, fo)
 			resp, err := (&http.Client{Transport: tr}).Do(post(t, idemretry.WithAction(ctx, "pay:H"), srv.URL+"/redir", body))
 			require.NoError(t, err, "the upgraded app cannot resend pay:H")
 			readAll(t, resp)
@@ -341,4 +314,40 @@ func TestNamedActionLastByteChangedIsRefused(t *testing.T) {
 	keys := keysOf(srv.seen())
 	require.Len(t, keys, 2)
 	assert.Equal(t, keys[0], keys[1], "the exact repeat went out under the first key")
+}
+
+// previousRelease opens a new file journal (with hashed ids if asked), as
+// an earlier release had it, for a test to write that release's records.
+func previousRelease(t *testing.T, hashed bool) (dir string, fo []filejournal.Option, old *filejournal.Journal) {
+	t.Helper()
+	dir = t.TempDir()
+	if hashed {
+		fo = append(fo, filejournal.WithHashedIDs())
+	}
+	old, err := filejournal.Open(dir, fo...)
+	require.NoError(t, err)
+	return dir, fo, old
+}
+
+// chargeAndLose sends body to url under key by hand, as an attempt of the
+// earlier release: the server charges it and its answer is lost.
+func chargeAndLose(t *testing.T, url, key, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	if resp, err := (&http.Client{}).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the attempt's answer was not lost")
+	}
+}
+
+// upgraded is the upgraded app: a Transport on the journal the earlier
+// release left in dir, closed with the test.
+func upgraded(t *testing.T, dir string, fo []filejournal.Option) *idemretry.Transport {
+	t.Helper()
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, fo...), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, tr.Close()) })
+	return tr
 }

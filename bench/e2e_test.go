@@ -17,19 +17,7 @@ func TestE2EDriverSendsDistinctActions(t *testing.T) {
 	for _, name := range E2ENames {
 		t.Run(name, func(t *testing.T) {
 			srv := NewRecordingServer(SmallBody)
-			e, err := newE2E([]string{name}, srv)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := e.Close(); err != nil {
-					t.Error(err)
-				}
-			}()
-			got, err := drive(e.actors[name], 4, 100*time.Millisecond)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, got := driveAlone(t, name, srv, 4)
 			if got.Actions < 4 {
 				t.Fatalf("%d actions in 100 ms from 4 goroutines", got.Actions)
 			}
@@ -98,19 +86,7 @@ func TestE2EMeasureEveryParticipant(t *testing.T) {
 // counts: one probe write and one plain request (no key) per action.
 func TestE2EProbeThenNetHTTPSyncsAndSends(t *testing.T) {
 	srv := NewRecordingServer(SmallBody)
-	e, err := newE2E([]string{ProbeThenNetHTTP}, srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := e.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	got, err := drive(e.actors[ProbeThenNetHTTP], 1, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, got := driveAlone(t, ProbeThenNetHTTP, srv, 1)
 	if got.Actions == 0 || len(got.Latencies) != int(got.Actions) {
 		t.Fatalf("%d actions, %d latencies", got.Actions, len(got.Latencies))
 	}
@@ -139,4 +115,24 @@ func TestUniquePayload(t *testing.T) {
 	if string(a[:20]) != "00000000000000000007" {
 		t.Errorf("stamp %q", a[:20])
 	}
+}
+
+// driveAlone drives the participant name alone against srv from
+// goroutines for 100 ms; its e2e is closed with the test.
+func driveAlone(t *testing.T, name string, srv *Server, goroutines int) (*E2E, Sample) {
+	t.Helper()
+	e, err := newE2E([]string{name}, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	got, err := drive(e.actors[name], goroutines, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, got
 }
