@@ -9,10 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Model of a platform whose renames may not be durable (no directory sync:
-// dirsync_other.go; before MOVEFILE_WRITE_THROUGH, Windows). After a
-// compaction, acknowledged Reserves are appended to the new file. A power
-// loss that does not keep the rename leaves the old journal under
+// Model of a platform whose renames may not be durable (no directory sync,
+// where datasync.Dir does nothing: see dirsync.go; before
+// MOVEFILE_WRITE_THROUGH, Windows). After a compaction, acknowledged
+// Reserves are appended to the new file. A power loss that does not keep
+// the rename leaves the old journal under
 // "journal" and the new file, holding those acknowledged records, under
 // "journal.tmp". Open must adopt journal.tmp, whose base sequence is past
 // journal's last one, not delete it (see the package doc, "journal.tmp at
