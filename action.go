@@ -29,12 +29,44 @@ type actionKey struct{}
 // Transport derives itself), makes RoundTrip fail with ErrInvalidAction. A
 // key the caller sets on the request takes precedence: it names the action.
 func WithAction(ctx context.Context, actionID string) context.Context {
-	return context.WithValue(ctx, actionKey{}, actionID)
+	return &actionContext{Context: ctx, id: actionID}
+}
+
+// actionContext is ctx with an action id: context.WithValue's, in one
+// allocation (WithValue's also boxes the id in an interface). Like
+// WithValue's, it answers every other lookup, and Done, Err and
+// Deadline, as its parent does, so that contexts derived from it register
+// with their nearest cancellable ancestor as they would under WithValue.
+type actionContext struct {
+	context.Context
+	id string
+}
+
+// Value returns the actionContext itself for actionKey{} (a pointer in an
+// interface: no allocation per lookup).
+func (c *actionContext) Value(key any) any {
+	if key == (actionKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+func (c *actionContext) String() string {
+	return fmt.Sprintf("%v.WithAction(%q)", c.Context, c.id)
+}
+
+// actionOf returns the id WithAction set on ctx, if any.
+func actionOf(ctx context.Context) (string, bool) {
+	c, ok := ctx.Value(actionKey{}).(*actionContext)
+	if !ok {
+		return "", false
+	}
+	return c.id, true
 }
 
 // ActionFromContext returns the action id set by WithAction, if any.
 func ActionFromContext(ctx context.Context) (string, bool) {
-	id, ok := ctx.Value(actionKey{}).(string)
+	id, ok := actionOf(ctx)
 	return id, ok && id != ""
 }
 

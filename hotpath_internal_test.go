@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -411,5 +414,57 @@ func TestFlightsDigestMismatch(t *testing.T) {
 	fs.join("pay:1", journal.Fingerprint{1})
 	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}); !mismatch {
 		t.Fatal("a digest with another fingerprint joined")
+	}
+}
+
+// WithAction's context (one allocation, not WithValue's two) behaves as
+// WithValue's: the innermost id wins, other values and cancellation come
+// from the parent, and contexts derived from it register with the parent's
+// cancellation instead of starting a goroutine each, as they would for a
+// Context type the context package does not know.
+func TestWithActionIsAContextValue(t *testing.T) {
+	type otherKey struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), otherKey{}, "v"))
+	defer cancel()
+	ctx := WithAction(parent, "pay:1")
+	inner := context.WithValue(WithAction(ctx, "pay:2"), otherKey{}, "w")
+	if id, ok := ActionFromContext(ctx); !ok || id != "pay:1" {
+		t.Errorf("ActionFromContext = %q, %v; want pay:1", id, ok)
+	}
+	if id, ok := ActionFromContext(inner); !ok || id != "pay:2" {
+		t.Errorf("nested: ActionFromContext = %q, %v; want pay:2", id, ok)
+	}
+	if v := ctx.Value(otherKey{}); v != "v" {
+		t.Errorf("the parent's value: %v", v)
+	}
+	if _, ok := ActionFromContext(WithAction(ctx, "")); ok {
+		t.Error("an empty id is reported as set")
+	}
+	if _, ok := ActionFromContext(parent); ok {
+		t.Error("an id is reported where none was set")
+	}
+	if s := fmt.Sprint(ctx); !strings.Contains(s, `WithAction("pay:1")`) {
+		t.Errorf("String = %s", s)
+	}
+	before := runtime.NumGoroutine()
+	var derived []context.Context
+	for range 100 {
+		d, c := context.WithCancel(inner)
+		defer c()
+		derived = append(derived, d)
+	}
+	if n := runtime.NumGoroutine(); n >= before+50 {
+		t.Errorf("%d goroutines after deriving 100 contexts, %d before: derived contexts do not find the parent's cancellation", n, before)
+	}
+	cancel()
+	for _, d := range derived {
+		select {
+		case <-d.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a derived context was not cancelled with the parent")
+		}
+	}
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Errorf("Err = %v", ctx.Err())
 	}
 }

@@ -112,7 +112,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
 		mode = journal.ReusePending
 	}
-	start := time.Now()
+	start := createdAt // a reading of the system clock, with its monotonic part
+	if _, system := t.cfg.clock.(systemClock); !system {
+		start = time.Now()
+	}
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
@@ -172,7 +175,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 // fingerprint: a caller that joined the parent's flight follows the same
 // redirect, and must find the hop the leader made, done or not.
 func (t *Transport) actionID(req *http.Request, callerKey string, fp journal.Fingerprint) (string, error) {
-	id, explicit := req.Context().Value(actionKey{}).(string)
+	id, explicit := actionOf(req.Context())
 	switch {
 	case callerKey != "":
 		id = keyActionPrefix + callerKey
