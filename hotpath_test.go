@@ -45,13 +45,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 	release := make(chan struct{})
 	cut := make(chan struct{})
 	var n atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if n.Add(1) > 1 {
-			w.WriteHeader(http.StatusCreated)
-			io.WriteString(w, `{"charge":"ch_1"}`)
-			return
-		}
+	srv := httptest.NewUnstartedServer(firstThenCreated(&n, `{"charge":"ch_1"}`, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		var body io.Writer = w
 		var zw *gzip.Writer
@@ -729,12 +723,7 @@ func (b *lockedBody) Close() error {
 func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 	release := make(chan struct{})
 	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if n.Add(1) > 1 {
-			w.WriteHeader(http.StatusCreated)
-			return
-		}
+	srv := httptest.NewServer(firstThenCreated(&n, "", func(w http.ResponseWriter, r *http.Request) {
 		stallBody(w, r, http.StatusServiceUnavailable, "partial", release)
 	}))
 	defer srv.Close()
@@ -989,16 +978,14 @@ func TestReview2StackedTransportsCountWrites(t *testing.T) {
 	var mu sync.Mutex
 	var keys []string
 	var n atomic.Int32
+	busy := firstThenCreated(&n, "", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		keys = append(keys, r.Header.Get("Idempotency-Key"))
 		mu.Unlock()
-		if n.Add(1) == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
+		busy(w, r)
 	}))
 	defer srv.Close()
 	inner := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
@@ -1013,4 +1000,19 @@ func TestReview2StackedTransportsCountWrites(t *testing.T) {
 	defer mu.Unlock()
 	require.Len(t, keys, 2)
 	require.Equal(t, keys[0], keys[1])
+}
+
+// firstThenCreated is a handler that reads each request's body, answers the
+// first request with first and every later one with 201 Created and body;
+// n counts the requests.
+func firstThenCreated(n *atomic.Int32, body string, first http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, body)
+			return
+		}
+		first(w, r)
+	}
 }
