@@ -29,6 +29,7 @@ type seen struct {
 	Key      string
 	BodyHash [32]byte
 	Method   string
+	Header   http.Header
 }
 
 // payServer is a loopback server with Stripe's idempotency semantics: a new
@@ -81,7 +82,7 @@ func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	key := r.Header.Get("Idempotency-Key")
 	s.mu.Lock()
-	s.requests = append(s.requests, seen{Key: key, BodyHash: sha256.Sum256(body), Method: r.Method})
+	s.requests = append(s.requests, seen{Key: key, BodyHash: sha256.Sum256(body), Method: r.Method, Header: r.Header.Clone()})
 	n := len(s.requests)
 	script, drop, arrived := s.script, s.commitThenDrop[n], s.arrived
 	s.mu.Unlock()

@@ -571,23 +571,14 @@ func TestReview2FingerprintLeavesCallerBodyAlone(t *testing.T) {
 // attempt (not twice, under both spellings), beside many values of another
 // header, and nothing the attempts do reaches the caller's header.
 func TestReview2KeyHeaderSpellingsAndIsolation(t *testing.T) {
-	var mu sync.Mutex
-	var seenKeys [][]string
-	var seenOther [][]string
-	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		mu.Lock()
-		seenKeys = append(seenKeys, r.Header.Values("Idempotency-Key"))
-		seenOther = append(seenOther, r.Header.Values("X-Many"))
-		mu.Unlock()
-		if n.Add(1) < 3 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n < 3 {
+			status(http.StatusServiceUnavailable)(w)
+			return true
 		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
+		return false
+	}
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
 	req := post(t, context.Background(), srv.URL, `{"amount":1}`)
 	// Many values: beyond what the attempt's own value array holds.
@@ -598,14 +589,13 @@ func TestReview2KeyHeaderSpellingsAndIsolation(t *testing.T) {
 	hdr := req.Header.Clone()
 	roundTrip(t, tr, req)
 	require.Equal(t, hdr, req.Header, "the caller's header was changed")
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, seenKeys, 3)
-	for i := range seenKeys {
-		require.Len(t, seenKeys[i], 1, "attempt %d: the key header sent %v", i, seenKeys[i])
-		require.Equal(t, seenKeys[0], seenKeys[i], "one key for every attempt")
-		require.Equal(t, "caller-key-review2", seenKeys[i][0])
-		require.Equal(t, hdr["X-Many"], seenOther[i])
+	got := srv.seen()
+	require.Len(t, got, 3)
+	for i, r := range got {
+		keys := r.Header.Values("Idempotency-Key")
+		require.Len(t, keys, 1, "attempt %d: the key header sent %v", i, keys)
+		require.Equal(t, "caller-key-review2", keys[0], "one key for every attempt")
+		require.Equal(t, hdr["X-Many"], r.Header.Values("X-Many"))
 	}
 }
 
@@ -927,21 +917,14 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 // caller's map stays nil; a key header present with no value (nil) in the
 // caller's map is not sent beside the minted key.
 func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
-	var mu sync.Mutex
-	var keys [][]string
-	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		mu.Lock()
-		keys = append(keys, r.Header.Values("Idempotency-Key"))
-		mu.Unlock()
-		if n.Add(1)%2 == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n%2 == 1 {
+			status(http.StatusServiceUnavailable)(w)
+			return true
 		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
+		return false
+	}
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
 	for i, hdr := range []http.Header{nil, {"idempotency-key": nil, "Idempotency-Key": {}}} {
 		req := post(t, idemretry.WithAction(context.Background(), fmt.Sprint("pay:review2-nilhdr-", i)), srv.URL, `{}`)
@@ -958,8 +941,10 @@ func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
 			require.Nil(t, req.Header)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	var keys [][]string
+	for _, r := range srv.seen() {
+		keys = append(keys, r.Header.Values("Idempotency-Key"))
+	}
 	require.Len(t, keys, 4)
 	for i, k := range keys {
 		require.Len(t, k, 1, "request %d sent keys %v", i, k)
