@@ -164,7 +164,10 @@ func (t *Transport) landAll() error {
 	return errors.Join(errs...)
 }
 
-// unlanded holds outcomes the journal has not accepted yet, by action id.
+// unlanded holds outcomes the journal has not accepted yet, by the digest
+// form of their action ids (journal.Digest): a Resume on a journal that
+// hashes ids names an action by its digest, a live request by its id, and
+// both must find an outcome the other holds, as they share its flight.
 type unlanded struct {
 	mu sync.Mutex
 	m  map[string]unlandedRecord
@@ -186,7 +189,7 @@ func (u *unlanded) keep(rec journal.Record, durable bool) {
 	if u.m == nil {
 		u.m = make(map[string]unlandedRecord)
 	}
-	u.m[rec.ActionID] = unlandedRecord{rec, durable}
+	u.m[journal.Digest(rec.ActionID)] = unlandedRecord{rec, durable}
 	u.n.Store(int32(len(u.m)))
 }
 
@@ -196,7 +199,7 @@ func (u *unlanded) get(id string) (unlandedRecord, bool) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	r, ok := u.m[id]
+	r, ok := u.m[journal.Digest(id)]
 	return r, ok
 }
 
@@ -207,8 +210,9 @@ func (u *unlanded) drop(rec journal.Record) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if r, ok := u.m[rec.ActionID]; ok && r.rec.Key == rec.Key {
-		delete(u.m, rec.ActionID)
+	d := journal.Digest(rec.ActionID)
+	if r, ok := u.m[d]; ok && r.rec.Key == rec.Key {
+		delete(u.m, d)
 		u.n.Store(int32(len(u.m)))
 	}
 }

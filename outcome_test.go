@@ -423,3 +423,103 @@ func TestGiveUpReasons(t *testing.T) {
 	assert.NoError(t, idemretry.GiveUpReason(resp))
 	assert.NoError(t, idemretry.GiveUpReason(nil))
 }
+
+// failDoneFile is a file journal whose Updates to done fail while failDone
+// is set (the journal then holds "pending" for an action answered 201).
+type failDoneFile struct {
+	*filejournal.Journal
+	failDone atomic.Bool
+}
+
+func (f *failDoneFile) Update(ctx context.Context, rec journal.Record) error {
+	if f.failDone.Load() && rec.State == journal.StateDone {
+		return errDiskGone
+	}
+	return f.Journal.Update(ctx, rec)
+}
+
+func openFailDone(t *testing.T, hashed bool) *failDoneFile {
+	t.Helper()
+	var fo []filejournal.Option
+	if hashed {
+		fo = append(fo, filejournal.WithHashedIDs())
+	}
+	fj, err := filejournal.Open(t.TempDir(), fo...)
+	require.NoError(t, err)
+	t.Cleanup(func() { fj.Close() })
+	return &failDoneFile{Journal: fj}
+}
+
+// Guarantee 6: an outcome held in memory is written before the action is
+// reserved again, and the request is refused, with nothing sent, while it
+// cannot be. Resume of a named action on a journal that hashes ids names it
+// by its digest; a live request names it by its id. The two share a flight
+// (flights compare digests), but not the table of unlanded outcomes.
+func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
+	for _, hashed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = scriptFirst(status(503)) // the first attempt: a 503, given up (no retries)
+			j := openFailDone(t, hashed)
+			tr := transportOver(t, j, idemretry.WithMaxRetries(0))
+			ctx := idemretry.WithAction(context.Background(), "order-1")
+			resp := roundTrip(t, tr, post(t, ctx, srv.URL, `{"amount":1}`))
+			require.Equal(t, 503, resp.StatusCode) // pending, under its key
+
+			j.failDone.Store(true) // the journal cannot record done from now on
+			app := &appResumer{url: srv.URL, orders: map[string]string{}}
+			recs, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Len(t, recs, 1)
+			app.orders[recs[0].ActionID] = `{"amount":1}`
+			res, err := tr.Resume(context.Background(), app, 1)
+			require.NoError(t, err)
+			require.Len(t, res, 1)
+			require.True(t, res[0].Sent)
+			require.Equal(t, 201, res[0].Status, "%v", res[0].Err) // charged; its done is held in memory only
+			require.Len(t, srv.seen(), 2)
+
+			// The same action, live, while the journal still cannot take
+			// the held outcome: refused, nothing sent.
+			err = sendErr(tr, post(t, ctx, srv.URL, `{"amount":1}`))
+			require.ErrorIs(t, err, errDiskGone, "the held outcome was not written first")
+			require.Len(t, srv.seen(), 2, "sent while its outcome (done) is held only in memory")
+
+			// The journal heals: the held done lands first, and the resend
+			// is answered under the old key (a replay, no new charge).
+			j.failDone.Store(false)
+			roundTrip(t, tr, post(t, ctx, srv.URL, `{"amount":1}`))
+			require.Equal(t, 1, srv.chargeCount())
+			un, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Empty(t, un, "the held done did not land")
+		})
+	}
+}
+
+// The other way round: a live request's done is held; Resume, which names
+// the action by its digest on a hashing journal, must not send it.
+func TestHeldOutcomeOfLiveRequestBlocksResume(t *testing.T) {
+	for _, hashed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
+			srv := newPayServer(t)
+			j := openFailDone(t, hashed)
+			tr := transportOver(t, j)
+			j.failDone.Store(true)
+			req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+			req.Header.Set("Idempotency-Key", "order-2-key")
+			resp := roundTrip(t, tr, req)
+			require.Equal(t, 201, resp.StatusCode) // done, held in memory; the journal says pending
+
+			recs, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Len(t, recs, 1)
+			app := &appResumer{url: srv.URL, orders: map[string]string{recs[0].ActionID: `{"amount":2}`}}
+			res, err := tr.Resume(context.Background(), app, 1)
+			require.NoError(t, err)
+			require.Len(t, res, 1)
+			require.ErrorIs(t, res[0].Err, errDiskGone, "Resume did not write the held outcome first")
+			require.Len(t, srv.seen(), 1, "Resume sent an action whose outcome (done) is held only in memory")
+		})
+	}
+}
