@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -28,7 +30,13 @@ type actionKey struct{}
 // An empty id, or one starting with "key:" or "fp:" (the forms of the ids the
 // Transport derives itself), makes RoundTrip fail with ErrInvalidAction. A
 // key the caller sets on the request takes precedence: it names the action.
+//
+// A nil ctx gives a nil context, which http.NewRequestWithContext refuses
+// with an error (context.WithValue would panic).
 func WithAction(ctx context.Context, actionID string) context.Context {
+	if ctx == nil {
+		return nil
+	}
 	return &actionContext{Context: ctx, id: actionID}
 }
 
@@ -51,8 +59,14 @@ func (c *actionContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// String names the parent as context.WithValue's String does: by its own
+// String, else by its type (never by printing its fields).
 func (c *actionContext) String() string {
-	return fmt.Sprintf("%v.WithAction(%q)", c.Context, c.id)
+	parent := reflect.TypeOf(c.Context).String()
+	if s, ok := c.Context.(fmt.Stringer); ok {
+		parent = s.String()
+	}
+	return parent + ".WithAction(" + strconv.Quote(c.id) + ")"
 }
 
 // actionOf returns the id WithAction set on ctx, if any.

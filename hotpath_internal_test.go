@@ -468,3 +468,24 @@ func TestWithActionIsAContextValue(t *testing.T) {
 		t.Errorf("Err = %v", ctx.Err())
 	}
 }
+
+// Printing a WithAction context names a parent without a String method by
+// its type, as WithValue's does, never by its fields (which may hold
+// secrets, and may be written meanwhile); a nil parent gives a context that
+// http.NewRequestWithContext refuses, not one that fails deep in a send.
+func TestWithActionStringAndNilParent(t *testing.T) {
+	type appCtx struct {
+		context.Context
+		apiToken string
+	}
+	parent := &appCtx{Context: context.Background(), apiToken: "sk_live_secret"}
+	s := fmt.Sprint(WithAction(parent, "pay:1"))
+	if strings.Contains(s, "sk_live_secret") || !strings.HasSuffix(s, `.WithAction("pay:1")`) {
+		t.Errorf("String = %s", s)
+	}
+	//lint:ignore SA1012 a nil parent is the point
+	ctx := WithAction(nil, "pay:1")
+	if _, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1:1/", nil); err == nil {
+		t.Error("WithAction(nil, id) made a context that http.NewRequestWithContext accepts")
+	}
+}
