@@ -28,7 +28,8 @@ type run struct {
 	conns   int64 // connections accepted before the timer started
 	reqs    int64
 	cpu     time.Duration // process CPU time when the timer started
-	ids     *actionIDs    // made before the timer starts; nil if the client needs none
+	ids     *actionIDs    // made before the timer starts, for every client (one live heap for all)
+	useIDs  bool          // the client or the server needs an action id
 }
 
 func start(b *testing.B, name string, size int64, flaky bool) *run {
@@ -43,10 +44,11 @@ func start(b *testing.B, name string, size int64, flaky bool) *run {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { c.Close(); srv.Close() })
-	r := &run{srv: srv, c: c, payload: payload(size), flaky: flaky}
-	if c.Keyed || flaky {
-		r.ids = newActionIDs(b.N + 1) // the warm-up, then one per action of the loop
-	}
+	r := &run{srv: srv, c: c, payload: payload(size), flaky: flaky, useIDs: c.Keyed || flaky}
+	// The warm-up, then one per action of the loop. Every client holds them,
+	// used or not, so that none runs with a smaller live heap (and so fewer
+	// garbage collections) than another.
+	r.ids = newActionIDs(b.N + 1)
 	// One warm-up request, so that the first dial is not measured.
 	if err := r.op(context.Background()); err != nil {
 		b.Fatal(err)
@@ -65,7 +67,7 @@ func start(b *testing.B, name string, size int64, flaky bool) *run {
 // an action id; the others do not pay for making one.
 func (r *run) op(ctx context.Context) error {
 	var id string
-	if r.ids != nil {
+	if r.useIDs {
 		id = r.ids.next()
 	}
 	return r.c.Post(ctx, r.srv.URL, r.payload, id, r.flaky)
