@@ -14,14 +14,25 @@ import (
 
 func tryLock(f *os.File) error {
 	return control(f, func(fd uintptr) error {
-		err := flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if flockMissing(err) {
-			// flock is missing (seen on Android 14) or filtered by a
-			// seccomp policy: open-file-description locks have the same
-			// per-description semantics.
-			return ofdLock(fd)
+		ferr := flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if ferr != nil && !flockMissing(ferr) {
+			return ferr
 		}
-		return err
+		// The open-file-description lock too, always: where flock is
+		// missing (seen on Android 14) or filtered by a seccomp policy it
+		// is the only lock, and flock and OFD locks do not see each other
+		// on Linux, so a process with flock must hold both to exclude one
+		// without.
+		oerr := ofdLock(fd)
+		switch {
+		case oerr == nil:
+			return nil
+		case ferr == nil && !errors.Is(oerr, errBusy):
+			return nil // no OFD locks on this file system: flock alone
+		case ferr == nil:
+			_ = flock(fd, unix.LOCK_UN)
+		}
+		return oerr
 	})
 }
 
@@ -46,11 +57,11 @@ func ofdLock(fd uintptr) error {
 // descriptor alone would leave the lock held until then.
 func unlock(f *os.File) error {
 	return control(f, func(fd uintptr) error {
-		err := flock(fd, unix.LOCK_UN)
-		if flockMissing(err) {
-			lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: io.SeekStart}
-			err = ignoringEINTR(func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
+		lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: io.SeekStart}
+		oerr := ignoringEINTR(func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
+		if ferr := flock(fd, unix.LOCK_UN); !flockMissing(ferr) {
+			return ferr // the OFD lock, if any, goes with the descriptor
 		}
-		return err
+		return oerr
 	})
 }

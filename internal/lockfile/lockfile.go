@@ -10,9 +10,12 @@
 // Lock a file that is never renamed or replaced: a lock on an inode that a
 // rename swapped out excludes nobody.
 //
-// Mechanisms: flock(2) on Linux, the BSDs, darwin and ios; on Android, where
-// flock has been reported to fail with ENOSYS, open-file-description fcntl
-// locks (F_OFD_SETLK) as a fallback. Classic POSIX fcntl locks are never used:
+// Mechanisms: flock(2) on Linux, the BSDs, darwin and ios. On Linux (and so
+// Android, where flock has been reported to fail with ENOSYS, and under
+// seccomp policies that filter it) an open-file-description fcntl lock
+// (F_OFD_SETLK) is taken beside flock, or alone where flock fails: the two
+// kinds do not see each other, so a process without flock is excluded only
+// by an owner that holds both. Classic POSIX fcntl locks are never used:
 // they do not exclude within one process and are dropped when any descriptor
 // of the file is closed. LockFileEx on Windows.
 package lockfile
