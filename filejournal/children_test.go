@@ -1,5 +1,3 @@
-//go:build linux || darwin
-
 package filejournal
 
 import (
@@ -10,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,24 +151,6 @@ func childSay() func(format string, args ...any) {
 		defer mu.Unlock()
 		_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
 	}
-}
-
-// killAtFailpoint returns hooks that SIGKILL the process at the n-th hit of
-// failpoint name, spec being "name:n".
-func killAtFailpoint(spec string) *hooks {
-	name, n, _ := strings.Cut(spec, ":")
-	left, _ := strconv.Atoi(n)
-	var mu sync.Mutex
-	return &hooks{failpoint: func(fp string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if fp == name {
-			if left--; left == 0 {
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {}
-			}
-		}
-	}}
 }
 
 // childJournal is the journal a child works on, and its say.

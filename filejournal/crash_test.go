@@ -92,6 +92,24 @@ func TestCrashChild(t *testing.T) {
 	})
 }
 
+// killAtFailpoint returns hooks that SIGKILL the process at the n-th hit of
+// failpoint name, spec being "name:n".
+func killAtFailpoint(spec string) *hooks {
+	name, n, _ := strings.Cut(spec, ":")
+	left, _ := strconv.Atoi(n)
+	var mu sync.Mutex
+	return &hooks{failpoint: func(fp string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fp == name {
+			if left--; left == 0 {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+	}}
+}
+
 func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
 	t.Helper()
 	return spawnLines(t, "TestCrashChild", append([]string{envChild + "=" + mode, envDir + "=" + dir}, env...)...)
@@ -215,63 +233,6 @@ func TestLockWaitForRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	_ = cmd.Wait()
-}
-
-// TestSyncCrashChild is the child of TestSyncedDoneSurvivesKill; it does
-// nothing in a normal run. Four workers each create an action, record it
-// done (a lazy Update), Sync, and then say so; the flush interval is an
-// hour, so only Sync can have written the done.
-func TestSyncCrashChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
-		t.Skip("child process of TestSyncedDoneSurvivesKill")
-	}
-	o := testOpts()
-	o.flushEvery = time.Hour
-	c := openChild(dir, o)
-	ctx := context.Background()
-	c.work(4, func(w *childWorker, i int) {
-		r, _, err := c.Reserve(ctx, entry(fmt.Sprintf("u-%d-%d", w.g, i)), journal.ReuseAny)
-		if err == nil {
-			r.State, r.Attempts, r.Status = journal.StateDone, 1, 201
-			err = c.Update(ctx, r)
-		}
-		if err == nil {
-			err = c.Sync(ctx)
-		}
-		if err != nil {
-			c.fail(err)
-		}
-		c.say("synced %s", r.ActionID)
-	})
-}
-
-// An unnamed action's "done" is synced before RoundTrip returns: a child
-// killed with SIGKILL right after Syncs returned must leave every one of
-// those dones on disk, with its status.
-func TestSyncedDoneSurvivesKill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	for round := range 5 {
-		dir := t.TempDir()
-		cmd, out := startChild(t, "TestSyncCrashChild", envDir+"="+dir)
-		// Killed right after the last Sync it said returned.
-		ls, err := killAfter(cmd, out, 1+20+10*round)
-		require.NoError(t, err, "round %d", round)
-		require.Equal(t, "open", ls[0], "round %d", round)
-		s, _ := mustOpen(t, dir, testOpts())
-		for _, l := range ls[1:] {
-			f := strings.Fields(l)
-			require.Equal(t, "synced", f[0], "round %d: child: %s", round, l)
-			got, ok, err := s.get(f[1])
-			require.NoError(t, err)
-			require.True(t, ok, "round %d: %s lost", round, f[1])
-			assert.Equal(t, journal.StateDone, got.State, "round %d: %s's synced done lost", round, f[1])
-			assert.Equal(t, 201, got.Status, "round %d: %s", round, f[1])
-		}
-		require.NoError(t, s.Close())
-	}
 }
 
 // The flush interval of TestReviewCommitChild.
