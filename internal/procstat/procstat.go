@@ -22,8 +22,12 @@ func HeapObjects() uint64 {
 // SampleHeapPeak reads HeapObjects every interval, from a goroutine of its
 // own that allocates nothing per sample, until stop is called; stop returns
 // the highest reading, taken once more at the end. Sampled, it is a close
-// lower bound of the true peak.
+// lower bound of the true peak. An interval that is not positive samples
+// every millisecond. Call stop once.
 func SampleHeapPeak(every time.Duration) (stop func() uint64) {
+	if every <= 0 {
+		every = time.Millisecond // time.NewTicker would panic in the sampler
+	}
 	g := newGauge()
 	peak := g.read() // the goroutine's until done is closed
 	quit, done := make(chan struct{}), make(chan struct{})

@@ -39,3 +39,14 @@ func TestGaugeReadDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations a read", n)
 	}
 }
+
+// An interval that is not positive samples anyway (time.NewTicker would
+// panic in the sampler's goroutine, ending the process).
+func TestSampleHeapPeakNonPositiveInterval(t *testing.T) {
+	for _, every := range []time.Duration{0, -time.Second} {
+		stop := SampleHeapPeak(every)
+		if peak := stop(); peak == 0 {
+			t.Errorf("every %v: peak 0", every)
+		}
+	}
+}
