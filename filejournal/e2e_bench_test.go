@@ -13,11 +13,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/internal/datasync"
 
 	"github.com/idemretry/idemretry"
@@ -87,20 +87,8 @@ func benchActions(b *testing.B, conc int) {
 	}
 	ops := max(b.N, 200*conc/16, 400)
 	run := func(do func()) float64 {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range conc {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(ops) {
-					do()
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(ops) / time.Since(start).Seconds()
+		took := filejournal.RunSpread(conc, ops, func(int) { do() })
+		return float64(ops) / took.Seconds()
 	}
 	sides := []struct {
 		name string

@@ -43,3 +43,6 @@ func (j *Journal) stats() stats {
 	defer j.mu.Unlock()
 	return stats{Records: len(j.m), LiveBytes: j.live, FileBytes: j.sizeSeen}
 }
+
+// RunSpread is runSpread, for the package's external benchmarks.
+var RunSpread = runSpread
