@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -498,28 +499,42 @@ func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
 }
 
 // The other way round: a live request's done is held; Resume, which names
-// the action by its digest on a hashing journal, must not send it.
+// the action by its digest on a hashing journal, must not send it, however
+// the live request was named: a caller key, WithAction, or nothing (the
+// default: by its fingerprint).
 func TestHeldOutcomeOfLiveRequestBlocksResume(t *testing.T) {
 	for _, hashed := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
-			srv := newPayServer(t)
-			j := openFailDone(t, hashed)
-			tr := transportOver(t, j)
-			j.failDone.Store(true)
-			req := post(t, context.Background(), srv.URL, `{"amount":2}`)
-			req.Header.Set("Idempotency-Key", "order-2-key")
-			resp := roundTrip(t, tr, req)
-			require.Equal(t, 201, resp.StatusCode) // done, held in memory; the journal says pending
-
-			recs, err := j.Unfinished(context.Background())
-			require.NoError(t, err)
-			require.Len(t, recs, 1)
-			app := &appResumer{url: srv.URL, orders: map[string]string{recs[0].ActionID: `{"amount":2}`}}
-			res, err := tr.Resume(context.Background(), app, 1)
-			require.NoError(t, err)
-			require.Len(t, res, 1)
-			require.ErrorIs(t, res[0].Err, errDiskGone, "Resume did not write the held outcome first")
-			require.Len(t, srv.seen(), 1, "Resume sent an action whose outcome (done) is held only in memory")
-		})
+		for _, kind := range []string{"caller key", "WithAction", "unnamed"} {
+			t.Run(fmt.Sprintf("%s/%s", map[bool]string{false: "plain", true: "hashed"}[hashed], kind), func(t *testing.T) {
+				testHeldOutcomeOfLiveRequestBlocksResume(t, hashed, kind)
+			})
+		}
 	}
+}
+
+func testHeldOutcomeOfLiveRequestBlocksResume(t *testing.T, hashed bool, kind string) {
+	srv := newPayServer(t)
+	j := openFailDone(t, hashed)
+	tr := transportOver(t, j)
+	j.failDone.Store(true)
+	ctx := context.Background()
+	if kind == "WithAction" {
+		ctx = idemretry.WithAction(ctx, "order-2")
+	}
+	req := post(t, ctx, srv.URL, `{"amount":2}`)
+	if kind == "caller key" {
+		req.Header.Set("Idempotency-Key", "order-2-key")
+	}
+	resp := roundTrip(t, tr, req)
+	require.Equal(t, 201, resp.StatusCode) // done, held in memory; the journal says pending
+
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	app := &appResumer{url: srv.URL, orders: map[string]string{recs[0].ActionID: `{"amount":2}`}}
+	res, err := tr.Resume(context.Background(), app, 1)
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	require.ErrorIs(t, res[0].Err, errDiskGone, "Resume did not write the held outcome first")
+	require.Len(t, srv.seen(), 1, "Resume sent an action whose outcome (done) is held only in memory")
 }
