@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"testing"
+
+	"github.com/idemretry/idemretry/internal/procstat"
 )
 
 // Large bodies without the network: what idemretry adds per MiB of an
@@ -45,7 +47,7 @@ func BodyCost(b *testing.B, name string) {
 	ctx := context.Background()
 	b.SetBytes(LargeBody)
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := procstat.CPUTime()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		seq := actionSeq.Add(1)
@@ -59,7 +61,7 @@ func BodyCost(b *testing.B, name string) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(procstat.CPUTime()-cpu)/float64(b.N), "cpu-ns/op")
 }
 
 // SHA256: the SHA-256 of an 8 MiB body, read from a bytes.Reader as the
@@ -70,7 +72,7 @@ func SHA256(b *testing.B) {
 	var sum []byte
 	b.SetBytes(LargeBody)
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := procstat.CPUTime()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		h.Reset()
@@ -80,5 +82,5 @@ func SHA256(b *testing.B) {
 		sum = h.Sum(sum[:0])
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(procstat.CPUTime()-cpu)/float64(b.N), "cpu-ns/op")
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemretry/idemretry/internal/procstat"
 )
 
 // Body sizes of the benchmarks.
@@ -58,7 +60,7 @@ func start(b *testing.B, name string, size int64, flaky bool) *run {
 	if size >= LargeBody {
 		b.SetBytes(size)
 	}
-	r.cpu = cpuTime()
+	r.cpu = procstat.CPUTime()
 	b.ResetTimer()
 	return r
 }
@@ -126,7 +128,7 @@ func (r *run) finish(b *testing.B) {
 	b.StopTimer()
 	n := float64(b.N)
 	// Client and server together: the server is the same for every client.
-	b.ReportMetric(float64(cpuTime()-r.cpu)/n, "cpu-ns/op")
+	b.ReportMetric(float64(procstat.CPUTime()-r.cpu)/n, "cpu-ns/op")
 	b.ReportMetric(float64(r.srv.Conns()-r.conns)/n, "dials/op")
 	b.ReportMetric(float64(r.srv.Requests()-r.reqs)/n, "reqs/op")
 	if bad := r.srv.BadBodies(); bad > 0 {
