@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -105,13 +106,16 @@ func checkActionID(id string) error {
 	return nil
 }
 
-// newUUIDKey returns a random UUIDv4 (google/uuid, from crypto/rand) in its
-// canonical form.
+// newUUIDKey returns a random UUIDv4 in its canonical form (google/uuid's
+// String). Its 16 bytes come from crypto/rand, which never fails (Go 1.24),
+// with the version and variant bits set as uuid.NewRandom sets them; read
+// here, on the stack, rather than by uuid.NewRandom through an io.Reader,
+// which moves each UUID to the heap (one allocation per action).
 func newUUIDKey() (string, error) {
-	u, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
+	var u uuid.UUID
+	rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // variant 10 (RFC 9562)
 	return u.String(), nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -107,8 +108,8 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 // a final answer, whether it refuses the key as reused; both may read the
 // start of an error body, for at most DefaultMaxDrainTime.
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if r.cancel != nil && resp != nil && mayReadBody(policy, resp) {
-		timer := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
+	if r.tr != nil && resp != nil && mayReadBody(policy, resp) {
+		timer := time.AfterFunc(DefaultMaxDrainTime, r.tr.end)
 		defer timer.Stop()
 	}
 	final = !policy(withoutCancel(r.ctx), resp, err)
@@ -175,13 +176,13 @@ type run struct {
 	lastStatus int  // of the previous attempt: 0 if none, or a transport error
 	lastErr    error
 	out        *http.Request // the last attempt's request
-	// cancel ends the last attempt's context: it cuts a stalled read of
-	// its body. (Closing the body instead would not do for every base: an
-	// *http.Transport may hand a scheme to a RoundTripper registered with
-	// RegisterProtocol, whose body's Close may wait for the read.)
-	cancel context.CancelFunc
-	tr     *attemptTrace // the last attempt's
-	first  *attemptTrace // for the first attempt, if given
+	// tr is the last attempt's trace, whose end cancels the attempt's
+	// context: it cuts a stalled read of its body. (Closing the body
+	// instead would not do for every base: an *http.Transport may hand a
+	// scheme to a RoundTripper registered with RegisterProtocol, whose
+	// body's Close may wait for the read.)
+	tr    *attemptTrace
+	first *attemptTrace // for the first attempt, if given
 }
 
 // send makes one attempt. Its context is the caller's, with a trace that
@@ -202,14 +203,13 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	ctx, cancel := context.WithCancel(tr.withTrace(r.ctx))
-	tr.req = *req.WithContext(ctx)
+	tr.req = *req.WithContext(tr.context(r.ctx, r.t.netHTTPBase))
 	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
 	if err != nil {
-		cancel()
+		tr.end()
 		return nil, false, err
 	}
-	r.out, r.cancel, r.tr = out, cancel, tr
+	r.out, r.tr = out, tr
 	var start time.Time
 	timed := len(r.t.cfg.observers) > 0 // Elapsed is for the observers alone
 	if timed {
@@ -241,7 +241,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
 	r.lastErr = err
 	if err != nil {
-		cancel()
+		tr.end()
 	}
 	return resp, true, err
 }
@@ -253,7 +253,10 @@ type attemptTrace struct {
 	trace  httptrace.ClientTrace
 	writes atomic.Int32
 	req    http.Request
-	body   cancelOnClose
+	// resp is the body of the response returned to the caller, which
+	// the caller reads through the attemptTrace itself (attemptBody), so
+	// that closing it ends the attempt's context.
+	resp io.ReadCloser
 	// vals holds the values of the request's header copy when they fit:
 	// the key and four more (most requests carry a handful of headers;
 	// the rest get one array of their own). Five keep a flight, which
@@ -263,93 +266,32 @@ type attemptTrace struct {
 	// parent is the caller's context, when the attemptTrace is itself the
 	// attempt's context (see withTrace).
 	parent context.Context
+	// The attempt's cancellation (see context and end): cancel, if the
+	// attempt's context is a context.WithCancel; else done, the attempt's
+	// own Done when the attemptTrace is its cancellable context.
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex // guards ended, after and more
+	ended  bool
+	after  [1]func() // registered by AfterFunc: the first here,
+	more   []func()  // the rest here
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }
-
-// withTrace returns ctx with a's hooks, as httptrace.WithClientTrace does:
-// a itself, a context that answers httptrace's lookup with a's hooks and
-// everything else as ctx does, so that the trace needs no context of its
-// own. A ctx that already carries a trace (whose hooks a's must compose
-// with) gets httptrace.WithClientTrace's.
-func (a *attemptTrace) withTrace(ctx context.Context) context.Context {
-	if clientTraceKey == nil || httptrace.ContextClientTrace(ctx) != nil {
-		return httptrace.WithClientTrace(ctx, &a.trace)
-	}
-	a.parent = ctx
-	return a
-}
-
-// The context methods of an attemptTrace made the attempt's context: the
-// caller's, with the trace.
-
-func (a *attemptTrace) Deadline() (time.Time, bool) { return a.parent.Deadline() }
-func (a *attemptTrace) Done() <-chan struct{}       { return a.parent.Done() }
-func (a *attemptTrace) Err() error                  { return a.parent.Err() }
-func (a *attemptTrace) Value(key any) any {
-	if key == clientTraceKey {
-		return &a.trace
-	}
-	return a.parent.Value(key)
-}
-
-// clientTraceKey is the key httptrace.ContextClientTrace looks its hooks up
-// by (unexported: learnt by watching it look), or nil if an attemptTrace
-// cannot be found by it that way, and httptrace.WithClientTrace is used.
-var clientTraceKey any
-
-func init() {
-	p := &keyProbe{Context: context.Background()}
-	httptrace.ContextClientTrace(p)
-	if p.key == nil {
-		return
-	}
-	clientTraceKey = p.key
-	a := &attemptTrace{parent: context.Background()}
-	if httptrace.ContextClientTrace(a) != &a.trace {
-		clientTraceKey = nil
-	}
-}
-
-// keyProbe records the first key it is asked for.
-type keyProbe struct {
-	context.Context
-	key any
-}
-
-func (p *keyProbe) Value(key any) any {
-	if p.key == nil {
-		p.key = key
-	}
-	return nil
-}
-
-// cancelOnClose ends a returned response's attempt context when the caller
-// closes its body.
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (c *cancelOnClose) Close() error {
-	err := c.ReadCloser.Close()
-	c.cancel()
-	return err
-}
 
 // discard drains and closes a response that is not returned: at most
 // maxDrain bytes, for at most DefaultMaxDrainTime (a body that stalls is
 // cut by cancelling its attempt, which drops the connection).
 func (r *run) discard(resp *http.Response) {
 	if resp == nil || resp.Body == nil {
-		if r.cancel != nil {
-			r.cancel()
+		if r.tr != nil {
+			r.tr.end()
 		}
 		return
 	}
-	if r.cancel != nil {
-		stop := time.AfterFunc(DefaultMaxDrainTime, r.cancel)
-		defer func() { stop.Stop(); r.cancel() }()
+	if r.tr != nil {
+		stop := time.AfterFunc(DefaultMaxDrainTime, r.tr.end)
+		defer func() { stop.Stop(); r.tr.end() }()
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
 	resp.Body.Close()

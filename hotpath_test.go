@@ -31,17 +31,28 @@ import (
 // is not an *http.Transport (which keeps its per-attempt cancel), must cut
 // the stalled read after DefaultMaxDrainTime: the server sees the stalled
 // request end long before it would release it, and the retry is answered.
+//
+// Each runs under a caller context with a deadline and under one that can
+// never end (no deadline, as most apps send): the attempt's own cancel is
+// a context.WithCancel in the first case and the attempt's trace itself
+// in the second (attemptctx.go), and both must cut.
 func TestStalledBodyIsCutOnEveryBase(t *testing.T) {
 	for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
 		for _, kind := range []string{"http1", "http1-gzip", "http2", "wrapped"} {
-			t.Run(http.StatusText(status)+"/"+kind, func(t *testing.T) {
-				testStalledBodyIsCut(t, status, kind)
-			})
+			for _, deadline := range []bool{true, false} {
+				name := http.StatusText(status) + "/" + kind + "/no-deadline"
+				if deadline {
+					name = http.StatusText(status) + "/" + kind + "/deadline"
+				}
+				t.Run(name, func(t *testing.T) {
+					testStalledBodyIsCut(t, status, kind, deadline)
+				})
+			}
 		}
 	}
 }
 
-func testStalledBodyIsCut(t *testing.T, status int, kind string) {
+func testStalledBodyIsCut(t *testing.T, status int, kind string, deadline bool) {
 	release := make(chan struct{})
 	cut := make(chan struct{})
 	var n atomic.Int32
@@ -66,6 +77,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 		case <-release:
 		case <-r.Context().Done():
 			close(cut)
+		case <-time.After(15 * time.Second): // not cut: RoundTrip returns, and the test fails
 		}
 	}))
 	var base http.RoundTripper
@@ -90,6 +102,9 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string) {
 	defer close(release)
 
 	tr, ctx := retryTwiceOver(t, base)
+	if !deadline {
+		ctx = context.Background()
+	}
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:stalled-"+kind), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -710,14 +725,30 @@ func (b *lockedBody) Close() error {
 // discarded 503 body that stalls must still be cut after
 // DefaultMaxDrainTime (guarantee 5), and the retry answered, long before
 // the server would release it.
+//
+// It runs under a caller context with a deadline and under one without
+// (the attempt's trace is then its cancellable context, attemptctx.go).
 func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
+	for _, deadline := range []bool{true, false} {
+		t.Run(map[bool]string{true: "deadline", false: "no-deadline"}[deadline], func(t *testing.T) {
+			testStalledBodyCutThroughRegisteredProtocol(t, deadline)
+		})
+	}
+}
+
+func testStalledBodyCutThroughRegisteredProtocol(t *testing.T, deadline bool) {
 	release := make(chan struct{})
 	var n atomic.Int32
 	srv := httptest.NewServer(firstThenCreated(&n, "", func(w http.ResponseWriter, r *http.Request) {
 		stallBody(w, r, http.StatusServiceUnavailable, "partial", release)
 	}))
 	defer srv.Close()
-	defer close(release)
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) })
+	// Not cut: the body is released after 15 s, RoundTrip returns, and the
+	// test fails on the time it took rather than hanging.
+	watchdog := time.AfterFunc(15*time.Second, func() { releaseOnce.Do(func() { close(release) }) })
+	defer watchdog.Stop()
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
 	base := &http.Transport{}
@@ -732,8 +763,11 @@ func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
 	require.NoError(t, err)
 	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if !deadline {
+		ctx = context.Background()
+	}
 	start := time.Now()
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:review2-altproto"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
@@ -999,5 +1033,52 @@ func firstThenCreated(n *atomic.Int32, body string, first http.HandlerFunc) http
 			return
 		}
 		first(w, r)
+	}
+}
+
+// No attempt's context is watched by a goroutine of the context package,
+// whatever the base does with it: net/http's *http.Transport derives each
+// request's context from the attempt's directly (linked through the
+// attempt's AfterFunc), and a base that first wraps it in a value of its
+// own (as tracing transports do) gets a context.WithCancel to derive from.
+// Responses are held open, their requests' contexts alive, while the
+// goroutines are listed.
+func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", 64<<10)) // more than a connection buffers: the body stays open
+	}))
+	defer srv.Close()
+	type traceKey struct{}
+	for _, wrap := range []bool{false, true} {
+		t.Run(map[bool]string{false: "net/http", true: "wrapping base"}[wrap], func(t *testing.T) {
+			hb := &http.Transport{}
+			defer hb.CloseIdleConnections()
+			var base http.RoundTripper = hb
+			if wrap {
+				base = roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+					return hb.RoundTrip(r.WithContext(context.WithValue(r.Context(), traceKey{}, "span")))
+				})
+			}
+			tr, err := idemretry.NewTransport(base, inMemory())
+			require.NoError(t, err)
+			defer tr.Close()
+			var open []*http.Response
+			defer func() {
+				for _, resp := range open {
+					resp.Body.Close()
+				}
+			}()
+			for i := range 10 {
+				resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:watch-%v-%d", wrap, i)), srv.URL, `{"amount":1}`))
+				require.NoError(t, err)
+				require.Equal(t, http.StatusCreated, resp.StatusCode)
+				open = append(open, resp)
+			}
+			buf := make([]byte, 1<<20)
+			stacks := string(buf[:runtime.Stack(buf, true)])
+			require.NotContains(t, stacks, "context.(*cancelCtx).propagateCancel", "a goroutine watches an attempt's context")
+		})
 	}
 }

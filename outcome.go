@@ -108,15 +108,15 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
 		}
-		if resp.Body != nil && r.cancel != nil {
-			// The attempt's trace holds the wrapper: it lives as long.
-			r.tr.body = cancelOnClose{resp.Body, r.cancel}
-			resp.Body = &r.tr.body
+		if resp.Body != nil && r.tr != nil {
+			// The attempt's trace is the wrapper: it lives as long.
+			r.tr.resp = resp.Body
+			resp.Body = (*attemptBody)(r.tr)
 		}
 		return resp, state != journal.StateDone, nil
 	}
-	if r.cancel != nil {
-		r.cancel()
+	if r.tr != nil {
+		r.tr.end()
 	}
 	if reason == ErrKeyWindowExpired && cause == nil {
 		cause = r.lastErr

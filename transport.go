@@ -53,6 +53,9 @@ type Transport struct {
 	// leasing: the journal is a journal.Leaser, asked once; without one no
 	// lease is ever held, and the attempts skip the lease table (lease.go).
 	leasing bool
+	// netHTTPBase: the base is an *http.Transport, which derives each
+	// request's context from the attempt's directly (attemptctx.go).
+	netHTTPBase bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -86,6 +89,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	t.journalNonBlocking = neverBlocks(t.journal)
 	_, t.leasing = t.journal.(journal.Leaser)
+	_, t.netHTTPBase = base.(*http.Transport)
 	t.logClock()
 	return t, nil
 }
