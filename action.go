@@ -107,17 +107,32 @@ func checkActionID(id string) error {
 }
 
 // newUUIDKey returns a random UUIDv4 in its canonical form (google/uuid's
-// String). Its 16 bytes come from crypto/rand, which never fails (Go 1.24),
-// with the version and variant bits set as uuid.NewRandom sets them; read
-// here, on the stack, rather than by uuid.NewRandom through an io.Reader,
-// which moves each UUID to the heap (one allocation per action).
+// String), its bytes from crypto/rand.Reader (uuid.SetRand does not apply
+// to it; WithKeyGenerator replaces it). From crypto/rand's own Reader they
+// are read here, on the stack, with the version and variant bits set as
+// uuid.NewRandom sets them: uuid.NewRandom reads through an io.Reader,
+// which moves each UUID to the heap (one allocation per action). That
+// Reader returns no error: since Go 1.24 it ends the process if the
+// system's random source fails, under uuid.NewRandom as here. A Reader the
+// program set in its place is read by uuid.NewRandomFromReader, and its
+// error returned (crypto/rand.Read would end the process on it).
 func newUUIDKey() (string, error) {
+	if r := rand.Reader; r != defaultRandReader {
+		u, err := uuid.NewRandomFromReader(r)
+		if err != nil {
+			return "", err
+		}
+		return u.String(), nil
+	}
 	var u uuid.UUID
 	rand.Read(u[:])
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // variant 10 (RFC 9562)
 	return u.String(), nil
 }
+
+// defaultRandReader is crypto/rand's own Reader.
+var defaultRandReader = rand.Reader
 
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted
 // form and returns it bare.

@@ -106,14 +106,53 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 
 // classify asks the policy whether the attempt's outcome is final and, for
 // a final answer, whether it refuses the key as reused; both may read the
-// start of an error body, for at most DefaultMaxDrainTime.
+// start of an error body, for at most DefaultMaxDrainTime spent reading
+// (the policy's own time does not count: a slow policy must not cut the
+// body of the answer it lets through).
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if r.tr != nil && resp != nil && mayReadBody(policy, resp) {
-		timer := time.AfterFunc(DefaultMaxDrainTime, r.tr.end)
-		defer timer.Stop()
+	if r.tr != nil && resp != nil && resp.Body != nil && mayReadBody(policy, resp) {
+		jb := &judgedBody{ReadCloser: resp.Body, end: r.tr.end, left: DefaultMaxDrainTime}
+		resp.Body = jb
+		defer func() {
+			jb.judged.Store(true)
+			if resp.Body == jb { // else wrapped (by peek, say): it reads through
+				resp.Body = jb.ReadCloser
+			}
+		}()
 	}
 	final = !policy(withoutCancel(r.ctx), resp, err)
 	return final, final && err == nil && KeyReuseRejected(resp)
+}
+
+// judgedBody is a response's body while the policy judges the response:
+// the time spent in its Reads, all together, is bounded by left, after
+// which the attempt is ended, which cuts a read that stalls. Once judged,
+// it reads through.
+type judgedBody struct {
+	io.ReadCloser
+	end    func()
+	left   time.Duration
+	timer  *time.Timer
+	judged atomic.Bool
+}
+
+func (b *judgedBody) Read(p []byte) (int, error) {
+	if b.judged.Load() {
+		return b.ReadCloser.Read(p)
+	}
+	if b.left <= 0 {
+		b.end()
+	}
+	start := time.Now()
+	if b.timer == nil {
+		b.timer = time.AfterFunc(b.left, b.end)
+	} else {
+		b.timer.Reset(b.left)
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.timer.Stop()
+	b.left -= time.Since(start)
+	return n, err
 }
 
 // mayReadBody reports whether classifying resp with policy may read its
@@ -203,7 +242,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	tr.req = *req.WithContext(tr.context(r.ctx, r.t.netHTTPBase))
+	tr.req = *req.WithContext(tr.context(r.ctx, r.t.netHTTPBase.Load()))
 	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
 	if err != nil {
 		tr.end()
@@ -216,6 +255,11 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		start = time.Now()
 	}
 	resp, err := r.t.base.RoundTrip(out)
+	if tr.done != nil && err == nil && !tr.linked.Load() {
+		// The *http.Transport handed the request to a RoundTripper that
+		// wrapped its context before deriving from it (attemptctx.go).
+		r.t.netHTTPBase.Store(false)
+	}
 	// Requests written, as far as the base reports them: a base that
 	// retries by itself (stacked retries), or net/http's own resend, writes
 	// more than one per attempt.
@@ -271,10 +315,11 @@ type attemptTrace struct {
 	// own Done when the attemptTrace is its cancellable context.
 	cancel context.CancelFunc
 	done   chan struct{}
-	mu     sync.Mutex // guards ended, after and more
+	linked atomic.Bool // AfterFunc was called
+	mu     sync.Mutex  // guards ended, first and more
 	ended  bool
-	after  [1]func() // registered by AfterFunc: the first here,
-	more   []func()  // the rest here
+	first  func()                  // registered by AfterFunc: the first,
+	more   map[*afterFunc]struct{} // the rest
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }

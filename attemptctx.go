@@ -28,10 +28,14 @@ import (
 // tracing transports do), the context package would watch the attemptTrace
 // with a goroutine per attempt, so any other base gets a context.WithCancel,
 // as does a ctx that can end (whose end the context package then carries to
-// the attempt).
+// the attempt). An *http.Transport that hands a scheme to a RoundTripper
+// registered with RegisterProtocol may wrap it too: the first response that
+// comes back without the attempt's context linked shows it, and from then
+// on the Transport gives every attempt a context.WithCancel (that one
+// attempt is watched by a goroutine until its body is closed).
 func (a *attemptTrace) context(ctx context.Context, direct bool) context.Context {
 	c := a.withTrace(ctx)
-	if direct && c == context.Context(a) && ctx.Done() == nil {
+	if direct && cancelCtxKey != nil && c == context.Context(a) && ctx.Done() == nil {
 		a.done = make(chan struct{})
 		return a
 	}
@@ -56,15 +60,17 @@ func (a *attemptTrace) end() {
 	}
 	a.ended = true
 	close(a.done)
-	after, more := a.after, a.more
-	a.after, a.more = [1]func(){}, nil
+	first := a.first
+	var more []func()
+	for r := range a.more {
+		more = append(more, r.f)
+	}
+	a.first, a.more = nil, nil
 	a.mu.Unlock()
 	// As a cancelled context.WithCancel cancels its children: at once, in
 	// this goroutine, outside the lock (a child's cancel asks for Err).
-	for _, f := range after {
-		if f != nil {
-			f()
-		}
+	if first != nil {
+		first()
 	}
 	for _, f := range more {
 		f()
@@ -79,35 +85,59 @@ func (a *attemptTrace) end() {
 // goroutine that ends the attempt, or in its own goroutine if the attempt
 // has already ended.
 //
-// The stop function leaves f registered and returns false: when the
-// derived context ends first (net/http ends its own at the end of each
+// The first f registered (the context net/http derives for the request)
+// is kept until the attempt ends, whatever its stop function is told: when
+// that context ends first (net/http ends its own at the end of each
 // request), f later cancels a context already cancelled, which does
-// nothing; a stop that found f again would cost an allocation per attempt.
-// The context package ignores what stop returns, and context.AfterFunc
-// keeps its own record of whether its function ran.
+// nothing, and a stop that could find f again would cost an allocation per
+// attempt. Its stop returns false; the context package ignores what stop
+// returns. Every later f (a context the caller derives from the response's
+// request, say) gets a stop that lets go of it, as a context.WithCancel
+// lets go of a child that ended, so that deriving and cancelling contexts
+// while a body is open keeps nothing.
 //
 // An attemptTrace that is not itself cancellable hands f to its parent.
 func (a *attemptTrace) AfterFunc(f func()) (stop func() bool) {
 	if a.done == nil {
 		return context.AfterFunc(a.parent, f)
 	}
+	a.linked.Store(true)
 	a.mu.Lock()
-	if a.ended {
-		a.mu.Unlock()
+	defer a.mu.Unlock()
+	switch {
+	case a.ended:
 		go f()
-		return keepAfterFunc
+		return keepFirstAfterFunc
+	case a.first == nil:
+		a.first = f
+		return keepFirstAfterFunc
 	}
-	if a.after[0] == nil {
-		a.after[0] = f
-	} else {
-		a.more = append(a.more, f)
+	r := &afterFunc{f}
+	if a.more == nil {
+		a.more = make(map[*afterFunc]struct{})
 	}
-	a.mu.Unlock()
-	return keepAfterFunc
+	a.more[r] = struct{}{}
+	return func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		_, ok := a.more[r]
+		delete(a.more, r)
+		// The derived context holds this stop, which holds r: without f,
+		// r no longer holds the context in turn, and no cycle through it
+		// stays (a cycle is not collected if one of its objects has a
+		// finalizer).
+		r.f = nil
+		return ok
+	}
 }
 
-// keepAfterFunc is the stop function of attemptTrace.AfterFunc.
-func keepAfterFunc() bool { return false }
+// afterFunc is one function registered with attemptTrace.AfterFunc after
+// the first; its pointer identifies it.
+type afterFunc struct{ f func() }
+
+// keepFirstAfterFunc is the stop function of the first function registered
+// with attemptTrace.AfterFunc.
+func keepFirstAfterFunc() bool { return false }
 
 // withTrace returns ctx with a's hooks, as httptrace.WithClientTrace does:
 // a itself, a context that answers httptrace's lookup with a's hooks and
@@ -148,8 +178,16 @@ func (a *attemptTrace) Err() error {
 }
 
 func (a *attemptTrace) Value(key any) any {
-	if key == clientTraceKey {
+	switch {
+	case key == clientTraceKey:
 		return &a.trace
+	case a.done != nil && key == cancelCtxKey:
+		// The context package's lookup of the cancelCtx a context derives
+		// from (for context.Cause, and to link children): a cancellable
+		// attemptTrace is one of its own, whatever a parent that never ends
+		// passes on (a hand-written "detach" context may pass on a
+		// cancelled one's).
+		return nil
 	}
 	return a.parent.Value(key)
 }
@@ -170,6 +208,20 @@ func init() {
 	if httptrace.ContextClientTrace(a) != &a.trace {
 		clientTraceKey = nil
 	}
+}
+
+// cancelCtxKey is the key the context package looks up the cancelCtx a
+// context derives from by (unexported: learnt by watching context.Cause
+// look), or nil if it was not learnt; an attemptTrace is then never made
+// cancellable itself (see context).
+var cancelCtxKey any
+
+func init() {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()                       // context.Cause looks only at an ended context
+	p := &keyProbe{Context: ended} // whose lookups it answers with nil
+	context.Cause(p)
+	cancelCtxKey = p.key
 }
 
 // keyProbe records the first key it is asked for.

@@ -386,6 +386,9 @@ func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
 // runs. Under a context that can end, the attempt's context is a
 // context.WithCancel over the trace, which the caller's end reaches.
 func TestAttemptTraceIsItsOwnCancelUnderANeverEndingContext(t *testing.T) {
+	if cancelCtxKey == nil {
+		t.Fatal("the context package's cancelCtx key was not learnt: every attempt pays for a context.WithCancel")
+	}
 	parent := context.WithValue(context.Background(), probeKey{}, "v")
 	tr := new(attemptTrace)
 	tr.trace.WroteRequest = tr.wrote
