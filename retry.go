@@ -15,8 +15,11 @@ import (
 // with the same key. resp is nil when err is not. ctx is the request's
 // context. A policy must not close resp.Body nor consume it: to look at the
 // body it may only replace resp.Body with one that yields the same bytes,
-// as KeyReuseRejected does. It must be safe for concurrent use. Replace
-// DefaultRetryPolicy with WithRetryPolicy.
+// as KeyReuseRejected does. Its reads of the body may take DefaultMaxDrainTime
+// in all, after which the attempt is cut and they fail (a body that stalls
+// must not hold the retries); the time the policy takes otherwise is its
+// own, and never cuts the body of an answer it lets through. It must be
+// safe for concurrent use. Replace DefaultRetryPolicy with WithRetryPolicy.
 type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
 
 // DefaultRetryPolicy retries what can heal and nothing else. In order:
