@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // A context derived from a returned response's request context (a reader
@@ -28,17 +29,8 @@ import (
 // freed, as context.WithCancel's children are, while the body stays open:
 // the attempt's context must not keep every context ever derived from it.
 func TestReviewCtxDerivedContextsFreedWhileBodyOpen(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", 256<<10)) // more than the connection buffers: the body stays open
-	}))
-	defer srv.Close()
-	hb := &http.Transport{}
-	defer hb.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(hb, inMemory())
-	require.NoError(t, err)
-	defer tr.Close()
+	srv := newOpenBodyServer(t)
+	tr := transportOver(t, journal.NewMemory())
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:derive"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -71,11 +63,7 @@ func TestReviewCtxCloseRacesDerivation(t *testing.T) {
 		io.WriteString(w, strings.Repeat("x", 256<<10))
 	}))
 	defer srv.Close()
-	hb := &http.Transport{}
-	defer hb.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(hb, inMemory())
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory())
 	for round := range 30 {
 		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:race-%d", round)), srv.URL, `{"amount":1}`))
 		require.NoError(t, err)
@@ -207,11 +195,7 @@ func TestReviewCtxRedirectsAndFlights(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	hb := &http.Transport{}
-	defer hb.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(hb, inMemory())
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory())
 	c := &http.Client{Transport: tr}
 	for i := range 5 {
 		req := post(t, context.Background(), srv.URL+"/a", fmt.Sprintf(`{"amount":%d}`, i))
@@ -245,7 +229,7 @@ func TestReviewCtxRedirectsAndFlights(t *testing.T) {
 		require.Equal(t, "paid", b)
 	}
 	require.Equal(t, int32(6), charges.Load())
-	hb.CloseIdleConnections()
+	tr.CloseIdleConnections()
 	checkNoPackageGoroutines(t)
 }
 
@@ -302,11 +286,7 @@ func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
 		io.WriteString(w, "paid")
 	}))
 	defer srv.Close()
-	hb := &http.Transport{}
-	defer hb.CloseIdleConnections()
-	tr, err := idemretry.NewTransport(hb, inMemory())
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory())
 	handlerDone := errors.New("the handler that sent the payment returned")
 	parent, cancel := context.WithCancelCause(context.Background())
 	cancel(handlerDone)
@@ -326,12 +306,7 @@ func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
 // is watched by a goroutine of the context package (as TestNoGoroutineWatches
 // AnAttemptContext requires none of a base that is not an *http.Transport).
 func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", 256<<10)) // the body stays open
-	}))
-	defer srv.Close()
+	srv := newOpenBodyServer(t)
 	type spanKey struct{}
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
@@ -342,23 +317,11 @@ func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
 	tr, err := idemretry.NewTransport(base, inMemory())
 	require.NoError(t, err)
 	defer tr.Close()
-	var open []*http.Response
-	defer func() {
-		for _, resp := range open {
-			resp.Body.Close()
-		}
-	}()
-	for i := range 10 {
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:alt-watch-%d", i)), srv.URL, `{"amount":1}`))
-		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, resp.StatusCode)
-		open = append(open, resp)
-	}
 	// The first response shows that the attempt's context was not linked
 	// (attemptctx.go): that attempt is watched until its body is closed,
 	// and every later attempt gets a context.WithCancel.
-	n := strings.Count(goroutineStacks(), "created by context.(*cancelCtx).propagateCancel")
-	require.LessOrEqual(t, n, 1, "goroutines of the context package watching open attempts' contexts")
+	require.LessOrEqual(t, watchedOpenAttempts(t, tr, srv.URL, "pay:alt-watch"), 1,
+		"goroutines of the context package watching open attempts' contexts")
 }
 
 // A policy of the caller's that takes longer than DefaultMaxDrainTime to
@@ -372,15 +335,11 @@ func TestReviewCtxSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
 		io.WriteString(w, strings.Repeat("x", size))
 	}))
 	defer srv.Close()
-	hb := &http.Transport{}
-	defer hb.CloseIdleConnections()
 	slow := func(ctx context.Context, resp *http.Response, err error) bool {
 		time.Sleep(2 * idemretry.DefaultMaxDrainTime)
 		return idemretry.DefaultRetryPolicy(ctx, resp, err)
 	}
-	tr, err := idemretry.NewTransport(hb, inMemory(), idemretry.WithRetryPolicy(slow))
-	require.NoError(t, err)
-	defer tr.Close()
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithRetryPolicy(slow))
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:slow-policy"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()

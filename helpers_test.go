@@ -445,3 +445,32 @@ func httptestGet(t *testing.T, url string) *http.Request {
 	require.NoError(t, err)
 	return req
 }
+
+// watchedOpenAttempts sends 10 actions named prefix-i through tr to url,
+// each answered 201 with a body larger than a connection buffers, keeps
+// their responses open (closed when t ends), and returns how many
+// goroutines of the context package watch a context then: an attempt's,
+// or one derived from it, that the context package could not link.
+func watchedOpenAttempts(t *testing.T, tr http.RoundTripper, url, prefix string) int {
+	t.Helper()
+	for i := range 10 {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("%s-%d", prefix, i)), url, `{"amount":1}`))
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	return strings.Count(goroutineStacks(), "created by context.(*cancelCtx).propagateCancel")
+}
+
+// newOpenBodyServer answers each request 201 with a 256 KiB body, more
+// than a loopback connection buffers: a response not read stays open, its
+// request's context alive. It is closed when t ends.
+func newOpenBodyServer(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", 256<<10))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}

@@ -1044,12 +1044,7 @@ func firstThenCreated(n *atomic.Int32, body string, first http.HandlerFunc) http
 // Responses are held open, their requests' contexts alive, while the
 // goroutines are listed.
 func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", 64<<10)) // more than a connection buffers: the body stays open
-	}))
-	defer srv.Close()
+	srv := newOpenBodyServer(t)
 	type traceKey struct{}
 	for _, wrap := range []bool{false, true} {
 		t.Run(map[bool]string{false: "net/http", true: "wrapping base"}[wrap], func(t *testing.T) {
@@ -1064,21 +1059,8 @@ func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
 			tr, err := idemretry.NewTransport(base, inMemory())
 			require.NoError(t, err)
 			defer tr.Close()
-			var open []*http.Response
-			defer func() {
-				for _, resp := range open {
-					resp.Body.Close()
-				}
-			}()
-			for i := range 10 {
-				resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:watch-%v-%d", wrap, i)), srv.URL, `{"amount":1}`))
-				require.NoError(t, err)
-				require.Equal(t, http.StatusCreated, resp.StatusCode)
-				open = append(open, resp)
-			}
-			buf := make([]byte, 1<<20)
-			stacks := string(buf[:runtime.Stack(buf, true)])
-			require.NotContains(t, stacks, "context.(*cancelCtx).propagateCancel", "a goroutine watches an attempt's context")
+			require.Zero(t, watchedOpenAttempts(t, tr, srv.URL, fmt.Sprintf("pay:watch-%v", wrap)),
+				"goroutines of the context package watching open attempts' contexts")
 		})
 	}
 }
