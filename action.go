@@ -117,7 +117,7 @@ func checkActionID(id string) error {
 // program set in its place is read by uuid.NewRandomFromReader, and its
 // error returned (crypto/rand.Read would end the process on it).
 func newUUIDKey() (string, error) {
-	if r := rand.Reader; r != defaultRandReader {
+	if r := rand.Reader; !isCryptoRandReader(r) {
 		u, err := uuid.NewRandomFromReader(r)
 		if err != nil {
 			return "", err
@@ -131,8 +131,15 @@ func newUUIDKey() (string, error) {
 	return u.String(), nil
 }
 
-// defaultRandReader is crypto/rand's own Reader.
-var defaultRandReader = rand.Reader
+// isCryptoRandReader reports whether r is crypto/rand's own Reader, known
+// by its type, a pointer to crypto/rand's unexported reader: not by a copy
+// of rand.Reader taken at init, which a package initialised earlier may
+// already have replaced. A type renamed by a later Go is taken for a
+// replacement, which only costs the allocation.
+func isCryptoRandReader(r io.Reader) bool {
+	t := reflect.TypeOf(r)
+	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "crypto/rand" && t.Elem().Name() == "reader"
+}
 
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted
 // form and returns it bare.

@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -242,7 +241,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	}
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
-	tr.req = *req.WithContext(tr.context(r.ctx, r.t.netHTTPBase.Load()))
+	tr.req = *req.WithContext(tr.context(r.ctx))
 	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
 	if err != nil {
 		tr.end()
@@ -255,11 +254,6 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		start = time.Now()
 	}
 	resp, err := r.t.base.RoundTrip(out)
-	if tr.done != nil && err == nil && !tr.linked.Load() {
-		// The *http.Transport handed the request to a RoundTripper that
-		// wrapped its context before deriving from it (attemptctx.go).
-		r.t.netHTTPBase.Store(false)
-	}
 	// Requests written, as far as the base reports them: a base that
 	// retries by itself (stacked retries), or net/http's own resend, writes
 	// more than one per attempt.
@@ -310,16 +304,8 @@ type attemptTrace struct {
 	// parent is the caller's context, when the attemptTrace is itself the
 	// attempt's context (see withTrace).
 	parent context.Context
-	// The attempt's cancellation (see context and end): cancel, if the
-	// attempt's context is a context.WithCancel; else done, the attempt's
-	// own Done when the attemptTrace is its cancellable context.
+	// cancel ends the attempt's context (see context and end).
 	cancel context.CancelFunc
-	done   chan struct{}
-	linked atomic.Bool // AfterFunc was called
-	mu     sync.Mutex  // guards ended, first and more
-	ended  bool
-	first  func()                  // registered by AfterFunc: the first,
-	more   map[*afterFunc]struct{} // the rest
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }

@@ -377,105 +377,54 @@ func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
 	}
 }
 
-// Under a caller's context that can never end (Done nil, as for
-// context.Background), the attemptTrace is the attempt's cancellable
-// context itself: contexts derived from it (net/http derives one per
-// request) are linked through its AfterFunc, with no goroutine each; end
-// cancels them, runs context.AfterFunc's functions (not a stopped one),
-// and may be called again; a function registered after the end still
-// runs. Under a context that can end, the attempt's context is a
-// context.WithCancel over the trace, which the caller's end reaches.
-func TestAttemptTraceIsItsOwnCancelUnderANeverEndingContext(t *testing.T) {
-	if cancelCtxKey == nil {
-		t.Fatal("the context package's cancelCtx key was not learnt: every attempt pays for a context.WithCancel")
-	}
-	parent := context.WithValue(context.Background(), probeKey{}, "v")
-	tr := new(attemptTrace)
-	tr.trace.WroteRequest = tr.wrote
-	ctx := tr.context(parent, true)
-	if ctx != context.Context(tr) || tr.cancel != nil {
-		t.Fatalf("the attempt's context is a %T, want the attemptTrace", ctx)
-	}
-	if ctx.Done() == nil || ctx.Err() != nil || ctx.Value(probeKey{}) != "v" || httptrace.ContextClientTrace(ctx) != &tr.trace {
-		t.Fatal("the attempt's context lost its Done, Err, values or trace")
-	}
-	before := runtime.NumGoroutine()
-	var children []context.Context
-	for range 50 {
-		c, cancel := context.WithCancelCause(ctx)
-		defer cancel(nil)
-		children = append(children, c)
-	}
-	if d := runtime.NumGoroutine() - before; d >= 50 {
-		t.Fatalf("%d goroutines started for 50 derived contexts", d)
-	}
-	ran := make(chan struct{})
-	context.AfterFunc(ctx, func() { close(ran) })
-	stopped := context.AfterFunc(ctx, func() { t.Error("a stopped AfterFunc ran") })
-	if !stopped() {
-		t.Fatal("stop of an AfterFunc not yet run returned false")
-	}
-	// A derived context that ends first (net/http ends its own) is
-	// unlinked without trouble, and the end still reaches the others.
-	early, earlyCancel := context.WithCancel(ctx)
-	earlyCancel()
-	if early.Err() != context.Canceled {
-		t.Fatal("a derived context did not end by its own cancel")
-	}
-
-	tr.end()
-	tr.end()
-	for i, c := range children {
-		select {
-		case <-c.Done():
-		default:
-			t.Fatalf("derived context %d did not end with the attempt", i)
-		}
-		if c.Err() != context.Canceled || context.Cause(c) != context.Canceled {
-			t.Fatalf("derived context %d: Err %v, Cause %v", i, c.Err(), context.Cause(c))
-		}
-	}
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("context.AfterFunc's function did not run at the end")
-	}
-	if ctx.Err() != context.Canceled {
-		t.Fatalf("Err after the end: %v", ctx.Err())
-	}
-	late := make(chan struct{})
-	context.AfterFunc(ctx, func() { close(late) })
-	lateChild, lateCancel := context.WithCancel(ctx)
-	defer lateCancel()
-	select {
-	case <-late:
-	case <-time.After(10 * time.Second):
-		t.Fatal("an AfterFunc registered after the end did not run")
-	}
-	if lateChild.Err() != context.Canceled {
-		t.Fatal("a context derived after the end is not done")
-	}
-
-	// A caller's context that can end: a context.WithCancel over the
-	// trace, ended by the caller's cancel and by the attempt's end.
-	for _, byCaller := range []bool{true, false} {
-		p, pcancel := context.WithCancel(parent)
-		tr2 := new(attemptTrace)
-		ctx2 := tr2.context(p, true)
-		if ctx2 == context.Context(tr2) || tr2.cancel == nil || tr2.done != nil {
-			t.Fatalf("under a cancellable caller context the attempt's context is the %T", ctx2)
-		}
-		if byCaller {
-			pcancel()
-		} else {
-			tr2.end()
-		}
-		select {
-		case <-ctx2.Done():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the attempt's context did not end (ended by the caller: %v)", byCaller)
-		}
-		pcancel()
+// The attempt's context is a context.WithCancel over the attemptTrace,
+// under a caller's context that can never end (Done nil, as for
+// context.Background) as under one that can: contexts derived from it
+// (net/http derives one per request) are linked to it with no goroutine
+// each; end cancels them and may be called again; the caller's own end
+// reaches the attempt too.
+func TestAttemptContextIsCancellableUnderAnyCallerContext(t *testing.T) {
+	never := context.WithValue(context.Background(), probeKey{}, "v")
+	can, cancelCan := context.WithCancel(never)
+	defer cancelCan()
+	for _, tc := range []struct {
+		name     string
+		parent   context.Context
+		byCaller func()
+	}{{"never ends", never, nil}, {"can end", can, cancelCan}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := new(attemptTrace)
+			ctx := tr.context(tc.parent)
+			if ctx.Done() == nil || ctx.Err() != nil || ctx.Value(probeKey{}) != "v" || httptrace.ContextClientTrace(ctx) != &tr.trace {
+				t.Fatal("the attempt's context lost its Done, Err, values or trace")
+			}
+			before := runtime.NumGoroutine()
+			var children []context.Context
+			for range 50 {
+				c, cancel := context.WithCancelCause(ctx)
+				defer cancel(nil)
+				children = append(children, c)
+			}
+			if d := runtime.NumGoroutine() - before; d >= 50 {
+				t.Fatalf("%d goroutines started for 50 derived contexts", d)
+			}
+			if tc.byCaller != nil {
+				tc.byCaller()
+			} else {
+				tr.end()
+				tr.end()
+			}
+			for i, c := range children {
+				select {
+				case <-c.Done():
+				case <-time.After(10 * time.Second):
+					t.Fatalf("derived context %d did not end with the attempt", i)
+				}
+			}
+			if ctx.Err() != context.Canceled {
+				t.Fatalf("Err after the end: %v", ctx.Err())
+			}
+		})
 	}
 }
 

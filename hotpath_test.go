@@ -33,9 +33,8 @@ import (
 // request end long before it would release it, and the retry is answered.
 //
 // Each runs under a caller context with a deadline and under one that can
-// never end (no deadline, as most apps send): the attempt's own cancel is
-// a context.WithCancel in the first case and the attempt's trace itself
-// in the second (attemptctx.go), and both must cut.
+// never end (no deadline, as most apps send): the attempt's own cancel
+// must cut in both.
 func TestStalledBodyIsCutOnEveryBase(t *testing.T) {
 	for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
 		for _, kind := range []string{"http1", "http1-gzip", "http2", "wrapped"} {
@@ -726,8 +725,7 @@ func (b *lockedBody) Close() error {
 // DefaultMaxDrainTime (guarantee 5), and the retry answered, long before
 // the server would release it.
 //
-// It runs under a caller context with a deadline and under one without
-// (the attempt's trace is then its cancellable context, attemptctx.go).
+// It runs under a caller context with a deadline and under one without.
 func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 	for _, deadline := range []bool{true, false} {
 		t.Run(map[bool]string{true: "deadline", false: "no-deadline"}[deadline], func(t *testing.T) {
@@ -1038,9 +1036,9 @@ func firstThenCreated(n *atomic.Int32, body string, first http.HandlerFunc) http
 
 // No attempt's context is watched by a goroutine of the context package,
 // whatever the base does with it: net/http's *http.Transport derives each
-// request's context from the attempt's directly (linked through the
-// attempt's AfterFunc), and a base that first wraps it in a value of its
-// own (as tracing transports do) gets a context.WithCancel to derive from.
+// request's context from the attempt's directly, and a base may first wrap
+// it in a value of its own (as tracing transports do); the context package
+// links either to the attempt's context.WithCancel (attemptctx.go).
 // Responses are held open, their requests' contexts alive, while the
 // goroutines are listed.
 func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {

@@ -36,26 +36,8 @@ func markGiveUp(resp *http.Response, out *http.Request, reason error) {
 	if r == nil {
 		r = out
 	}
-	resp.Request = r.WithContext(&giveUpContext{r.Context(), reason})
+	resp.Request = r.WithContext(context.WithValue(r.Context(), giveUpKey{}, reason))
 }
-
-// giveUpContext is the context of a given-up response's request: the
-// attempt's, with the reason. It links the contexts derived from it to the
-// attempt's through the context package's AfterFunc, as the attempt's own
-// context does (attemptctx.go), so that none needs a goroutine to watch it.
-type giveUpContext struct {
-	context.Context
-	reason error
-}
-
-func (c *giveUpContext) Value(key any) any {
-	if key == (giveUpKey{}) {
-		return c.reason
-	}
-	return c.Context.Value(key)
-}
-
-func (c *giveUpContext) AfterFunc(f func()) func() bool { return context.AfterFunc(c.Context, f) }
 
 // logGiveUp says at Warn that an action's retries stopped without a final
 // answer, and why.

@@ -53,10 +53,6 @@ type Transport struct {
 	// leasing: the journal is a journal.Leaser, asked once; without one no
 	// lease is ever held, and the attempts skip the lease table (lease.go).
 	leasing bool
-	// netHTTPBase: the base is an *http.Transport, which derives each
-	// request's context from the attempt's directly (attemptctx.go); it is
-	// unset when a response shows it did not.
-	netHTTPBase atomic.Bool
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -90,9 +86,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	t.journalNonBlocking = neverBlocks(t.journal)
 	_, t.leasing = t.journal.(journal.Leaser)
-	if _, ok := base.(*http.Transport); ok {
-		t.netHTTPBase.Store(true)
-	}
 	t.logClock()
 	return t, nil
 }
