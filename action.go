@@ -132,13 +132,18 @@ func newUUIDKey() (string, error) {
 }
 
 // isCryptoRandReader reports whether r is crypto/rand's own Reader, known
-// by its type, a pointer to crypto/rand's unexported reader: not by a copy
+// by its type (an unexported reader, in crypto/internal/rand since Go 1.24,
+// in crypto/rand before), as crypto/rand.Read itself knows it: not by a copy
 // of rand.Reader taken at init, which a package initialised earlier may
-// already have replaced. A type renamed by a later Go is taken for a
-// replacement, which only costs the allocation.
+// already have replaced. A type moved or renamed by a later Go is taken for
+// a replacement, which only costs the allocation (and fails
+// TestNewUUIDKeyIsCanonicalV4).
 func isCryptoRandReader(r io.Reader) bool {
 	t := reflect.TypeOf(r)
-	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "crypto/rand" && t.Elem().Name() == "reader"
+	if t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t != nil && t.Name() == "reader" && (t.PkgPath() == "crypto/internal/rand" || t.PkgPath() == "crypto/rand")
 }
 
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted
