@@ -196,7 +196,8 @@ func WithMaxBufferedBody(n int64) Option { return func(c *config) { c.maxBuffere
 
 // WithKeyGenerator replaces the UUIDv4 generator, for reproducible
 // simulations. gen must return keys of at most 255 visible ASCII characters
-// that are unique per action, and be safe for concurrent use.
+// that are unique per action, and be safe for concurrent use. The default
+// generator reads crypto/rand.Reader (uuid.SetRand does not change it).
 func WithKeyGenerator(gen func() (string, error)) Option {
 	return func(c *config) {
 		if gen == nil {
