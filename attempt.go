@@ -110,7 +110,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 // body of the answer it lets through).
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
 	if r.tr != nil && resp != nil && resp.Body != nil && mayReadBody(policy, resp) {
-		jb := &judgedBody{ReadCloser: resp.Body, end: r.tr.end, left: DefaultMaxDrainTime}
+		jb := &judgedBody{ReadCloser: resp.Body, end: r.tr.cancel, left: DefaultMaxDrainTime}
 		resp.Body = jb
 		defer func() {
 			jb.judged.Store(true)
@@ -321,7 +321,7 @@ func (r *run) discard(resp *http.Response) {
 		return
 	}
 	if r.tr != nil {
-		stop := time.AfterFunc(DefaultMaxDrainTime, r.tr.end)
+		stop := time.AfterFunc(DefaultMaxDrainTime, r.tr.cancel)
 		defer func() { stop.Stop(); r.tr.end() }()
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, r.t.cfg.maxDrain)
