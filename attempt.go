@@ -109,7 +109,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 // (the policy's own time does not count: a slow policy must not cut the
 // body of the answer it lets through).
 func (r *run) classify(policy RetryPolicy, resp *http.Response, err error) (final, reused bool) {
-	if r.tr != nil && resp != nil && resp.Body != nil && mayReadBody(policy, resp) {
+	if r.tr != nil && resp != nil && resp.Body != nil && resp.Body != http.NoBody && mayReadBody(policy, resp) {
 		jb := &judgedBody{ReadCloser: resp.Body, end: r.tr.cancel, left: DefaultMaxDrainTime}
 		resp.Body = jb
 		defer func() {

@@ -197,7 +197,10 @@ func WithMaxBufferedBody(n int64) Option { return func(c *config) { c.maxBuffere
 // WithKeyGenerator replaces the UUIDv4 generator, for reproducible
 // simulations. gen must return keys of at most 255 visible ASCII characters
 // that are unique per action, and be safe for concurrent use. The default
-// generator reads crypto/rand.Reader (uuid.SetRand does not change it).
+// generator reads crypto/rand.Reader at each key (a Reader your program put
+// in its place is used, and its error returned); google/uuid's SetRand and
+// EnableRandPool do not apply to it: to choose where keys come from, pass a
+// generator here.
 func WithKeyGenerator(gen func() (string, error)) Option {
 	return func(c *config) {
 		if gen == nil {

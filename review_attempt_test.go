@@ -1,6 +1,7 @@
 package idemretry_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -372,4 +373,159 @@ func readSlowly(t *testing.T, body io.Reader, chunk int, pause time.Duration) in
 		require.NoError(t, err, "after %d bytes", got)
 		time.Sleep(pause)
 	}
+}
+
+// A custom policy reads the start of a 503 (Retry-After: 0) body, giving it
+// back; the 503 is then discarded, and the 201 that follows, judged by a
+// policy that takes 2x DefaultMaxDrainTime of its own, arrives whole.
+func TestRevFinal503ReadByPolicyThenDiscardThenSlowJudged201(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "busy, try again later")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created-part-1|")
+		w.(http.Flusher).Flush()
+		time.Sleep(3 * idemretry.DefaultMaxDrainTime / 2)
+		io.WriteString(w, "part-2")
+	}))
+	defer srv.Close()
+	var peeked atomic.Value
+	policy := func(ctx context.Context, resp *http.Response, err error) bool {
+		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
+			buf := make([]byte, 4)
+			k, rerr := io.ReadFull(resp.Body, buf)
+			peeked.Store(string(buf[:k]))
+			resp.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(buf[:k]), resp.Body), resp.Body}
+			_ = rerr
+		} else if resp != nil {
+			time.Sleep(2 * idemretry.DefaultMaxDrainTime)
+		}
+		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	}
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithRetryPolicy(policy),
+		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rf-503"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "busy", peeked.Load())
+	require.Equal(t, "created-part-1|part-2", readAll(t, resp))
+	require.EqualValues(t, 2, n.Load())
+}
+
+// A policy that goes on reading a stalled 503 body after its budget is
+// spent gets errors at once (no second wait), and the retry's 201 arrives
+// whole.
+func TestRevFinalPolicyReadsAfterBudgetSpent(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var n atomic.Int32
+	srv := httptest.NewServer(firstThenCreated(&n, "paid", func(w http.ResponseWriter, r *http.Request) {
+		stallBody(w, r, http.StatusServiceUnavailable, "partial", release)
+	}))
+	defer srv.Close()
+	var after atomic.Int64
+	var errs atomic.Int32
+	policy := func(ctx context.Context, resp *http.Response, err error) bool {
+		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
+			io.ReadAll(resp.Body) // cut after the budget
+			start := time.Now()
+			for range 3 {
+				if _, rerr := resp.Body.Read(make([]byte, 8)); rerr != nil {
+					errs.Add(1)
+				}
+			}
+			after.Store(int64(time.Since(start)))
+			return true
+		}
+		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	}
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithRetryPolicy(policy),
+		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+	start := time.Now()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rf-after"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	require.Equal(t, "paid", readAll(t, resp))
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.EqualValues(t, 3, errs.Load(), "reads after the cut must fail")
+	require.Less(t, time.Duration(after.Load()), 5*time.Second, "reads after the cut must not wait again")
+}
+
+// A base whose body returns its last bytes together with io.EOF, read by
+// a custom policy, and a 201 with no body (net/http's http.NoBody).
+func TestRevFinalDataWithEOFAndNoBody(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "again")
+			return
+		}
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	hb := &http.Transport{}
+	defer hb.CloseIdleConnections()
+	base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := hb.RoundTrip(r)
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+			resp.Body = struct {
+				io.Reader
+				io.Closer
+			}{&dataWithEOF{r: resp.Body}, resp.Body}
+		}
+		return resp, err
+	})
+	var got503 atomic.Value
+	var sawNoBody atomic.Bool
+	policy := func(ctx context.Context, resp *http.Response, err error) bool {
+		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
+			b, rerr := io.ReadAll(resp.Body)
+			require.NoError(t, rerr)
+			got503.Store(string(b))
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		if resp != nil && resp.StatusCode == http.StatusCreated {
+			sawNoBody.Store(resp.Body == http.NoBody)
+		}
+		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	}
+	tr, err := idemretry.NewTransport(base, inMemory(), idemretry.WithRetryPolicy(policy),
+		idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(2))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rf-nobody"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "", readAll(t, resp))
+	require.Equal(t, "again", got503.Load())
+	require.True(t, sawNoBody.Load(), "the policy saw a wrapper where net/http gave http.NoBody")
+}
+
+// dataWithEOF returns all of r's bytes in its first Read, with io.EOF.
+type dataWithEOF struct {
+	r    io.Reader
+	done bool
+}
+
+func (d *dataWithEOF) Read(p []byte) (int, error) {
+	if d.done {
+		return 0, io.EOF
+	}
+	d.done = true
+	b, err := io.ReadAll(d.r)
+	if err != nil {
+		return 0, err
+	}
+	return copy(p, b), io.EOF
 }
