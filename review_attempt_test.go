@@ -143,12 +143,7 @@ func TestRev2PeekThenSlowCallerRead(t *testing.T) {
 // Deriving, cancelling and registering AfterFuncs on a response's request
 // context concurrently with its Close (end racing stop), under -race.
 func TestRev2StopRacesEnd(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", 256<<10))
-	}))
-	defer srv.Close()
+	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for round := range 40 {
 		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:stop-%d", round)), srv.URL, `{}`))
@@ -192,12 +187,7 @@ func TestRev2StopRacesEnd(t *testing.T) {
 // watch the attempt (none did before 5b944f9, whose attempt context was a
 // context.WithCancel, found through the value layer).
 func TestRev2ValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", 256<<10))
-	}))
-	defer srv.Close()
+	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:value-derive"), srv.URL, `{}`))
 	require.NoError(t, err)
@@ -222,12 +212,7 @@ func TestRev2ValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
 // req.Context() in a base or a handler) must not print the request's
 // headers: an Authorization header is a credential.
 func TestRev2PrintedContextHoldsNoCredential(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "paid")
-	}))
-	defer srv.Close()
+	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	req := post(t, idemretry.WithAction(context.Background(), "pay:print"), srv.URL, `{"amount":1}`)
 	req.Header.Set("Authorization", "Bearer sk_live_SECRET")
@@ -295,12 +280,7 @@ func TestRev2GiveUpContextDerived(t *testing.T) {
 // the body: under -race, fmt's reads of the attempt's fields race with
 // end's writes.
 func TestRev2PrintedContextRacesClose(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "paid")
-	}))
-	defer srv.Close()
+	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for i := range 20 {
 		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:print-race-%d", i)), srv.URL, `{}`))
