@@ -337,10 +337,20 @@ func TestReviewCtxSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
 		return idemretry.DefaultRetryPolicy(ctx, resp, err)
 	}
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithRetryPolicy(slow))
-	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:slow-policy"), srv.URL, `{"amount":1}`))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err, "read %d of %d bytes of the 201", len(b))
-	require.Len(t, b, size)
+	deadline, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Named and unnamed (the default path: no WithAction), with and
+	// without a caller's deadline.
+	for i, ctx := range []context.Context{
+		idemretry.WithAction(context.Background(), "pay:slow-policy"),
+		context.Background(),
+		deadline,
+	} {
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, fmt.Sprintf(`{"amount":%d}`, i+1)))
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err, "request %d: read %d of %d bytes of the 201", i, len(b), size)
+		require.Len(t, b, size, "request %d", i)
+	}
 }
