@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -50,8 +51,10 @@ type ResumeResult struct {
 // and the server answers with the original outcome or performs it once.
 // Each outcome-unknown action is handed to r.Resolve, and forgotten only
 // if that says so. At most concurrency actions are handled at once
-// (DefaultResumeConcurrency if concurrency <= 0); response bodies are read
-// and closed. Resume returns a result per action, and an error only if the
+// (DefaultResumeConcurrency if concurrency <= 0). Each response's body is
+// discarded as the Transport discards any (at most DefaultMaxDrain bytes
+// read, for at most DefaultMaxDrainTime) and closed:
+// the outcome is in the ResumeResult and the journal, not in the body. Resume returns a result per action, and an error only if the
 // journal could not be listed or ctx ended.
 func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
 	if r == nil {
@@ -108,7 +111,12 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	if err != nil {
 		res.Err = err
 	} else {
-		_, _ = io.Copy(io.Discard, resp.Body)
+		// The outcome is recorded; the body is discarded as any other
+		// is: a body that never ends is cut by ending the request's
+		// context, which cannot change the recorded outcome.
+		stop := time.AfterFunc(DefaultMaxDrainTime, done)
+		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
+		stop.Stop()
 		resp.Body.Close()
 		res.Status = resp.StatusCode
 		res.Err = GiveUpReason(resp)
