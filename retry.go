@@ -18,8 +18,10 @@ import (
 // as KeyReuseRejected does. Its reads of the body may take DefaultMaxDrainTime
 // in all, after which the attempt is cut and they fail (a body that stalls
 // must not hold the retries); the time the policy takes otherwise is its
-// own, and never cuts the body of an answer it lets through. It must be
-// safe for concurrent use. Replace DefaultRetryPolicy with WithRetryPolicy.
+// own, and never cuts the body of an answer it lets through. It must read
+// the body only while it runs: a read it leaves blocked in a goroutine of
+// its own keeps the attempt's clock running, and cuts the body it returns
+// when that time is up. It must be safe for concurrent use. Replace DefaultRetryPolicy with WithRetryPolicy.
 type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
 
 // DefaultRetryPolicy retries what can heal and nothing else. In order:
