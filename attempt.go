@@ -277,6 +277,9 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		resp = nil
 	}
 	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
+	if r.maybe && r.a != nil && r.a.resumed != nil {
+		r.a.resumed.sent.Store(true)
+	}
 	r.lastErr = err
 	if err != nil {
 		tr.end()

@@ -66,6 +66,11 @@ var (
 	// completed; the first caller has the response; ActionError.Status
 	// holds its status.
 	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")
+	// ErrNotResumable: Transport.Resume found the action it listed no longer
+	// pending under its key when it came to send it: the journal had
+	// forgotten it, or replaced it with a new action. Nothing was sent; the
+	// listed key is never sent, nor a new one minted, in its name.
+	ErrNotResumable = errors.New("idemretry: listed action no longer in the journal")
 	// ErrInvalidOption: an Option was given a value it cannot use.
 	ErrInvalidOption = errors.New("idemretry: invalid option")
 )

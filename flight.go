@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -155,7 +156,7 @@ func (f *flight) release() {
 
 // share publishes the leader's result to n joiners and returns what the
 // leader itself returns. A response body is read into memory for them, up
-// to maxShared bytes; a larger body stays the leader's alone (streamed, as
+// to maxShared bytes and for at most DefaultMaxShareTime; a larger body stays the leader's alone (streamed, as
 // read so far followed by the rest), and each joiner gets
 // ErrResponseNotShared. again says the leader stopped for its own context
 // with the action unfinished, so a joiner should carry on with it.
@@ -172,7 +173,16 @@ func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, e
 	var buf []byte
 	if resp.Body != nil && resp.Body != http.NoBody {
 		var rerr error
+		// Read on the joiners' behalf, within RoundTrip: bounded, even
+		// under a context that never ends.
+		var cut *time.Timer
+		if ab, ok := resp.Body.(*attemptBody); ok {
+			cut = time.AfterFunc(DefaultMaxShareTime, (*attemptTrace)(ab).end)
+		}
 		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, maxShared+1))
+		if cut != nil {
+			cut.Stop()
+		}
 		switch {
 		case rerr != nil || int64(len(buf)) > maxShared:
 			f.err = &ActionError{Action: id, Key: f.key, Status: resp.StatusCode, MaybeProcessed: true,

@@ -82,7 +82,7 @@ func WithObserver(o Observer) Option {
 // Stats are the Transport's counters since it was made: a snapshot that
 // Transport.Stats takes with atomic loads, safe to read concurrently.
 type Stats struct {
-	Attempts int64 // requests sent (each one written, retries included)
+	Attempts int64 // attempts made: each request the base wrote (retries included), or one for an attempt that wrote nothing
 	Retries  int64 // retries scheduled
 	Done     int64 // actions that got a final answer
 	Replays  int64 // final answers that were replays

@@ -43,6 +43,12 @@ const (
 	// memory to give each caller that joined an action's flight its own copy
 	// (WithMaxSharedResponse).
 	DefaultMaxSharedResponse = 1 << 20
+	// DefaultMaxShareTime is how long RoundTrip may read a final answer's
+	// body to copy it for the callers that joined its flight. A body not
+	// read by then is cut (its attempt's context is cancelled): the first
+	// caller gets what was read followed by the error, the others
+	// ErrResponseNotShared. The outcome stays recorded.
+	DefaultMaxShareTime = 5 * time.Second
 )
 
 // An Option configures a Transport (and a Client). Options apply in order;

@@ -24,6 +24,8 @@ type action struct {
 	byFingerprint bool
 	// window is the action's key window for this RoundTrip.
 	window time.Duration
+	// resumed marks an action Transport.Resume sends, or is nil.
+	resumed *resumeMark
 }
 
 // identity is what names a keyed request's action, found before anything
@@ -38,6 +40,10 @@ type identity struct {
 	// byFingerprint: the action is named by its request's fingerprint (no
 	// caller key, no WithAction).
 	byFingerprint bool
+	// resumed marks a request Transport.Resume rebuilt, with the record
+	// it listed, or is nil: its action is resumed under its key, or not at
+	// all (see reserve).
+	resumed *resumeMark
 }
 
 // identify names req's action.
@@ -54,8 +60,8 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 			return identity{}, err
 		}
 	}
-	if rec, ok := req.Context().Value(resumeKey{}).(journal.Record); ok {
-		return resumedIdentity(rec, fp)
+	if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
+		return resumedIdentity(m, fp)
 	}
 	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
@@ -74,12 +80,13 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 // new one. An action listed by its digest is recognised as named by its
 // fingerprint when the digest is that of the rebuilt request's
 // fingerprint id, so that it is reserved and synced as one.
-func resumedIdentity(rec journal.Record, fp journal.Fingerprint) (identity, error) {
+func resumedIdentity(m *resumeMark, fp journal.Fingerprint) (identity, error) {
+	rec := m.rec
 	if rec.Fingerprint != fp {
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
 			Reason: ErrFingerprintMismatch}
 	}
-	who := identity{id: rec.ActionID, fp: fp}
+	who := identity{id: rec.ActionID, fp: fp, resumed: m}
 	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
 		who.id, who.byFingerprint = fpID, true
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
@@ -109,7 +116,11 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	createdAt := t.cfg.clock.Now()
 	want := journal.Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: journal.StatePending}
 	mode := journal.ReuseAny
-	if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
+	if who.resumed != nil {
+		// Exactly the listed action, as it was listed: never a new key,
+		// and never a fresh age for its key (see the checks below).
+		want.Key, want.CreatedAt = who.resumed.rec.Key, who.resumed.rec.CreatedAt
+	} else if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
 		mode = journal.ReusePending
 	}
 	start := createdAt // a reading of the system clock, with its monotonic part
@@ -119,7 +130,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
-	if err == nil && !created && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
+	if err == nil && !created && who.resumed == nil && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
 		!t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow)) {
 		// A repeat after the duplicate window: a new action.
 		rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
@@ -131,11 +142,14 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
 			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
 	}
+	if who.resumed != nil && (created || rec.Key != who.resumed.rec.Key) {
+		return t.notResumable(ctx, jctx, id, &who.resumed.rec, created)
+	}
 	if created {
 		// A key minted just now: its age is measured from createdAt (on the
 		// system clock, monotonically), never inferred, so no clock
 		// disagreement can refuse it.
-		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window}
+		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 		return dst, nil
 	}
 	now := t.now()
@@ -162,7 +176,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	*dst = action{rec: rec, byFingerprint: who.byFingerprint, window: window}
+	*dst = action{rec: rec, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 	return dst, nil
 }
 
@@ -207,4 +221,25 @@ func (t *Transport) parentKey(req *http.Request) (string, bool) {
 	}
 	k, err := parseKey(vs[0])
 	return k, err == nil
+}
+
+// notResumable refuses to send a request Resume rebuilt for listed, whose
+// action the journal no longer holds under listed's key: forgotten (the
+// Reserve that found no record created one, which is forgotten again) or
+// replaced by a new action (a repeat of an unnamed payment, after the
+// listed one finished). Sending it would send a key the journal no longer
+// ages, or join another action.
+func (t *Transport) notResumable(ctx, jctx context.Context, id string, listed *journal.Record, created bool) (*action, error) {
+	var err error
+	if created {
+		if err = t.journal.Forget(jctx, id); err != nil {
+			err = wrapf(journalError(ctx, err), "forget the record Resume re-created for action %q", id)
+		}
+	}
+	return nil, notResumableError(id, listed, err)
+}
+
+func notResumableError(id string, listed *journal.Record, cause error) error {
+	return &ActionError{Action: id, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
+		Reason: ErrNotResumable, Err: cause}
 }

@@ -2,10 +2,12 @@ package idemretry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
@@ -33,12 +35,18 @@ type Resumer interface {
 // A ResumeResult says what Resume did with one unfinished action.
 type ResumeResult struct {
 	Record journal.Record // as the journal listed it
-	// Sent: the action was pending and its rebuilt request was sent with
-	// its key; Status is the final answer's, or 0 with Err.
+	// Sent: the action was pending and an attempt of its rebuilt request,
+	// with its key, may have reached the server (it was written, or its
+	// connection failed after being made). A request refused before
+	// anything was sent (ErrFingerprintMismatch, ErrKeyWindowExpired,
+	// ErrNotResumable, ...), or one that joined the same action already in
+	// flight, is not Sent. Status is the final answer's (also for one that
+	// joined), or 0 with Err.
 	Sent   bool
 	Status int
-	// Forgotten: the action was outcome-unknown, the Resumer resolved it,
-	// and it was forgotten.
+	// Forgotten: the action was outcome-unknown (listed so, or its key
+	// window had ended by the time Resume came to it), the Resumer resolved
+	// it, and it was forgotten.
 	Forgotten bool
 	Err       error // what went wrong with this action, or nil
 }
@@ -49,13 +57,22 @@ type ResumeResult struct {
 // Transport under the usual rules (the key window, the fingerprint, the
 // retry budget, one flight per action), so it goes out with its stored key
 // and the server answers with the original outcome or performs it once.
-// Each outcome-unknown action is handed to r.Resolve, and forgotten only
-// if that says so. At most concurrency actions are handled at once
-// (DefaultResumeConcurrency if concurrency <= 0). Each response's body is
-// discarded as the Transport discards any (at most DefaultMaxDrain bytes
-// read, for at most DefaultMaxDrainTime) and closed:
-// the outcome is in the ResumeResult and the journal, not in the body. Resume returns a result per action, and an error only if the
-// journal could not be listed or ctx ended.
+// It is sent under that key or not at all: if, when Resume comes to send
+// it, the journal no longer holds the action under that key (it was
+// forgotten, or it finished and an identical unnamed request has since
+// started a new action), nothing is sent and its result's Err is
+// ErrNotResumable; if it finished under that key meanwhile, the request
+// is sent again and the server replays its answer. Each outcome-unknown
+// action, and each pending one whose key window has ended, is handed to
+// r.Resolve (nothing is rebuilt or sent) and forgotten only if that says
+// so. At most concurrency actions are handled at once
+// (DefaultResumeConcurrency if concurrency <= 0), and none is started once
+// ctx has ended. Each response's body is discarded as the Transport
+// discards any (at most DefaultMaxDrain bytes read, for at most
+// DefaultMaxDrainTime) and closed: the outcome is in the ResumeResult and
+// the journal, not in the body. Resume returns a result per action
+// started, and an error only if the journal could not be listed or ctx
+// ended.
 func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: nil Resumer", ErrInvalidOption)
@@ -71,6 +88,10 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
 	for i, rec := range recs {
+		if ctx.Err() != nil { // a free slot must not win over an ended ctx
+			wg.Wait()
+			return out[:i], ctx.Err()
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -89,14 +110,17 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 
 func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) ResumeResult {
 	res := ResumeResult{Record: rec}
+	if err := ctx.Err(); err != nil {
+		res.Err = err // nothing is started once Resume's context has ended
+		return res
+	}
+	if rec.State == journal.StatePending && t.expire(ctx, rec) {
+		// Its key window ended while nothing was sending it: it is
+		// outcome-unknown now, and nothing is rebuilt or sent.
+		rec.State = journal.StateUnknown
+	}
 	if rec.State == journal.StateUnknown {
-		forget, err := r.Resolve(ctx, rec)
-		if err == nil && forget {
-			if err = t.journal.Forget(ctx, rec.ActionID); err == nil {
-				res.Forgotten = true
-			}
-		}
-		res.Err = err
+		t.resolve(ctx, r, rec, &res)
 		return res
 	}
 	req, err := r.Rebuild(ctx, rec)
@@ -104,35 +128,86 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 		res.Err = err
 		return res
 	}
-	req, done := t.nameForResume(ctx, req, rec)
+	req, mark, done := t.nameForResume(ctx, req, rec)
 	defer done()
 	resp, err := t.RoundTrip(req)
-	res.Sent = true
+	res.Sent = mark.sent.Load()
 	if err != nil {
 		res.Err = err
+		if errors.Is(err, ErrKeyWindowExpired) {
+			// The window ended before it could be sent again, or during
+			// its retries: the action is outcome-unknown now.
+			rec.State = journal.StateUnknown
+			t.resolve(ctx, r, rec, &res)
+		}
 	} else {
 		// The outcome is recorded; the body is discarded as any other
 		// is: a body that never ends is cut by ending the request's
 		// context, which cannot change the recorded outcome.
-		stop := time.AfterFunc(DefaultMaxDrainTime, done)
-		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
-		stop.Stop()
-		resp.Body.Close()
+		if resp.Body != nil {
+			stop := time.AfterFunc(DefaultMaxDrainTime, done)
+			_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
+			stop.Stop()
+			resp.Body.Close()
+		}
 		res.Status = resp.StatusCode
 		res.Err = GiveUpReason(resp)
 	}
-	t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
+	if res.Sent {
+		t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
+	}
 	return res
 }
 
-// resumeKey marks a request Resume rebuilt, with the record it resumes.
+// resolve hands an outcome-unknown action to r.Resolve and forgets it if
+// that says so. res.Err is Resolve's or Forget's error, if any; else it is
+// left as it was when the action is kept.
+func (t *Transport) resolve(ctx context.Context, r Resumer, rec journal.Record, res *ResumeResult) {
+	forget, err := r.Resolve(ctx, rec)
+	if err == nil && forget {
+		if err = t.journal.Forget(ctx, rec.ActionID); err == nil {
+			res.Forgotten = true
+			res.Err = nil
+			return
+		}
+	}
+	if err != nil {
+		res.Err = err
+	}
+}
+
+// expire records a pending action whose key window has ended as
+// outcome-unknown, as a request for it would, and reports whether it did.
+// A record created in the clock's future is left to the request (which
+// refuses it with ErrClockSkew).
+func (t *Transport) expire(ctx context.Context, rec journal.Record) bool {
+	now := t.now()
+	if now.Before(rec.CreatedAt.Add(-maxClockSkew)) || !windowEnds(rec, now, 0, t.cfg.keyWindow) {
+		return false
+	}
+	rec.State = journal.StateUnknown
+	t.record(ctx, rec, false)
+	t.logUnknown(ctx, rec, ErrKeyWindowExpired)
+	t.emit(ctx, Event{Kind: EventUnknown, Action: rec.ActionID, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
+	return true
+}
+
+// resumeKey marks a request Resume rebuilt, with a *resumeMark.
 type resumeKey struct{}
+
+// resumeMark is the record Resume listed for a request it rebuilt, and
+// whether an attempt of that request may have reached the server.
+type resumeMark struct {
+	rec  journal.Record
+	sent atomic.Bool
+}
 
 // nameForResume ties a rebuilt request to its action's record (see
 // resumedIdentity). The request keeps its context's values and deadline,
-// and ends when Resume's ctx does too.
-func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec journal.Record) (*http.Request, context.CancelFunc) {
-	rctx, cancel := context.WithCancel(context.WithValue(req.Context(), resumeKey{}, rec))
+// and ends when Resume's ctx does too, or when done is called.
+func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec journal.Record) (*http.Request, *resumeMark, context.CancelFunc) {
+	m := &resumeMark{rec: rec}
+	rctx, cancel := context.WithCancel(context.WithValue(req.Context(), resumeKey{}, m))
 	stop := context.AfterFunc(ctx, cancel)
-	return req.WithContext(rctx), func() { stop(); cancel() }
+	return req.WithContext(rctx), m, func() { stop(); cancel() }
 }

@@ -200,6 +200,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		method = http.MethodGet
 	}
 	if !t.cfg.keyed[method] {
+		if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
+			// Resume's action carries a key; a rebuilt request whose
+			// method carries none is not that action's request.
+			rec := m.rec
+			return nil, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
+				Reason: ErrFingerprintMismatch, Err: fmt.Errorf("rebuilt with method %s, which is sent without a key", method)}
+		}
 		// Without a key, only a method that is idempotent by definition may
 		// be sent twice; any other is sent once.
 		if !idempotentMethods[method] {
@@ -225,6 +232,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
 		if !f.again {
+			if m := who.resumed; m != nil {
+				if k := t.flights.keyOf(f); k != "" && k != m.rec.Key {
+					// Resume's action is not this flight's: a new one
+					// with the same payload replaced it.
+					return nil, notResumableError(who.id, &m.rec, nil)
+				}
+			}
 			return f.result()
 		}
 	}
