@@ -219,13 +219,19 @@ func (f *flight) result() (*http.Response, error) {
 	return r, nil
 }
 
-// wait waits for the flight's result, or for ctx.
+// wait waits for the flight's result, or for ctx. A result that has
+// landed when ctx ends is taken: the answer is in hand.
 func (f *flight) wait(ctx context.Context) error {
 	select {
 	case <-f.done:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case <-f.done:
+			return nil
+		default:
+			return ctx.Err()
+		}
 	}
 }
 
