@@ -28,15 +28,7 @@ import (
 func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, first *attemptTrace) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
 	r := &run{t: t, ctx: ctx, a: a, first: first}
-	var bo backoff.BackOff // the default's is made for the first retry: most actions need none
-	if reflect.ValueOf(s.newBackOff).Pointer() != defaultBackOffPC {
-		// A caller's BackOff may count from its Reset (an
-		// ExponentialBackOff's MaxElapsedTime): it starts with the RoundTrip.
-		if bo = s.newBackOff(); bo == nil {
-			return r.end(journal.StatePending, nil, nil, errNilBackOff)
-		}
-		bo.Reset()
-	}
+	bo := s.bo // the default's is made for the first retry: most actions need none
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
 		// The window may have ended during the wait (a device asleep, a
@@ -169,9 +161,25 @@ func mayReadBody(policy RetryPolicy, resp *http.Response) bool {
 // defaultPolicyPC identifies DefaultRetryPolicy among policies.
 var defaultPolicyPC = reflect.ValueOf(RetryPolicy(DefaultRetryPolicy)).Pointer()
 
-// errNilBackOff refuses, before anything is sent, a RoundTrip whose BackOff
-// factory (WithBackOff, RequestBackOff) returned nil.
+// errNilBackOff refuses, before anything is reserved or sent, a RoundTrip
+// whose BackOff factory (WithBackOff, RequestBackOff) returned nil.
 var errNilBackOff = fmt.Errorf("%w: the BackOff factory returned nil", ErrInvalidOption)
+
+// startBackOff makes and starts a caller's BackOff, which may count from
+// its Reset (an ExponentialBackOff's MaxElapsedTime), so it starts with the
+// RoundTrip, before the key is reserved: a factory that returns nil is
+// refused with nothing left in the journal. The default's is made for the
+// first retry instead (most actions need none), and s.bo stays nil.
+func (s *settings) startBackOff() error {
+	if reflect.ValueOf(s.newBackOff).Pointer() == defaultBackOffPC {
+		return nil
+	}
+	if s.bo = s.newBackOff(); s.bo == nil {
+		return errNilBackOff
+	}
+	s.bo.Reset()
+	return nil
+}
 
 // defaultBackOffPC identifies defaultBackOff, which counts no time, among
 // BackOff factories.

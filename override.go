@@ -20,6 +20,9 @@ type settings struct {
 	keyWindow  time.Duration
 	policy     RetryPolicy
 	newBackOff func() backoff.BackOff
+	// bo is the caller's BackOff for this RoundTrip, made and started
+	// with it (startBackOff), or nil for the default's.
+	bo backoff.BackOff
 }
 
 type requestOptionsKey struct{}

@@ -192,6 +192,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	defer b.close()
 
 	s, err := t.settingsFor(req.Context())
+	if err == nil {
+		err = s.startBackOff()
+	}
 	if err != nil {
 		return nil, err
 	}
