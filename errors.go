@@ -66,11 +66,14 @@ var (
 	// completed; the first caller has the response; ActionError.Status
 	// holds its status.
 	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")
-	// ErrNotResumable: Transport.Resume found the action it listed no longer
-	// pending under its key when it came to send it: the journal had
-	// forgotten it, or replaced it with a new action. Nothing was sent; the
-	// listed key is never sent, nor a new one minted, in its name.
-	ErrNotResumable = errors.New("idemretry: listed action no longer in the journal")
+	// ErrNotResumable: Transport.Resume found the action it listed no
+	// longer pending under its key when it came to send it, and sent
+	// nothing: an identical unnamed request had started a new action after
+	// it finished, or it had been forgotten meanwhile. A forgotten one is
+	// recorded again, under its key, as outcome-unknown, and handed to the
+	// Resumer's Resolve: it is never sent, and no new key is minted for it,
+	// until that says it may be forgotten.
+	ErrNotResumable = errors.New("idemretry: listed action no longer pending")
 	// ErrInvalidOption: an Option was given a value it cannot use.
 	ErrInvalidOption = errors.New("idemretry: invalid option")
 )

@@ -102,6 +102,9 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
 		}
 		state = rec.State
+		if state == journal.StateUnknown && r.a.resumed != nil {
+			r.a.resumed.unknown.Store(true)
+		}
 	}
 	r.report(state, resp, reason, cause)
 	if resp != nil {

@@ -117,9 +117,16 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	want := journal.Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: journal.StatePending}
 	mode := journal.ReuseAny
 	if who.resumed != nil {
-		// Exactly the listed action, as it was listed: never a new key,
-		// and never a fresh age for its key (see the checks below).
-		want.Key, want.CreatedAt = who.resumed.rec.Key, who.resumed.rec.CreatedAt
+		// Exactly the listed action: never a new key. Its record is
+		// created only if it was forgotten since it was listed, and then
+		// as it was listed, but outcome-unknown: never sent, and handed to
+		// Resolve (see below). Created pending, it would be sent (a
+		// payment the app had cancelled), also by another process that
+		// shares the journal; forgotten again at once, a crash or another
+		// process could come in between.
+		l := &who.resumed.rec
+		want.Key, want.CreatedAt, want.Attempts, want.Status = l.Key, l.CreatedAt, l.Attempts, l.Status
+		want.State = journal.StateUnknown
 	} else if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
 		mode = journal.ReusePending
 	}
@@ -143,7 +150,12 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
 	}
 	if who.resumed != nil && (created || rec.Key != who.resumed.rec.Key) {
-		return t.notResumable(ctx, jctx, id, &who.resumed.rec, created)
+		if created {
+			who.resumed.unknown.Store(true)
+			t.logUnknown(ctx, rec, ErrNotResumable)
+			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrNotResumable})
+		}
+		return nil, notResumableError(id, &who.resumed.rec, nil)
 	}
 	if created {
 		// A key minted just now: its age is measured from createdAt (on the
@@ -170,6 +182,9 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	case windowEnds(rec, now, 0, window):
 		if rec.State == journal.StatePending {
 			rec.State = journal.StateUnknown
+			if who.resumed != nil {
+				who.resumed.unknown.Store(true)
+			}
 			t.record(ctx, rec, false)
 			t.logUnknown(ctx, rec, ErrKeyWindowExpired)
 			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
@@ -223,22 +238,11 @@ func (t *Transport) parentKey(req *http.Request) (string, bool) {
 	return k, err == nil
 }
 
-// notResumable refuses to send a request Resume rebuilt for listed, whose
-// action the journal no longer holds under listed's key: forgotten (the
-// Reserve that found no record created one, which is forgotten again) or
+// notResumableError refuses to send a request Resume rebuilt for listed,
+// whose action the journal no longer holds pending under listed's key:
 // replaced by a new action (a repeat of an unnamed payment, after the
-// listed one finished). Sending it would send a key the journal no longer
-// ages, or join another action.
-func (t *Transport) notResumable(ctx, jctx context.Context, id string, listed *journal.Record, created bool) (*action, error) {
-	var err error
-	if created {
-		if err = t.journal.Forget(jctx, id); err != nil {
-			err = wrapf(journalError(ctx, err), "forget the record Resume re-created for action %q", id)
-		}
-	}
-	return nil, notResumableError(id, listed, err)
-}
-
+// listed one finished), whose flight sending it would join, or forgotten
+// (and recorded again, outcome-unknown, by reserve).
 func notResumableError(id string, listed *journal.Record, cause error) error {
 	return &ActionError{Action: id, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 		Reason: ErrNotResumable, Err: cause}

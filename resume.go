@@ -2,7 +2,6 @@ package idemretry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -44,9 +43,10 @@ type ResumeResult struct {
 	// joined), or 0 with Err.
 	Sent   bool
 	Status int
-	// Forgotten: the action was outcome-unknown (listed so, or its key
-	// window had ended by the time Resume came to it), the Resumer resolved
-	// it, and it was forgotten.
+	// Forgotten: the action was outcome-unknown (listed so, or its
+	// rebuilt request found its key window ended, or found it forgotten
+	// and recorded it again so), the Resumer resolved it, and it was
+	// forgotten.
 	Forgotten bool
 	Err       error // what went wrong with this action, or nil
 }
@@ -57,15 +57,16 @@ type ResumeResult struct {
 // Transport under the usual rules (the key window, the fingerprint, the
 // retry budget, one flight per action), so it goes out with its stored key
 // and the server answers with the original outcome or performs it once.
-// It is sent under that key or not at all: if, when Resume comes to send
-// it, the journal no longer holds the action under that key (it was
-// forgotten, or it finished and an identical unnamed request has since
-// started a new action), nothing is sent and its result's Err is
-// ErrNotResumable; if it finished under that key meanwhile, the request
-// is sent again and the server replays its answer. Each outcome-unknown
-// action, and each pending one whose key window has ended, is handed to
-// r.Resolve (nothing is rebuilt or sent) and forgotten only if that says
-// so. At most concurrency actions are handled at once
+// It is sent under that key or not at all, decided when it is sent: if it
+// finished under that key meanwhile, it is sent again and the server
+// replays its answer; if the journal then holds it under another key (it
+// finished, and an identical unnamed request has since started a new
+// action), or not at all (it was forgotten meanwhile), nothing is sent and
+// its result's Err is ErrNotResumable. Each outcome-unknown action is
+// handed to r.Resolve (nothing is rebuilt or sent), and so is a pending one
+// that its rebuilt request found past its key window, or forgotten, and
+// recorded outcome-unknown (nothing is sent); it is forgotten only if
+// Resolve says so. At most concurrency actions are handled at once
 // (DefaultResumeConcurrency if concurrency <= 0), and none is started once
 // ctx has ended. Each response's body is discarded as the Transport
 // discards any (at most DefaultMaxDrain bytes read, for at most
@@ -114,11 +115,6 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 		res.Err = err // nothing is started once Resume's context has ended
 		return res
 	}
-	if rec.State == journal.StatePending && t.expire(ctx, rec) {
-		// Its key window ended while nothing was sending it: it is
-		// outcome-unknown now, and nothing is rebuilt or sent.
-		rec.State = journal.StateUnknown
-	}
 	if rec.State == journal.StateUnknown {
 		t.resolve(ctx, r, rec, &res)
 		return res
@@ -134,9 +130,12 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	res.Sent = mark.sent.Load()
 	if err != nil {
 		res.Err = err
-		if errors.Is(err, ErrKeyWindowExpired) {
-			// The window ended before it could be sent again, or during
-			// its retries: the action is outcome-unknown now.
+		if mark.unknown.Load() {
+			// Its key window had ended, or ended during its retries, or
+			// it had been forgotten, and this request recorded it
+			// outcome-unknown (within its own flight, so nothing else of
+			// it was in the air): it is reconciled now, not at the next
+			// Resume.
 			rec.State = journal.StateUnknown
 			t.resolve(ctx, r, rec, &res)
 		}
@@ -176,30 +175,16 @@ func (t *Transport) resolve(ctx context.Context, r Resumer, rec journal.Record, 
 	}
 }
 
-// expire records a pending action whose key window has ended as
-// outcome-unknown, as a request for it would, and reports whether it did.
-// A record created in the clock's future is left to the request (which
-// refuses it with ErrClockSkew).
-func (t *Transport) expire(ctx context.Context, rec journal.Record) bool {
-	now := t.now()
-	if now.Before(rec.CreatedAt.Add(-maxClockSkew)) || !windowEnds(rec, now, 0, t.cfg.keyWindow) {
-		return false
-	}
-	rec.State = journal.StateUnknown
-	t.record(ctx, rec, false)
-	t.logUnknown(ctx, rec, ErrKeyWindowExpired)
-	t.emit(ctx, Event{Kind: EventUnknown, Action: rec.ActionID, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
-	return true
-}
-
 // resumeKey marks a request Resume rebuilt, with a *resumeMark.
 type resumeKey struct{}
 
-// resumeMark is the record Resume listed for a request it rebuilt, and
-// whether an attempt of that request may have reached the server.
+// resumeMark is the record Resume listed for a request it rebuilt, whether
+// an attempt of that request may have reached the server, and whether the
+// request recorded the action outcome-unknown (its key window ended).
 type resumeMark struct {
-	rec  journal.Record
-	sent atomic.Bool
+	rec     journal.Record
+	sent    atomic.Bool
+	unknown atomic.Bool
 }
 
 // nameForResume ties a rebuilt request to its action's record (see

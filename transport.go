@@ -269,7 +269,10 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	}
 	n := t.flights.land(f)
 	shared = true
-	return f.share(who.id, n, t.cfg.maxShared, resp, err, cutShort(req.Context(), resp, err, pending))
+	// A refusal that is Resume's alone (its listed key is not the
+	// action's any more) is not the joiners': one of them carries on.
+	again := cutShort(req.Context(), resp, err, pending) || (who.resumed != nil && errors.Is(err, ErrNotResumable))
+	return f.share(who.id, n, t.cfg.maxShared, resp, err, again)
 }
 
 // cutShort reports whether a flight ended unfinished because of its
