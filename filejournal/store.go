@@ -368,7 +368,12 @@ func checkStatus(rec journal.Record) error {
 // returns it.
 func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	got, created, err := j.reserve(ctx, rec, mode)
-	return got, created, wrap(err, "reserve %q", rec.ActionID)
+	if err != nil {
+		// Only here: the id made an argument of wrap costs an allocation
+		// even when there is nothing to wrap.
+		err = wrap(err, "reserve %q", rec.ActionID)
+	}
+	return got, created, err
 }
 
 func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
@@ -436,7 +441,10 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 // (it was replaced, or forgotten and created anew, since the caller read
 // it).
 func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
-	return wrap(j.update(rec), "update %q", rec.ActionID)
+	if err := j.update(rec); err != nil {
+		return wrap(err, "update %q", rec.ActionID) // see Reserve
+	}
+	return nil
 }
 
 func (j *Journal) update(rec journal.Record) error {
@@ -520,7 +528,10 @@ func (j *Journal) remove(id string, durable bool) *batch {
 // still queued or being written: then Forget waits for that removal to be
 // synced too.
 func (j *Journal) Forget(ctx context.Context, actionID string) error {
-	return wrap(j.forget(ctx, j.storedID(actionID)), "forget %q", actionID)
+	if err := j.forget(ctx, j.storedID(actionID)); err != nil {
+		return wrap(err, "forget %q", actionID) // see Reserve
+	}
+	return nil
 }
 
 func (j *Journal) forget(ctx context.Context, id string) error {
