@@ -66,14 +66,19 @@ func toRec(id string, want journal.Record) rec {
 
 // record returns r as a journal.Record named actionID.
 func (r *rec) record(actionID string) journal.Record {
-	out := journal.Record{ActionID: actionID, Fingerprint: r.fp, CreatedAt: time.UnixMilli(r.created),
-		State: r.state, Attempts: int(r.attempts), Status: int(r.status)}
-	if r.custom != "" {
-		out.Key = r.custom
-	} else {
-		out.Key = formatUUID(&r.key)
+	key := r.custom
+	if key == "" {
+		key = formatUUID(&r.key)
 	}
-	return out
+	return r.recordKeyed(actionID, key)
+}
+
+// recordKeyed is record with key, r's key in its string form, given: the
+// key of the journal.Record that r was made from (toRec), which needs no
+// formatting, since parseUUID takes only the form formatUUID writes.
+func (r *rec) recordKeyed(actionID, key string) journal.Record {
+	return journal.Record{ActionID: actionID, Key: key, Fingerprint: r.fp, CreatedAt: time.UnixMilli(r.created),
+		State: r.state, Attempts: int(r.attempts), Status: int(r.status)}
 }
 
 // size is r's encoded size, for the live-bytes estimate behind compaction.

@@ -427,7 +427,7 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 	if err := j.wait(ctx, b); err != nil {
 		return journal.Record{}, false, err
 	}
-	return r.record(want.ActionID), true, nil
+	return r.recordKeyed(want.ActionID, want.Key), true, nil
 }
 
 // Update implements journal.Journal: it stores the State, Attempts and
