@@ -150,6 +150,11 @@ func (j *Journal) recOf(id string, h *ref) rec {
 // put and del keep m, custom and live consistent. Callers hold mu.
 func (j *Journal) put(r *rec) {
 	j.del(r.id)
+	j.insert(r)
+}
+
+// insert is put for an id that m does not hold.
+func (j *Journal) insert(r *rec) {
 	j.m[r.id] = j.slots.alloc(j.slotOf(r))
 	if r.custom != "" {
 		j.custom[r.id] = r.custom
@@ -393,7 +398,8 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 		return journal.Record{}, false, err
 	}
 	now := j.now()
-	if sl, ok := j.m[r.id]; ok && !j.expired(&sl, now) && (mode == journal.ReuseAny || j.slots.at(sl).state != journal.StateDone) {
+	sl, found := j.m[r.id]
+	if found && !j.expired(&sl, now) && (mode == journal.ReuseAny || j.slots.at(sl).state != journal.StateDone) {
 		old := j.recOf(r.id, &sl)
 		b := j.inflight[r.id]
 		j.mu.Unlock()
@@ -413,13 +419,13 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 	// the file may hold a record the index does not (its delete lost with a
 	// frame that salvage skipped, or any drop from the index whose delete
 	// did not reach the file).
-	if _, ok := j.m[r.id]; ok {
+	if found {
 		j.remove(r.id, false) // expired, or a done record replaced
 	} else {
 		j.enqueue(op{kind: opDelete, r: rec{id: r.id}}, false)
 	}
 	r.seen = j.seenAt()
-	j.put(&r)
+	j.insert(&r) // m no longer holds r.id, if it did
 	b := j.enqueue(op{kind: opUpsert, r: r}, true)
 	j.inflight[r.id] = b
 	b.ids = append(b.ids, r.id)
@@ -465,10 +471,14 @@ func (j *Journal) update(rec journal.Record) error {
 		return journal.ErrNotFound
 	}
 	r := j.recOf(id, &sl)
+	before := r.size()
 	if !applyUpdate(&r, rec.State, uint32(rec.Attempts), uint16(rec.Status)) {
 		return nil // nothing changes: a done record's late, stale update
 	}
-	j.put(&r)
+	// The same id and key: the record changes in place, as put would
+	// leave it but for its ref.
+	*j.slots.at(sl) = j.slotOf(&r)
+	j.live += r.size() - before
 	j.enqueue(op{kind: opUpsert, r: r}, false)
 	return nil
 }
