@@ -306,7 +306,7 @@ func parseUUID(s string, out *[16]byte) bool {
 			i++
 			continue
 		}
-		hi, lo := unhex(s[i]), unhex(s[i+1])
+		hi, lo := unhexTable[s[i]], unhexTable[s[i+1]]
 		if hi > 15 || lo > 15 {
 			return false
 		}
@@ -316,6 +316,15 @@ func parseUUID(s string, out *[16]byte) bool {
 	}
 	return true
 }
+
+// unhexTable is unhex of every byte: a lookup has no branch to mispredict
+// on the random digits of a key.
+var unhexTable = func() (t [256]byte) {
+	for c := range t {
+		t[c] = unhex(byte(c))
+	}
+	return t
+}()
 
 func unhex(c byte) byte {
 	switch {
