@@ -474,3 +474,15 @@ func newOpenBodyServer(t *testing.T) *httptest.Server {
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// leftPending sends req once through a Transport over j whose answer is
+// lost (the server's doing), and closes that Transport: the "crash" that
+// leaves req's action pending in j. opts are added to the Transport's.
+func leftPending(t *testing.T, j journal.Journal, req *http.Request, opts ...idemretry.Option) {
+	t.Helper()
+	first, err := idemretry.NewTransport(&http.Transport{}, append([]idemretry.Option{idemretry.WithJournal(j), idemretry.WithMaxRetries(0)}, opts...)...)
+	require.NoError(t, err)
+	_, err = first.RoundTrip(req)
+	require.Error(t, err, "the first answer is lost")
+	require.NoError(t, first.Close())
+}

@@ -78,11 +78,7 @@ func TestReviewResumeNeverMintsANewKey(t *testing.T) {
 	}{
 		{"left by a crash, then the user taps again", func(t *testing.T, srv *payServer, j journal.Journal, tr *idemretry.Transport) func() {
 			srv.commitThenDrop = map[int]bool{1: true} // charged, the answer lost
-			first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, body))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			leftPending(t, j, post(t, context.Background(), srv.URL, body))
 			return func() {
 				resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, body)) // the same payment, resent by the app
 				require.True(t, idemretry.IsReplay(resp), "the app's resend reused the pending key")
@@ -90,11 +86,7 @@ func TestReviewResumeNeverMintsANewKey(t *testing.T) {
 		}, nil},
 		{"left by a crash, then the user taps again, WithDuplicateWindow", func(t *testing.T, srv *payServer, j journal.Journal, tr *idemretry.Transport) func() {
 			srv.commitThenDrop = map[int]bool{1: true}
-			first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, body))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			leftPending(t, j, post(t, context.Background(), srv.URL, body))
 			time.Sleep(300 * time.Millisecond) // the restart comes after the duplicate window
 			return func() {
 				resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, body))
@@ -175,11 +167,7 @@ func TestReviewResumeStalledBodyWithJoiner(t *testing.T) {
 		}
 	})
 	j := journal.NewMemory()
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
-	require.Error(t, err)
-	require.NoError(t, first.Close())
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
 
 	second := transportOver(t, j)
 	r := &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}
@@ -225,11 +213,7 @@ func TestReviewResumeChecksTheMethod(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
-	require.Error(t, err)
-	require.NoError(t, first.Close())
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
 
 	second := transportOver(t, j)
 	g := &gatedResumer{url: srv.URL, method: http.MethodPut, body: `{"order":"A"}`}
@@ -252,11 +236,7 @@ func TestReviewResumeSentMeansSent(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
-	require.Error(t, err)
-	require.NoError(t, first.Close())
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
 
 	second := transportOver(t, j)
 	g := &gatedResumer{url: srv.URL, body: `{"order":"A","amount":999}`} // not the action's body
@@ -321,11 +301,7 @@ func TestReviewResumeResolvesAnExpiredPendingAction(t *testing.T) {
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
 	const window = 300 * time.Millisecond
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0), idemretry.WithKeyWindow(window))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
-	require.Error(t, err)
-	require.NoError(t, first.Close())
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`), idemretry.WithKeyWindow(window))
 	time.Sleep(2 * window) // the app was not running when the window ended
 
 	second := transportOver(t, j, idemretry.WithKeyWindow(window))
@@ -367,11 +343,7 @@ func resumeOverNilBodyBase(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
-	require.Error(t, err)
-	require.NoError(t, first.Close())
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`))
 
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
@@ -422,11 +394,7 @@ func TestResumeSendsNothingForAnActionNoLongerListed(t *testing.T) {
 			srv := newPayServer(t)
 			srv.commitThenDrop = map[int]bool{1: true}
 			j := journal.NewMemory()
-			first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
-			require.NoError(t, err)
-			_, err = first.RoundTrip(post(t, context.Background(), srv.URL, body))
-			require.Error(t, err)
-			require.NoError(t, first.Close())
+			leftPending(t, j, post(t, context.Background(), srv.URL, body))
 			tr := transportOver(t, j)
 
 			g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
