@@ -83,7 +83,7 @@ func (r *rec) recordKeyed(actionID, key string) journal.Record {
 
 // size is r's encoded size, for the live-bytes estimate behind compaction.
 func (r *rec) size() int64 {
-	n := 2 + uvarintLen(uint64(len(r.id))) + len(r.id) + 32 + 1 + 1 + uvarintLen(uint64(r.attempts)) + uvarintLen(uint64(r.status))
+	n := 2 + uvarintLen(uint64(len(r.id))) + len(r.id) + 32 + 1 + uvarintLen(uint64(r.attempts)) + uvarintLen(uint64(r.status))
 	n += uvarintLen(zigzag(r.created)) + uvarintLen(uint64(r.seen))
 	if r.custom != "" {
 		n += 1 + len(r.custom)
