@@ -66,7 +66,13 @@ type ResumeResult struct {
 // handed to r.Resolve (nothing is rebuilt or sent), and so is a pending one
 // that its rebuilt request found past its key window, or forgotten, and
 // recorded outcome-unknown (nothing is sent); it is forgotten only if
-// Resolve says so. At most concurrency actions are handled at once
+// Resolve says so. Resolve is called only while no request of the action
+// can be in the air: Resume waits for one in flight in this Transport to
+// land, holds the action's lease when the journal leases (one held by
+// another machine leaves the action for a later Resume, with
+// ErrLeaseHeld), and reads the record again before Resolve and before
+// Forget (one found done, or under another key, is left alone, with
+// ErrNotResumable). At most concurrency actions are handled at once
 // (DefaultResumeConcurrency if concurrency <= 0), and none is started once
 // ctx has ended. Each response's body is discarded as the Transport
 // discards any (at most DefaultMaxDrain bytes read, for at most
@@ -116,7 +122,7 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 		return res
 	}
 	if rec.State == journal.StateUnknown {
-		t.resolve(ctx, r, rec, &res)
+		t.reconcile(ctx, r, rec, &res)
 		return res
 	}
 	req, err := r.Rebuild(ctx, rec)
@@ -136,8 +142,7 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 			// outcome-unknown (within its own flight, so nothing else of
 			// it was in the air): it is reconciled now, not at the next
 			// Resume.
-			rec.State = journal.StateUnknown
-			t.resolve(ctx, r, rec, &res)
+			t.reconcile(ctx, r, rec, &res)
 		}
 	} else {
 		// The outcome is recorded; the body is discarded as any other
@@ -156,23 +161,6 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 		t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
 	}
 	return res
-}
-
-// resolve hands an outcome-unknown action to r.Resolve and forgets it if
-// that says so. res.Err is Resolve's or Forget's error, if any; else it is
-// left as it was when the action is kept.
-func (t *Transport) resolve(ctx context.Context, r Resumer, rec journal.Record, res *ResumeResult) {
-	forget, err := r.Resolve(ctx, rec)
-	if err == nil && forget {
-		if err = t.journal.Forget(ctx, rec.ActionID); err == nil {
-			res.Forgotten = true
-			res.Err = nil
-			return
-		}
-	}
-	if err != nil {
-		res.Err = err
-	}
 }
 
 // resumeKey marks a request Resume rebuilt, with a *resumeMark.
