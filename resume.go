@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -136,12 +137,12 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	res.Sent = mark.sent.Load()
 	if err != nil {
 		res.Err = err
-		if mark.unknown.Load() {
-			// Its key window had ended, or ended during its retries, or
-			// it had been forgotten, and this request recorded it
-			// outcome-unknown (within its own flight, so nothing else of
-			// it was in the air): it is reconciled now, not at the next
-			// Resume.
+		if mark.unknown.Load() || errors.Is(err, ErrKeyWindowExpired) || errors.Is(err, ErrOutcomeUnknown) {
+			// Its key window had ended, or ended during its retries
+			// (here or in the flight it joined), or it had been
+			// forgotten: it is outcome-unknown now, or may be, and is
+			// reconciled now, not at the next Resume (reconcile reads
+			// the record again first).
 			t.reconcile(ctx, r, rec, &res)
 		}
 	} else {
