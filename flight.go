@@ -38,6 +38,9 @@ type flight struct {
 	// Guarded by flights.mu.
 	joiners int
 	key     string // once reserved, for joiners' errors
+	// resolving: Resume holds the flight while the app resolves the
+	// action (reconcile.go); whoever joins is refused at once.
+	resolving bool
 
 	// Set by the leader before done is closed.
 	body  []byte // the response's body, read for the joiners
@@ -115,6 +118,22 @@ func (fs *flights) find(id string) *flight {
 func (fs *flights) setKey(f *flight, key string) {
 	fs.mu.Lock()
 	f.key = key
+	fs.mu.Unlock()
+}
+
+// reconciling reports whether f is held by Resume while the app resolves
+// its action.
+func (fs *flights) reconciling(f *flight) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return f.resolving
+}
+
+// holdForResolve marks f, led by Resume, as held while its action, under
+// key, is resolved.
+func (fs *flights) holdForResolve(f *flight, key string) {
+	fs.mu.Lock()
+	f.key, f.resolving = key, true
 	fs.mu.Unlock()
 }
 

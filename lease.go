@@ -34,7 +34,9 @@ var (
 	// action (it holds the action's lease, see journal.Leaser), and the
 	// caller's context ended while this one waited for it. Nothing was sent
 	// by this RoundTrip; the other machine may have performed the action.
-	// The action stays as it is: resend it, and it keeps its key.
+	// The action stays as it is: resend it, and it keeps its key. From
+	// Resume, about an outcome-unknown action: its lease was held, or could
+	// not be taken, so Resolve was not asked; a later Resume will.
 	ErrLeaseHeld = errors.New("idemretry: action in flight on another machine")
 	// ErrLeaseLost: the action's lease passed to another machine while
 	// this one was retrying it (its renewals failed for longer than the

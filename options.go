@@ -49,6 +49,13 @@ const (
 	// caller gets what was read followed by the error, the others
 	// ErrResponseNotShared. The outcome stays recorded.
 	DefaultMaxShareTime = 5 * time.Second
+	// DefaultSettleTime is how long after its key window ended an
+	// outcome-unknown action must wait before Transport.Resume hands it to
+	// the Resumer's Resolve (WithSettleTime): an attempt may start until the
+	// window ends, and a request still in the network or at the provider
+	// may be processed after that; a provider that says "no charge" before
+	// then may be wrong.
+	DefaultSettleTime = time.Minute
 )
 
 // An Option configures a Transport (and a Client). Options apply in order;
@@ -84,6 +91,7 @@ type config struct {
 	journalTimeout  time.Duration
 	maxShared       int64
 	leaseTTL        time.Duration // lease.go: WithLeaseTTL
+	settle          time.Duration // reconcile.go: WithSettleTime
 }
 
 func defaultConfig() config {
@@ -102,6 +110,7 @@ func defaultConfig() config {
 		budget:         newBudget(DefaultBudgetTokens, DefaultBudgetRatio),
 		journalTimeout: DefaultJournalTimeout,
 		maxShared:      DefaultMaxSharedResponse,
+		settle:         DefaultSettleTime,
 	}
 	WithKeyedMethods(http.MethodPost, http.MethodPatch)(&c)
 	return c
@@ -251,6 +260,12 @@ func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.du
 // An outcome that could not be recorded in time is kept in memory and
 // written before its action is reserved again, or at Close.
 func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.journalTimeout = d } }
+
+// WithSettleTime sets how long after its key window ended an
+// outcome-unknown action waits before Resume hands it to Resolve (default
+// DefaultSettleTime). It must exceed how long a request can stay in the
+// network or at the provider; 0 hands it over as soon as the window ends.
+func WithSettleTime(d time.Duration) Option { return func(c *config) { c.settle = d } }
 
 // WithMaxSharedResponse sets how much of a response body is held in memory
 // to share it among the callers of one flight (default

@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,17 +12,19 @@ import (
 // reconcile hands the outcome-unknown action Resume listed to r.Resolve,
 // and forgets it if Resolve says so, only while nothing else can send it
 // or change its record: Resume leads the action's flight in this Transport
-// (waiting for one in the air to land), holds its lease when the journal is
-// a Leaser (another machine in flight with it: ErrLeaseHeld, left for the
-// next Resume), and reads the record again before Resolve and before
-// Forget. A record found done, or under another key, is not resolved: its
-// outcome is known, or it is another action (ErrNotResumable). res.Err is
-// Resolve's or the journal's error, or it is left as it was when the
-// action is kept.
+// (waiting for one in the air to land; a request of it that arrives
+// meanwhile is refused with ErrOutcomeUnknown), holds its lease when the
+// journal is a Leaser (held by another machine, or not to be had: left for
+// a later Resume, with ErrLeaseHeld), reads the record again before Resolve
+// and before Forget, and waits until the settle time after its key window
+// has passed (ErrOutcomeUnknown until then). A record found done, gone, or
+// under another key, is not resolved: its outcome is known, or someone
+// else reconciled it (ErrNotResumable). res.Err is the reason, or Resolve's
+// or the journal's error, or it is left as it was when the action is kept.
 func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Record, res *ResumeResult) {
 	f, err := t.holdFlight(ctx, listed)
 	if err != nil {
-		res.Err = err
+		res.leave(err)
 		return
 	}
 	defer func() {
@@ -30,21 +33,26 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 		_, _ = f.share(listed.ActionID, n, 0, nil, nil, true)
 	}()
 	if err := t.stillUnknown(ctx, listed); err != nil {
-		res.Err = err
+		res.leave(err)
+		return
+	}
+	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.now().Before(until) {
+		res.leave(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
+			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))})
 		return
 	}
 	if t.leasing {
 		a := &action{rec: listed}
 		held, err := t.leaseToResolve(ctx, a)
 		if err != nil {
-			res.Err = err
+			res.leave(err)
 			return
 		}
 		if held {
 			defer t.releaseLease(a)
 			// Another machine may have finished it before the lease.
 			if err := t.stillUnknown(ctx, listed); err != nil {
-				res.Err = err
+				res.leave(err)
 				return
 			}
 		}
@@ -52,20 +60,20 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	listed.State = journal.StateUnknown
 	forget, err := r.Resolve(ctx, listed)
 	if err != nil {
-		res.Err = err
+		res.leave(err)
 		return
 	}
 	if !forget {
 		return
 	}
 	if err := t.stillUnknown(ctx, listed); err != nil {
-		res.Err = err
+		res.leave(err)
 		return
 	}
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
 	if err := t.journal.Forget(jctx, listed.ActionID); err != nil {
-		res.Err = wrapf(journalError(ctx, err), "forget action %q", listed.ActionID)
+		res.leave(wrapf(journalError(ctx, err), "forget action %q", listed.ActionID))
 		return
 	}
 	res.Forgotten, res.Err = true, nil
@@ -78,6 +86,7 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint)
 		switch {
 		case lead:
+			t.flights.holdForResolve(f, listed.Key)
 			return f, nil
 		case mismatch:
 			// In flight with another payload: the id names another
@@ -85,23 +94,31 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 			return nil, notResumableError(listed.ActionID, &listed, fmt.Errorf("a request of another payload is in flight"))
 		}
 		if err := f.wait(ctx); err != nil {
-			return nil, err
+			return nil, &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true, Err: err}
 		}
 	}
 }
 
 // stillUnknown reads listed's record again, and returns nil if it is
-// outcome-unknown under listed's key. A record forgotten meanwhile is
-// created again so, under that key (see reserve).
+// outcome-unknown under listed's key. The journal is read with a Reserve,
+// which creates a record that is gone: one forgotten meanwhile (someone
+// else reconciled it) is created outcome-unknown, so that nothing is sent
+// under its key, and forgotten again at once.
 func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) error {
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
 	want := listed
 	want.State = journal.StateUnknown
-	cur, _, err := t.journal.Reserve(jctx, want, journal.ReuseAny)
+	cur, created, err := t.journal.Reserve(jctx, want, journal.ReuseAny)
 	switch {
 	case err != nil:
 		return wrapf(journalError(ctx, err), "read action %q", listed.ActionID)
+	case created:
+		if err := t.journal.Forget(jctx, listed.ActionID); err != nil {
+			err = wrapf(journalError(ctx, err), "forget action %q again", listed.ActionID)
+			return notResumableError(listed.ActionID, &listed, err)
+		}
+		return notResumableError(listed.ActionID, &listed, fmt.Errorf("it was forgotten meanwhile"))
 	case cur.Key != listed.Key:
 		return notResumableError(listed.ActionID, &listed, nil)
 	case cur.State != journal.StateUnknown:
@@ -113,9 +130,10 @@ func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) err
 	return nil
 }
 
-// leaseToResolve takes a's lease, kept renewed until releaseLease: it
-// reports false (and no error) when the journal cannot lease, as a request
-// goes on then, and ErrLeaseHeld when another machine holds it.
+// leaseToResolve takes a's lease, kept renewed until releaseLease, or
+// returns ErrLeaseHeld: another machine holds it, or the journal could not
+// lease it (the lease is what says no other machine has a request of it in
+// the air; a request goes on without one, a Resolve does not).
 func (t *Transport) leaseToResolve(ctx context.Context, a *action) (bool, error) {
 	lr := t.journal.(journal.Leaser) // t.leasing says it is one
 	ttl := t.cfg.leaseTTLOrDefault()
@@ -126,12 +144,22 @@ func (t *Transport) leaseToResolve(ctx context.Context, a *action) (bool, error)
 	cancel()
 	switch {
 	case err != nil:
-		t.logLease(ctx, "idemretry: the journal did not lease the action; it is resolved without a lease", a, err)
-		return false, nil
+		return false, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, MaybeProcessed: true,
+			Reason: ErrLeaseHeld, Err: journalError(ctx, err)}
 	case !held:
 		return false, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, MaybeProcessed: true,
 			Reason: ErrLeaseHeld}
 	}
 	t.startLease(ctx, lr, a, holder, ttl, start)
 	return true, nil
+}
+
+// leave records why an action was left as it was: with the error the
+// result already holds (the refusal that made it outcome-unknown), if any.
+func (res *ResumeResult) leave(err error) {
+	if res.Err == nil {
+		res.Err = err
+	} else {
+		res.Err = errors.Join(res.Err, err)
+	}
 }

@@ -67,13 +67,15 @@ type ResumeResult struct {
 // handed to r.Resolve (nothing is rebuilt or sent), and so is a pending one
 // that its rebuilt request found past its key window, or forgotten, and
 // recorded outcome-unknown (nothing is sent); it is forgotten only if
-// Resolve says so. Resolve is called only while no request of the action
-// can be in the air: Resume waits for one in flight in this Transport to
-// land, holds the action's lease when the journal leases (one held by
-// another machine leaves the action for a later Resume, with
-// ErrLeaseHeld), and reads the record again before Resolve and before
-// Forget (one found done, or under another key, is left alone, with
-// ErrNotResumable). At most concurrency actions are handled at once
+// Resolve says so. Resolve is called only when no request of the action
+// should be in the air (see reconcile): not before the settle time
+// (WithSettleTime) after its key window has passed (ErrOutcomeUnknown until
+// then), while Resume leads its flight in this Transport, and while it
+// holds its lease when the journal leases (ErrLeaseHeld otherwise); the
+// record is read again before Resolve and before Forget (one found done,
+// forgotten, or under another key, is left alone, with ErrNotResumable).
+// A panic in r's methods is raised again on the caller's goroutine once
+// the other actions are done. At most concurrency actions are handled at once
 // (DefaultResumeConcurrency if concurrency <= 0), and none is started once
 // ctx has ended. Each response's body is discarded as the Transport
 // discards any (at most DefaultMaxDrain bytes read, for at most
@@ -95,24 +97,37 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 	out := make([]ResumeResult, len(recs))
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
+	// A panic of the Resumer's (or of a hook's) on one of Resume's
+	// goroutines is raised again on the caller's, once the others are
+	// done, where the caller can recover it.
+	var panicked atomic.Pointer[any]
 	for i, rec := range recs {
 		if ctx.Err() != nil { // a free slot must not win over an ended ctx
 			wg.Wait()
+			rethrow(panicked.Load())
 			return out[:i], ctx.Err()
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			wg.Wait()
+			rethrow(panicked.Load())
 			return out[:i], ctx.Err()
 		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() {
+				if p := recover(); p != nil {
+					panicked.CompareAndSwap(nil, &p)
+				}
+				<-sem
+				wg.Done()
+			}()
 			out[i] = t.resumeOne(ctx, r, rec)
 		}()
 	}
 	wg.Wait()
+	rethrow(panicked.Load())
 	return out, ctx.Err()
 }
 
@@ -184,4 +199,11 @@ func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec jo
 	rctx, cancel := context.WithCancel(context.WithValue(req.Context(), resumeKey{}, m))
 	stop := context.AfterFunc(ctx, cancel)
 	return req.WithContext(rctx), m, func() { stop(); cancel() }
+}
+
+// rethrow panics with *p, if p is not nil.
+func rethrow(p *any) {
+	if p != nil {
+		panic(*p)
+	}
 }

@@ -101,7 +101,7 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 		}
 		return false
 	}
-	tr := transportOver(t, journal.NewMemory(), idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

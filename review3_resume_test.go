@@ -42,8 +42,8 @@ func TestReview3ResumeResolvesAnActionAnotherMachineFinished(t *testing.T) {
 		return false
 	}
 	j := &pausingJournal{Journal: journal.NewMemory()}
-	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
-	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
+	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
+	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -113,8 +113,8 @@ func TestReview3ResumeForgetErasesTheActionThatReplacedIt(t *testing.T) {
 		return false
 	}
 	srv.mu.Unlock()
-	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
-	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
+	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
+	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	time.Sleep(window + 300*time.Millisecond) // K1's window has ended
@@ -192,8 +192,8 @@ func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
 		return false
 	}
 	j := journal.NewMemory()
-	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
-	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0))
+	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
+	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

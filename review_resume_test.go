@@ -304,7 +304,7 @@ func TestReviewResumeResolvesAnExpiredPendingAction(t *testing.T) {
 	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, `{"order":"A"}`), idemretry.WithKeyWindow(window))
 	time.Sleep(2 * window) // the app was not running when the window ended
 
-	second := transportOver(t, j, idemretry.WithKeyWindow(window))
+	second := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	app := &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}
 	res, err := second.Resume(context.Background(), app, 0)
 	require.NoError(t, err)

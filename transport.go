@@ -110,6 +110,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
 	case c.maxShared < 0:
 		return fmt.Errorf("%w: shared response limit %d, want >= 0", ErrInvalidOption, c.maxShared)
+	case c.settle < 0:
+		return fmt.Errorf("%w: settle time %v, want >= 0", ErrInvalidOption, c.settle)
 	case c.journalTimeout <= 0:
 		return fmt.Errorf("%w: journal timeout %v, want > 0", ErrInvalidOption, c.journalTimeout)
 	case c.duplicateWindow < 0 || c.duplicateWindow >= c.keyWindow:
@@ -230,6 +232,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
 		case lead:
 			return t.lead(req, b, who, f, s)
+		case t.flights.reconciling(f):
+			// Resume is asking the app about this action's outcome:
+			// it is outcome-unknown, and nothing of it is sent.
+			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrOutcomeUnknown}
 		}
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}

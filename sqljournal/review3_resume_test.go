@@ -79,8 +79,8 @@ func TestReview3ResumeResolvesWhileAnotherMachineHoldsTheLease(t *testing.T) {
 		return false
 	}
 	srv.Start()
-	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window))
-	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window))
+	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
+	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -146,8 +146,8 @@ func TestReview3ResumeLeaseWaitResolvesWhileTheLeaseIsHeld(t *testing.T) {
 		return false
 	}
 	srv.Start()
-	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window))
-	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window))
+	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
+	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
