@@ -67,12 +67,12 @@ var (
 	// holds its status.
 	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")
 	// ErrNotResumable: Transport.Resume found the action it listed no
-	// longer pending under its key when it came to send it, and sent
-	// nothing: an identical unnamed request had started a new action after
-	// it finished, or it had been forgotten meanwhile. A forgotten one is
-	// recorded again, under its key, as outcome-unknown, and handed to the
-	// Resumer's Resolve: it is never sent, and no new key is minted for it,
-	// until that says it may be forgotten.
+	// longer as listed when it came to send or resolve it, and did nothing
+	// with it: an identical unnamed request had started a new action after
+	// it finished, it had been forgotten meanwhile (someone else reconciled
+	// it), or, resolving it, it was found done. With a journal that is not
+	// a journal.Getter, a forgotten one is recorded again, under its key, as
+	// outcome-unknown (never sent), for a later Resolve.
 	ErrNotResumable = errors.New("idemretry: listed action no longer pending")
 	// ErrInvalidOption: an Option was given a value it cannot use.
 	ErrInvalidOption = errors.New("idemretry: invalid option")

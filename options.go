@@ -263,8 +263,11 @@ func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.jou
 
 // WithSettleTime sets how long after its key window ended an
 // outcome-unknown action waits before Resume hands it to Resolve (default
-// DefaultSettleTime). It must exceed how long a request can stay in the
-// network or at the provider; 0 hands it over as soon as the window ends.
+// DefaultSettleTime), judged by the clock. It must exceed how long a
+// request can stay in the network or at the provider, plus, for a fleet,
+// how far the machines' clocks disagree; 0 hands it over as soon as the
+// window ends. An action made outcome-unknown early (the server refused its
+// key as reused, ErrKeyReused) waits for its window to end too.
 func WithSettleTime(d time.Duration) Option { return func(c *config) { c.settle = d } }
 
 // WithMaxSharedResponse sets how much of a response body is held in memory

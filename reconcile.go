@@ -27,16 +27,28 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 		res.leave(err)
 		return
 	}
+	confirmed := false
 	defer func() {
-		// Whoever joined carries the action on by itself.
 		n := t.flights.land(f)
+		if confirmed {
+			// Outcome-unknown, as found: whoever joined is refused.
+			f.fail(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
+				Reason: ErrOutcomeUnknown})
+			return
+		}
+		// Whoever joined carries the action on by itself.
 		_, _ = f.share(listed.ActionID, n, 0, nil, nil, true)
 	}()
 	if err := t.stillUnknown(ctx, listed); err != nil {
 		res.leave(err)
 		return
 	}
-	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.now().Before(until) {
+	// From here, a request of the action is refused at once.
+	t.flights.holdForResolve(f, listed.Key)
+	confirmed = true
+	// Judged by the clock alone: a journal's time ahead of it must not
+	// make the settle time pass early.
+	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.cfg.clock.Now().Before(until) {
 		res.leave(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))})
 		return
@@ -86,7 +98,6 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint)
 		switch {
 		case lead:
-			t.flights.holdForResolve(f, listed.Key)
 			return f, nil
 		case mismatch:
 			// In flight with another payload: the id names another
@@ -100,16 +111,29 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 }
 
 // stillUnknown reads listed's record again, and returns nil if it is
-// outcome-unknown under listed's key. The journal is read with a Reserve,
-// which creates a record that is gone: one forgotten meanwhile (someone
-// else reconciled it) is created outcome-unknown, so that nothing is sent
-// under its key, and forgotten again at once.
+// outcome-unknown under listed's key; a record that is gone (someone else
+// reconciled it) is ErrNotResumable. A journal.Getter reads it without
+// creating anything. Another journal is read with a Reserve, which creates
+// a record that is gone: outcome-unknown, so that nothing is sent under its
+// key, and forgotten again at once (a Forget that a crash, or another
+// process's new record of the action in between, can defeat).
 func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) error {
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
-	want := listed
-	want.State = journal.StateUnknown
-	cur, created, err := t.journal.Reserve(jctx, want, journal.ReuseAny)
+	var cur journal.Record
+	var created bool
+	var err error
+	if g, ok := t.journal.(journal.Getter); ok {
+		var found bool
+		cur, found, err = g.Get(jctx, listed.ActionID)
+		if err == nil && !found {
+			return notResumableError(listed.ActionID, &listed, fmt.Errorf("it was forgotten meanwhile"))
+		}
+	} else {
+		want := listed
+		want.State = journal.StateUnknown
+		cur, created, err = t.journal.Reserve(jctx, want, journal.ReuseAny)
+	}
 	switch {
 	case err != nil:
 		return wrapf(journalError(ctx, err), "read action %q", listed.ActionID)

@@ -3,6 +3,7 @@ package idemretry
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -129,6 +130,17 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		want.State = journal.StateUnknown
 	} else if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
 		mode = journal.ReusePending
+	}
+	if who.resumed != nil {
+		if g, ok := t.journal.(journal.Getter); ok {
+			// A listed action forgotten since (someone reconciled it) is
+			// not created again: it is not Resume's to bring back.
+			if _, found, err := g.Get(jctx, id); err != nil {
+				return nil, wrapf(journalError(ctx, err), "read action %q", id)
+			} else if !found {
+				return nil, notResumableError(id, &who.resumed.rec, errors.New("it was forgotten meanwhile"))
+			}
+		}
 	}
 	start := createdAt // a reading of the system clock, with its monotonic part
 	if _, system := t.cfg.clock.(systemClock); !system {

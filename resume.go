@@ -45,9 +45,8 @@ type ResumeResult struct {
 	Sent   bool
 	Status int
 	// Forgotten: the action was outcome-unknown (listed so, or its
-	// rebuilt request found its key window ended, or found it forgotten
-	// and recorded it again so), the Resumer resolved it, and it was
-	// forgotten.
+	// rebuilt request found its key window ended), the Resumer resolved
+	// it, and it was forgotten.
 	Forgotten bool
 	Err       error // what went wrong with this action, or nil
 }
@@ -62,12 +61,12 @@ type ResumeResult struct {
 // finished under that key meanwhile, it is sent again and the server
 // replays its answer; if the journal then holds it under another key (it
 // finished, and an identical unnamed request has since started a new
-// action), or not at all (it was forgotten meanwhile), nothing is sent and
-// its result's Err is ErrNotResumable. Each outcome-unknown action is
-// handed to r.Resolve (nothing is rebuilt or sent), and so is a pending one
-// that its rebuilt request found past its key window, or forgotten, and
-// recorded outcome-unknown (nothing is sent); it is forgotten only if
-// Resolve says so. Resolve is called only when no request of the action
+// action), or not at all (it was forgotten meanwhile: it is not brought
+// back), nothing is sent and its result's Err is ErrNotResumable. Each
+// outcome-unknown action is handed to r.Resolve (nothing is rebuilt or
+// sent), and so is a pending one that its rebuilt request found past its
+// key window and recorded outcome-unknown (nothing is sent); it is
+// forgotten only if Resolve says so. Resolve is called only when no request of the action
 // should be in the air (see reconcile): not before the settle time
 // (WithSettleTime) after its key window has passed (ErrOutcomeUnknown until
 // then), while Resume leads its flight in this Transport, and while it

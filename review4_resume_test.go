@@ -81,6 +81,11 @@ type listingJournal struct {
 	listed chan struct{}
 }
 
+// Get passes through to a journal.Getter (Memory is one).
+func (j *listingJournal) Get(ctx context.Context, id string) (journal.Record, bool, error) {
+	return j.Journal.(journal.Getter).Get(ctx, id)
+}
+
 func (j *listingJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	recs, err := j.Journal.Unfinished(ctx)
 	j.listed <- struct{}{}

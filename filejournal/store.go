@@ -568,6 +568,27 @@ func (j *Journal) forget(ctx context.Context, id string) error {
 	return j.wait(ctx, b)
 }
 
+// Get implements journal.Getter: the record of actionID (as given, or in
+// the digest form Unfinished reports with WithHashedIDs), or false if there
+// is none or it has expired. It never waits for I/O.
+func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return journal.Record{}, false, wrap(err, "get %q", actionID)
+	}
+	id := j.storedID(actionID)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.usable(); err != nil {
+		return journal.Record{}, false, wrap(err, "get %q", actionID)
+	}
+	sl, ok := j.m[id]
+	if !ok || j.expired(&sl, j.now()) {
+		return journal.Record{}, false, nil
+	}
+	r := j.recOf(id, &sl)
+	return r.record(actionID), true, nil
+}
+
 // Unfinished implements journal.Journal: the pending and unknown records,
 // oldest first (ties by reported id). With WithHashedIDs, each ActionID is
 // in digest form (journal.Digest of the original id).

@@ -3,7 +3,7 @@
 // database/sql: the Journal interface a store implements, the Record it
 // keeps, the sentinel errors it returns, the rules every store applies to
 // keys and ids, the optional capabilities the Transport looks for (Syncer,
-// Timekeeper, Leaser, NonBlocker), an in-memory Journal, and, in package
+// Timekeeper, Leaser, NonBlocker, Getter), an in-memory Journal, and, in package
 // journaltest, the conformance suite any Journal runs in one line. It
 // imports nothing else of the module.
 package journal

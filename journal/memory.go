@@ -310,6 +310,26 @@ func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Rec
 	return rec, true, nil
 }
 
+// Get implements Getter.
+func (j *Memory) Get(ctx context.Context, actionID string) (Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, false, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return Record{}, false, ErrClosed
+	}
+	i := j.find(actionID)
+	if i < 0 {
+		return Record{}, false, nil
+	}
+	if e, _ := j.at(uint32(i)); e.state == StateDone && j.now().Sub(j.start)-e.added >= j.retention {
+		return Record{}, false, nil // let go of, as Reserve would replace it
+	}
+	return j.record(i, actionID), true, nil
+}
+
 // Update implements Journal.
 func (j *Memory) Update(ctx context.Context, rec Record) error {
 	j.mu.Lock()

@@ -72,3 +72,15 @@ type Leaser interface {
 type NonBlocker interface {
 	NeverBlocks(j Journal) bool
 }
+
+// A Getter is a Journal that can read an action's record without creating
+// one, which Reserve would do for an action it has no record of. Get
+// returns the record of actionID (as given, or in the digest form
+// Unfinished reports), or false if there is none (a done record the
+// journal has let go of, past its retention, counts as none). The Transport
+// reads through it where creating a record would bring back an action
+// someone has forgotten (Resume, reconciling an outcome-unknown action);
+// every journal of this module is one.
+type Getter interface {
+	Get(ctx context.Context, actionID string) (Record, bool, error)
+}

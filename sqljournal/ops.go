@@ -3,6 +3,7 @@ package sqljournal
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/idemretry/idemretry/journal"
@@ -47,6 +48,28 @@ func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
 		return fmt.Errorf("sqljournal: update %q: %w", id, journal.ErrNotFound)
 	}
 	return nil
+}
+
+// Get implements [journal.Getter]: the action's record as committed, or
+// false if there is none. actionID may be the id as given or, with
+// [WithHashedActionIDs], the digest form. It fails with
+// [journal.ErrClosed] after Close.
+func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, bool, error) {
+	if err := j.usable(ctx, "get"); err != nil {
+		return journal.Record{}, false, err
+	}
+	id := j.storedID(actionID)
+	if checkID(id) != nil {
+		return journal.Record{}, false, nil // Reserve refuses such an id, so it has no record
+	}
+	r, err := bounded(ctx, func() (journal.Record, error) { return scanRecord(j.db.QueryRowContext(ctx, j.q.get, id)) })
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return journal.Record{}, false, nil
+	case err != nil:
+		return journal.Record{}, false, dbError(ctx, fmt.Sprintf("get %q", id), err)
+	}
+	return r, true, nil
 }
 
 // Unfinished implements [journal.Journal.Unfinished]: the pending and

@@ -86,6 +86,7 @@ var cases = []struct {
 	{"BoundedByContext", boundedByContext},
 	{"UnfinishedOldestFirst", unfinishedOldestFirst},
 	{"Forget", forget},
+	{"Getter", getter},
 	{"ReportedIDsResolve", reportedIDsResolve},
 	{"CustomKeys", customKeys},
 	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
@@ -354,6 +355,39 @@ func forget(t *testing.T, _ *suite, j journal.Journal) {
 	got, created := reserve(t, j, rec("a", now()), journal.ReuseAny)
 	assert.True(t, created)
 	assert.NotEqual(t, r.Key, got.Key)
+}
+
+// getter: a journal that is a journal.Getter reads a record, by its id as
+// given or as Unfinished reports it, without creating one: none before the
+// Reserve, the record (its state as updated) after it, none after Forget.
+func getter(t *testing.T, s *suite, j journal.Journal) {
+	g, ok := j.(journal.Getter)
+	if !ok {
+		t.Skip("not a journal.Getter")
+	}
+	_, found, err := g.Get(ctx, "a")
+	require.NoError(t, err)
+	assert.False(t, found)
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, un, "Get created a record")
+	r := rec("a", now())
+	reserve(t, j, r, journal.ReuseAny)
+	r.State, r.Attempts = journal.StateUnknown, 2
+	require.NoError(t, j.Update(ctx, r))
+	for _, id := range []string{"a", s.id("a")} {
+		got, found, err := g.Get(ctx, id)
+		require.NoError(t, err)
+		require.True(t, found, "Get(%q)", id)
+		assert.Equal(t, r.Key, got.Key)
+		assert.Equal(t, journal.StateUnknown, got.State)
+		assert.Equal(t, 2, got.Attempts)
+		assert.Equal(t, r.Fingerprint, got.Fingerprint)
+	}
+	require.NoError(t, j.Forget(ctx, "a"))
+	_, found, err = g.Get(ctx, "a")
+	require.NoError(t, err)
+	assert.False(t, found)
 }
 
 // reportedIDsResolve: the ActionID that Unfinished reports (see ReportedIDs)
