@@ -243,7 +243,8 @@ func (p *pausingJournal) Reserve(ctx context.Context, want journal.Record, mode 
 }
 
 // pendingPayA leaves pay:A pending in j under a key the server never
-// processed (the connection was cut before it was), and returns the key.
+// processed (the connection was cut before it was), and returns its
+// record; srv answers normally after.
 func pendingPayA(t *testing.T, srv *payServer, j journal.Journal, body string) journal.Record {
 	t.Helper()
 	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
@@ -254,6 +255,9 @@ func pendingPayA(t *testing.T, srv *payServer, j journal.Journal, body string) j
 		return false
 	}
 	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, body))
+	srv.mu.Lock()
+	srv.script = nil
+	srv.mu.Unlock()
 	recs, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
 	require.Len(t, recs, 1)

@@ -92,6 +92,25 @@ func (j *listingJournal) Unfinished(ctx context.Context) ([]journal.Record, erro
 	return recs, err
 }
 
+// resumed is what a Resume returned.
+type resumed struct {
+	res []idemretry.ResumeResult
+	err error
+}
+
+// twoResumes runs two Resumes of tr at once, the second once the first is
+// in app's Resolve and has listed through j, and returns what each did.
+func twoResumes(ctx context.Context, tr *idemretry.Transport, app *onceResumer, j *listingJournal) (first, second resumed) {
+	r1, r2 := make(chan resumed, 1), make(chan resumed, 1)
+	go func() { res, err := tr.Resume(ctx, app, 1); r1 <- resumed{res, err} }()
+	<-j.listed
+	<-app.first // the first Resume is in Resolve
+	go func() { res, err := tr.Resume(ctx, app, 1); r2 <- resumed{res, err} }()
+	<-j.listed // the second Resume has listed pay:A too
+	close(app.gate)
+	return <-r1, <-r2
+}
+
 // onceResumer is the app: Resolve asks the provider about rec.Key and, with
 // no charge, says forget (the app pays again). The first Resolve waits for
 // gate.
@@ -139,9 +158,6 @@ func TestReview4TwoResumesResurrectAForgottenAction(t *testing.T) {
 	srv := newPayServer(t)
 	mem := journal.NewMemory()
 	listed := pendingPayA(t, srv, mem, body)
-	srv.mu.Lock()
-	srv.script = nil
-	srv.mu.Unlock()
 	j := &listingJournal{Journal: mem, listed: make(chan struct{}, 2)}
 	tr := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -151,20 +167,9 @@ func TestReview4TwoResumesResurrectAForgottenAction(t *testing.T) {
 	require.ErrorIs(t, sendErr(tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)
 
 	app := &onceResumer{srv: srv, first: make(chan struct{}), gate: make(chan struct{})}
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	r1, r2 := make(chan out, 1), make(chan out, 1)
-	go func() { res, err := tr.Resume(ctx, app, 1); r1 <- out{res, err} }()
-	<-j.listed
-	<-app.first // the first Resume is in Resolve
-	go func() { res, err := tr.Resume(ctx, app, 1); r2 <- out{res, err} }()
-	<-j.listed // the second Resume has listed pay:A too
-	close(app.gate)
+	r1, r2 := twoResumes(ctx, tr, app, j)
 	forgotten := 0
-	for _, c := range []chan out{r1, r2} {
-		o := <-c
+	for _, o := range []resumed{r1, r2} {
 		require.NoError(t, o.err)
 		require.Len(t, o.res, 1)
 		t.Logf("a Resume: forgotten=%v err=%v", o.res[0].Forgotten, o.res[0].Err)

@@ -142,9 +142,6 @@ func TestReview5StillUnknownRecreationOutlivesAFailedForget(t *testing.T) {
 	srv := newPayServer(t)
 	mem := journal.NewMemory()
 	listed := pendingPayA(t, srv, mem, body)
-	srv.mu.Lock()
-	srv.script = nil
-	srv.mu.Unlock()
 	j := &listingJournal{Journal: &forgetFailsOnce{Journal: mem, failAt: 2}, listed: make(chan struct{}, 3)}
 	tr := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -153,18 +150,7 @@ func TestReview5StillUnknownRecreationOutlivesAFailedForget(t *testing.T) {
 	require.ErrorIs(t, sendErr(tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)
 
 	app := &onceResumer{srv: srv, first: make(chan struct{}), gate: make(chan struct{})}
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	r1, r2 := make(chan out, 1), make(chan out, 1)
-	go func() { res, err := tr.Resume(ctx, app, 1); r1 <- out{res, err} }()
-	<-j.listed
-	<-app.first // the first Resume is in Resolve
-	go func() { res, err := tr.Resume(ctx, app, 1); r2 <- out{res, err} }()
-	<-j.listed // the second Resume has listed pay:A too
-	close(app.gate)
-	o1, o2 := <-r1, <-r2
+	o1, o2 := twoResumes(ctx, tr, app, j)
 	require.NoError(t, o1.err)
 	require.NoError(t, o2.err)
 	require.Len(t, o1.res, 1)
@@ -249,9 +235,6 @@ func TestReview5ResolvingRefusalRefusesADoneActionOnAStaleListing(t *testing.T) 
 	srv := newPayServer(t)
 	mem := journal.NewMemory()
 	listed := pendingPayA(t, srv, mem, body)
-	srv.mu.Lock()
-	srv.script = nil
-	srv.mu.Unlock()
 	gj := &gatedJournal{Journal: mem, key: listed.Key, listed: make(chan struct{}), inRead: make(chan struct{}),
 		gateList: make(chan struct{}), gateRead: make(chan struct{}), arm: make(chan struct{})}
 	var openGates sync.Once
@@ -357,9 +340,6 @@ func TestReview5StillUnknownForgetErasesAnotherProcesssPayment(t *testing.T) {
 	srv := newPayServer(t)
 	mem := journal.NewMemory()
 	pendingPayA(t, srv, mem, body)
-	srv.mu.Lock()
-	srv.script = nil
-	srv.mu.Unlock()
 	gj := &forgetGatedJournal{Journal: mem, listed: make(chan struct{}), inForget: make(chan struct{}),
 		gateList: make(chan struct{}), gateForget: make(chan struct{})}
 	var listOnce, forgetOnce sync.Once
