@@ -66,19 +66,7 @@ func TestReview3ResumeResolvesWhileAnotherMachineHoldsTheLease(t *testing.T) {
 	const body = `{"order":"A"}`
 	probe := testDB(t)
 	table := newTable(t, probe)
-	srv := newUnstartedChargeServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var arrivedOnce, releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.before = func(_ http.ResponseWriter, r *http.Request) bool {
-		if r.Header.Get("X-Machine") == "A" {
-			arrivedOnce.Do(func() { close(arrived) })
-			<-release // in the network: the provider has not seen it yet
-		}
-		return false
-	}
-	srv.Start()
+	srv, arrived, unblock := holdingMachineA(t)
 	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -133,19 +121,7 @@ func TestReview3ResumeLeaseWaitResolvesWhileTheLeaseIsHeld(t *testing.T) {
 	const body = `{"order":"A"}`
 	probe := testDB(t)
 	table := newTable(t, probe)
-	srv := newUnstartedChargeServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var arrivedOnce, releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.before = func(_ http.ResponseWriter, r *http.Request) bool {
-		if r.Header.Get("X-Machine") == "A" {
-			arrivedOnce.Do(func() { close(arrived) })
-			<-release // in the network: the provider has not seen it yet
-		}
-		return false
-	}
-	srv.Start()
+	srv, arrived, unblock := holdingMachineA(t)
 	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -189,4 +165,24 @@ func TestReview3ResumeLeaseWaitResolvesWhileTheLeaseIsHeld(t *testing.T) {
 	if n := srv.chargeCount(); n != 1 {
 		t.Errorf("order A charged %d times", n)
 	}
+}
+
+// holdingMachineA starts a charge server that holds machine A's requests
+// (X-Machine: A) in the network, the provider not having seen them, until
+// unblock; arrived is closed when the first arrives.
+func holdingMachineA(t *testing.T) (srv *chargeServer, arrived <-chan struct{}, unblock func()) {
+	srv = newUnstartedChargeServer(t)
+	in, release := make(chan struct{}), make(chan struct{})
+	var arrivedOnce, releaseOnce sync.Once
+	unblock = func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	srv.before = func(_ http.ResponseWriter, r *http.Request) bool {
+		if r.Header.Get("X-Machine") == "A" {
+			arrivedOnce.Do(func() { close(in) })
+			<-release // in the network: the provider has not seen it yet
+		}
+		return false
+	}
+	srv.Start()
+	return srv, in, unblock
 }

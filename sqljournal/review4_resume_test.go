@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"sync"
@@ -84,19 +83,7 @@ func TestReview4ResumeResolvesWhenTheLeaseCallFails(t *testing.T) {
 	const body = `{"order":"A"}`
 	probe := testDB(t)
 	table := newTable(t, probe)
-	srv := newUnstartedChargeServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var arrivedOnce, releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.before = func(_ http.ResponseWriter, r *http.Request) bool {
-		if r.Header.Get("X-Machine") == "A" {
-			arrivedOnce.Do(func() { close(arrived) })
-			<-release // in the network: the provider has not seen it yet
-		}
-		return false
-	}
-	srv.Start()
+	srv, arrived, unblock := holdingMachineA(t)
 	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0))
 	jb := &lockingJournal{Journal: openOn(t, testDB(t), table), db: probe, table: table}
 	t.Cleanup(jb.unlock)
@@ -240,19 +227,7 @@ func TestReview4ResumeResolvesAfterTheHoldersLeaseLapsed(t *testing.T) {
 	}
 	t.Cleanup(func() { dbA.Close() })
 
-	srv := newUnstartedChargeServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var arrivedOnce, releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.before = func(_ http.ResponseWriter, r *http.Request) bool {
-		if r.Header.Get("X-Machine") == "A" {
-			arrivedOnce.Do(func() { close(arrived) })
-			<-release // in the network: the provider has not seen it yet
-		}
-		return false
-	}
-	srv.Start()
+	srv, arrived, unblock := holdingMachineA(t)
 	a := transportOn(t, openOn(t, dbA, table), idemretry.WithKeyWindow(window),
 		idemretry.WithLeaseTTL(time.Second), idemretry.WithJournalTimeout(500*time.Millisecond))
 	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window))
