@@ -486,3 +486,30 @@ func leftPending(t *testing.T, j journal.Journal, req *http.Request, opts ...ide
 	require.Error(t, err, "the first answer is lost")
 	require.NoError(t, first.Close())
 }
+
+// sendAsync sends req through tr on a goroutine of its own, reads and
+// closes the response if there is one, and gives the error on the channel
+// it returns: a live request of the app's, sent while the test goes on.
+func sendAsync(tr http.RoundTripper, req *http.Request) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	return done
+}
+
+// payAgain is the app paying again, through tr, each action in ids (those
+// Resolve was told had no charge), with body.
+func payAgain(t *testing.T, tr http.RoundTripper, ctx context.Context, url, body string, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		if resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, id), url, body)); err == nil {
+			readAll(t, resp)
+		}
+	}
+}

@@ -105,15 +105,7 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	live := make(chan error, 1)
-	go func() {
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		live <- err
-	}()
+	live := sendAsync(tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	<-arrived
 	time.Sleep(window + 300*time.Millisecond) // the key window ends while the attempt is at the server
 
@@ -338,15 +330,7 @@ func TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
 	require.NoError(t, j.Forget(ctx, "pay:A")) // the app reconciled pay:A and forgot it
 	close(g.gate)
 	<-reserving // Resume's request leads pay:A's flight, in its Reserve
-	live := make(chan error, 1)
-	go func() {
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		live <- err
-	}()
+	live := sendAsync(tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	time.Sleep(500 * time.Millisecond) // the app's request joins the flight
 	close(slow)
 	res := <-done

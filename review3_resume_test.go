@@ -47,15 +47,7 @@ func TestReview3ResumeResolvesAnActionAnotherMachineFinished(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	live := make(chan error, 1)
-	go func() {
-		resp, err := trA.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		live <- err
-	}()
+	live := sendAsync(trA, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	<-arrived
 	time.Sleep(window + 300*time.Millisecond) // A's window ends while its attempt is at the server
 
@@ -197,15 +189,7 @@ func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	live := make(chan error, 1)
-	go func() {
-		resp, err := trA.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		live <- err
-	}()
+	live := sendAsync(trA, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	<-arrived
 	time.Sleep(window + 300*time.Millisecond) // A's window ends while its attempt is at the server
 	require.ErrorIs(t, sendErr(trB, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)

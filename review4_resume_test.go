@@ -63,12 +63,7 @@ func TestReview4ResumeResolvesWhileAnAbandonedRequestIsAtTheServer(t *testing.T)
 	require.NoError(t, err)
 	require.Len(t, res, 1)
 	t.Logf("resume: sent=%v forgotten=%v err=%v; resolved %d", res[0].Sent, res[0].Forgotten, res[0].Err, len(app.resolved))
-	for _, id := range app.repay { // the provider had no charge under the key
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, id), srv.URL, body))
-		if err == nil {
-			readAll(t, resp)
-		}
-	}
+	payAgain(t, tr, ctx, srv.URL, body, app.repay) // the provider had no charge under the key
 	unblock()
 	srv.Close() // waits for the abandoned request's charge
 	assert.Empty(t, app.resolved, "Resume handed pay:A to Resolve while a request of it was still at the provider")

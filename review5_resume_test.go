@@ -3,7 +3,6 @@ package idemretry_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -85,12 +84,7 @@ func TestReview5SettleJudgedByAJournalMarkAhead(t *testing.T) {
 	require.Len(t, res, 1)
 	t.Logf("resume (%v after the key was minted): sent=%v forgotten=%v err=%v; resolved %d",
 		time.Since(res[0].Record.CreatedAt).Round(time.Millisecond), res[0].Sent, res[0].Forgotten, res[0].Err, len(app.resolved))
-	for _, id := range app.repay { // the provider had no charge under the key
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, id), srv.URL, body))
-		if err == nil {
-			readAll(t, resp)
-		}
-	}
+	payAgain(t, tr, ctx, srv.URL, body, app.repay) // the provider had no charge under the key
 	unblock()
 	srv.Close() // waits for the abandoned request's charge
 	assert.Empty(t, app.resolved, "Resume handed pay:A to Resolve within its key window by the clock, while a request of it was at the provider")
@@ -269,15 +263,7 @@ func TestReview5ResolvingRefusalRefusesADoneActionOnAStaleListing(t *testing.T) 
 	close(gj.arm)
 	close(gj.gateList)
 	<-gj.inRead // this Resume holds pay:A's flight and reads its record
-	tapped := make(chan error, 1)
-	go func() {
-		resp, err := here.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		tapped <- err
-	}()
+	tapped := sendAsync(here, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	// The tap waits for the read (a journal call), then, the record being
 	// K2's, carries the action on itself.
 	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flight).wait") },
