@@ -513,3 +513,21 @@ func payAgain(t *testing.T, tr http.RoundTripper, ctx context.Context, url, body
 		}
 	}
 }
+
+// slowFirstCharge makes srv hold its first request, as a slow provider
+// does, until unblock (or the test's end); arrived is closed when it is
+// there. The charge is made once it is released.
+func slowFirstCharge(t *testing.T, srv *payServer) (arrived <-chan struct{}, unblock func()) {
+	in, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock = func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	srv.script = func(n int, _ http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 {
+			close(in)
+			<-release
+		}
+		return false
+	}
+	return in, unblock
+}

@@ -90,17 +90,7 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.script = func(n int, _ http.ResponseWriter, _ *http.Request) bool {
-		if n == 1 {
-			close(arrived)
-			<-release // the charge is slow: it is made once released
-		}
-		return false
-	}
+	arrived, unblock := slowFirstCharge(t, srv)
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -30,17 +30,7 @@ func TestReview3ResumeResolvesAnActionAnotherMachineFinished(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.script = func(n int, _ http.ResponseWriter, _ *http.Request) bool {
-		if n == 1 {
-			close(arrived)
-			<-release // the charge is slow: it is made once released
-		}
-		return false
-	}
+	arrived, unblock := slowFirstCharge(t, srv)
 	j := &pausingJournal{Journal: journal.NewMemory()}
 	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
@@ -172,17 +162,7 @@ func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.script = func(n int, _ http.ResponseWriter, _ *http.Request) bool {
-		if n == 1 {
-			close(arrived)
-			<-release // the charge is slow: it is made once released
-		}
-		return false
-	}
+	arrived, unblock := slowFirstCharge(t, srv)
 	j := journal.NewMemory()
 	trA := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))
 	trB := transportOver(t, j, idemretry.WithKeyWindow(window), idemretry.WithSettleTime(0), idemretry.WithMaxRetries(0))

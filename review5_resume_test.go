@@ -56,17 +56,7 @@ func TestReview5SettleJudgedByAJournalMarkAhead(t *testing.T) {
 	const body = `{"order":"A"}`
 	j := journalAheadBy(t, 2*time.Hour)
 	srv := newPayServer(t)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	srv.script = func(n int, _ http.ResponseWriter, _ *http.Request) bool {
-		if n == 1 {
-			close(arrived)
-			<-release // the charge is slow: it is made once released
-		}
-		return false
-	}
+	arrived, unblock := slowFirstCharge(t, srv)
 	tr := transportOver(t, j, idemretry.WithKeyWindow(time.Minute), idemretry.WithMaxRetries(0)) // the default settle time
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
