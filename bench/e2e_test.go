@@ -49,7 +49,7 @@ func TestE2EDriverSendsDistinctActions(t *testing.T) {
 // Measure runs every participant, the probe too, and reports what each did;
 // the probe's file holds one ProbeBytes write per probe action counted.
 func TestE2EMeasureEveryParticipant(t *testing.T) {
-	names := append(append([]string{}, E2ENames...), ProbeName, ProbeThenNetHTTP)
+	names := append(append([]string{}, E2ENames...), ProbeName, ProbeThenNetHTTP, ProbeHandoffThenNetHTTP)
 	e, err := NewE2E(names)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +95,37 @@ func TestE2EProbeThenNetHTTPSyncsAndSends(t *testing.T) {
 			got.Actions, srv.Requests(), len(srv.Keys()), srv.BadBodies())
 	}
 	fi, err := os.Stat(filepath.Join(e.Dir(), ProbeThenNetHTTP, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != got.Actions*ProbeBytes {
+		t.Errorf("probe file of %d bytes for %d actions of %d bytes", fi.Size(), got.Actions, ProbeBytes)
+	}
+}
+
+// The handed-over sync's floor does both too, for each action it counts:
+// one probe write, made by its syncer's goroutine, and one plain request.
+// Close stops that goroutine.
+func TestE2EProbeHandoffThenNetHTTPSyncsAndSends(t *testing.T) {
+	srv := NewRecordingServer(SmallBody)
+	var s *syncer
+	t.Cleanup(func() { // after driveAlone's, which closes e
+		select {
+		case <-s.done:
+		default:
+			t.Error("the syncer's goroutine runs on after Close")
+		}
+	})
+	e, got := driveAlone(t, ProbeHandoffThenNetHTTP, srv, 2)
+	s = e.actors[ProbeHandoffThenNetHTTP].(handoffThenPost).s
+	if got.Actions == 0 {
+		t.Fatal("no actions")
+	}
+	if srv.Requests() != got.Actions || len(srv.Keys()) != 0 || srv.BadBodies() != 0 {
+		t.Errorf("%d actions: server answered %d requests, %d keys, %d bad bodies",
+			got.Actions, srv.Requests(), len(srv.Keys()), srv.BadBodies())
+	}
+	fi, err := os.Stat(filepath.Join(e.Dir(), ProbeHandoffThenNetHTTP, "probe"))
 	if err != nil {
 		t.Fatal(err)
 	}

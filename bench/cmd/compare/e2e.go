@@ -21,7 +21,10 @@ type goal2Round struct {
 	// floor is the median of bench.ProbeThenNetHTTP: a sync, then a
 	// net/http request, one after the other.
 	floor time.Duration
-	mean  goal2Means
+	// handoff is the median of bench.ProbeHandoffThenNetHTTP: the same,
+	// with the sync made on a goroutine of its own.
+	handoff time.Duration
+	mean    goal2Means
 }
 
 type goal2Means struct{ probe, net, file, unnamed time.Duration }
@@ -60,7 +63,7 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 		if probe && conc == 1 {
 			names = append(names, bench.ProbeName)
 			if e2e {
-				names = append(names, bench.ProbeThenNetHTTP)
+				names = append(names, bench.ProbeThenNetHTTP, bench.ProbeHandoffThenNetHTTP)
 			}
 		}
 		e, err := bench.NewE2E(names)
@@ -98,6 +101,7 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 			res.goal2 = append(res.goal2, goal2Round{probe: probeSample.P50(),
 				net: got[bench.NetHTTP].P50(), file: got[bench.IdemFile].P50(),
 				unnamed: got[bench.E2EFileUnnamed].P50(), floor: got[bench.ProbeThenNetHTTP].P50(),
+				handoff: got[bench.ProbeHandoffThenNetHTTP].P50(),
 				mean: goal2Means{probe: probeSample.PerAction(), net: got[bench.NetHTTP].PerAction(),
 					file: got[bench.IdemFile].PerAction(), unnamed: got[bench.E2EFileUnnamed].PerAction()}})
 		}
@@ -115,6 +119,8 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 			g.syncs(g.file), g.syncs(g.unnamed))
 		fmt.Printf("  %s (a sync, then a request, one after the other): %.1f µs, %+.1f over probe + nethttp apart; file named %+.1f over it\n",
 			bench.ProbeThenNetHTTP, us(g.floor), us(g.floor-g.probe-g.net), us(g.file-g.floor))
+		fmt.Printf("  %s (the same, the sync made on a goroutine of its own): %.1f µs, %+.1f over %s; file named %+.1f over it\n",
+			bench.ProbeHandoffThenNetHTTP, us(g.handoff), us(g.handoff-g.floor), bench.ProbeThenNetHTTP, us(g.file-g.handoff))
 	}
 	return nil
 }

@@ -65,6 +65,12 @@ func (res *results) printGoals(rounds int) {
 				fmt.Sprintf("(%s %.0f: %+.0f over probe + nethttp apart)", bench.ProbeThenNetHTTP, floor,
 					medianOf(res.goal2, func(g goal2Round) float64 { return us(g.floor - g.probe - g.net) })), false, false)
 		}
+		if h := medianOf(res.goal2, func(g goal2Round) float64 { return us(g.handoff) }); h > 0 {
+			row("2 ... named over "+bench.ProbeHandoffThenNetHTTP+" (the sync on a goroutine of its own; p50)",
+				fmt.Sprintf("%+.0f", medianOf(res.goal2, func(g goal2Round) float64 { return us(g.file - g.handoff) })),
+				fmt.Sprintf("(%s %.0f: %+.0f over %s)", bench.ProbeHandoffThenNetHTTP, h,
+					medianOf(res.goal2, func(g goal2Round) float64 { return us(g.handoff - g.floor) }), bench.ProbeThenNetHTTP), false, false)
+		}
 		row("2 ... the same in means", fmt.Sprintf("%.0f", medianOf(res.goal2, func(g goal2Round) float64 { return us(g.mean.file) })),
 			fmt.Sprintf("probe %.0f + nethttp %.0f + %.0f",
 				medianOf(res.goal2, func(g goal2Round) float64 { return us(g.mean.probe) }),
