@@ -1,6 +1,8 @@
 package filejournal
 
 import (
+	"sync/atomic"
+
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -46,3 +48,14 @@ func (j *Journal) stats() stats {
 
 // RunSpread is runSpread, for the package's external benchmarks.
 var RunSpread = runSpread
+
+// WithSyncCount counts the syncs of the journal file into n (countingFile):
+// for benchmarks that report syncs per action. It replaces the hooks.
+func WithSyncCount(n *atomic.Int64) Option {
+	return withHooks(&hooks{wrapFile: func(name string, f file) file {
+		if name != journalName {
+			return f
+		}
+		return countingFile{f, n}
+	}})
+}
