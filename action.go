@@ -128,8 +128,24 @@ func newUUIDKey() (string, error) {
 	rand.Read(u[:])
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // variant 10 (RFC 9562)
-	return u.String(), nil
+	return formatUUID(&u), nil
 }
+
+// formatUUID is uuid.UUID.String, in one pass over the bytes (String
+// hex-encodes the five groups in five calls).
+func formatUUID(u *uuid.UUID) string {
+	const digits = "0123456789abcdef"
+	var buf [36]byte
+	buf[8], buf[13], buf[18], buf[23] = '-', '-', '-', '-'
+	for i, c := range u {
+		p := uuidDigitAt[i]
+		buf[p], buf[p+1] = digits[c>>4], digits[c&0x0f]
+	}
+	return string(buf[:])
+}
+
+// uuidDigitAt is where each byte's two digits go in a UUID's text.
+var uuidDigitAt = [16]uint8{0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34}
 
 // isCryptoRandReader reports whether r is crypto/rand's own Reader, known
 // by its type (an unexported reader, in crypto/internal/rand since Go 1.24,
@@ -140,6 +156,25 @@ func newUUIDKey() (string, error) {
 // TestNewUUIDKeyIsCanonicalV4).
 func isCryptoRandReader(r io.Reader) bool {
 	t := reflect.TypeOf(r)
+	if t != nil && t == cryptoRandReaderType {
+		return true
+	}
+	return isCryptoRandReaderType(t)
+}
+
+// cryptoRandReaderType is the type of crypto/rand's own Reader when
+// rand.Reader still held it as this package was initialised (else nil):
+// a type, which no program can change, compared where its name would
+// otherwise be read on every key (about 350 instructions). A Reader
+// replaced before or after is told apart by its type all the same.
+var cryptoRandReaderType = func() reflect.Type {
+	if t := reflect.TypeOf(rand.Reader); isCryptoRandReaderType(t) {
+		return t
+	}
+	return nil
+}()
+
+func isCryptoRandReaderType(t reflect.Type) bool {
 	if t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -215,13 +250,10 @@ func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 	b = appendURL(b, req.URL) // the same bytes as URL.String
 	b = append(b, 0)
 	b = s.h.Sum(b) // the body's SHA-256
-	s.h.Reset()
-	s.h.Write(b)
-	b = s.h.Sum(b)
 	s.buf = b
-	var fp journal.Fingerprint
-	copy(fp[:], b[len(b)-sha256.Size:])
-	return fp, nil
+	// The same SHA-256 as through s.h, on the stack: no Reset, no calls
+	// through the interface.
+	return sha256.Sum256(b), nil
 }
 
 // appendURL appends u.String() to b. The common form of a request URL
@@ -229,7 +261,7 @@ func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 // fragment) is appended directly; any other goes through u.String().
 func appendURL(b []byte, u *url.URL) []byte {
 	if u.Opaque != "" || u.User != nil || u.OmitHost || u.Scheme == "" || u.Host == "" || u.RawPath != "" ||
-		u.Fragment != "" || u.RawFragment != "" || !plainURLPart(u.Host, ":[]") || !plainURLPart(u.Path, "/") ||
+		u.Fragment != "" || u.RawFragment != "" || !plainURLPart(u.Host, &plainHost) || !plainURLPart(u.Path, &plainPath) ||
 		(u.Path != "" && u.Path[0] != '/') {
 		return append(b, u.String()...)
 	}
@@ -244,19 +276,29 @@ func appendURL(b []byte, u *url.URL) []byte {
 	return b
 }
 
-// plainURLPart reports whether s holds only letters, digits, "-._~" and
-// the bytes of extra: what URL.String writes as it is, in a host or a path.
-func plainURLPart(s, extra string) bool {
+// plainURLPart reports whether s holds only bytes of set: letters, digits,
+// "-._~" and the bytes plainSet adds for a host or a path, what URL.String
+// writes as they are there.
+func plainURLPart(s string, set *[256]bool) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
-			continue
-		}
-		if strings.IndexByte(extra, c) < 0 {
+		if !set[s[i]] {
 			return false
 		}
 	}
 	return true
+}
+
+// The bytes URL.String writes as they are in a host and in a path. Set at
+// initialisation, never changed.
+var plainHost, plainPath = plainSet(":[]"), plainSet("/")
+
+// plainSet returns the letters, digits, "-._~" and the bytes of extra.
+func plainSet(extra string) (set [256]bool) {
+	for c := 0; c < 256; c++ {
+		set[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' ||
+			strings.IndexByte(extra, byte(c)) >= 0
+	}
+	return set
 }
 
 // fpScratch is a hash and a buffer reused across fingerprints: the hot path
