@@ -268,14 +268,14 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	n := max(1, int(writes.Load()))
 	r.sent += n
 	r.t.counters.attempts.Add(int64(n))
-	defer func() {
-		var elapsed time.Duration
-		if timed {
-			elapsed = time.Since(start)
-		}
-		r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
-			Status: r.lastStatus, Err: r.lastErr, Elapsed: elapsed})
-	}()
+	if timed {
+		// Only the observers hear of an attempt (emit counts none): with
+		// none, no Event is made.
+		defer func() {
+			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
+				Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
+		}()
+	}
 	if err == nil && resp == nil {
 		err = errors.New("idemretry: base RoundTripper returned neither response nor error")
 	}
