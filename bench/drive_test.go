@@ -19,6 +19,9 @@ import (
 //	BENCH_DRIVE=idemretry-memory BENCH_DRIVE_N=20000 GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 \
 //	  valgrind --tool=callgrind --callgrind-out-file=cg.out /tmp/drive.test -test.run '^TestDrive$'
 //
+// or bench/callgrind/run.sh, which does both runs and the subtraction, and
+// bench/callgrind/diff.py, which compares two clients function by function.
+//
 // (Without asyncpreemptoff, callgrind 3.19 may abort on the runtime's
 // preemption signals.) Valgrind hides the CPU's SHA extensions, so SHA-256
 // runs its AVX2 code there, about 38,000 instructions per 1 KiB
