@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -174,6 +175,86 @@ func TestJournalTimeoutIsUnavailable(t *testing.T) {
 	assert.Empty(t, srv.seen())
 	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithJournalTimeout(0))
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+// deadlineWithoutDone is a broken context: it reports a deadline but no
+// Done channel, so nothing ever tells a wait on it that the deadline came.
+type deadlineWithoutDone struct{ context.Context }
+
+func (deadlineWithoutDone) Deadline() (time.Time, bool) {
+	return time.Now().Add(50 * time.Millisecond), true
+}
+func (deadlineWithoutDone) Done() <-chan struct{} { return nil }
+
+// A journal call is bounded by the journal timeout even when the caller's
+// context claims an earlier deadline it cannot signal (Done is nil): the
+// deadline stands in for the journal timeout only when it can end the call.
+func TestJournalTimeoutBoundsAContextWithADeadlineButNoDone(t *testing.T) {
+	srv := newPayServer(t)
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
+		idemretry.WithJournalTimeout(200*time.Millisecond))
+	require.NoError(t, err)
+	defer tr.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(post(t, deadlineWithoutDone{context.Background()}, srv.URL, `{"amount":1}`))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, journal.ErrUnavailable)
+	case <-time.After(20 * time.Second):
+		t.Fatal("RoundTrip still waiting for the journal 20 s after a 200 ms journal timeout")
+	}
+	require.Empty(t, srv.seen())
+}
+
+// stallingLeaser is a Memory journal whose first Lease is granted (after
+// 2 ms, so that the lease is due for renewal by the first attempt) and
+// whose renewals stall until their context ends.
+type stallingLeaser struct {
+	*journal.Memory
+	calls atomic.Int32
+}
+
+func (l *stallingLeaser) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
+	if l.calls.Add(1) == 1 {
+		time.Sleep(2 * time.Millisecond)
+		return true, time.Now().Add(ttl), nil
+	}
+	<-ctx.Done()
+	return false, time.Time{}, ctx.Err()
+}
+
+func (l *stallingLeaser) Release(context.Context, string, string) error { return nil }
+
+// The renewal of a lease before an attempt is bounded like any journal
+// call: a caller's context that reports a deadline but has no Done channel
+// does not leave it waiting on a stalled journal.
+func TestLeaseRenewalBoundsAContextWithADeadlineButNoDone(t *testing.T) {
+	srv := newPayServer(t)
+	j := &stallingLeaser{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithLeaseTTL(time.Millisecond),
+		idemretry.WithJournalTimeout(300*time.Millisecond))
+	require.NoError(t, err)
+	defer tr.Close()
+	done := make(chan error, 1)
+	go func() {
+		ctx := idemretry.WithAction(deadlineWithoutDone{context.Background()}, "pay:lease")
+		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("RoundTrip still waiting for the lease's renewal 20 s after a 300 ms journal timeout")
+	}
+	require.GreaterOrEqual(t, j.calls.Load(), int32(2), "the lease was never renewed: the test proves nothing")
+	require.Len(t, srv.seen(), 1)
 }
 
 // Error messages carry the package prefix once, however deep the wrapping.

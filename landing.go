@@ -44,12 +44,22 @@ func (t *Transport) outcomeContext(ctx context.Context) (context.Context, contex
 // journalContext bounds a journal call made before sending: by the caller's
 // context and the journal timeout. A caller's context whose deadline comes
 // before the journal timeout would end is already that bound: no context
-// and timer are made for it.
+// and timer are made for it. A context that reports a deadline but has no
+// Done channel (a broken one: nothing can tell a wait that its deadline
+// came) bounds nothing, and the journal call gets a timer of its own, at
+// the earlier of the two.
 func (t *Transport) journalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.journalNeverWaits() {
 		return ctx, func() {}
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= t.cfg.journalTimeout {
+	dl, ok := ctx.Deadline()
+	switch {
+	case !ok:
+		return context.WithTimeout(ctx, t.cfg.journalTimeout)
+	case ctx.Done() == nil:
+		// context.WithTimeout would trust the deadline and arm no timer.
+		return context.WithTimeout(context.WithoutCancel(ctx), min(time.Until(dl), t.cfg.journalTimeout))
+	case time.Until(dl) <= t.cfg.journalTimeout:
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, t.cfg.journalTimeout)

@@ -229,7 +229,7 @@ func (t *Transport) keepLease(l *lease) {
 // whether it is lost. A renewal that fails changes nothing: the lease
 // holds until its end all the same, and the next renewal may succeed.
 func (t *Transport) renewLease(ctx context.Context, l *lease) (lost bool) {
-	jctx, cancel := context.WithTimeout(ctx, t.cfg.journalTimeout)
+	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
 	start := time.Now()
 	held, _, err := l.lr.Lease(jctx, l.id, l.holder, l.ttl)
