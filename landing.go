@@ -94,12 +94,17 @@ func withoutCancel(ctx context.Context) context.Context {
 
 // journalError reports a journal call that did not complete: one cut short
 // by the journal timeout (not by the caller) means the journal is
-// unavailable.
+// unavailable. ctx is the caller's: its deadline ended the call when it
+// has passed, even on a context that cannot say so through Err (one with a
+// deadline and no Done, which journalContext times itself).
 func journalError(ctx context.Context, err error) error {
-	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, journal.ErrUnavailable) {
-		return fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
+	if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, journal.ErrUnavailable) {
+		return err
 	}
-	return err
+	if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil && !time.Now().Before(dl) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 }
 
 // record stores an action's outcome: done or unknown. A write that fails is not reported to
@@ -147,13 +152,16 @@ func (t *Transport) write(ctx context.Context, rec journal.Record, durable bool)
 }
 
 // landOutcome writes the outcome of action id that an earlier RoundTrip
-// could not, before the action is reserved again.
-func (t *Transport) landOutcome(ctx context.Context, id string) error {
+// could not, before the action is reserved again. The write is bounded by
+// jctx (the caller's ctx with the journal timeout); an error is judged
+// against ctx, so that one the timeout caused says the journal is
+// unavailable.
+func (t *Transport) landOutcome(ctx, jctx context.Context, id string) error {
 	u, ok := t.unlanded.get(id)
 	if !ok {
 		return nil
 	}
-	err := t.write(ctx, u.rec, u.durable)
+	err := t.write(jctx, u.rec, u.durable)
 	if err == nil || errors.Is(err, journal.ErrNotFound) {
 		t.unlanded.drop(u.rec)
 		return nil
@@ -166,8 +174,8 @@ func (t *Transport) landOutcome(ctx context.Context, id string) error {
 func (t *Transport) landAll() error {
 	var errs []error
 	for _, u := range t.unlanded.all() {
-		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.journalTimeout)
-		err := t.landOutcome(ctx, u.rec.ActionID)
+		jctx, cancel := context.WithTimeout(context.Background(), t.cfg.journalTimeout)
+		err := t.landOutcome(context.Background(), jctx, u.rec.ActionID)
 		cancel()
 		errs = append(errs, err)
 	}

@@ -104,7 +104,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 	id := who.id
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
-	if err := t.landOutcome(jctx, id); err != nil {
+	if err := t.landOutcome(ctx, jctx, id); err != nil {
 		return nil, err
 	}
 	key := who.callerKey
