@@ -17,15 +17,6 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// rvHanging is a blocking journal (it embeds Memory, so it does not say
-// it never blocks) whose Reserve hangs until its context ends.
-type rvHanging struct{ *journal.Memory }
-
-func (h rvHanging) Reserve(ctx context.Context, _ journal.Record, _ journal.ReserveMode) (journal.Record, bool, error) {
-	<-ctx.Done()
-	return journal.Record{}, false, ctx.Err()
-}
-
 // rvNoDone reports a fixed deadline and no Done channel; its Err is
 // Background's (nil): a Done that never closes has nothing to report.
 type rvNoDone struct {
@@ -50,7 +41,7 @@ const rvJournalTimeout = 300 * time.Millisecond
 func rvReserve(t *testing.T, ctx context.Context) (took time.Duration, err error) {
 	t.Helper()
 	srv := newPayServer(t)
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(rvHanging{journal.NewMemory()}),
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
 		idemretry.WithJournalTimeout(rvJournalTimeout))
 	require.NoError(t, err)
 	defer tr.Close()
