@@ -19,9 +19,11 @@ import (
 // OutcomeGrace is how long past the end of the caller's context RoundTrip
 // still waits for the journal to record the outcome it is about to return
 // (a final answer that arrived just as the deadline passed must be recorded
-// as done, or a deliberate repeat would be answered with its replay). Every
-// other journal wait on the request path ends with the caller's context, and
-// none lasts longer than the journal timeout (WithJournalTimeout).
+// as done, or a deliberate repeat would be answered with its replay), and
+// to release the action's lease (journal.Leaser; one not released ends by
+// itself). Every other journal wait on the request path ends with the
+// caller's context, and none lasts longer than the journal timeout
+// (WithJournalTimeout).
 const OutcomeGrace = 250 * time.Millisecond
 
 // outcomeContext bounds a journal write that records an outcome: it is not
@@ -32,13 +34,30 @@ func (t *Transport) outcomeContext(ctx context.Context) (context.Context, contex
 	if t.journalNeverWaits() {
 		return withoutCancel(ctx), func() {}
 	}
-	d := t.cfg.journalTimeout
-	if ctx.Err() != nil {
-		d = min(d, OutcomeGrace)
-	} else if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl)+OutcomeGrace)
+	return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, t.cfg.journalTimeout))
+}
+
+// graceAfter returns d, cut to what is left of ctx plus OutcomeGrace: the
+// bound of a write that may outlast the caller's context, but not by more.
+func graceAfter(ctx context.Context, d time.Duration) time.Duration {
+	if callerEnded(ctx) {
+		return min(d, OutcomeGrace)
 	}
-	return context.WithTimeout(withoutCancel(ctx), d)
+	if dl, ok := ctx.Deadline(); ok {
+		return min(d, time.Until(dl)+OutcomeGrace)
+	}
+	return d
+}
+
+// callerEnded reports whether the caller's ctx has ended: cancelled, or
+// past its deadline (which a context without a Done channel cannot report
+// through Err).
+func callerEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && ctx.Done() == nil && !time.Now().Before(dl)
 }
 
 // journalContext bounds a journal call made before sending: by the caller's
@@ -98,10 +117,7 @@ func withoutCancel(ctx context.Context) context.Context {
 // has passed, even on a context that cannot say so through Err (one with a
 // deadline and no Done, which journalContext times itself).
 func journalError(ctx context.Context, err error) error {
-	if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, journal.ErrUnavailable) {
-		return err
-	}
-	if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil && !time.Now().Before(dl) {
+	if callerEnded(ctx) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, journal.ErrUnavailable) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", journal.ErrUnavailable, err)

@@ -164,12 +164,22 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 	ttl := t.cfg.leaseTTLOrDefault()
 	holder := t.leases.newHolder()
 	poll := leasePollMin
+	waited := false // for another machine's lease to end
 	for {
 		jctx, cancel := t.journalContext(ctx)
 		start := time.Now()
 		held, until, err := lr.Lease(jctx, a.rec.ActionID, holder, ttl)
 		cancel()
 		switch {
+		case err != nil && callerEnded(ctx):
+			// The caller's context ended the call, not the journal:
+			// nothing is sent after it.
+			var reason error
+			if waited {
+				reason = ErrLeaseHeld // it was waiting for another machine
+			}
+			return nil, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, Status: a.rec.Status,
+				MaybeProcessed: true, Reason: reason, Err: err}
 		case err != nil:
 			t.logLease(ctx, "idemretry: the journal did not lease the action; it is sent without a lease", a, err)
 			return a, nil
@@ -183,6 +193,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 			return nil, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, Status: a.rec.Status,
 				MaybeProcessed: true, Reason: ErrLeaseHeld, Err: err}
 		}
+		waited = true
 		// Read the action again: the other machine may have finished it,
 		// or its key window may have ended. An action named by its
 		// fingerprint keeps its key even if done (ReuseAny): it arrived
@@ -272,9 +283,11 @@ func (t *Transport) checkLease(ctx context.Context, a *action) error {
 }
 
 // releaseLease stops renewing a's lease and releases it, bounded by a short
-// timeout whatever the caller's context: the RoundTrip is over. An error
-// is logged only.
-func (t *Transport) releaseLease(a *action) {
+// timeout (leaseReleaseTimeout, and the journal timeout) and, like the
+// outcome's write, by the caller's context plus OutcomeGrace: a release
+// that does not happen costs the other machines at most the lease's TTL.
+// An error is logged only.
+func (t *Transport) releaseLease(ctx context.Context, a *action) {
 	if a == nil || !t.leasing {
 		return
 	}
@@ -290,10 +303,10 @@ func (t *Transport) releaseLease(a *action) {
 	if lost {
 		return // not ours any more
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), min(t.cfg.journalTimeout, leaseReleaseTimeout))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), graceAfter(ctx, min(t.cfg.journalTimeout, leaseReleaseTimeout)))
 	defer cancel()
-	if err := l.lr.Release(ctx, l.id, l.holder); err != nil {
-		t.logLease(ctx, "idemretry: the journal did not release the action's lease; it ends by itself", a, err)
+	if err := l.lr.Release(rctx, l.id, l.holder); err != nil {
+		t.logLease(rctx, "idemretry: the journal did not release the action's lease; it ends by itself", a, err)
 	}
 }
 

@@ -268,7 +268,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	}()
 	var pending bool
 	a, err := t.reserveLeased(req.Context(), who, s.keyWindow, &f.act) // lease.go: one machine in flight per action
-	defer t.releaseLease(a)
+	defer t.releaseLease(req.Context(), a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s, &f.trace)

@@ -1,0 +1,230 @@
+package idemretry_test
+
+// the review's review of journalContext, journalError and landOutcome(ctx, jctx)
+// (commits 4a9fe9e, 8fea022): what a caller waits for on the journal after
+// its context has ended, and how the errors are labelled.
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// rlHangingRelease is a Leaser over Memory that grants every lease and
+// whose Release hangs until its context ends.
+type rlHangingRelease struct {
+	*journal.Memory
+	releases atomic.Int32
+}
+
+func (j *rlHangingRelease) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return false, time.Time{}, err
+	}
+	return true, time.Now().Add(ttl), nil
+}
+
+func (j *rlHangingRelease) Release(ctx context.Context, _, _ string) error {
+	j.releases.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// README, guarantee 5: "Cancellation during a wait returns promptly. A
+// request's journal calls end with the caller's context [...]; only the
+// write of the outcome being returned may outlast the context, by at most
+// OutcomeGrace". The lease's Release at the end of RoundTrip (lead's
+// deferred releaseLease) is a journal call that does not end with the
+// caller's context: it runs under WithoutCancel for up to
+// min(journal timeout, 1 s), and RoundTrip waits for it.
+func TestReviewLeaseReleaseEndsWithTheCallersContext(t *testing.T) {
+	srv := newSlowPayServer(t, 3*time.Second)
+	j := &rlHangingRelease{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:rl-release"))
+	defer cancel()
+	cancelledAt := make(chan time.Time, 1)
+	go func() {
+		<-srv.arrived // the attempt is on the wire
+		cancelledAt <- time.Now()
+		cancel()
+	}()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+	returned := time.Now()
+	cancelled := <-cancelledAt
+	if resp != nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int32(1), j.releases.Load(), "no Release: the test proves nothing")
+	late := returned.Sub(cancelled)
+	// OutcomeGrace plus a generous margin for a noisy machine.
+	require.Less(t, late, idemretry.OutcomeGrace+500*time.Millisecond,
+		"RoundTrip returned %v after its context was cancelled: it waited for the lease's Release", late)
+}
+
+// rlStalledUpdate is a blocking journal (it embeds Memory, so it is not a
+// NonBlocker) whose Update hangs until its context ends while stall is set.
+type rlStalledUpdate struct {
+	*journal.Memory
+	stall atomic.Bool
+}
+
+func (j *rlStalledUpdate) Update(ctx context.Context, rec journal.Record) error {
+	if j.stall.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return j.Memory.Update(ctx, rec)
+}
+
+// Close's landAll now judges a write cut by the journal timeout against
+// context.Background: the error says the journal is unavailable (README,
+// "Errors"), and still unwraps to context.DeadlineExceeded.
+func TestReviewCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
+	srv := newPayServer(t)
+	j := &rlStalledUpdate{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(200*time.Millisecond))
+	require.NoError(t, err)
+	j.stall.Store(true)
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rl-close"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	start := time.Now()
+	err = tr.Close()
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.ErrorIs(t, err, journal.ErrUnavailable, "Close: %v", err)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Close: %v", err)
+	require.False(t, errors.Is(err, context.Canceled), "Close: %v", err)
+}
+
+// rlHeldElsewhere is a Leaser over Memory whose lease is held by another
+// machine for an hour: the first Lease says so, and every later Lease
+// hangs until its context ends (a journal that stalls while the caller
+// waits for the lease).
+type rlHeldElsewhere struct {
+	*journal.Memory
+	leases atomic.Int32
+}
+
+func (j *rlHeldElsewhere) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
+	if j.leases.Add(1) == 1 {
+		return false, time.Now().Add(time.Hour), nil
+	}
+	<-ctx.Done()
+	return false, time.Time{}, ctx.Err()
+}
+
+func (j *rlHeldElsewhere) Release(context.Context, string, string) error { return nil }
+
+func rlLeaseWait(t *testing.T, ctx context.Context) (srv *payServer, j *rlHeldElsewhere, took time.Duration, err error) {
+	t.Helper()
+	srv = newPayServer(t)
+	j = &rlHeldElsewhere{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(5*time.Second))
+	require.NoError(t, err)
+	defer tr.Close()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:rl-held"), srv.URL, `{"amount":1}`))
+		if resp != nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("RoundTrip still waiting for the lease 20 s after its deadline")
+	}
+	return srv, j, time.Since(start), err
+}
+
+// README, "One machine in flight per action": a machine that finds the
+// lease held waits; "If the caller's context ends first, it gets an
+// *ActionError wrapping ErrLeaseHeld, with nothing sent." The caller's
+// deadline ending a Lease call of that wait (rather than the sleep between
+// two) is taken for a journal that could not lease: it is logged as such
+// and the action goes on to its attempts "without a lease".
+func TestReviewLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	srv, j, took, err := rlLeaseWait(t, ctx)
+	require.GreaterOrEqual(t, j.leases.Load(), int32(2), "no second Lease: the test proves nothing")
+	require.Less(t, took, 5*time.Second)
+	require.Empty(t, srv.seen(), "sent while another machine holds the lease")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, idemretry.ErrLeaseHeld, "the caller's deadline ended the wait for a lease held elsewhere: %v", err)
+}
+
+// The same with a context that reports a deadline but has no Done (the
+// case 4a9fe9e bounds journal calls for): the Lease call is cut at the
+// deadline by journalContext's own timer, that is taken for a journal that
+// could not lease, and the action is sent, after its deadline, while
+// another machine holds its lease.
+func TestReviewLeaseWaitOnADeadlineWithoutDoneSendsNothing(t *testing.T) {
+	srv, j, took, err := rlLeaseWait(t, rvNoDone{context.Background(), time.Now().Add(300 * time.Millisecond)})
+	require.GreaterOrEqual(t, j.leases.Load(), int32(2), "no second Lease: the test proves nothing")
+	require.Less(t, took, 5*time.Second)
+	require.Empty(t, srv.seen(), "sent after the caller's deadline while another machine holds the lease")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "%v", err)
+}
+
+// rlHangingGet is a blocking journal whose Get hangs until its context
+// ends.
+type rlHangingGet struct{ *journal.Memory }
+
+func (j rlHangingGet) Get(ctx context.Context, _ string) (journal.Record, bool, error) {
+	<-ctx.Done()
+	return journal.Record{}, false, ctx.Err()
+}
+
+// Resume's reads (reconcile's stillUnknown, through journalContext and
+// journalError) on a context with a deadline and no Done: bounded by the
+// earlier of the deadline and the journal timeout, and labelled by which
+// ended them.
+func TestReviewResumeReadOnADeadlineWithoutDone(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		in          time.Duration
+		unavailable bool
+	}{
+		{"deadline before the timeout", 50 * time.Millisecond, false},
+		{"deadline after the timeout", time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := journal.NewMemory()
+			old := journal.Record{ActionID: "pay:rl-old", Key: "k-rl-old", CreatedAt: time.Now().Add(-30 * time.Hour), State: journal.StatePending}
+			_, _, err := m.Reserve(context.Background(), old, journal.ReuseAny)
+			require.NoError(t, err)
+			old.State = journal.StateUnknown
+			require.NoError(t, m.Update(context.Background(), old))
+			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(rlHangingGet{m}), idemretry.WithJournalTimeout(rvJournalTimeout))
+			require.NoError(t, err)
+			defer tr.Close()
+			app := &appResumer{}
+			start := time.Now()
+			results, err := tr.Resume(rvNoDone{context.Background(), time.Now().Add(tc.in)}, app, 1)
+			require.Less(t, time.Since(start), 3*time.Second)
+			require.NoError(t, err)
+			require.Len(t, results, 1)
+			require.Empty(t, app.resolved)
+			require.ErrorIs(t, results[0].Err, context.DeadlineExceeded)
+			if tc.unavailable {
+				require.ErrorIs(t, results[0].Err, journal.ErrUnavailable)
+			} else {
+				require.NotErrorIs(t, results[0].Err, journal.ErrUnavailable, "the caller's deadline reported as the journal's")
+			}
+		})
+	}
+}
