@@ -1,0 +1,968 @@
+package idemretry_test
+
+// The kill loop for Resume: an app, a real child process over the default
+// file journal, resumes what its previous run left unfinished while it
+// takes new payments and repeats of earlier ones, and is killed with
+// SIGKILL at random moments (after a random delay, right after the server
+// committed one of its charges, or while Resume runs), round after round
+// over the same journal directory. The server is a loopback payment server
+// with Stripe's semantics and faults (answers lost after the charge
+// committed, charges slower than the client's timeout, fast 503s). The
+// invariants are checked from the server's own ledger at the end, after a
+// last run that resumes everything with nothing killed.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/journal"
+)
+
+const (
+	// IDEMRETRY_RESUME_KILL_ROUNDS sets the rounds of TestResumeKillLoop;
+	// IDEMRETRY_RESUME_KILL_SEED its seed (printed on failure).
+	envRKRounds = "IDEMRETRY_RESUME_KILL_ROUNDS"
+	envRKSeed   = "IDEMRETRY_RESUME_KILL_SEED"
+
+	// The child's environment.
+	envRKDir     = "IDEMRETRY_RK_DIR" // the journal directory; set only in the child
+	envRKURL     = "IDEMRETRY_RK_URL"
+	envRKChild   = "IDEMRETRY_RK_SEED_CHILD"
+	envRKNext    = "IDEMRETRY_RK_NEXT"    // the first new order's number
+	envRKNew     = "IDEMRETRY_RK_NEW"     // how many new orders
+	envRKRepeat  = "IDEMRETRY_RK_REPEAT"  // named orders to pay again
+	envRKUTap    = "IDEMRETRY_RK_UTAP"    // unnamed orders to pay again
+	envRKUnnamed = "IDEMRETRY_RK_UNNAMED" // every unnamed order started so far
+	envRKFinal   = "IDEMRETRY_RK_FINAL"   // resume to the end, no traffic
+
+	// Small windows, so that the outcome-unknown path and Resolve run
+	// within the test: a key may be sent for 0.7 s, and Resolve is called
+	// 0.3 s after that. The ledger counts a charge from the moment the
+	// server starts it, so the settle time need only cover a request's
+	// way over loopback.
+	rkWindow = 700 * time.Millisecond
+	rkSettle = 300 * time.Millisecond
+	// rkAttemptTimeout is the client's timeout per attempt: slower charges
+	// are retried under their key (and answered 409 while in flight).
+	rkAttemptTimeout = 250 * time.Millisecond
+)
+
+// rkBody is the request body of order n; an unnamed order's body says so,
+// so that the server can hold it a little (see rkLedger.ServeHTTP).
+func rkBody(n int, unnamed bool) string {
+	if unnamed {
+		return fmt.Sprintf(`{"order":%d,"unnamed":true}`, n)
+	}
+	return fmt.Sprintf(`{"order":%d}`, n)
+}
+
+// rkFingerprint is the fingerprint the Transport gives an unnamed POST of
+// body to url (method, URL and the body's SHA-256): how the app tells which
+// of its unnamed orders a listed "fp:" action is.
+func rkFingerprint(url, body string) journal.Fingerprint {
+	bh := sha256.Sum256([]byte(body))
+	b := append([]byte(http.MethodPost+"\x00"+url+"\x00"), bh[:]...)
+	return sha256.Sum256(b)
+}
+
+// ---- the server and its ledger ----
+
+// rkKey is what the ledger knows of one Idempotency-Key.
+type rkKey struct {
+	order    int
+	arrivals int
+	charged  bool // processing began: the charge will be made
+	chargeID string
+	inflight bool
+	stored   bool
+}
+
+// rkLedger is the payment server: a key is charged once and its answer
+// replayed; 409 while its charge is in flight; 422 for another order under
+// a key. Faults, drawn per request: a fast 503 before anything is done, a
+// stall before the charge (the request is dropped uncharged if its client
+// is gone by then), a charge slower than the client's timeout, the answer
+// dropped after the charge committed. armKill makes it tell the parent right after a
+// commit, holding the answer back.
+type rkLedger struct {
+	mu      sync.Mutex
+	rng     *rand.Rand
+	keys    map[string]*rkKey
+	charges map[int][]string // order -> keys it was charged under
+	chargeN int
+	bad     []string // what no request may cause: keyless POSTs, 422s
+
+	killAfter int // commits this round before killCh is signalled; 0: off
+	commits   int
+	killCh    chan struct{}
+}
+
+func newRKLedger(seed int64) *rkLedger {
+	return &rkLedger{rng: rand.New(rand.NewPCG(uint64(seed), 1)), keys: map[string]*rkKey{}, charges: map[int][]string{}}
+}
+
+func (l *rkLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/ledger" {
+		l.mu.Lock()
+		k := l.keys[r.URL.Query().Get("key")]
+		charged := k != nil && k.charged
+		l.mu.Unlock()
+		fmt.Fprintf(w, `{"charged":%t}`, charged)
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	var in struct {
+		Order   int  `json:"order"`
+		Unnamed bool `json:"unnamed"`
+	}
+	if json.Unmarshal(body, &in) != nil || in.Order == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	if key == "" {
+		l.bad = append(l.bad, fmt.Sprintf("order %d: a POST without a key", in.Order))
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	k := l.keys[key]
+	if k == nil {
+		k = &rkKey{order: in.Order}
+		l.keys[key] = k
+	}
+	k.arrivals++
+	roll := l.rng.Float64()
+	switch {
+	case k.order != in.Order:
+		l.bad = append(l.bad, fmt.Sprintf("key %s: order %d, then order %d", key, k.order, in.Order))
+		l.mu.Unlock()
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		io.WriteString(w, `{"title":"Idempotency-Key is already used"}`)
+		return
+	case roll < 0.08: // overloaded: nothing done
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	case k.stored:
+		a := fmt.Sprintf(`{"charge":%q,"order":%d}`, k.chargeID, k.order)
+		l.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, a)
+		return
+	case k.inflight:
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusConflict)
+		return
+	case roll < 0.16:
+		// Stalled before the charge (a queue in front of it): a request
+		// whose client is gone by then is dropped, not charged.
+		stall := 100*time.Millisecond + time.Duration(l.rng.IntN(300))*time.Millisecond
+		l.mu.Unlock()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(stall):
+		}
+		l.mu.Lock()
+		if k.stored || k.inflight {
+			l.mu.Unlock()
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+	}
+	l.chargeN++
+	k.charged, k.inflight, k.chargeID = true, true, fmt.Sprintf("ch_%d", l.chargeN)
+	l.charges[in.Order] = append(l.charges[in.Order], key)
+	delay := time.Duration(l.rng.IntN(20)) * time.Millisecond
+	switch {
+	case roll < 0.3: // slower than the client's timeout
+		delay = 300*time.Millisecond + time.Duration(l.rng.IntN(400))*time.Millisecond
+	case in.Unnamed: // long enough for a double tap to join the first
+		delay = 150 * time.Millisecond
+	}
+	drop := l.rng.Float64() < 0.12
+	l.mu.Unlock()
+
+	time.Sleep(delay)
+
+	l.mu.Lock()
+	k.inflight, k.stored = false, true
+	l.commits++
+	kill := l.killCh != nil && l.commits == l.killAfter
+	ch := l.killCh
+	a := fmt.Sprintf(`{"charge":%q,"order":%d}`, k.chargeID, k.order)
+	l.mu.Unlock()
+	if kill {
+		// Committed: the parent kills the app before the answer leaves.
+		ch <- struct{}{}
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+		hijackAndClose(w)
+		return
+	}
+	if drop {
+		hijackAndClose(w)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, a)
+}
+
+// armKill makes the server signal the channel it returns right after the
+// n-th charge it commits from now on.
+func (l *rkLedger) armKill(n int) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.commits, l.killAfter, l.killCh = 0, n, make(chan struct{}, 1)
+	return l.killCh
+}
+
+func (l *rkLedger) disarm() {
+	l.mu.Lock()
+	l.killCh = nil
+	l.mu.Unlock()
+}
+
+// arrivals is how many requests of order n reached the server.
+func (l *rkLedger) arrivals(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := 0
+	for _, k := range l.keys {
+		if k.order == n {
+			c += k.arrivals
+		}
+	}
+	return c
+}
+
+// ---- the child: the app ----
+
+// rkApp is the app in the child: its Resumer rebuilds an order's request
+// from the action id (named) or from the fingerprint of one of its unnamed
+// orders, and its Resolve asks the server's ledger about the key.
+type rkApp struct {
+	url   string
+	final bool
+	say   func(format string, a ...any)
+
+	mu         sync.Mutex
+	rng        *rand.Rand
+	unnamed    map[int]bool
+	paid       map[int]bool // resolved as charged: not paid again
+	inProgress map[int]int  // payments of the order being sent now
+}
+
+func (a *rkApp) orderOf(rec journal.Record) (int, bool) {
+	if s, ok := strings.CutPrefix(rec.ActionID, "order:"); ok {
+		n, err := strconv.Atoi(s)
+		return n, err == nil
+	}
+	if !strings.HasPrefix(rec.ActionID, "fp:") {
+		return 0, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for n := range a.unnamed {
+		if rkFingerprint(a.url+"/charge", rkBody(n, true)) == rec.Fingerprint {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+func (a *rkApp) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	n, ok := a.orderOf(rec)
+	if !ok {
+		a.say("rebuild-miss %s", rec.ActionID)
+		return nil, nil
+	}
+	a.say("rebuild %d", n)
+	return http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/charge", strings.NewReader(rkBody(n, strings.HasPrefix(rec.ActionID, "fp:"))))
+}
+
+func (a *rkApp) Resolve(ctx context.Context, rec journal.Record) (bool, error) {
+	n, ok := a.orderOf(rec)
+	if !ok {
+		a.say("resolve-miss %s", rec.ActionID)
+		return false, errors.New("unknown order")
+	}
+	a.mu.Lock()
+	fail := !a.final && a.rng.Float64() < 0.1
+	a.mu.Unlock()
+	if fail {
+		a.say("resolve %d %s error", n, rec.Key)
+		return false, errors.New("the provider did not answer")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, a.url+"/ledger?key="+rec.Key, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.say("resolve %d %s error", n, rec.Key)
+		return false, err
+	}
+	var out struct{ Charged bool }
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if err != nil {
+		a.say("resolve %d %s error", n, rec.Key)
+		return false, err
+	}
+	if !out.Charged {
+		a.say("resolve %d %s notcharged", n, rec.Key)
+		return true, nil
+	}
+	// Paid: the app records it and pays it no more; it forgets the action
+	// only when no payment of it is being sent, which could otherwise go
+	// out under a new key once the action is forgotten.
+	a.mu.Lock()
+	a.paid[n] = true
+	busy := a.inProgress[n] > 0
+	a.mu.Unlock()
+	a.say("resolve %d %s charged", n, rec.Key)
+	return !busy, nil
+}
+
+// pay sends order n once, as a tap on Pay, unless the app knows it paid.
+func (a *rkApp) pay(tr *idemretry.Transport, n int, unnamed bool, kind string) {
+	a.mu.Lock()
+	if a.paid[n] {
+		a.mu.Unlock()
+		return
+	}
+	a.inProgress[n]++
+	if unnamed {
+		a.unnamed[n] = true
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.inProgress[n]--
+		a.mu.Unlock()
+	}()
+	a.say("start %d %s %t", n, kind, unnamed)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !unnamed {
+		ctx = idemretry.WithAction(ctx, "order:"+strconv.Itoa(n))
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/charge", strings.NewReader(rkBody(n, unnamed)))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		a.say("fail %d %s", n, rkErrClass(err))
+		return
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 || idemretry.GiveUpReason(resp) != nil {
+		a.say("status %d %d", n, resp.StatusCode)
+		return
+	}
+	var out struct{ Charge string }
+	_ = json.Unmarshal(b, &out)
+	a.say("ok %d %d %s", n, resp.StatusCode, out.Charge)
+}
+
+func rkErrClass(err error) string {
+	switch {
+	case err == nil:
+		return "nil"
+	case errors.Is(err, idemretry.ErrOutcomeUnknown):
+		return "outcome-unknown"
+	case errors.Is(err, idemretry.ErrKeyWindowExpired):
+		return "window-expired"
+	case errors.Is(err, idemretry.ErrNotResumable):
+		return "not-resumable"
+	case errors.Is(err, idemretry.ErrParked):
+		return "parked"
+	case errors.Is(err, idemretry.ErrAttemptsExhausted):
+		return "exhausted"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, idemretry.ErrFingerprintMismatch):
+		return "fingerprint-mismatch"
+	}
+	return "other:" + strings.Join(strings.Fields(err.Error()), "_")
+}
+
+func rkInts(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestResumeKillLoopChild is the app of TestResumeKillLoop; it does nothing
+// in a normal run.
+func TestResumeKillLoopChild(t *testing.T) {
+	dir := os.Getenv(envRKDir)
+	if dir == "" {
+		t.Skip("child process of TestResumeKillLoop")
+	}
+	var outMu sync.Mutex
+	say := func(format string, a ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(os.Stdout, "rk "+format+"\n", a...) // one write each: in the pipe before any kill
+	}
+	seed, _ := strconv.ParseUint(os.Getenv(envRKChild), 10, 64)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	url := os.Getenv(envRKURL)
+	final := os.Getenv(envRKFinal) != ""
+	app := &rkApp{url: url, final: final, say: say, rng: rand.New(rand.NewPCG(seed, 3)),
+		unnamed: map[int]bool{}, paid: map[int]bool{}, inProgress: map[int]int{}}
+	for _, n := range rkInts(os.Getenv(envRKUnnamed)) {
+		app.unnamed[n] = true
+	}
+	base := &http.Transport{ResponseHeaderTimeout: rkAttemptTimeout}
+	tr, err := idemretry.NewTransport(base,
+		idemretry.WithJournalDir(dir, filejournal.WithLockWait(5*time.Second)),
+		idemretry.WithKeyWindow(rkWindow), idemretry.WithSettleTime(rkSettle),
+		idemretry.WithBackOff(func() backoff.BackOff { return idemretry.NewFullJitter(40*time.Millisecond, 200*time.Millisecond, nil) }),
+		idemretry.WithMaxRetries(5))
+	if err != nil {
+		say("open-error %s", strings.ReplaceAll(err.Error(), " ", "_"))
+		os.Exit(3)
+	}
+	resume := func() {
+		say("resume-start")
+		results, err := tr.Resume(context.Background(), app, 0)
+		for _, r := range results {
+			n, _ := app.orderOf(r.Record)
+			say("res %d %s %t %d %t %s", n, r.Record.State, r.Sent, r.Status, r.Forgotten, rkErrClass(r.Err))
+		}
+		say("resume-end %d %t", len(results), err == nil)
+	}
+
+	if final {
+		deadline := time.Now().Add(4 * (rkWindow + rkSettle))
+		for {
+			resume()
+			un, err := tr.Journal().Unfinished(context.Background())
+			if err != nil {
+				say("final-error %s", strings.ReplaceAll(err.Error(), " ", "_"))
+				os.Exit(4)
+			}
+			if len(un) == 0 || time.Now().After(deadline) {
+				say("final-left %d", len(un))
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		say("final-close %t", tr.Close() == nil)
+		os.Exit(0)
+	}
+
+	// Resume, at start-up, while the app takes payments.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resume()
+	}()
+	type op struct {
+		n       int
+		unnamed bool
+		kind    string
+		taps    int
+	}
+	var ops []op
+	next, _ := strconv.Atoi(os.Getenv(envRKNext))
+	count, _ := strconv.Atoi(os.Getenv(envRKNew))
+	for i := range count {
+		unnamed := rng.Float64() < 0.3
+		taps := 1
+		if rng.Float64() < 0.3 {
+			taps = 2 // a double tap
+		}
+		ops = append(ops, op{n: next + i, unnamed: unnamed, kind: "new", taps: taps})
+	}
+	for _, n := range rkInts(os.Getenv(envRKRepeat)) {
+		ops = append(ops, op{n: n, kind: "repeat", taps: 1})
+	}
+	for _, n := range rkInts(os.Getenv(envRKUTap)) {
+		ops = append(ops, op{n: n, unnamed: true, kind: "retap", taps: 1})
+	}
+	rng.Shuffle(len(ops), func(i, j int) { ops[i], ops[j] = ops[j], ops[i] })
+	for _, o := range ops {
+		time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond)
+		for tap := range o.taps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				kind := o.kind
+				if tap > 0 {
+					kind = "tap2"
+				}
+				app.pay(tr, o.n, o.unnamed, kind)
+			}()
+			if o.taps > 1 && !o.unnamed {
+				time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+			}
+		}
+	}
+	wg.Wait()
+	say("close %t", tr.Close() == nil)
+	say("end")
+	os.Exit(0)
+}
+
+// ---- the parent ----
+
+// rkState is what the parent learned from the app's output over all rounds:
+// the app's own records (the orders it started, those it knows paid), and
+// what the app was told.
+type rkState struct {
+	started         map[int]bool
+	unnamed         map[int]bool
+	toldOK          map[int][]string // order -> charge ids the app was told
+	resumedOK       map[int]bool     // a Resume result with a 2xx
+	resolvedCharged map[int][]string // order -> keys Resolve was told were charged
+	notCharged      map[string]int   // key -> order, Resolve told not charged
+	problems        []string
+
+	resumes, resolves, rebuilds, resumeSent, resumeForgotten      int
+	resumeRounds, kills, killsInResume, killsOnCommit, cleanExits int
+	fails                                                         map[string]int
+	finalLeft                                                     int
+	finalClosed                                                   bool
+}
+
+// round is one child's output, as far as the parent needs it.
+type rkRound struct {
+	resumeStart, resumeEnd, end bool
+}
+
+func (s *rkState) apply(line string, rd *rkRound) {
+	f := strings.Fields(strings.TrimPrefix(line, "rk "))
+	if len(f) == 0 {
+		return
+	}
+	num := func(i int) int {
+		if i >= len(f) {
+			return 0
+		}
+		n, _ := strconv.Atoi(f[i])
+		return n
+	}
+	switch f[0] {
+	case "start":
+		s.started[num(1)] = true
+		if len(f) > 3 && f[3] == "true" {
+			s.unnamed[num(1)] = true
+		}
+	case "ok":
+		s.toldOK[num(1)] = append(s.toldOK[num(1)], f[3])
+	case "fail":
+		s.fails[f[2]]++
+	case "status":
+		s.fails["status-"+f[2]]++
+	case "rebuild":
+		s.rebuilds++
+	case "rebuild-miss", "resolve-miss", "open-error", "final-error":
+		s.problems = append(s.problems, line)
+	case "resolve":
+		s.resolves++
+		switch f[3] {
+		case "charged":
+			s.resolvedCharged[num(1)] = append(s.resolvedCharged[num(1)], f[2])
+		case "notcharged":
+			s.notCharged[f[2]] = num(1)
+		}
+	case "res":
+		if f[3] == "true" {
+			s.resumeSent++
+		}
+		if st := num(4); st/100 == 2 {
+			s.resumedOK[num(1)] = true
+		}
+		if f[5] == "true" {
+			s.resumeForgotten++
+		}
+	case "resume-start":
+		rd.resumeStart = true
+		s.resumes++
+	case "resume-end":
+		rd.resumeEnd = true
+	case "end":
+		rd.end = true
+	case "final-left":
+		s.finalLeft = num(1)
+	case "final-close":
+		s.finalClosed = f[1] == "true"
+	}
+}
+
+// TestResumeKillLoop: rounds of an app killed with SIGKILL while Resume and
+// live payments run, over one journal directory; then the server's ledger
+// must show no order charged twice, nothing the app was told paid that was
+// not charged, every key that reached the server either charged or
+// reported not charged by Resolve, and nothing left in the journal.
+func TestResumeKillLoop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kill loop: child processes")
+	}
+	rounds := 30
+	if s := os.Getenv(envRKRounds); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err, envRKRounds)
+		rounds = n
+	}
+	seed := time.Now().UnixNano()
+	if s := os.Getenv(envRKSeed); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		require.NoError(t, err, envRKSeed)
+		seed = n
+	}
+	t.Logf("seed %d, %d rounds", seed, rounds)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("failed with seed %d: rerun with %s=%d %s=%d", seed, envRKSeed, seed, envRKRounds, rounds)
+		}
+	})
+	goroutinesBefore := runtime.NumGoroutine()
+	led := newRKLedger(seed)
+	srv := httptest.NewServer(led)
+	defer srv.Close()
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	st := &rkState{started: map[int]bool{}, unnamed: map[int]bool{}, toldOK: map[int][]string{}, resumedOK: map[int]bool{},
+		resolvedCharged: map[int][]string{}, notCharged: map[string]int{}, fails: map[string]int{}}
+	next := 1
+	start := time.Now()
+
+	prevCommitKill := false
+	runChild := func(round int, env []string, final bool) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0",
+			envRKDir + "=" + dir, envRKURL + "=" + srv.URL, fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		lines := make(chan string, 256)
+		var committed <-chan struct{}
+		var timer <-chan time.Time
+		mode := "none"
+		if !final {
+			// A kill right after a commit leaves that action pending: the
+			// next run's Resume rebuilds it, a moment to kill it in.
+			switch p := rng.Float64(); {
+			case prevCommitKill && p < 0.8, !prevCommitKill && p >= 0.85:
+				mode = "resume"
+				st.resumeRounds++
+			case p < 0.45:
+				mode = "delay"
+				timer = time.After(time.Duration(rng.IntN(1600)) * time.Millisecond)
+			default:
+				mode = "commit"
+				committed = led.armKill(1 + rng.IntN(3))
+			}
+		}
+		prevCommitKill = false
+		require.NoError(t, cmd.Start())
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+		}()
+		var rd rkRound
+		killed := false
+		kill := func() {
+			if !killed {
+				killed = true
+				_ = cmd.Process.Kill()
+			}
+		}
+		hard := time.After(60 * time.Second)
+	loop:
+		for {
+			select {
+			case line, ok := <-lines:
+				if !ok {
+					break loop
+				}
+				if !strings.HasPrefix(line, "rk ") {
+					continue
+				}
+				st.apply(line, &rd)
+				if mode != "resume" || killed || timer != nil {
+					continue
+				}
+				// During Resume: a moment after it starts, or after it
+				// rebuilt or resolved its first action (it calls the
+				// Resumer only while it runs); if it ends first, at a
+				// random moment of the rest.
+				switch {
+				case line == "rk resume-start" && rng.IntN(2) == 0:
+					timer = time.After(time.Duration(rng.IntN(40)) * time.Millisecond)
+				case strings.HasPrefix(line, "rk rebuild ") || strings.HasPrefix(line, "rk resolve "):
+					if rng.IntN(2) == 0 {
+						kill()
+						continue
+					}
+					timer = time.After(time.Duration(rng.IntN(20)) * time.Millisecond)
+				case strings.HasPrefix(line, "rk resume-end"):
+					timer = time.After(time.Duration(rng.IntN(400)) * time.Millisecond)
+				}
+			case <-timer:
+				timer = nil
+				kill()
+			case <-committed:
+				committed = nil
+				kill()
+			case <-hard:
+				hard = nil
+				kill()
+				st.problems = append(st.problems, fmt.Sprintf("round %d: the app was still running after 60 s", round))
+			}
+		}
+		err = cmd.Wait()
+		led.disarm()
+		switch {
+		case killed && !rd.end:
+			st.kills++
+			if rd.resumeStart && !rd.resumeEnd {
+				st.killsInResume++
+			}
+			if mode == "commit" {
+				st.killsOnCommit++
+				prevCommitKill = true
+			}
+		case err != nil:
+			st.problems = append(st.problems, fmt.Sprintf("round %d: the app failed: %v\n%s", round, err, stderr.String()))
+		default:
+			st.cleanExits++
+		}
+		if strings.Contains(stderr.String(), "DATA RACE") || strings.Contains(stderr.String(), "panic:") {
+			st.problems = append(st.problems, fmt.Sprintf("round %d: the app's stderr:\n%s", round, stderr.String()))
+		}
+	}
+
+	for round := range rounds {
+		// The app's records: the orders it started and does not know paid
+		// may be paid again (the user taps Pay again); an unnamed one only
+		// if no request of it ever reached the server (after its first
+		// finished, an identical unnamed request is a new payment).
+		// Mostly recent orders (within their key window the server
+		// replays them), now and then an old one (refused: its window
+		// ended).
+		var repeat, utap, unnamed []int
+		for n := 1; n < next; n++ {
+			switch {
+			case !st.started[n]:
+			case st.unnamed[n]:
+				unnamed = append(unnamed, n)
+				if len(st.resolvedCharged[n]) == 0 && led.arrivals(n) == 0 && rng.Float64() < 0.7 {
+					utap = append(utap, n)
+				}
+			case len(st.resolvedCharged[n]) > 0:
+			case n >= next-10 && rng.Float64() < 0.4, rng.Float64() < 0.01:
+				repeat = append(repeat, n)
+			}
+		}
+		newN := 2 + rng.IntN(5)
+		runChild(round, []string{
+			fmt.Sprintf("%s=%d", envRKNext, next), fmt.Sprintf("%s=%d", envRKNew, newN),
+			envRKRepeat + "=" + rkJoin(repeat), envRKUTap + "=" + rkJoin(utap), envRKUnnamed + "=" + rkJoin(unnamed),
+		}, false)
+		next += newN
+		if len(st.problems) > 0 {
+			break
+		}
+		if rng.Float64() < 0.5 {
+			// The app stays closed a while: some of its keys' windows end.
+			time.Sleep(time.Duration(rng.IntN(1200)) * time.Millisecond)
+		}
+	}
+	// The last run: Resume to the end, nothing killed, no live payments.
+	var unnamed []int
+	for n := range st.unnamed {
+		unnamed = append(unnamed, n)
+	}
+	runChild(rounds, []string{envRKFinal + "=1", envRKUnnamed + "=" + rkJoin(unnamed)}, true)
+	elapsed := time.Since(start)
+	srv.Close()
+
+	// The journal opens cleanly, and holds nothing unfinished.
+	j, err := filejournal.Open(dir)
+	require.NoError(t, err, "the journal after the last run")
+	rec := j.Recovery()
+	ctx := context.Background()
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	var problems []string
+	problems = append(problems, st.problems...)
+	if rec.TornTail || len(rec.Salvaged) > 0 || rec.Duplicates > 0 {
+		problems = append(problems, fmt.Sprintf("the journal, after a clean close: %+v", rec))
+	}
+	if !st.finalClosed {
+		problems = append(problems, "the last run's Close failed")
+	}
+	for _, r := range un {
+		problems = append(problems, fmt.Sprintf("left unfinished after the last Resume: %s %s %s (created %s)", r.ActionID, r.Key, r.State, r.CreatedAt.Format(time.RFC3339Nano)))
+	}
+
+	// The ledger.
+	led.mu.Lock()
+	problems = append(problems, led.bad...)
+	charged := map[int]bool{}
+	for n, keys := range led.charges {
+		charged[n] = true
+		if len(keys) > 1 {
+			var notes []string
+			for _, k := range keys {
+				notes = append(notes, fmt.Sprintf("%s (arrivals %d, resolved not charged: %t)", k, led.keys[k].arrivals, st.notCharged[k] == n))
+			}
+			problems = append(problems, fmt.Sprintf("order %d (unnamed %t) charged %d times: %s", n, st.unnamed[n], len(keys), strings.Join(notes, ", ")))
+		}
+	}
+	chargeOrder := map[string]int{}
+	for _, k := range led.keys {
+		if k.charged {
+			chargeOrder[k.chargeID] = k.order
+		}
+	}
+	for n, ids := range st.toldOK {
+		for _, id := range ids {
+			if chargeOrder[id] != n {
+				problems = append(problems, fmt.Sprintf("order %d: the app was told it was paid (%q), the server has no such charge of it", n, id))
+			}
+		}
+	}
+	for n := range st.resumedOK {
+		if !charged[n] {
+			problems = append(problems, fmt.Sprintf("order %d: Resume reported it paid, the server never charged it", n))
+		}
+	}
+	for key, n := range st.notCharged {
+		if k := led.keys[key]; k != nil && k.charged {
+			problems = append(problems, fmt.Sprintf("order %d: Resolve was told key %s had no charge, and the server charged it (after the settle time)", n, key))
+		}
+	}
+	for n, keys := range st.resolvedCharged {
+		for _, key := range keys {
+			if k := led.keys[key]; k == nil || !k.charged || k.order != n {
+				problems = append(problems, fmt.Sprintf("order %d: Resolve was told key %s was charged; the ledger disagrees", n, key))
+			}
+		}
+	}
+	arrivedKeys := 0
+	for key, k := range led.keys {
+		arrivedKeys++
+		if !k.charged {
+			if _, ok := st.notCharged[key]; !ok {
+				problems = append(problems, fmt.Sprintf("order %d: key %s reached the server (%d times), was never charged, and Resume never reported it not charged", k.order, key, k.arrivals))
+			}
+		}
+	}
+	led.mu.Unlock()
+	reportedNotCharged := map[int]bool{}
+	for _, n := range st.notCharged {
+		reportedNotCharged[n] = true
+	}
+	neverDurable := 0
+	for n := range st.started {
+		if charged[n] {
+			continue
+		}
+		id := "order:" + strconv.Itoa(n)
+		if st.unnamed[n] {
+			id = "fp:" + fmt.Sprintf("%x", rkFingerprint(srv.URL+"/charge", rkBody(n, true)))
+		}
+		r, found, err := j.Get(ctx, id)
+		require.NoError(t, err)
+		switch {
+		case found:
+			problems = append(problems, fmt.Sprintf("order %d: never charged, and its record is %s (key %s, status %d)", n, r.State, r.Key, r.Status))
+		case !reportedNotCharged[n]:
+			if led.arrivals(n) > 0 {
+				problems = append(problems, fmt.Sprintf("order %d: reached the server, never charged, gone from the journal, never reported", n))
+			}
+			neverDurable++
+		}
+	}
+	require.NoError(t, j.Close())
+
+	t.Logf("%d rounds in %s: %d orders (%d unnamed), %d charged; %d keys at the server; %d kills (%d during Resume, of %d rounds aiming there; %d right after a commit), %d clean exits",
+		rounds, elapsed.Round(time.Millisecond), len(st.started), len(st.unnamed), len(charged), arrivedKeys, st.kills, st.killsInResume, st.resumeRounds, st.killsOnCommit, st.cleanExits)
+	t.Logf("%d Resumes: %d Rebuild calls, %d sent, %d Resolve calls (%d charged, %d not charged), %d forgotten; %d orders never durable; live failures %v",
+		st.resumes, st.rebuilds, st.resumeSent, st.resolves, rkCount(st.resolvedCharged), len(st.notCharged), st.resumeForgotten, neverDurable, st.fails)
+	if len(problems) > 0 {
+		slices.Sort(problems)
+		t.Fatalf("%d invariant(s) broken:\n%s", len(problems), strings.Join(problems, "\n"))
+	}
+	// The paths the test is about ran.
+	require.Positive(t, st.rebuilds, "no Rebuild: Resume never resent anything")
+	require.Positive(t, st.resumeSent, "Resume sent nothing")
+	require.Positive(t, st.resolves, "no Resolve: the outcome-unknown path never ran")
+	require.Positive(t, st.kills, "nothing was killed")
+	if rounds >= 20 {
+		require.Positive(t, st.killsInResume, "no kill during Resume")
+	}
+
+	// No goroutine of the parent's left behind.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > goroutinesBefore && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), goroutinesBefore, "goroutines left:\n%s", goroutineStacks())
+}
+
+func rkJoin(ns []int) string {
+	slices.Sort(ns)
+	var b strings.Builder
+	for i, n := range ns {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(n))
+	}
+	return b.String()
+}
+
+func rkCount(m map[int][]string) int {
+	c := 0
+	for _, v := range m {
+		c += len(v)
+	}
+	return c
+}
