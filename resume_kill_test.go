@@ -57,6 +57,7 @@ const (
 	envRKUTap    = "IDEMRETRY_RK_UTAP"    // unnamed orders to pay again
 	envRKUnnamed = "IDEMRETRY_RK_UNNAMED" // every unnamed order started so far
 	envRKFinal   = "IDEMRETRY_RK_FINAL"   // resume to the end, no traffic
+	envRKHashed  = "IDEMRETRY_RK_HASHED"  // the journal keeps hashed ids
 
 	// Small windows, so that the outcome-unknown path and Resolve run
 	// within the test: a key may be sent for 0.7 s, and Resolve is called
@@ -280,27 +281,38 @@ type rkApp struct {
 
 	mu         sync.Mutex
 	rng        *rand.Rand
-	unnamed    map[int]bool
+	next       int          // the orders are 1 to next-1
+	unnamed    map[int]bool // the orders paid without a name
 	paid       map[int]bool // resolved as charged: not paid again
 	inProgress map[int]int  // payments of the order being sent now
 }
 
+// orderOf is the order rec is an action of: by its id, "order:N", or,
+// for an unnamed order or an id the journal lists as a digest
+// (filejournal.WithHashedIDs), by the fingerprint of one of the app's
+// orders.
 func (a *rkApp) orderOf(rec journal.Record) (int, bool) {
 	if s, ok := strings.CutPrefix(rec.ActionID, "order:"); ok {
 		n, err := strconv.Atoi(s)
 		return n, err == nil
 	}
-	if !strings.HasPrefix(rec.ActionID, "fp:") {
+	if !strings.HasPrefix(rec.ActionID, "fp:") && !journal.IsDigest(rec.ActionID) {
 		return 0, false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for n := range a.unnamed {
-		if rkFingerprint(a.url+"/charge", rkBody(n, true)) == rec.Fingerprint {
+	for n := 1; n < a.next; n++ {
+		if rkFingerprint(a.url+"/charge", rkBody(n, a.unnamed[n])) == rec.Fingerprint {
 			return n, true
 		}
 	}
 	return 0, false
+}
+
+func (a *rkApp) isUnnamed(n int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unnamed[n]
 }
 
 func (a *rkApp) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
@@ -310,7 +322,7 @@ func (a *rkApp) Rebuild(ctx context.Context, rec journal.Record) (*http.Request,
 		return nil, nil
 	}
 	a.say("rebuild %d", n)
-	return http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/charge", strings.NewReader(rkBody(n, strings.HasPrefix(rec.ActionID, "fp:"))))
+	return http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/charge", strings.NewReader(rkBody(n, a.isUnnamed(n))))
 }
 
 func (a *rkApp) Resolve(ctx context.Context, rec journal.Record) (bool, error) {
@@ -450,9 +462,16 @@ func TestResumeKillLoopChild(t *testing.T) {
 	for _, n := range rkInts(os.Getenv(envRKUnnamed)) {
 		app.unnamed[n] = true
 	}
+	next, _ := strconv.Atoi(os.Getenv(envRKNext))
+	count, _ := strconv.Atoi(os.Getenv(envRKNew))
+	app.next = next + count
+	jopts := []filejournal.Option{filejournal.WithLockWait(5 * time.Second)}
+	if os.Getenv(envRKHashed) != "" {
+		jopts = append(jopts, filejournal.WithHashedIDs())
+	}
 	base := &http.Transport{ResponseHeaderTimeout: rkAttemptTimeout}
 	tr, err := idemretry.NewTransport(base,
-		idemretry.WithJournalDir(dir, filejournal.WithLockWait(5*time.Second)),
+		idemretry.WithJournalDir(dir, jopts...),
 		idemretry.WithKeyWindow(rkWindow), idemretry.WithSettleTime(rkSettle),
 		idemretry.WithBackOff(func() backoff.BackOff { return idemretry.NewFullJitter(40*time.Millisecond, 200*time.Millisecond, nil) }),
 		idemretry.WithMaxRetries(5))
@@ -503,8 +522,6 @@ func TestResumeKillLoopChild(t *testing.T) {
 		taps    int
 	}
 	var ops []op
-	next, _ := strconv.Atoi(os.Getenv(envRKNext))
-	count, _ := strconv.Atoi(os.Getenv(envRKNew))
 	for i := range count {
 		unnamed := rng.Float64() < 0.3
 		taps := 1
@@ -650,7 +667,9 @@ func TestResumeKillLoop(t *testing.T) {
 		require.NoError(t, err, envRKSeed)
 		seed = n
 	}
-	t.Logf("seed %d, %d rounds", seed, rounds)
+	// Half the runs keep hashed action ids: Resume then lists digests.
+	hashed := uint64(seed)%2 == 1
+	t.Logf("seed %d, %d rounds, hashed ids %t", seed, rounds, hashed)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("failed with seed %d: rerun with %s=%d %s=%d", seed, envRKSeed, seed, envRKRounds, rounds)
@@ -670,6 +689,9 @@ func TestResumeKillLoop(t *testing.T) {
 	prevCommitKill := false
 	runChild := func(round int, env []string, final bool) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopChild$", "-test.count=1")
+		if hashed {
+			env = append(env, envRKHashed+"=1")
+		}
 		cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0",
 			envRKDir + "=" + dir, envRKURL + "=" + srv.URL, fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
 		out, err := cmd.StdoutPipe()
@@ -777,7 +799,9 @@ func TestResumeKillLoop(t *testing.T) {
 		}
 	}
 
+	ran := 0
 	for round := range rounds {
+		ran++
 		// The app's records: the orders it started and does not know paid
 		// may be paid again (the user taps Pay again); an unnamed one only
 		// if no request of it ever reached the server (after its first
@@ -818,12 +842,16 @@ func TestResumeKillLoop(t *testing.T) {
 	for n := range st.unnamed {
 		unnamed = append(unnamed, n)
 	}
-	runChild(rounds, []string{envRKFinal + "=1", envRKUnnamed + "=" + rkJoin(unnamed)}, true)
+	runChild(rounds, []string{envRKFinal + "=1", fmt.Sprintf("%s=%d", envRKNext, next), envRKUnnamed + "=" + rkJoin(unnamed)}, true)
 	elapsed := time.Since(start)
 	srv.Close()
 
 	// The journal opens cleanly, and holds nothing unfinished.
-	j, err := filejournal.Open(dir)
+	var jopts []filejournal.Option
+	if hashed {
+		jopts = append(jopts, filejournal.WithHashedIDs())
+	}
+	j, err := filejournal.Open(dir, jopts...)
 	require.NoError(t, err, "the journal after the last run")
 	rec := j.Recovery()
 	ctx := context.Background()
@@ -923,7 +951,7 @@ func TestResumeKillLoop(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	t.Logf("%d rounds in %s: %d orders (%d unnamed), %d charged; %d keys at the server; %d kills (%d during Resume, of %d rounds aiming there; %d right after a commit), %d clean exits",
-		rounds, elapsed.Round(time.Millisecond), len(st.started), len(st.unnamed), len(charged), arrivedKeys, st.kills, st.killsInResume, st.resumeRounds, st.killsOnCommit, st.cleanExits)
+		ran, elapsed.Round(time.Millisecond), len(st.started), len(st.unnamed), len(charged), arrivedKeys, st.kills, st.killsInResume, st.resumeRounds, st.killsOnCommit, st.cleanExits)
 	t.Logf("%d Resumes: %d Rebuild calls, %d sent, %d Resolve calls (%d charged, %d not charged), %d forgotten; %d orders never durable; live failures %v",
 		st.resumes, st.rebuilds, st.resumeSent, st.resolves, rkCount(st.resolvedCharged), len(st.notCharged), st.resumeForgotten, neverDurable, st.fails)
 	if len(problems) > 0 {
