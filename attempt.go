@@ -42,6 +42,11 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		if lost := t.checkLease(ctx, a); lost != nil { // lease.go
 			return r.end(journal.StatePending, nil, lost, nil)
 		}
+		if ctx.Done() == nil && callerEnded(ctx) {
+			// A context without a Done channel cannot stop the send
+			// at its deadline: nothing starts after it.
+			return r.end(journal.StatePending, nil, nil, context.DeadlineExceeded)
+		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
 			return r.end(journal.StatePending, nil, nil, err)

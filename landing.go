@@ -19,10 +19,10 @@ import (
 // OutcomeGrace is how long past the end of the caller's context RoundTrip
 // still waits for the journal to record the outcome it is about to return
 // (a final answer that arrived just as the deadline passed must be recorded
-// as done, or a deliberate repeat would be answered with its replay), and
-// to release the action's lease (journal.Leaser; one not released ends by
-// itself). Every other journal wait on the request path ends with the
-// caller's context, and none lasts longer than the journal timeout
+// as done, or a deliberate repeat would be answered with its replay). Every
+// other journal wait on the request path ends with the caller's context,
+// but for the release of the action's lease (journal.Leaser), which takes
+// at most a second, and none lasts longer than the journal timeout
 // (WithJournalTimeout).
 const OutcomeGrace = 250 * time.Millisecond
 

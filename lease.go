@@ -189,9 +189,18 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		}
 		wait := min(time.Until(until)+time.Millisecond, poll/2+randv2.N(poll/2+1))
 		poll = min(2*poll, leasePollMax)
-		if err := sleepReal(ctx, max(wait, time.Millisecond)); err != nil {
-			return nil, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, Status: a.rec.Status,
+		if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil {
+			wait = min(wait, time.Until(dl)) // nothing else would end the sleep at it
+		}
+		heldElsewhere := func(err error) error {
+			return &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, Status: a.rec.Status,
 				MaybeProcessed: true, Reason: ErrLeaseHeld, Err: err}
+		}
+		if err := sleepReal(ctx, max(wait, time.Millisecond)); err != nil {
+			return nil, heldElsewhere(err)
+		}
+		if callerEnded(ctx) {
+			return nil, heldElsewhere(context.DeadlineExceeded)
 		}
 		waited = true
 		// Read the action again: the other machine may have finished it,
@@ -201,9 +210,14 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		// deliberate repeat.
 		again := who
 		again.byFingerprint = false
-		if a, err = t.reserve(ctx, again, window, dst); err != nil {
+		next, err := t.reserve(ctx, again, window, dst)
+		if err != nil {
+			if callerEnded(ctx) {
+				return nil, heldElsewhere(err) // still waiting for the other machine
+			}
 			return nil, err
 		}
+		a = next
 		a.byFingerprint = who.byFingerprint
 	}
 }
@@ -283,11 +297,11 @@ func (t *Transport) checkLease(ctx context.Context, a *action) error {
 }
 
 // releaseLease stops renewing a's lease and releases it, bounded by a short
-// timeout (leaseReleaseTimeout, and the journal timeout) and, like the
-// outcome's write, by the caller's context plus OutcomeGrace: a release
-// that does not happen costs the other machines at most the lease's TTL.
-// An error is logged only.
-func (t *Transport) releaseLease(ctx context.Context, a *action) {
+// timeout (leaseReleaseTimeout, and the journal timeout) whatever the
+// caller's context: a release cut short would leave the lease held, and
+// the next request of the action, on this machine too, waiting for its
+// TTL. An error is logged only.
+func (t *Transport) releaseLease(a *action) {
 	if a == nil || !t.leasing {
 		return
 	}
@@ -303,7 +317,7 @@ func (t *Transport) releaseLease(ctx context.Context, a *action) {
 	if lost {
 		return // not ours any more
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), graceAfter(ctx, min(t.cfg.journalTimeout, leaseReleaseTimeout)))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), min(t.cfg.journalTimeout, leaseReleaseTimeout))
 	defer cancel()
 	if err := l.lr.Release(rctx, l.id, l.holder); err != nil {
 		t.logLease(rctx, "idemretry: the journal did not release the action's lease; it ends by itself", a, err)

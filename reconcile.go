@@ -61,7 +61,7 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 			return
 		}
 		if held {
-			defer t.releaseLease(ctx, a)
+			defer t.releaseLease(a)
 			// Another machine may have finished it before the lease.
 			if err := t.stillUnknown(ctx, listed); err != nil {
 				res.leave(err)

@@ -37,14 +37,13 @@ func (j *rlHangingRelease) Release(ctx context.Context, _, _ string) error {
 	return ctx.Err()
 }
 
-// README, guarantee 5: "Cancellation during a wait returns promptly. A
-// request's journal calls end with the caller's context [...]; only the
-// write of the outcome being returned may outlast the context, by at most
-// OutcomeGrace". The lease's Release at the end of RoundTrip (lead's
-// deferred releaseLease) is a journal call that does not end with the
-// caller's context: it runs under WithoutCancel for up to
-// min(journal timeout, 1 s), and RoundTrip waits for it.
-func TestReviewLeaseReleaseEndsWithTheCallersContext(t *testing.T) {
+// README, guarantee 5: the release of the action's lease (lead's deferred
+// releaseLease) may outlast the caller's context by at most a second (the
+// journal timeout, if shorter), and no more: a Release that hangs does not
+// hold RoundTrip longer. (It is not cut at OutcomeGrace: a release cut
+// short leaves the lease held, and the next request of the action waiting
+// for its TTL; see TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace.)
+func TestReviewLeaseReleaseBoundedAfterTheCallersContext(t *testing.T) {
 	srv := newSlowPayServer(t, 3*time.Second)
 	j := &rlHangingRelease{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
@@ -67,9 +66,9 @@ func TestReviewLeaseReleaseEndsWithTheCallersContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int32(1), j.releases.Load(), "no Release: the test proves nothing")
 	late := returned.Sub(cancelled)
-	// OutcomeGrace plus a generous margin for a noisy machine.
-	require.Less(t, late, idemretry.OutcomeGrace+500*time.Millisecond,
-		"RoundTrip returned %v after its context was cancelled: it waited for the lease's Release", late)
+	// The release's second plus a generous margin for a noisy machine.
+	require.Less(t, late, 2*time.Second+idemretry.OutcomeGrace,
+		"RoundTrip returned %v after its context was cancelled: it waited for the lease's Release past its bound", late)
 }
 
 // rlStalledUpdate is a blocking journal (it embeds Memory, so it is not a

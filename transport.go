@@ -268,7 +268,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	}()
 	var pending bool
 	a, err := t.reserveLeased(req.Context(), who, s.keyWindow, &f.act) // lease.go: one machine in flight per action
-	defer t.releaseLease(req.Context(), a)
+	defer t.releaseLease(a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s, &f.trace)
@@ -287,7 +287,7 @@ func cutShort(ctx context.Context, resp *http.Response, err error, pending bool)
 	if !pending && resp != nil {
 		return false
 	}
-	return ctx.Err() != nil || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+	return callerEnded(ctx) || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
 }
 
 // idempotentMethods may be retried without a key (RFC 9110, 9.2.2).

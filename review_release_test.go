@@ -1,0 +1,143 @@
+package idemretry_test
+
+// the review's review of 5a75ef1: the release of a lease cut short by
+// OutcomeGrace, and who waits for it.
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// r3SlowReleaseLeaser is a Leaser over Memory that keeps one lease per
+// action as a database would (holder and end), and whose Release takes
+// slow to complete (a database under load); a Release whose context ends
+// first does not happen, as a cancelled query does not.
+type r3SlowReleaseLeaser struct {
+	*journal.Memory
+	slow time.Duration
+
+	mu       sync.Mutex
+	holder   map[string]string
+	until    map[string]time.Time
+	released atomic.Int32
+	cut      atomic.Int32
+}
+
+func (j *r3SlowReleaseLeaser) Lease(ctx context.Context, id, holder string, ttl time.Duration) (bool, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return false, time.Time{}, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := time.Now()
+	if h, ok := j.holder[id]; ok && h != holder && now.Before(j.until[id]) {
+		return false, j.until[id], nil
+	}
+	j.holder[id], j.until[id] = holder, now.Add(ttl)
+	return true, j.until[id], nil
+}
+
+func (j *r3SlowReleaseLeaser) Release(ctx context.Context, id, holder string) error {
+	select {
+	case <-time.After(j.slow):
+	case <-ctx.Done():
+		j.cut.Add(1)
+		return ctx.Err()
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.holder[id] == holder {
+		delete(j.holder, id)
+		delete(j.until, id)
+	}
+	j.released.Add(1)
+	return nil
+}
+
+// A leader cancelled while its attempt is on the wire: a joiner (this
+// Transport, context fine) carries the action on. The leader's Release
+// takes 400 ms, well within the journal timeout and the 1 s the release
+// had before 5a75ef1, but past OutcomeGrace: it is now cut, the lease
+// stays held by this very Transport's finished RoundTrip, and the joiner
+// waits for it to end (the TTL, 30 s by default) as if another machine
+// held it, and ends with ErrLeaseHeld ("in flight on another machine").
+func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
+	srv := newSlowPayServer(t, 2*time.Second)
+	j := &r3SlowReleaseLeaser{Memory: journal.NewMemory(), slow: 400 * time.Millisecond,
+		holder: map[string]string{}, until: map[string]time.Time{}}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	defer tr.Close()
+	lctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leader := sendAsync(tr, post(t, idemretry.WithAction(lctx, "pay:r3-own"), srv.URL, `{"amount":1}`))
+	<-srv.arrived // the leader's attempt is on the wire
+	jctx, jcancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer jcancel()
+	var jresp *http.Response
+	joiner := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(jctx, "pay:r3-own"), srv.URL, `{"amount":1}`))
+		jresp = resp
+		if resp != nil {
+			resp.Body.Close()
+		}
+		joiner <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the joiner joins the flight
+	cancel()
+	require.ErrorIs(t, <-leader, context.Canceled)
+	var jerr error
+	select {
+	case jerr = <-joiner:
+	case <-time.After(20 * time.Second):
+		t.Fatal("joiner still running 20 s on")
+	}
+	t.Logf("releases completed %d, cut %d", j.released.Load(), j.cut.Load())
+	require.NoError(t, jerr, "the joiner, whose context is fine, waited for the lease of its own Transport's finished RoundTrip")
+	require.Equal(t, http.StatusCreated, jresp.StatusCode)
+}
+
+// The release is still bounded while the caller's context is fine (no
+// deadline, a far one, or a far one without Done): the journal timeout and
+// 1 s, not the caller's deadline.
+func TestReviewReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+		{"WithTimeout", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Hour)
+		}},
+		{"deadline without Done", func() (context.Context, context.CancelFunc) {
+			return rvNoDone{context.Background(), time.Now().Add(time.Hour)}, func() {}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			j := &rlHangingRelease{Memory: journal.NewMemory()}
+			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
+			require.NoError(t, err)
+			defer tr.Close()
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			start := time.Now()
+			resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:r3-bounded"), srv.URL, `{"amount":1}`))
+			took := time.Since(start)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, int32(1), j.releases.Load())
+			require.Less(t, took, 4*time.Second, "the release held RoundTrip")
+		})
+	}
+}
