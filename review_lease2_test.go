@@ -41,10 +41,9 @@ func (j *r3FirstLeaseHangs) Release(context.Context, string, string) error { ret
 // A flight's joiner carries the action on when the leader's own context
 // ended it (lead's cutShort: "a waiting caller carries it on instead").
 // The leader's Lease call is cut by its deadline; the joiner, whose
-// context is fine, must then lease and send. With a context that has a
-// deadline and no Done, the leader's ActionError is shared with the
-// joiner instead (cutShort judges ctx.Err(), which such a context cannot
-// report), and the joiner's payment is never sent.
+// context is fine, must then lease and send, also when the leader's
+// context has a deadline and no Done (which its Err cannot report: cutShort
+// asks callerEnded).
 func TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -260,8 +259,8 @@ func (j *r3HeldElsewhereReadHangs) Release(context.Context, string, string) erro
 // with nothing sent." The wait reads the action again between two Lease
 // calls; the caller's context ending during that read (a stalled journal;
 // or, for a context with a deadline and no Done, the deadline passing in
-// the sleep between two looks, which such a context cannot cut) returns
-// the read's error instead, without ErrLeaseHeld.
+// the sleep between two looks, which is capped at it) ends with
+// ErrLeaseHeld too, and soon after the deadline.
 func TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
 	for _, tc := range []struct {
 		name       string

@@ -1,7 +1,7 @@
 package idemretry_test
 
-// the review's review of 5a75ef1: the release of a lease cut short by
-// OutcomeGrace, and who waits for it.
+// The release of a lease at the end of a RoundTrip, and who waits for it
+// (found by the review of 5a75ef1, which cut the release at OutcomeGrace).
 
 import (
 	"context"
@@ -65,11 +65,9 @@ func (j *r3SlowReleaseLeaser) Release(ctx context.Context, id, holder string) er
 
 // A leader cancelled while its attempt is on the wire: a joiner (this
 // Transport, context fine) carries the action on. The leader's Release
-// takes 400 ms, well within the journal timeout and the 1 s the release
-// had before 5a75ef1, but past OutcomeGrace: it is now cut, the lease
-// stays held by this very Transport's finished RoundTrip, and the joiner
-// waits for it to end (the TTL, 30 s by default) as if another machine
-// held it, and ends with ErrLeaseHeld ("in flight on another machine").
+// takes 400 ms, past OutcomeGrace but within the release's own second: it
+// completes, so the joiner is not left waiting for its own Transport's
+// lease to end (the TTL, 30 s by default) as if another machine held it.
 func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
 	srv := newSlowPayServer(t, 2*time.Second)
 	j := &r3SlowReleaseLeaser{Memory: journal.NewMemory(), slow: 400 * time.Millisecond,

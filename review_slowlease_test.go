@@ -77,8 +77,8 @@ func (j r3SlowReserve) Reserve(_ context.Context, rec journal.Record, mode journ
 }
 
 // The same without leases: a Reserve that succeeds after the deadline of a
-// context without Done (is the send after the deadline the lease's, or
-// the attempts'?).
+// context without Done sends nothing either (attempts checks the deadline
+// that nothing else can signal).
 func TestReviewReserveAfterTheDeadlineWithoutDoneSendsNothing(t *testing.T) {
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(r3SlowReserve{journal.NewMemory(), 500 * time.Millisecond}))

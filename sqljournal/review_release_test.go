@@ -16,11 +16,11 @@ import (
 // A payment cancelled by its caller while on the wire, while the
 // action's row is locked for 500 ms (a concurrent transaction: real
 // database load): the Release at the end of the RoundTrip waits for the
-// lock and is now cut at OutcomeGrace (250 ms), where it had up to 1 s
-// before 5a75ef1. The lease stays held by that finished RoundTrip, and the
-// app's resend of the same action through the same Transport waits for it
-// as for another machine's, for the whole TTL (30 s), and fails with
-// ErrLeaseHeld.
+// lock, for up to its own second (5a75ef1 cut it at OutcomeGrace, 250 ms,
+// and the lease then stayed held by that finished RoundTrip). The app's
+// resend of the same action through the same Transport must not wait for
+// it as for another machine's, for the whole TTL (30 s), nor fail with
+// ErrLeaseHeld: it is answered within its 5 s deadline, one charge.
 func TestReviewResendAfterCancelWaitsForOwnLeaseWhenReleaseIsCut(t *testing.T) {
 	probe := testDB(t)
 	j, table := openJournal(t, probe)
