@@ -42,10 +42,12 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		if lost := t.checkLease(ctx, a); lost != nil { // lease.go
 			return r.end(journal.StatePending, nil, lost, nil)
 		}
-		if ctx.Done() == nil && callerEnded(ctx) {
+		if ctx.Done() == nil {
 			// A context without a Done channel cannot stop the send
 			// at its deadline: nothing starts after it.
-			return r.end(journal.StatePending, nil, nil, context.DeadlineExceeded)
+			if err := callerErr(ctx); err != nil {
+				return r.end(journal.StatePending, nil, nil, err)
+			}
 		}
 		resp, sent, err := r.send(req, b)
 		if !sent {

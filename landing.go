@@ -52,12 +52,19 @@ func graceAfter(ctx context.Context, d time.Duration) time.Duration {
 // callerEnded reports whether the caller's ctx has ended: cancelled, or
 // past its deadline (which a context without a Done channel cannot report
 // through Err).
-func callerEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
+func callerEnded(ctx context.Context) bool { return callerErr(ctx) != nil }
+
+// callerErr is why the caller's ctx ended, or nil: its Err, or
+// context.DeadlineExceeded for a context without a Done channel past its
+// deadline.
+func callerErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	dl, ok := ctx.Deadline()
-	return ok && ctx.Done() == nil && !time.Now().Before(dl)
+	if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // journalContext bounds a journal call made before sending: by the caller's

@@ -199,8 +199,8 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		if err := sleepReal(ctx, max(wait, time.Millisecond)); err != nil {
 			return nil, heldElsewhere(err)
 		}
-		if callerEnded(ctx) {
-			return nil, heldElsewhere(context.DeadlineExceeded)
+		if err := callerErr(ctx); err != nil {
+			return nil, heldElsewhere(err)
 		}
 		waited = true
 		// Read the action again: the other machine may have finished it,
