@@ -117,18 +117,7 @@ func (j *r3LeaseFails) Release(context.Context, string, string) error { return n
 // is sent without one" — while the caller's context is fine, whatever
 // kind it is.
 func TestReviewFailingLeaseStillSendsWhileTheCallerIsFine(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-	}{
-		{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
-		{"WithTimeout", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), time.Minute)
-		}},
-		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(time.Minute)}, func() {}
-		}},
-	} {
+	for _, tc := range healthyContexts(time.Minute) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
 			j := &r3LeaseFails{Memory: journal.NewMemory()}
@@ -295,5 +284,25 @@ func TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
 			require.ErrorAs(t, err, &ae, "%v", err)
 			require.ErrorIs(t, err, idemretry.ErrLeaseHeld, "the caller's deadline ended the wait for a lease held elsewhere: %v", err)
 		})
+	}
+}
+
+// healthyContexts are the kinds of caller's context that stay fine through
+// a test: none, a deadline far off, and a far deadline without Done.
+func healthyContexts(far time.Duration) []struct {
+	name string
+	ctx  func() (context.Context, context.CancelFunc)
+} {
+	return []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+		{"WithTimeout", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), far)
+		}},
+		{"deadline without Done", func() (context.Context, context.CancelFunc) {
+			return rvNoDone{context.Background(), time.Now().Add(far)}, func() {}
+		}},
 	}
 }

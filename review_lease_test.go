@@ -71,30 +71,15 @@ func TestReviewLeaseReleaseBoundedAfterTheCallersContext(t *testing.T) {
 		"RoundTrip returned %v after its context was cancelled: it waited for the lease's Release past its bound", late)
 }
 
-// rlStalledUpdate is a blocking journal (it embeds Memory, so it is not a
-// NonBlocker) whose Update hangs until its context ends while stall is set.
-type rlStalledUpdate struct {
-	*journal.Memory
-	stall atomic.Bool
-}
-
-func (j *rlStalledUpdate) Update(ctx context.Context, rec journal.Record) error {
-	if j.stall.Load() {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return j.Memory.Update(ctx, rec)
-}
-
 // Close's landAll now judges a write cut by the journal timeout against
 // context.Background: the error says the journal is unavailable (README,
 // "Errors"), and still unwraps to context.DeadlineExceeded.
 func TestReviewCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
 	srv := newPayServer(t)
-	j := &rlStalledUpdate{Memory: journal.NewMemory()}
+	j := &rvOutcomes{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(200*time.Millisecond))
 	require.NoError(t, err)
-	j.stall.Store(true)
+	j.mode.Store(2) // Update hangs until its context ends
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rl-close"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -109,18 +109,7 @@ func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing
 // deadline, a far one, or a far one without Done): the journal timeout and
 // 1 s, not the caller's deadline.
 func TestReviewReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-	}{
-		{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
-		{"WithTimeout", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), time.Hour)
-		}},
-		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(time.Hour)}, func() {}
-		}},
-	} {
+	for _, tc := range healthyContexts(time.Hour) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
 			j := &rlHangingRelease{Memory: journal.NewMemory()}
