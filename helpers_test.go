@@ -503,6 +503,23 @@ func sendAsync(tr http.RoundTripper, req *http.Request) <-chan error {
 	return done
 }
 
+// resumed is what a Resume returned.
+type resumed struct {
+	res []idemretry.ResumeResult
+	err error
+}
+
+// resumeAsync runs tr.Resume with r while the test goes on, and sends what
+// it returned on the channel.
+func resumeAsync(ctx context.Context, tr *idemretry.Transport, r idemretry.Resumer, concurrency int) <-chan resumed {
+	done := make(chan resumed, 1)
+	go func() {
+		res, err := tr.Resume(ctx, r, concurrency)
+		done <- resumed{res, err}
+	}()
+	return done
+}
+
 // payAgain is the app paying again, through tr, each action in ids (those
 // Resolve was told had no charge), with body.
 func payAgain(t *testing.T, tr http.RoundTripper, ctx context.Context, url, body string, ids []string) {

@@ -62,17 +62,9 @@ func TestResumeBoundsTheFinalBodyDrain(t *testing.T) {
 			// if Resume hangs.
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			type out struct {
-				res []idemretry.ResumeResult
-				err error
-			}
-			done := make(chan out, 1)
 			start := time.Now()
-			go func() {
-				res, err := second.Resume(ctx, r, 1)
-				done <- out{res, err}
-			}()
-			var got out
+			done := resumeAsync(ctx, second, r, 1)
+			var got resumed
 			select {
 			case got = <-done:
 			case <-time.After(10 * time.Second):

@@ -100,15 +100,7 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	time.Sleep(window + 300*time.Millisecond) // the key window ends while the attempt is at the server
 
 	app := &providerResumer{srv: srv, url: srv.URL, body: body}
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	resumed := make(chan out, 1)
-	go func() {
-		res, err := tr.Resume(ctx, app, 0)
-		resumed <- out{res, err}
-	}()
+	done := resumeAsync(ctx, tr, app, 0)
 	// Resume either joins the flight in the air or (wrongly) resolves the
 	// action at once; give it time to do either.
 	deadline := time.Now().Add(3 * time.Second)
@@ -120,7 +112,7 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	inFlightWhenResolved := len(app.resolved) > 0
 	app.mu.Unlock()
 	unblock()
-	o := <-resumed
+	o := <-done
 	res, err := o.res, o.err
 	require.NoError(t, err)
 	require.NoError(t, <-live, "the live request gets its final answer")
@@ -163,18 +155,14 @@ func TestReview2ResumeExpireDoesNotForgetADoneAction(t *testing.T) {
 	clk.Advance(idemretry.DefaultKeyWindow - time.Hour + time.Minute) // pay:0's window has ended, pay:A's has 59 min left
 
 	app := &providerResumer{srv: srv, url: srv.URL, body: body, gateID: "pay:0", resolving: make(chan struct{}), gate: make(chan struct{})}
-	done := make(chan []idemretry.ResumeResult, 1)
-	go func() {
-		res, _ := tr.Resume(ctx, app, 1)
-		done <- res
-	}()
+	done := resumeAsync(ctx, tr, app, 1)
 	<-app.resolving
 	// Meanwhile the app resends pay:A: its key, a replay, done.
 	resp := roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	require.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
 	clk.Advance(2 * time.Hour) // pay:A's window ends before Resume comes to it
 	close(app.gate)
-	res := <-done
+	res := (<-done).res
 	require.Len(t, res, 2)
 	t.Logf("pay:A: forgotten=%v sent=%v err=%v; resolved %d", res[1].Forgotten, res[1].Sent, res[1].Err, len(app.resolved))
 	assert.False(t, res[1].Forgotten, "Resume resolved and forgot pay:A, whose record was done")
@@ -278,11 +266,11 @@ func TestReview2ResumeNotResumableForgetErasesAnotherMachinesAction(t *testing.T
 	}
 	j.mu.Unlock()
 	g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
-	done := resumeAsync(trA, ctx, g)
+	done := resumeAsync(ctx, trA, g, 1)
 	<-g.rebuilding
 	require.NoError(t, j.Forget(ctx, "pay:A")) // machine B reconciled pay:A: not charged, forgotten
 	close(g.gate)
-	res := <-done
+	res := (<-done).res
 	require.Len(t, res, 1)
 	t.Logf("A's resume: err=%v; B's request: %v", res[0].Err, errB)
 	require.ErrorIs(t, res[0].Err, idemretry.ErrNotResumable)
@@ -315,7 +303,7 @@ func TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
 	j.before = func(journal.Record, journal.Record, bool) { close(reserving); <-slow }
 	j.mu.Unlock()
 	g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
-	done := resumeAsync(tr, ctx, g)
+	done := resumeAsync(ctx, tr, g, 1)
 	<-g.rebuilding
 	require.NoError(t, j.Forget(ctx, "pay:A")) // the app reconciled pay:A and forgot it
 	close(g.gate)
@@ -323,7 +311,7 @@ func TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
 	live := sendAsync(tr, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	time.Sleep(500 * time.Millisecond) // the app's request joins the flight
 	close(slow)
-	res := <-done
+	res := (<-done).res
 	require.Len(t, res, 1)
 	require.ErrorIs(t, res[0].Err, idemretry.ErrNotResumable)
 	err := <-live

@@ -175,19 +175,11 @@ func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
 	require.ErrorIs(t, sendErr(trB, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)
 
 	app := &providerResumer{srv: srv, url: srv.URL, body: body}
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	resumed := make(chan out, 1)
-	go func() {
-		res, err := trA.Resume(ctx, app, 0)
-		resumed <- out{res, err}
-	}()
+	done := resumeAsync(ctx, trA, app, 0)
 	// Resume either waits for the flight in the air or resolves at once.
-	var o out
+	var o resumed
 	select {
-	case o = <-resumed:
+	case o = <-done:
 	case <-time.After(2 * time.Second):
 	}
 	app.mu.Lock()
@@ -195,7 +187,7 @@ func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
 	app.mu.Unlock()
 	unblock()
 	if o.res == nil {
-		o = <-resumed
+		o = <-done
 	}
 	require.NoError(t, o.err)
 	require.NoError(t, <-live, "A's request gets its final answer")

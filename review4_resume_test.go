@@ -77,20 +77,13 @@ func (j *listingJournal) Unfinished(ctx context.Context) ([]journal.Record, erro
 	return recs, err
 }
 
-// resumed is what a Resume returned.
-type resumed struct {
-	res []idemretry.ResumeResult
-	err error
-}
-
 // twoResumes runs two Resumes of tr at once, the second once the first is
 // in app's Resolve and has listed through j, and returns what each did.
 func twoResumes(ctx context.Context, tr *idemretry.Transport, app *onceResumer, j *listingJournal) (first, second resumed) {
-	r1, r2 := make(chan resumed, 1), make(chan resumed, 1)
-	go func() { res, err := tr.Resume(ctx, app, 1); r1 <- resumed{res, err} }()
+	r1 := resumeAsync(ctx, tr, app, 1)
 	<-j.listed
 	<-app.first // the first Resume is in Resolve
-	go func() { res, err := tr.Resume(ctx, app, 1); r2 <- resumed{res, err} }()
+	r2 := resumeAsync(ctx, tr, app, 1)
 	<-j.listed // the second Resume has listed pay:A too
 	close(app.gate)
 	return <-r1, <-r2

@@ -231,15 +231,7 @@ func TestReview5ResolvingRefusalRefusesADoneActionOnAStaleListing(t *testing.T) 
 	time.Sleep(window + 300*time.Millisecond)
 	require.ErrorIs(t, sendErr(there, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)
 
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	done := make(chan out, 1)
-	go func() {
-		res, err := here.Resume(ctx, &providerResumer{srv: srv, url: srv.URL, body: body}, 1)
-		done <- out{res, err}
-	}()
+	done := resumeAsync(ctx, here, &providerResumer{srv: srv, url: srv.URL, body: body}, 1)
 	<-gj.listed // this Resume listed pay:A unknown under K1
 
 	app := &providerResumer{srv: srv, url: srv.URL, body: body}
@@ -330,15 +322,7 @@ func TestReview5StillUnknownForgetErasesAnotherProcesssPayment(t *testing.T) {
 	time.Sleep(window + 300*time.Millisecond)
 	require.ErrorIs(t, sendErr(there, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body)), idemretry.ErrKeyWindowExpired)
 
-	type out struct {
-		res []idemretry.ResumeResult
-		err error
-	}
-	done := make(chan out, 1)
-	go func() {
-		res, err := here.Resume(ctx, &providerResumer{srv: srv, url: srv.URL, body: body}, 1)
-		done <- out{res, err}
-	}()
+	done := resumeAsync(ctx, here, &providerResumer{srv: srv, url: srv.URL, body: body}, 1)
 	<-gj.listed // this Resume listed pay:A unknown under K1
 
 	app1 := &providerResumer{srv: srv, url: srv.URL, body: body}

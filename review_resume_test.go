@@ -46,17 +46,6 @@ func (g *gatedResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.R
 
 func (g *gatedResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
 
-// resumeAsync runs tr.Resume(ctx, r, 1) on its own goroutine and returns
-// a channel that gets its results.
-func resumeAsync(tr *idemretry.Transport, ctx context.Context, r idemretry.Resumer) <-chan []idemretry.ResumeResult {
-	done := make(chan []idemretry.ResumeResult, 1)
-	go func() {
-		res, _ := tr.Resume(ctx, r, 1)
-		done <- res
-	}()
-	return done
-}
-
 // An unnamed payment is pending in the journal (its answer lost after the
 // server charged it, or simply still in flight when Resume lists the
 // journal). While Resume rebuilds it, the app's own identical request
@@ -121,12 +110,12 @@ func TestReviewResumeNeverMintsANewKey(t *testing.T) {
 			g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			done := resumeAsync(tr, ctx, g)
+			done := resumeAsync(ctx, tr, g, 1)
 			rec := <-g.rebuilding // Resume listed the pending payment and is rebuilding it
 			require.Equal(t, journal.StatePending, rec.State)
 			finish() // the app's own request finishes the action under rec.Key
 			close(g.gate)
-			res := <-done
+			res := (<-done).res
 			require.Len(t, res, 1)
 
 			reqs := srv.seen()
@@ -173,7 +162,7 @@ func TestReviewResumeStalledBodyWithJoiner(t *testing.T) {
 	r := &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}
 	ctx, cancel := context.WithCancel(context.Background()) // no deadline; cancelled only to free the test
 	defer cancel()
-	done := resumeAsync(second, ctx, r)
+	done := resumeAsync(ctx, second, r, 1)
 	<-arrived // Resume's request is at the server: Resume leads the flight
 
 	liveCtx, liveCancel := context.WithCancel(context.Background())
@@ -188,7 +177,8 @@ func TestReviewResumeStalledBodyWithJoiner(t *testing.T) {
 	close(release) // the 201's headers and a first chunk, then the body stalls
 
 	select {
-	case res := <-done:
+	case r := <-done:
+		res := r.res
 		require.Len(t, res, 1)
 		assert.Equal(t, http.StatusCreated, res[0].Status)
 	case <-time.After(10 * time.Second):
@@ -400,12 +390,12 @@ func TestResumeSendsNothingForAnActionNoLongerListed(t *testing.T) {
 			g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			done := resumeAsync(tr, ctx, g)
+			done := resumeAsync(ctx, tr, g, 1)
 			rec := <-g.rebuilding
 			tc.meanwhile(t, srv, j, tr, rec)
 			before := len(srv.seen())
 			close(g.gate)
-			res := <-done
+			res := (<-done).res
 			require.Len(t, res, 1)
 			t.Logf("result: sent=%v status=%d err=%v", res[0].Sent, res[0].Status, res[0].Err)
 			require.ErrorIs(t, res[0].Err, idemretry.ErrNotResumable)
