@@ -3,17 +3,12 @@ package idemretry
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
-	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/google/uuid"
 	"github.com/idemretry/idemretry/journal"
@@ -219,99 +214,4 @@ func formatKey(key string, quoted bool) string {
 		return `"` + key + `"`
 	}
 	return key
-}
-
-// fingerprint hashes what makes two requests the same payload: method, URL
-// and the SHA-256 of the body (of no bytes when it has none): read in place
-// where it can be (body.writeTo), else from a copy from its GetBody.
-func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
-	s := fingerprintScratch.Get().(*fpScratch)
-	defer fingerprintScratch.Put(s)
-	s.h.Reset()
-	if ok, err := bd.writeTo(s.h); err != nil {
-		return journal.Fingerprint{}, err
-	} else if !ok {
-		r, err := bd.reader()
-		if err != nil {
-			return journal.Fingerprint{}, err
-		}
-		if r != nil {
-			_, err = io.Copy(s.h, r)
-			r.Close()
-			if err != nil {
-				return journal.Fingerprint{}, err
-			}
-		}
-	}
-	// The sums go into the scratch buffer: a local array passed to the
-	// hash.Hash interface would escape, an allocation per request.
-	b := append(s.buf[:0], req.Method...)
-	b = append(b, 0)
-	b = appendURL(b, req.URL) // the same bytes as URL.String
-	b = append(b, 0)
-	b = s.h.Sum(b) // the body's SHA-256
-	s.buf = b
-	// The same SHA-256 as through s.h, on the stack: no Reset, no calls
-	// through the interface.
-	return sha256.Sum256(b), nil
-}
-
-// appendURL appends u.String() to b. The common form of a request URL
-// (scheme, host, a path and query that need no escaping, no user, no
-// fragment) is appended directly; any other goes through u.String().
-func appendURL(b []byte, u *url.URL) []byte {
-	if u.Opaque != "" || u.User != nil || u.OmitHost || u.Scheme == "" || u.Host == "" || u.RawPath != "" ||
-		u.Fragment != "" || u.RawFragment != "" || !plainURLPart(u.Host, &plainHost) || !plainURLPart(u.Path, &plainPath) ||
-		(u.Path != "" && u.Path[0] != '/') {
-		return append(b, u.String()...)
-	}
-	b = append(b, u.Scheme...)
-	b = append(b, "://"...)
-	b = append(b, u.Host...)
-	b = append(b, u.Path...)
-	if u.ForceQuery || u.RawQuery != "" {
-		b = append(b, '?')
-		b = append(b, u.RawQuery...)
-	}
-	return b
-}
-
-// plainURLPart reports whether s holds only bytes of set: letters, digits,
-// "-._~" and the bytes plainSet adds for a host or a path, what URL.String
-// writes as they are there.
-func plainURLPart(s string, set *[256]bool) bool {
-	for i := 0; i < len(s); i++ {
-		if !set[s[i]] {
-			return false
-		}
-	}
-	return true
-}
-
-// The bytes URL.String writes as they are in a host and in a path. Set at
-// initialisation, never changed.
-var plainHost, plainPath = plainSet(":[]"), plainSet("/")
-
-// plainSet returns the letters, digits, "-._~" and the bytes of extra.
-func plainSet(extra string) (set [256]bool) {
-	for c := 0; c < 256; c++ {
-		set[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' ||
-			strings.IndexByte(extra, byte(c)) >= 0
-	}
-	return set
-}
-
-// fpScratch is a hash and a buffer reused across fingerprints: the hot path
-// of every keyed request.
-type fpScratch struct {
-	h   hash.Hash
-	buf []byte
-}
-
-var fingerprintScratch = sync.Pool{New: func() any {
-	return &fpScratch{h: sha256.New(), buf: make([]byte, 0, 256)}
-}}
-
-func fingerprintActionID(fp journal.Fingerprint) string {
-	return fingerprintActionPrefix + hex.EncodeToString(fp[:])
 }

@@ -55,12 +55,37 @@ func (b *body) writeTo(w io.Writer) (ok bool, err error) {
 	return true, err
 }
 
-// reader returns a copy of the body to hash, or nil if there is none.
-func (b *body) reader() (io.ReadCloser, error) {
-	if b.getBody == nil {
-		return nil, nil
+// hashInto writes the body GetBody gives to a fingerprint's hash w: in
+// place where it can be (writeTo), else from a copy from GetBody.
+func (b *body) hashInto(w io.Writer) error {
+	if ok, err := b.writeTo(w); ok || err != nil {
+		return err
 	}
-	return b.getBody()
+	if b.getBody == nil {
+		return nil
+	}
+	r, err := b.getBody()
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return nil // GetBody gave no reader: no bytes
+	}
+	_, err = io.Copy(w, r)
+	r.Close()
+	return err
+}
+
+// size returns the body's length where it is known before it is read
+// (in memory, or GetBody's with a ContentLength), else -1.
+func (b *body) size(req *http.Request) int64 {
+	switch {
+	case b.buf != nil:
+		return int64(len(b.buf))
+	case b.getBody != nil && req.ContentLength > 0:
+		return req.ContentLength
+	}
+	return -1
 }
 
 // next returns the body for the next attempt: the caller's own on the first,

@@ -210,6 +210,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		// deliberate repeat.
 		again := who
 		again.byFingerprint = false
+		again.fp = a.rec.Fingerprint // ours, in the record's form: checked once
 		next, err := t.reserve(ctx, again, window, dst)
 		if err != nil {
 			if callerEnded(ctx) {

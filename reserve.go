@@ -45,24 +45,32 @@ type identity struct {
 	// it listed, or is nil: its action is resumed under its key, or not at
 	// all (see reserve).
 	resumed *resumeMark
+	// req and body are the request, to check it against a keyed
+	// fingerprint (samePayload).
+	req  *http.Request
+	body *body
 }
 
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
-	fp, err := fingerprint(req, b)
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
-	}
 	var callerKey string
 	if vs := headerValues(req.Header, t.cfg.header); len(vs) > 1 {
 		return identity{}, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
 	} else if len(vs) == 1 {
+		var err error
 		if callerKey, err = parseKey(vs[0]); err != nil {
 			return identity{}, err
 		}
 	}
 	if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
-		return resumedIdentity(m, fp)
+		return resumedIdentity(req, b, m)
+	}
+	// A named action's first hop may have a keyed fingerprint: its id
+	// does not depend on it.
+	_, explicit := actionOf(req.Context())
+	fp, err := newFingerprint(req, b, (callerKey != "" || explicit) && req.Response == nil)
+	if err != nil {
+		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
 	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
@@ -73,27 +81,51 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP, req: req, body: b}, nil
 }
 
-// resumedIdentity names a request Resume rebuilt for rec: exactly rec's
-// action, which the rebuilt request must match (its fingerprint), never a
-// new one. An action listed by its digest is recognised as named by its
-// fingerprint when the digest is that of the rebuilt request's
-// fingerprint id, so that it is reserved and synced as one.
-func resumedIdentity(m *resumeMark, fp journal.Fingerprint) (identity, error) {
+// resumedIdentity names a request Resume rebuilt for the record m lists:
+// exactly that action, which the rebuilt request must match (its
+// fingerprint, in the record's form), never a new one. An action listed by
+// its digest is recognised as named by its fingerprint when the digest is
+// that of the rebuilt request's fingerprint id, so that it is reserved and
+// synced as one.
+func resumedIdentity(req *http.Request, b *body, m *resumeMark) (identity, error) {
 	rec := m.rec
-	if rec.Fingerprint != fp {
+	fp, same, err := matchFingerprint(req, b, rec.Fingerprint)
+	if err != nil {
+		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
+	}
+	if !same {
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
 			Reason: ErrFingerprintMismatch}
 	}
-	who := identity{id: rec.ActionID, fp: fp, resumed: m}
+	who := identity{id: rec.ActionID, fp: fp, resumed: m, req: req, body: b}
 	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
 		who.id, who.byFingerprint = fpID, true
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
 		who.callerKey = rec.Key
 	}
 	return who, nil
+}
+
+// samePayload reports whether who's request is the payload fp was made
+// from, fp being its action's fingerprint as the journal or the flight's
+// leader holds it: equal to who.fp, or, when either is keyed (each request
+// draws its own secret), equal when who's is computed in fp's form. It
+// returns who's fingerprint in that form.
+func (who *identity) samePayload(fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
+	if fp == who.fp {
+		return fp, true, nil
+	}
+	if who.req == nil || (!isKeyed(fp) && !isKeyed(who.fp)) {
+		return who.fp, false, nil // plain both: computed alike
+	}
+	mine, same, err := matchFingerprint(who.req, who.body, fp)
+	if err != nil {
+		return who.fp, false, fmt.Errorf("idemretry: request body: %w", err)
+	}
+	return mine, same, nil
 }
 
 // reserve reserves the key of the action named by who, durably, and
@@ -176,10 +208,13 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 		return dst, nil
 	}
+	if _, same, err := who.samePayload(rec.Fingerprint); err != nil {
+		return nil, err
+	} else if !same {
+		return fail(ErrFingerprintMismatch)
+	}
 	now := t.now()
 	switch {
-	case rec.Fingerprint != who.fp:
-		return fail(ErrFingerprintMismatch)
 	case rec.State == journal.StateUnknown && windowEnds(rec, now, 0, window):
 		return fail(ErrKeyWindowExpired)
 	case rec.State == journal.StateUnknown:

@@ -229,7 +229,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		f, lead, mismatch := t.flights.join(who.id, who.fp)
 		switch {
 		case mismatch:
-			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
+			// The leader's fingerprint may be keyed, with a secret of
+			// its own: computed so, the two may be one payload.
+			fp, same, err := who.samePayload(f.fp)
+			if err != nil {
+				return nil, err
+			}
+			if !same {
+				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
+			}
+			who.fp = fp
+			continue
 		case lead:
 			return t.lead(req, b, who, f, s)
 		case t.flights.reconciling(f):
