@@ -155,8 +155,8 @@ type lease struct {
 // reserveLeased reserves the action named by who (see reserve) and, when
 // the journal is a Leaser, leases it, waiting while another machine holds
 // it. The lease is released by releaseLease.
-func (t *Transport) reserveLeased(ctx context.Context, who identity, window time.Duration, dst *action) (*action, error) {
-	a, err := t.reserve(ctx, who, window, dst)
+func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, window time.Duration, dst *action) (*action, error) {
+	a, err := t.reserve(ctx, who, p, window, dst)
 	if err != nil || !t.leasing {
 		return a, err
 	}
@@ -211,7 +211,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, window time
 		again := who
 		again.byFingerprint = false
 		again.fp = a.rec.Fingerprint // ours, in the record's form: checked once
-		next, err := t.reserve(ctx, again, window, dst)
+		next, err := t.reserve(ctx, again, p, window, dst)
 		if err != nil {
 			if callerEnded(ctx) {
 				return nil, heldElsewhere(err) // still waiting for the other machine

@@ -45,8 +45,13 @@ type identity struct {
 	// it listed, or is nil: its action is resumed under its key, or not at
 	// all (see reserve).
 	resumed *resumeMark
-	// req and body are the request, to check it against a keyed
-	// fingerprint (samePayload).
+}
+
+// payload is a keyed request's method, URL and body, for checking it
+// against a fingerprint of another form or secret (samePayload). It is
+// passed apart from identity, which leaks: the body stays on RoundTrip's
+// stack.
+type payload struct {
 	req  *http.Request
 	body *body
 }
@@ -81,7 +86,7 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP, req: req, body: b}, nil
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
 }
 
 // resumedIdentity names a request Resume rebuilt for the record m lists:
@@ -100,7 +105,7 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark) (identity, error
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
 			Reason: ErrFingerprintMismatch}
 	}
-	who := identity{id: rec.ActionID, fp: fp, resumed: m, req: req, body: b}
+	who := identity{id: rec.ActionID, fp: fp, resumed: m}
 	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
 		who.id, who.byFingerprint = fpID, true
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
@@ -109,19 +114,19 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark) (identity, error
 	return who, nil
 }
 
-// samePayload reports whether who's request is the payload fp was made
-// from, fp being its action's fingerprint as the journal or the flight's
-// leader holds it: equal to who.fp, or, when either is keyed (each request
-// draws its own secret), equal when who's is computed in fp's form. It
-// returns who's fingerprint in that form.
-func (who *identity) samePayload(fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
+// samePayload reports whether p, the request who names, is the payload fp
+// was made from, fp being its action's fingerprint as the journal or the
+// flight's leader holds it: equal to who.fp, or, when either is keyed
+// (each new record draws its own secret), equal when p's is computed in
+// fp's form. It returns p's fingerprint in that form.
+func (p payload) samePayload(who *identity, fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
 	if fp == who.fp {
 		return fp, true, nil
 	}
-	if who.req == nil || (!isKeyed(fp) && !isKeyed(who.fp)) {
+	if !isKeyed(fp) && !isKeyed(who.fp) {
 		return who.fp, false, nil // plain both: computed alike
 	}
-	mine, same, err := matchFingerprint(who.req, who.body, fp)
+	mine, same, err := matchFingerprint(p.req, p.body, fp)
 	if err != nil {
 		return who.fp, false, fmt.Errorf("idemretry: request body: %w", err)
 	}
@@ -132,7 +137,7 @@ func (who *identity) samePayload(fp journal.Fingerprint) (journal.Fingerprint, b
 // returns dst set to it. It sends nothing. Only the leader of the action's
 // flight calls it, so calls for one action never overlap within a
 // Transport.
-func (t *Transport) reserve(ctx context.Context, who identity, window time.Duration, dst *action) (*action, error) {
+func (t *Transport) reserve(ctx context.Context, who identity, p payload, window time.Duration, dst *action) (*action, error) {
 	id := who.id
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
@@ -208,7 +213,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, window time.Durat
 		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 		return dst, nil
 	}
-	if _, same, err := who.samePayload(rec.Fingerprint); err != nil {
+	if _, same, err := p.samePayload(&who, rec.Fingerprint); err != nil {
 		return nil, err
 	} else if !same {
 		return fail(ErrFingerprintMismatch)

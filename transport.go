@@ -231,7 +231,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case mismatch:
 			// The leader's fingerprint may be keyed, with a secret of
 			// its own: computed so, the two may be one payload.
-			fp, same, err := who.samePayload(f.fp)
+			fp, same, err := (payload{req, b}).samePayload(&who, f.fp)
 			if err != nil {
 				return nil, err
 			}
@@ -277,7 +277,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		}
 	}()
 	var pending bool
-	a, err := t.reserveLeased(req.Context(), who, s.keyWindow, &f.act) // lease.go: one machine in flight per action
+	a, err := t.reserveLeased(req.Context(), who, payload{req, b}, s.keyWindow, &f.act) // lease.go: one machine in flight per action
 	defer t.releaseLease(a)
 	if err == nil {
 		t.flights.setKey(f, a.rec.Key)

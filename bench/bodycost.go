@@ -12,16 +12,19 @@ import (
 // Large bodies without the network: what idemretry adds per MiB of an
 // 8 MiB POST with GetBody, over a base RoundTripper that reads the body
 // into a buffer, as a connection would, and answers (stub), against plain
-// net/http over the same stub; and what SHA-256,
-// the hash of idemretry's request fingerprint, costs per MiB. The Large case
-// measures the same POST over loopback, where the copy through the kernel
-// dilutes the difference; here the difference is all there is. The
-// fingerprint itself is unexported: its cost shows as idemretry's extra over
-// net/http, and SHA256 says what one full pass of hashing would be.
+// net/http over the same stub; and what SHA-256, the hash of idemretry's
+// plain request fingerprint (of an unnamed request, or a small body), costs
+// per MiB. A named action's large body has the keyed fingerprint (AES-GCM
+// tags under a secret of its record's). The Large case measures the same
+// POST over loopback, where the copy through the kernel dilutes the
+// difference; here the difference is all there is. The fingerprint itself
+// is unexported: its cost shows as idemretry's extra over net/http, and
+// SHA256 says what one full pass of SHA-256 would be.
 
 // BodyUnnamed is idemretry with the memory journal and no action id: the
-// action is named by its fingerprint, so the whole body must be hashed
-// before anything is sent. IdemMemory, named with WithAction, need not.
+// action is named by its plain fingerprint, a SHA-256 of the whole body,
+// made before anything is sent. IdemMemory, named with WithAction, has the
+// keyed one.
 const BodyUnnamed = "idemretry-memory-unnamed"
 
 // BodyNames lists the clients of BodyCost, baseline first.

@@ -113,8 +113,13 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// Fingerprint is the SHA-256 of a request's method, URL and body. It tells
-// whether a retried request is the same payload as the first.
+// Fingerprint tells whether a retried request is the same payload as the
+// first: a SHA-256 of the request's method, URL and body, or, for a named
+// action's large body, a digest keyed by a secret the fingerprint itself
+// holds (the Transport checks a request against it by computing the
+// request's own with that secret). A Journal stores it as it is given and
+// never compares it; a journal's readers must treat it as they would a
+// credential's hash, and not log it.
 type Fingerprint [sha256.Size]byte
 
 // Record is what a Journal keeps per action: what resuming needs, and never
