@@ -3,6 +3,7 @@ package idemretry
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
@@ -29,23 +30,27 @@ import (
 //   - plain: SHA-256(method 0 URL 0 SHA-256(body)). Unnamed requests have
 //     it (it names their action, so every process must compute the same),
 //     and so do redirect hops (8 of its bytes name the hop), small bodies,
-//     bodies of unknown length, CPUs without AES and carry-less multiply
-//     instructions, and every record of the releases before the keyed form.
-//   - keyed: keyedMagic (4 bytes), a secret (12 random bytes) and a digest
+//     bodies of unknown length, every request where the journal keeps no
+//     secret (journal.FingerprintKeeper) or the CPU has no AES and
+//     carry-less multiply instructions, and every record of the releases
+//     before the keyed form.
+//   - keyed: keyedMagic (4 bytes), a salt (12 random bytes) and a digest
 //     (16 bytes), for a named action's body of keyedMinBody bytes or more.
-//     The digest is a MAC of method, URL and body under the AES-128 key made
-//     of the first 16 bytes: each keyedChunk of the body is authenticated
-//     with AES-GCM (GHASH, several times SHA-256's speed; the chunk's index
-//     is its nonce), and the digest is SHA-256(method 0 URL 0 length
-//     SHA-256(tags)), cut to 16 bytes. Without the secret, which only the
-//     journal holds, no one can craft a body with another's digest: what a
-//     checksum (two CRC-32s were tried) could not promise.
+//     The digest is a MAC of method, URL and body under an AES-128 key the
+//     Transport derives from its journal's secret (fingerprintKey), which
+//     no Record holds: each keyedChunk of the body is authenticated with
+//     AES-GCM (GHASH, several times SHA-256's speed; the nonce is the salt's
+//     first 8 bytes and the chunk's index), and the digest is SHA-256(magic
+//     salt method 0 URL 0 length SHA-256(tags)), cut to 16 bytes. Without
+//     the secret no one can craft a body with another's digest, which a
+//     checksum (two CRC-32s were tried) could not promise; GHASH's key must
+//     stay secret for that, hence not in the record.
 //
 // A fingerprint is checked against a request by computing the request's in
-// the same form, with the same secret (matchFingerprint): the journal's
-// record and a flight's leader may each have drawn their own.
+// the same form, with the same salt (matchFingerprint): the journal's record
+// and a flight's leader may each have drawn their own.
 const (
-	keyedMinBody = 64 << 10 // smaller bodies: SHA-256 costs less than the key's set-up
+	keyedMinBody = 64 << 10 // smaller bodies: SHA-256 costs less than the cipher's set-up
 	keyedChunk   = 64 << 10
 )
 
@@ -54,78 +59,121 @@ const (
 var keyedMagic = [4]byte{'i', 'r', 'k', 1}
 
 // keyedHardware: this CPU runs AES-GCM in hardware, where the keyed form
-// is the faster. Set at initialisation, never changed.
-var keyedHardware = (runtime.GOARCH == "amd64" && cpu.X86.HasAES && cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSSE3) ||
-	(runtime.GOARCH == "arm64" && cpu.ARM64.HasAES && cpu.ARM64.HasPMULL)
+// is the faster. Every Apple arm64 CPU has AES and PMULL, which
+// golang.org/x/sys/cpu does not read there. Set at initialisation, never
+// changed.
+var keyedHardware = (runtime.GOARCH == "amd64" && cpu.X86.HasAES && cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSSE3 && cpu.X86.HasSSE41) ||
+	(runtime.GOARCH == "arm64" && (cpu.ARM64.HasAES && cpu.ARM64.HasPMULL || runtime.GOOS == "darwin" || runtime.GOOS == "ios"))
+
+// fpKey is the key of a Transport's keyed fingerprints, derived from its
+// journal's secret; the zero fpKey (ok false) makes and checks none.
+type fpKey struct {
+	aes [16]byte
+	ok  bool
+}
+
+// fingerprintKey derives j's fpKey: none when j keeps no secret, or when
+// the runtime refuses AES-GCM (GODEBUG=fips140=only).
+func fingerprintKey(j journal.Journal) fpKey {
+	k, keeper := j.(journal.FingerprintKeeper)
+	if !keeper {
+		return fpKey{}
+	}
+	secret, ok := k.FingerprintSecret()
+	if !ok {
+		return fpKey{}
+	}
+	mac := hmac.New(sha256.New, secret[:])
+	mac.Write([]byte("idemretry keyed fingerprint 1"))
+	var key fpKey
+	copy(key.aes[:], mac.Sum(nil))
+	if _, err := key.aead(); err != nil {
+		return fpKey{}
+	}
+	key.ok = true
+	return key
+}
+
+func (k *fpKey) aead() (cipher.AEAD, error) {
+	block, err := aes.NewCipher(k.aes[:])
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+// errFingerprintUncheckable: a keyed fingerprint that this Transport cannot
+// check, handed back in an *ActionError (nothing is sent), which prefixes it.
+var errFingerprintUncheckable = errors.New("the action's keyed fingerprint cannot be checked here: " +
+	"its journal keeps no fingerprint secret for this Transport (journal.FingerprintKeeper), or AES-GCM is refused (GODEBUG=fips140=only)")
 
 // isKeyed reports whether fp has the keyed form.
 func isKeyed(fp journal.Fingerprint) bool { return [4]byte(fp[:4]) == keyedMagic }
 
 // newFingerprint returns the fingerprint of req for a new record of its
-// action: keyed when keyable (a named action's first hop) and its body
-// known to be large, on hardware where that is the faster; plain otherwise.
-func newFingerprint(req *http.Request, b *body, keyable bool) (journal.Fingerprint, error) {
-	if !keyable || !keyedHardware || b.size(req) < keyedMinBody {
+// action: keyed when keyable (a named action's first hop), its body known
+// to be large, and key and the hardware make that the faster; plain
+// otherwise.
+func newFingerprint(req *http.Request, b *body, keyable bool, key *fpKey) (journal.Fingerprint, error) {
+	if !keyable || !key.ok || !keyedHardware || b.size(req) < keyedMinBody {
 		return fingerprint(req, b)
 	}
 	var head journal.Fingerprint
 	copy(head[:], keyedMagic[:])
 	if _, err := io.ReadFull(rand.Reader, head[len(keyedMagic):16]); err != nil {
-		return journal.Fingerprint{}, fmt.Errorf("fingerprint secret: %w", err)
+		return journal.Fingerprint{}, fmt.Errorf("idemretry: fingerprint salt: %w", err)
 	}
-	fp, err := keyedFingerprint(req, b, head)
-	if err == errNoGCM {
-		return fingerprint(req, b) // AES-GCM refused (GODEBUG=fips140=only): the plain form
-	}
-	return fp, err
+	return keyedFingerprint(req, b, head, key)
 }
 
 // matchFingerprint computes req's fingerprint in want's form (with want's
-// secret when keyed) and reports whether it is want.
-func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint) (journal.Fingerprint, bool, error) {
-	var keyedErr error
+// salt when keyed) and reports whether it is want. A keyed want that key
+// cannot check (the journal keeps no secret here, or AES-GCM is refused) is
+// errFingerprintUncheckable, unless req's plain fingerprint is want.
+func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint, key *fpKey) (journal.Fingerprint, bool, error) {
+	uncheckable := false
 	if isKeyed(want) {
-		fp, err := keyedFingerprint(req, b, want)
-		if err == nil && fp == want {
-			return fp, true, nil
+		fp, err := keyedFingerprint(req, b, want, key)
+		switch {
+		case errors.Is(err, errFingerprintUncheckable):
+			uncheckable = true
+		case err != nil || fp == want:
+			return fp, err == nil, err
 		}
-		if err != errNoGCM && err != nil {
-			return journal.Fingerprint{}, false, err
-		}
-		keyedErr = err // a plain one that begins with keyedMagic is checked below
+		// A plain fingerprint that begins with keyedMagic is checked below.
 	}
 	fp, err := fingerprint(req, b)
 	if err != nil {
 		return journal.Fingerprint{}, false, err
 	}
-	if fp != want && keyedErr != nil {
-		return journal.Fingerprint{}, false, keyedErr // cannot be checked here
+	if fp != want && uncheckable {
+		return journal.Fingerprint{}, false, errFingerprintUncheckable
 	}
 	return fp, fp == want, nil
 }
 
-// errNoGCM: the runtime refused AES-GCM (GODEBUG=fips140=only).
-var errNoGCM = errors.New("idemretry: AES-GCM is not available (GODEBUG=fips140=only?): a keyed fingerprint cannot be checked")
-
-// keyedFingerprint returns req's keyed fingerprint under head's first 16
-// bytes (keyedMagic and the secret).
-func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint) (journal.Fingerprint, error) {
-	block, err := aes.NewCipher(head[:16])
-	if err != nil {
-		return journal.Fingerprint{}, err
+// keyedFingerprint returns req's keyed fingerprint with head's magic and
+// salt, under key.
+func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key *fpKey) (journal.Fingerprint, error) {
+	if !key.ok {
+		return journal.Fingerprint{}, errFingerprintUncheckable
 	}
-	aead, err := cipher.NewGCM(block)
+	aead, err := key.aead()
 	if err != nil {
-		return journal.Fingerprint{}, errNoGCM
+		return journal.Fingerprint{}, fmt.Errorf("%w: %w", errFingerprintUncheckable, err)
 	}
 	k := keyedScratch.Get().(*keyedHash)
-	defer keyedScratch.Put(k)
-	k.reset(aead)
+	defer func() {
+		k.aead = nil // the key schedule is not kept in the pool
+		keyedScratch.Put(k)
+	}()
+	k.reset(aead, head[len(keyedMagic):len(keyedMagic)+8])
 	if err := b.hashInto(k); err != nil {
-		return journal.Fingerprint{}, err
+		return journal.Fingerprint{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
 	k.end()
-	buf := append(k.buf[:0], req.Method...)
+	buf := append(k.buf[:0], head[:16]...)
+	buf = append(buf, req.Method...)
 	buf = append(buf, 0)
 	buf = appendURL(buf, req.URL)
 	buf = append(buf, 0)
@@ -145,9 +193,9 @@ type keyedHash struct {
 	aead  cipher.AEAD
 	tags  hash.Hash // SHA-256 of the chunks' tags, in order
 	chunk []byte    // a chunk being filled, of capacity keyedChunk
-	n     uint64    // chunks authenticated
+	n     uint32    // chunks authenticated
 	size  uint64    // bytes written
-	nonce [12]byte
+	nonce [12]byte  // the salt's first 8 bytes, and n
 	tag   []byte
 	buf   []byte
 }
@@ -156,8 +204,9 @@ var keyedScratch = sync.Pool{New: func() any {
 	return &keyedHash{tags: sha256.New(), chunk: make([]byte, 0, keyedChunk), tag: make([]byte, 0, 16), buf: make([]byte, 0, 256)}
 }}
 
-func (k *keyedHash) reset(aead cipher.AEAD) {
+func (k *keyedHash) reset(aead cipher.AEAD, noncePrefix []byte) {
 	k.aead, k.n, k.size = aead, 0, 0
+	copy(k.nonce[:8], noncePrefix)
 	k.tags.Reset()
 	k.chunk = k.chunk[:0]
 }
@@ -188,11 +237,10 @@ func (k *keyedHash) end() {
 		k.seal(k.chunk)
 		k.chunk = k.chunk[:0]
 	}
-	k.aead = nil
 }
 
 func (k *keyedHash) seal(c []byte) {
-	binary.BigEndian.PutUint64(k.nonce[4:], k.n)
+	binary.BigEndian.PutUint32(k.nonce[8:], k.n)
 	k.n++
 	k.tag = k.aead.Seal(k.tag[:0], k.nonce[:], nil, c)
 	k.tags.Write(k.tag)
@@ -205,7 +253,7 @@ func fingerprint(req *http.Request, bd *body) (journal.Fingerprint, error) {
 	defer fingerprintScratch.Put(s)
 	s.h.Reset()
 	if err := bd.hashInto(s.h); err != nil {
-		return journal.Fingerprint{}, err
+		return journal.Fingerprint{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
 	// The sums go into the scratch buffer: a local array passed to the
 	// hash.Hash interface would escape, an allocation per request.

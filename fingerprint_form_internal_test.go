@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"io"
@@ -18,24 +19,48 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// keeper is a journal that keeps a secret it is given.
+type keeper struct {
+	journal.Journal
+	secret [32]byte
+}
+
+func (k keeper) FingerprintSecret() ([32]byte, bool) { return k.secret, true }
+
+// testKey is the fpKey of a journal whose secret is 0x01 0x02 ... 0x20.
+func testKey(t *testing.T) (fpKey, [32]byte) {
+	t.Helper()
+	var secret [32]byte
+	for i := range secret {
+		secret[i] = byte(i + 1)
+	}
+	key := fingerprintKey(keeper{journal.NewMemory(), secret})
+	require.True(t, key.ok)
+	return key, secret
+}
+
 // keyedReference is the keyed form's definition, written out plainly: it
 // pins what journals hold (a record keeps its fingerprint for its key
-// window and past a restart, so the definition must not drift).
-func keyedReference(t *testing.T, head journal.Fingerprint, method, url string, body []byte) journal.Fingerprint {
+// window and past a restart, and every process sharing the journal must
+// compute the same, so the definition must not drift).
+func keyedReference(t *testing.T, secret [32]byte, head journal.Fingerprint, method, url string, body []byte) journal.Fingerprint {
 	t.Helper()
-	block, err := aes.NewCipher(head[:16])
+	mac := hmac.New(sha256.New, secret[:])
+	mac.Write([]byte("idemretry keyed fingerprint 1"))
+	block, err := aes.NewCipher(mac.Sum(nil)[:16])
 	require.NoError(t, err)
 	aead, err := cipher.NewGCM(block)
 	require.NoError(t, err)
 	tags := sha256.New()
 	for i := 0; i*keyedChunk < len(body); i++ {
 		var nonce [12]byte
-		binary.BigEndian.PutUint64(nonce[4:], uint64(i))
+		copy(nonce[:8], head[4:12])
+		binary.BigEndian.PutUint32(nonce[8:], uint32(i))
 		tags.Write(aead.Seal(nil, nonce[:], nil, body[i*keyedChunk:min(len(body), (i+1)*keyedChunk)]))
 	}
 	var length [8]byte
 	binary.BigEndian.PutUint64(length[:], uint64(len(body)))
-	sum := sha256.Sum256([]byte(method + "\x00" + url + "\x00" + string(length[:]) + string(tags.Sum(nil))))
+	sum := sha256.Sum256([]byte(string(head[:16]) + method + "\x00" + url + "\x00" + string(length[:]) + string(tags.Sum(nil))))
 	fp := head
 	copy(fp[16:], sum[:16])
 	return fp
@@ -79,30 +104,98 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 	if !keyedHardware {
 		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
 	}
+	key, secret := testKey(t)
 	for _, n := range []int{keyedMinBody, keyedChunk + 1, 2*keyedChunk - 1, 3 * keyedChunk, 5*keyedChunk + 777} {
 		p := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz"), n/36+1)[:n]
 		req, b := keyedRequest(t, p, false, 0)
-		fp, err := newFingerprint(req, b, true)
+		fp, err := newFingerprint(req, b, true, &key)
 		require.NoError(t, err)
 		require.True(t, isKeyed(fp), "size %d", n)
-		require.Equal(t, keyedReference(t, fp, http.MethodPost, req.URL.String(), p), fp, "size %d", n)
-		again, err := newFingerprint(req, b, true)
+		require.Equal(t, keyedReference(t, secret, fp, http.MethodPost, req.URL.String(), p), fp, "size %d", n)
+		again, err := newFingerprint(req, b, true, &key)
 		require.NoError(t, err)
-		assert.NotEqual(t, fp[4:16], again[4:16], "each new fingerprint draws its own secret")
+		assert.NotEqual(t, fp[4:16], again[4:16], "each new fingerprint draws its own salt")
 		for seed := range uint64(5) {
 			r2, b2 := keyedRequest(t, p, true, seed)
-			got, same, err := matchFingerprint(r2, b2, fp)
+			got, same, err := matchFingerprint(r2, b2, fp, &key)
 			require.NoError(t, err)
 			require.True(t, same, "size %d, split with seed %d", n, seed)
 			require.Equal(t, fp, got)
 			q := bytes.Clone(p)
 			q[rand.New(rand.NewPCG(seed, 2)).IntN(n)] ^= 1
 			r3, b3 := keyedRequest(t, q, seed%2 == 0, seed)
-			_, same, err = matchFingerprint(r3, b3, fp)
+			_, same, err = matchFingerprint(r3, b3, fp, &key)
 			require.NoError(t, err)
 			require.False(t, same, "size %d: one bit flipped matched", n)
 		}
 	}
+}
+
+// A record's keyed fingerprint does not hold its key: GHASH is collided at
+// will by whoever knows its key H (AES_K(0)), by adding 1 to one block of
+// a chunk and H to the next (the two terms cancel). A forger who reads the
+// record and takes its first 16 bytes for the key, as a key kept in the
+// record would have let them, does not get a body that passes; one who has
+// the journal's secret does, which is why the secret stays in the journal.
+func TestKeyedFingerprintIsNotForgedFromTheRecord(t *testing.T) {
+	if !keyedHardware {
+		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
+	}
+	key, _ := testKey(t)
+	p := bytes.Repeat([]byte(`{"amount":1000,"iban":"DE00000000000000000000"}`+"\n"), 3*keyedChunk/48)
+	req, b := keyedRequest(t, p, false, 0)
+	fp, err := newFingerprint(req, b, true, &key)
+	require.NoError(t, err)
+	forge := func(aesKey []byte) []byte {
+		block, err := aes.NewCipher(aesKey)
+		require.NoError(t, err)
+		var h [16]byte
+		block.Encrypt(h[:], h[:])
+		q := bytes.Clone(p)
+		at := keyedChunk + 16*7 // two blocks inside the second chunk
+		q[at+15] ^= 1           // GHASH's field element 1 is 0x80 in the first byte; either way, add x and then x*H
+		var one [16]byte
+		one[15] = 1
+		// Adding d to block i and d*H to block i+1 leaves GHASH unchanged
+		// (d*H^(k) + d*H*H^(k-1)); d*H is computed in GHASH's field.
+		dh := ghashMul(one, h)
+		for i := range dh {
+			q[at+16+i] ^= dh[i]
+		}
+		return q
+	}
+	fromRecord := forge(fp[:16])
+	r1, b1 := keyedRequest(t, fromRecord, false, 0)
+	_, same, err := matchFingerprint(r1, b1, fp, &key)
+	require.NoError(t, err)
+	assert.False(t, same, "a body forged from the record alone passed")
+	withSecret := forge(key.aes[:])
+	r2, b2 := keyedRequest(t, withSecret, false, 0)
+	_, same, err = matchFingerprint(r2, b2, fp, &key)
+	require.NoError(t, err)
+	assert.True(t, same, "the forgery with the journal's key did not pass: the test forges nothing")
+}
+
+// ghashMul multiplies x and y in GHASH's field (NIST SP 800-38D, 6.3).
+func ghashMul(x, y [16]byte) [16]byte {
+	var z [16]byte
+	v := y
+	for i := 0; i < 128; i++ {
+		if x[i/8]>>(7-i%8)&1 == 1 {
+			for j := range z {
+				z[j] ^= v[j]
+			}
+		}
+		lsb := v[15] & 1
+		for j := 15; j > 0; j-- {
+			v[j] = v[j]>>1 | v[j-1]<<7
+		}
+		v[0] >>= 1
+		if lsb == 1 {
+			v[0] ^= 0xe1
+		}
+	}
+	return z
 }
 
 // Where a new fingerprint is plain: not keyable (unnamed, a redirect hop),
@@ -130,10 +223,11 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 		req.Body = io.NopCloser(req.Body) // a caller's Body: hashed from GetBody
 		b, err := newBody(req, 1<<30)
 		require.NoError(t, err)
-		fp, err := newFingerprint(req, &b, c.keyable)
+		key, _ := testKey(t)
+		fp, err := newFingerprint(req, &b, c.keyable, &key)
 		require.NoError(t, err, c.name)
 		require.Equal(t, plain(req, c.p), fp, c.name)
-		_, same, err := matchFingerprint(req, &b, fp)
+		_, same, err := matchFingerprint(req, &b, fp, &key)
 		require.NoError(t, err)
 		require.True(t, same, c.name)
 	}

@@ -71,6 +71,12 @@ func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool
 	defer fs.mu.Unlock()
 	if f = fs.find(id); f != nil {
 		if f.fp != fp {
+			// The caller may wait for the flight to land all the same
+			// (holdFlight, when a keyed fingerprint cannot be compared
+			// here): it needs the channel that tells it so.
+			if f.done == nil {
+				f.done = make(chan struct{})
+			}
 			return f, false, true
 		}
 		f.joiners++

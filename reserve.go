@@ -48,12 +48,32 @@ type identity struct {
 }
 
 // payload is a keyed request's method, URL and body, for checking it
-// against a fingerprint of another form or secret (samePayload). It is
+// against a fingerprint of another form or salt (samePayload). It is
 // passed apart from identity, which leaks: the body stays on RoundTrip's
 // stack.
 type payload struct {
 	req  *http.Request
 	body *body
+}
+
+// samePayload reports whether p, the request who names, is the payload fp
+// was made from, fp being its action's fingerprint as the journal or the
+// flight's leader holds it: equal to who.fp, or, when either is keyed
+// (each new record draws its own salt), equal when p's is computed in fp's
+// form. It returns p's fingerprint in that form. Its errors are the
+// body's, and errFingerprintUncheckable.
+func (t *Transport) samePayload(p payload, who *identity, fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
+	if fp == who.fp {
+		return fp, true, nil
+	}
+	if !isKeyed(fp) && !isKeyed(who.fp) {
+		return who.fp, false, nil // plain both: computed alike
+	}
+	mine, same, err := matchFingerprint(p.req, p.body, fp, &t.fpKey)
+	if err != nil {
+		return who.fp, false, err
+	}
+	return mine, same, nil
 }
 
 // identify names req's action.
@@ -68,14 +88,14 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		}
 	}
 	if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
-		return resumedIdentity(req, b, m)
+		return resumedIdentity(req, b, m, &t.fpKey)
 	}
 	// A named action's first hop may have a keyed fingerprint: its id
 	// does not depend on it.
 	_, explicit := actionOf(req.Context())
-	fp, err := newFingerprint(req, b, (callerKey != "" || explicit) && req.Response == nil)
+	fp, err := newFingerprint(req, b, (callerKey != "" || explicit) && req.Response == nil, &t.fpKey)
 	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
+		return identity{}, err
 	}
 	id, err := t.actionID(req, callerKey, fp)
 	if err != nil {
@@ -95,11 +115,11 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 // its digest is recognised as named by its fingerprint when the digest is
 // that of the rebuilt request's fingerprint id, so that it is reserved and
 // synced as one.
-func resumedIdentity(req *http.Request, b *body, m *resumeMark) (identity, error) {
+func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (identity, error) {
 	rec := m.rec
-	fp, same, err := matchFingerprint(req, b, rec.Fingerprint)
-	if err != nil {
-		return identity{}, fmt.Errorf("idemretry: request body: %w", err)
+	fp, same, err := matchFingerprint(req, b, rec.Fingerprint, key)
+	if err != nil { // the rebuilt body, or a keyed fingerprint that cannot be checked
+		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true, Err: err}
 	}
 	if !same {
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
@@ -112,25 +132,6 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark) (identity, error
 		who.callerKey = rec.Key
 	}
 	return who, nil
-}
-
-// samePayload reports whether p, the request who names, is the payload fp
-// was made from, fp being its action's fingerprint as the journal or the
-// flight's leader holds it: equal to who.fp, or, when either is keyed
-// (each new record draws its own secret), equal when p's is computed in
-// fp's form. It returns p's fingerprint in that form.
-func (p payload) samePayload(who *identity, fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
-	if fp == who.fp {
-		return fp, true, nil
-	}
-	if !isKeyed(fp) && !isKeyed(who.fp) {
-		return who.fp, false, nil // plain both: computed alike
-	}
-	mine, same, err := matchFingerprint(p.req, p.body, fp)
-	if err != nil {
-		return who.fp, false, fmt.Errorf("idemretry: request body: %w", err)
-	}
-	return mine, same, nil
 }
 
 // reserve reserves the key of the action named by who, durably, and
@@ -213,8 +214,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 		return dst, nil
 	}
-	if _, same, err := p.samePayload(&who, rec.Fingerprint); err != nil {
-		return nil, err
+	if _, same, err := t.samePayload(p, &who, rec.Fingerprint); err != nil {
+		// The body read again, or a keyed fingerprint that cannot be
+		// checked: the action exists, and an earlier run may have sent it.
+		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
 	} else if !same {
 		return fail(ErrFingerprintMismatch)
 	}

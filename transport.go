@@ -53,6 +53,9 @@ type Transport struct {
 	// leasing: the journal is a journal.Leaser, asked once; without one no
 	// lease is ever held, and the attempts skip the lease table (lease.go).
 	leasing bool
+	// fpKey: of the keyed fingerprints, from the journal's secret; set by
+	// NewTransport, never changed.
+	fpKey fpKey
 }
 
 // NewTransport returns a Transport that sends through base (if nil, its own
@@ -85,6 +88,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		}
 	}
 	t.journalNonBlocking = neverBlocks(t.journal)
+	t.fpKey = fingerprintKey(t.journal)
 	_, t.leasing = t.journal.(journal.Leaser)
 	t.logClock()
 	return t, nil
@@ -231,9 +235,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case mismatch:
 			// The leader's fingerprint may be keyed, with a secret of
 			// its own: computed so, the two may be one payload.
-			fp, same, err := (payload{req, b}).samePayload(&who, f.fp)
-			if err != nil {
-				return nil, err
+			fp, same, err := t.samePayload(payload{req, b}, &who, f.fp)
+			if err != nil { // the body read again, or a keyed fingerprint that cannot be checked
+				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 			}
 			if !same {
 				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}

@@ -37,7 +37,8 @@ type Recovery struct {
 	// salvage whose copy cannot be written fails and changes nothing.
 	Salvaged    []*CorruptionError
 	CorruptCopy string
-	// ModeTightened lists the paths (the directory, the journal, LOCK)
+	// ModeTightened lists the paths (the directory, the journal, LOCK,
+	// fingerprint.key)
 	// whose permissions were wider than 0700 (directory) or 0600 (files)
 	// and that Open narrowed to them, the process owning them.
 	// ModeNotOwned lists those it left wider because another user owns
@@ -57,6 +58,13 @@ type Recovery struct {
 	// Compacted: Open rewrote the journal (it was mostly dead records,
 	// expired records, duplicated frames, or salvaged).
 	Compacted bool
+	// FingerprintSecretErr says why the journal has no fingerprint secret
+	// (see Journal.FingerprintSecret): fingerprint.key is damaged (a
+	// *CorruptionError; it is left as it is) or could not be made (a full
+	// disk, say). The journal works without: new fingerprints are SHA-256,
+	// and an action recorded with a keyed one is refused, nothing sent,
+	// until the secret can be read again or the action's key window ends.
+	FingerprintSecretErr error
 }
 
 // Open opens the file journal in dir, creating the directory (mode 0700,
@@ -125,7 +133,7 @@ func open(dir string, c config) (*Journal, error) {
 	for _, p := range []struct {
 		path string
 		max  fs.FileMode
-	}{{dir, 0o700}, {filepath.Join(dir, journalName), 0o600}, {lockPath, 0o600}} {
+	}{{dir, 0o700}, {filepath.Join(dir, journalName), 0o600}, {lockPath, 0o600}, {filepath.Join(dir, secretName), 0o600}} {
 		tightened, notOwned, err := tighten(p.path, p.max)
 		if err != nil {
 			_ = lk.Release()
@@ -166,6 +174,10 @@ func open(dir string, c config) (*Journal, error) {
 		return nil, wrap(err, "open %s", dir)
 	}
 	rep.Records = len(j.m)
+	// After recovery: a journal it refuses is left as it was.
+	if j.secret, rep.FingerprintSecretErr = loadSecret(dir); rep.FingerprintSecretErr == nil {
+		j.hasSecret = true
+	}
 	rep.ModeTightened, rep.ModeNotOwned = modes.ModeTightened, modes.ModeNotOwned
 	j.recovery = rep
 	j.sizeSeen = j.size

@@ -51,11 +51,15 @@ import (
 // a lazy Update wakes no one (it arms the flush timer); Sync waits for the
 // batch its updates are in, with everyone else's.
 type Journal struct {
-	opts     config
-	dir      string
-	path     string
-	lock     *lockfile.Lock
-	recovery Recovery
+	opts config
+	dir  string
+	// secret is FingerprintSecret's (secret.go), set by Open when
+	// hasSecret; never changed.
+	secret    [32]byte
+	hasSecret bool
+	path      string
+	lock      *lockfile.Lock
+	recovery  Recovery
 
 	mu        sync.Mutex
 	m         map[string]ref    // live records by stored id, in slots

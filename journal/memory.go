@@ -2,8 +2,10 @@ package journal
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"math"
 	"sort"
 	"sync"
@@ -36,15 +38,18 @@ type Memory struct {
 	// for CreatedAt's Location (so that CreatedAt is returned exactly as it
 	// was given); text holds their ids and keys. Both grow by whole pages
 	// and chunks, never by copying what they hold.
-	seed    maphash.Seed
-	mask    uint64            // of the hashes; tests narrow it to make ids collide
-	records map[uint64]uint32 // hash of an action id -> 1 + the index of the first entry of its chain
-	pages   []*memPage
-	n       int      // entries made: pages hold entries 0 to n-1
-	free    []uint32 // indexes of unused entries below n
-	text    [][]byte // chunks of textChunk bytes (or one id and key, if longer)
-	dead    int      // bytes of text that no entry uses
-	size    int      // bytes of text
+	seed maphash.Seed
+	// secret is FingerprintSecret's, set by NewMemory, never changed.
+	secret    [32]byte
+	hasSecret bool
+	mask      uint64            // of the hashes; tests narrow it to make ids collide
+	records   map[uint64]uint32 // hash of an action id -> 1 + the index of the first entry of its chain
+	pages     []*memPage
+	n         int      // entries made: pages hold entries 0 to n-1
+	free      []uint32 // indexes of unused entries below n
+	text      [][]byte // chunks of textChunk bytes (or one id and key, if longer)
+	dead      int      // bytes of text that no entry uses
+	size      int      // bytes of text
 
 	retention time.Duration
 	now       func() time.Time
@@ -104,6 +109,8 @@ func MemoryClock(now func() time.Time) MemoryOption {
 // NewMemory returns an empty Memory journal.
 func NewMemory(opts ...MemoryOption) *Memory {
 	j := &Memory{seed: maphash.MakeSeed(), mask: math.MaxUint64, records: make(map[uint64]uint32), retention: DefaultRetention, now: time.Now}
+	_, err := io.ReadFull(rand.Reader, j.secret[:])
+	j.hasSecret = err == nil
 	for _, o := range opts {
 		if o != nil {
 			o(j)
@@ -112,6 +119,11 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	j.start = j.now()
 	return j
 }
+
+// FingerprintSecret implements FingerprintKeeper: a secret drawn from
+// crypto/rand when the Memory was made (ok is false if that failed), which
+// never leaves the process.
+func (j *Memory) FingerprintSecret() ([32]byte, bool) { return j.secret, j.hasSecret }
 
 // NeverBlocks implements NonBlocker: a Memory call waits for nothing but
 // the other calls' hold of its lock, which none keeps across a wait. It is

@@ -84,3 +84,19 @@ type NonBlocker interface {
 type Getter interface {
 	Get(ctx context.Context, actionID string) (Record, bool, error)
 }
+
+// A FingerprintKeeper is a Journal that keeps a secret of its own for the
+// Transport's keyed request fingerprints: those of a named action's large
+// body, checked with a MAC under a key made from the secret (several times
+// faster than the SHA-256 that every other fingerprint is). The secret must
+// be random, the same for every process that opens the journal for as long
+// as any record made with it lives, never part of a Record, and readable
+// only by whoever may also write the journal: whoever has it can craft a
+// second body that passes for a first under the same action. ok is false
+// when the journal has none (its records then get SHA-256 fingerprints,
+// and a keyed one it holds cannot be checked). FingerprintSecret must be
+// cheap and safe for concurrent use. A journal that is no FingerprintKeeper
+// gets SHA-256 fingerprints alone.
+type FingerprintKeeper interface {
+	FingerprintSecret() (secret [32]byte, ok bool)
+}
