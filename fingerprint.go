@@ -34,14 +34,17 @@ import (
 //     secret (journal.FingerprintKeeper) or the CPU has no AES and
 //     carry-less multiply instructions, and every record of the releases
 //     before the keyed form.
-//   - keyed: keyedMagic (4 bytes), a salt (12 random bytes) and a digest
-//     (16 bytes), for a named action's body of keyedMinBody bytes or more.
-//     The digest is a MAC of method, URL and body under an AES-128 key the
-//     Transport derives from its journal's secret (fingerprintKey), which
-//     no Record holds: each keyedChunk of the body is authenticated with
-//     AES-GCM (GHASH, several times SHA-256's speed; the nonce is the salt's
-//     first 8 bytes and the chunk's index), and the digest is SHA-256(magic
-//     salt method 0 URL 0 length SHA-256(tags)), cut to 16 bytes. Without
+//   - keyed: keyedMagic (4 bytes), the key's id (4), a salt (8 random
+//     bytes) and a digest (16), for a named action's body of keyedMinBody
+//     bytes or more. The digest is a MAC of method, URL and body under an
+//     AES-128 key the Transport derives from its journal's secret
+//     (fingerprintKey), which no Record holds: each keyedChunk of the body
+//     is authenticated with AES-GCM (GHASH, several times SHA-256's speed;
+//     the nonce is the salt and the chunk's index), and the digest is
+//     SHA-256(magic id salt method 0 URL 0 length SHA-256(tags)), cut to 16
+//     bytes. The id tells a fingerprint made under another secret (a
+//     journal's fingerprint.key deleted, a record copied elsewhere), which
+//     cannot be checked, from another payload. Without
 //     the secret no one can craft a body with another's digest, which a
 //     checksum (two CRC-32s were tried) could not promise; GHASH's key must
 //     stay secret for that, hence not in the record.
@@ -69,6 +72,7 @@ var keyedHardware = (runtime.GOARCH == "amd64" && cpu.X86.HasAES && cpu.X86.HasP
 // journal's secret; the zero fpKey (ok false) makes and checks none.
 type fpKey struct {
 	aes [16]byte
+	id  [4]byte // in every fingerprint made with it
 	ok  bool
 }
 
@@ -86,7 +90,9 @@ func fingerprintKey(j journal.Journal) fpKey {
 	mac := hmac.New(sha256.New, secret[:])
 	mac.Write([]byte("idemretry keyed fingerprint 1"))
 	var key fpKey
-	copy(key.aes[:], mac.Sum(nil))
+	sum := mac.Sum(nil)
+	copy(key.aes[:], sum[:16])
+	copy(key.id[:], sum[16:20])
 	if _, err := key.aead(); err != nil {
 		return fpKey{}
 	}
@@ -119,8 +125,9 @@ func newFingerprint(req *http.Request, b *body, keyable bool, key *fpKey) (journ
 		return fingerprint(req, b)
 	}
 	var head journal.Fingerprint
-	copy(head[:], keyedMagic[:])
-	if _, err := io.ReadFull(rand.Reader, head[len(keyedMagic):16]); err != nil {
+	copy(head[:4], keyedMagic[:])
+	copy(head[4:8], key.id[:])
+	if _, err := io.ReadFull(rand.Reader, head[8:16]); err != nil {
 		return journal.Fingerprint{}, fmt.Errorf("idemretry: fingerprint salt: %w", err)
 	}
 	return keyedFingerprint(req, b, head, key)
@@ -152,10 +159,10 @@ func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint, key 
 	return fp, fp == want, nil
 }
 
-// keyedFingerprint returns req's keyed fingerprint with head's magic and
-// salt, under key.
+// keyedFingerprint returns req's keyed fingerprint with head's magic, key
+// id and salt, under key, which must be the key of that id.
 func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key *fpKey) (journal.Fingerprint, error) {
-	if !key.ok {
+	if !key.ok || [4]byte(head[4:8]) != key.id {
 		return journal.Fingerprint{}, errFingerprintUncheckable
 	}
 	aead, err := key.aead()
@@ -167,7 +174,7 @@ func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key 
 		k.aead = nil // the key schedule is not kept in the pool
 		keyedScratch.Put(k)
 	}()
-	k.reset(aead, head[len(keyedMagic):len(keyedMagic)+8])
+	k.reset(aead, head[8:16])
 	if err := b.hashInto(k); err != nil {
 		return journal.Fingerprint{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
@@ -195,7 +202,7 @@ type keyedHash struct {
 	chunk []byte    // a chunk being filled, of capacity keyedChunk
 	n     uint32    // chunks authenticated
 	size  uint64    // bytes written
-	nonce [12]byte  // the salt's first 8 bytes, and n
+	nonce [12]byte  // the salt, and n
 	tag   []byte
 	buf   []byte
 }

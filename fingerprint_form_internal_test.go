@@ -47,14 +47,16 @@ func keyedReference(t *testing.T, secret [32]byte, head journal.Fingerprint, met
 	t.Helper()
 	mac := hmac.New(sha256.New, secret[:])
 	mac.Write([]byte("idemretry keyed fingerprint 1"))
-	block, err := aes.NewCipher(mac.Sum(nil)[:16])
+	derived := mac.Sum(nil)
+	require.Equal(t, derived[16:20], head[4:8], "the key's id")
+	block, err := aes.NewCipher(derived[:16])
 	require.NoError(t, err)
 	aead, err := cipher.NewGCM(block)
 	require.NoError(t, err)
 	tags := sha256.New()
 	for i := 0; i*keyedChunk < len(body); i++ {
 		var nonce [12]byte
-		copy(nonce[:8], head[4:12])
+		copy(nonce[:8], head[8:16])
 		binary.BigEndian.PutUint32(nonce[8:], uint32(i))
 		tags.Write(aead.Seal(nil, nonce[:], nil, body[i*keyedChunk:min(len(body), (i+1)*keyedChunk)]))
 	}
@@ -114,7 +116,7 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 		require.Equal(t, keyedReference(t, secret, fp, http.MethodPost, req.URL.String(), p), fp, "size %d", n)
 		again, err := newFingerprint(req, b, true, &key)
 		require.NoError(t, err)
-		assert.NotEqual(t, fp[4:16], again[4:16], "each new fingerprint draws its own salt")
+		assert.NotEqual(t, fp[8:16], again[8:16], "each new fingerprint draws its own salt")
 		for seed := range uint64(5) {
 			r2, b2 := keyedRequest(t, p, true, seed)
 			got, same, err := matchFingerprint(r2, b2, fp, &key)
@@ -230,5 +232,29 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 		_, same, err := matchFingerprint(req, &b, fp, &key)
 		require.NoError(t, err)
 		require.True(t, same, c.name)
+	}
+}
+
+// A keyed fingerprint made under another journal's secret (a record copied
+// over, a fingerprint.key deleted and made anew) cannot be checked: that is
+// errFingerprintUncheckable, never a match, and never taken for another
+// payload. Nor can one be checked by a Transport whose journal keeps no
+// secret.
+func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
+	if !keyedHardware {
+		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
+	}
+	key, _ := testKey(t)
+	p := bytes.Repeat([]byte("x"), keyedMinBody+1)
+	req, b := keyedRequest(t, p, false, 0)
+	fp, err := newFingerprint(req, b, true, &key)
+	require.NoError(t, err)
+	require.True(t, isKeyed(fp))
+	other := fingerprintKey(journal.NewMemory())
+	require.True(t, other.ok)
+	for name, k := range map[string]*fpKey{"another secret": &other, "no secret": {}} {
+		_, same, err := matchFingerprint(req, b, fp, k)
+		require.ErrorIs(t, err, errFingerprintUncheckable, name)
+		require.False(t, same, name)
 	}
 }
