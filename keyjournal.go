@@ -83,7 +83,7 @@ func (e *journalOptionError) Unwrap() []error { return []error{ErrInvalidOption,
 // logRecovery reports at Warn what opening the journal found damaged or
 // changed: a torn tail (a crash mid-write; a damaged last frame looks the
 // same), ranges a salvage skipped, frames written twice, permissions it
-// could not narrow.
+// could not narrow, a fingerprint secret it could not read or make.
 func (t *Transport) logRecovery(j *filejournal.Journal) {
 	r := j.Recovery()
 	if t.cfg.logger == nil {
@@ -100,5 +100,10 @@ func (t *Transport) logRecovery(j *filejournal.Journal) {
 	if len(r.ModeNotOwned) > 0 {
 		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal files owned by another user are readable by others",
 			slog.String("dir", j.Dir()), slog.Any("paths", r.ModeNotOwned))
+	}
+	if r.FingerprintSecretErr != nil {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal has no fingerprint secret: large named bodies get SHA-256 "+
+			"fingerprints, and actions recorded with keyed ones are refused (nothing sent) until their key windows end",
+			slog.String("dir", j.Dir()), slog.Any("error", r.FingerprintSecretErr))
 	}
 }
