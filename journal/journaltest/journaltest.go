@@ -87,6 +87,7 @@ var cases = []struct {
 	{"UnfinishedOldestFirst", unfinishedOldestFirst},
 	{"Forget", forget},
 	{"Getter", getter},
+	{"FingerprintKeeper", fingerprintKeeper},
 	{"ReportedIDsResolve", reportedIDsResolve},
 	{"CustomKeys", customKeys},
 	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
@@ -388,6 +389,23 @@ func getter(t *testing.T, s *suite, j journal.Journal) {
 	_, found, err = g.Get(ctx, "a")
 	require.NoError(t, err)
 	assert.False(t, found)
+}
+
+// fingerprintKeeper: a journal that is a journal.FingerprintKeeper with a
+// secret gives the same one, not all zero, on every call.
+func fingerprintKeeper(t *testing.T, s *suite, j journal.Journal) {
+	k, ok := j.(journal.FingerprintKeeper)
+	if !ok {
+		t.Skip("not a journal.FingerprintKeeper")
+	}
+	secret, ok := k.FingerprintSecret()
+	if !ok {
+		t.Skip("the journal has no fingerprint secret")
+	}
+	assert.NotEqual(t, [32]byte{}, secret, "an all-zero secret")
+	again, ok := k.FingerprintSecret()
+	require.True(t, ok)
+	assert.Equal(t, secret, again, "the secret changed between calls")
 }
 
 // reportedIDsResolve: the ActionID that Unfinished reports (see ReportedIDs)
