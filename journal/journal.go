@@ -115,11 +115,10 @@ func (s State) String() string {
 
 // Fingerprint tells whether a retried request is the same payload as the
 // first: a SHA-256 of the request's method, URL and body, or, for a named
-// action's large body, a digest keyed by a secret the fingerprint itself
-// holds (the Transport checks a request against it by computing the
-// request's own with that secret). A Journal stores it as it is given and
-// never compares it; a journal's readers must treat it as they would a
-// credential's hash, and not log it.
+// action's large body, when the journal is a FingerprintKeeper, a MAC under
+// a key made from the journal's secret (with a salt, which the Transport
+// uses to compute a request's own in the same form). A Journal stores it as
+// it is given and never compares it.
 type Fingerprint [sha256.Size]byte
 
 // Record is what a Journal keeps per action: what resuming needs, and never
