@@ -23,6 +23,12 @@
 //	<dir>/journal.corrupt.*  whole files set aside by a salvage (a few kept)
 //	<dir>/journal.aside.tmp  exists only while such a copy is written; it is
 //	                         renamed to its name once complete and synced
+//	<dir>/fingerprint.key    the secret of keyed request fingerprints
+//	                         (Journal.FingerprintSecret): "idemretry
+//	                         fingerprint key 1\n", 32 random bytes, and the
+//	                         CRC-32C of both (little-endian), 64 bytes; made
+//	                         once (fingerprint.key.tmp, synced, renamed, the
+//	                         directory synced), never rewritten
 //
 // A copy aside is never left empty or partial under a copy's name, and the
 // newest few of each kind are kept. A torn tail that cannot be copied (a
