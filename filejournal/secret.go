@@ -45,18 +45,28 @@ func (j *Journal) FingerprintSecret() ([32]byte, bool) { return j.secret, j.hasS
 // loadSecret reads dir's fingerprint.key, or makes it.
 func loadSecret(dir string) (secret [32]byte, err error) {
 	path := filepath.Join(dir, secretName)
-	b, err := os.ReadFile(path)
+	b, err := readSecret(path)
 	if err == nil {
 		return parseSecret(path, b)
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		return secret, err
 	}
+	// Only when there is nothing under the name: a dangling symlink (its
+	// target on a volume not mounted, say) is left, not replaced.
+	if _, lerr := os.Lstat(path); !errors.Is(lerr, fs.ErrNotExist) {
+		return secret, err
+	}
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
 		return secret, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
+	// A leftover tmp (a crash before the rename) is removed, not reused:
+	// O_TRUNC would keep its mode, and follow it if it were a symlink.
 	tmp := filepath.Join(dir, secretTmpName)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return secret, err
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return secret, err
 	}
@@ -78,6 +88,25 @@ func loadSecret(dir string) (secret [32]byte, err error) {
 		return secret, err
 	}
 	return secret, nil
+}
+
+// readSecret reads fingerprint.key at path (through a symlink), at most
+// one byte more than its size, and only if it is a regular file: a FIFO
+// would block Open, a directory or device is no secret.
+func readSecret(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, &CorruptionError{Path: path, Reason: fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, secretFileSize+1))
 }
 
 func encodeSecret(secret [32]byte) []byte {
