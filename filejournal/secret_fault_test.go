@@ -269,7 +269,7 @@ func TestSecretSymlinkNotReportedTightened(t *testing.T) {
 	require.NoError(t, os.Symlink(filepath.Join(a, secretName), filepath.Join(b, secretName)))
 	j, _, ok = openSecret(t, b)
 	require.True(t, ok)
-	require.Empty(t, j.Recovery().ModeTightened)
+	require.NotContains(t, j.Recovery().ModeTightened, filepath.Join(b, secretName))
 	require.NoError(t, j.Close())
 }
 
