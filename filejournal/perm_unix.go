@@ -15,6 +15,11 @@ import (
 // because another user owns path. A missing path is neither.
 func tighten(path string, max fs.FileMode) (tightened, notOwned bool, err error) {
 	fi, err := os.Lstat(path)
+	if err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		// A link's own mode means nothing, and Chmod follows it: judge
+		// what it points to (nothing, if it dangles).
+		fi, err = os.Stat(path)
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, false, nil
 	}

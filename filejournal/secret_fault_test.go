@@ -260,7 +260,6 @@ func TestSecretSymlinkToValid(t *testing.T) {
 // A symlinked fingerprint.key already 0600 is not "tightened" at every
 // Open (tighten reads the link's own mode, 0777, and chmods the target).
 func TestSecretSymlinkNotReportedTightened(t *testing.T) {
-	t.Skip("fails until tighten (perm_unix.go) follows symlinks: ModeTightened lists the 0600 symlinked fingerprint.key at every Open")
 	a := t.TempDir()
 	j, _, ok := openSecret(t, a)
 	require.True(t, ok)
@@ -453,7 +452,6 @@ func TestSecretDanglingSymlinkKept(t *testing.T) {
 // follow symlinks (os.Stat when the Lstat is a symlink; nothing to do when
 // its target is missing).
 func TestSecretDanglingSymlinkOpen(t *testing.T) {
-	t.Skip("fails until tighten (perm_unix.go) follows symlinks: Open fails with permissions: chmod .../fingerprint.key: no such file or directory")
 	dir := t.TempDir()
 	path := filepath.Join(dir, secretName)
 	target := filepath.Join(t.TempDir(), "gone", secretName)
