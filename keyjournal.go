@@ -83,7 +83,8 @@ func (e *journalOptionError) Unwrap() []error { return []error{ErrInvalidOption,
 // logRecovery reports at Warn what opening the journal found damaged or
 // changed: a torn tail (a crash mid-write; a damaged last frame looks the
 // same), ranges a salvage skipped, frames written twice, permissions it
-// could not narrow, a fingerprint secret it could not read or make.
+// could not narrow, a fingerprint secret it could not read or make, or made
+// for a journal that holds records.
 func (t *Transport) logRecovery(j *filejournal.Journal) {
 	r := j.Recovery()
 	if t.cfg.logger == nil {
@@ -105,5 +106,10 @@ func (t *Transport) logRecovery(j *filejournal.Journal) {
 		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal has no fingerprint secret: large named bodies get SHA-256 "+
 			"fingerprints, and actions recorded with keyed ones are refused (nothing sent) until their key windows end",
 			slog.String("dir", j.Dir()), slog.Any("error", r.FingerprintSecretErr))
+	}
+	if r.FingerprintSecretMade && r.Records > 0 {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: made a fingerprint secret for a journal that holds records: "+
+			"if its fingerprint.key was deleted, actions recorded with keyed fingerprints are refused (nothing sent) until their key windows end",
+			slog.String("dir", j.Dir()), slog.Int("records", r.Records))
 	}
 }

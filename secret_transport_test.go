@@ -238,7 +238,9 @@ func testSecretRestartRefused(t *testing.T, damage func(path string)) *bytes.Buf
 }
 
 func TestSecretRestartKeyDeleted(t *testing.T) {
-	testSecretRestartRefused(t, func(path string) { require.NoError(t, os.Remove(path)) })
+	logs := testSecretRestartRefused(t, func(path string) { require.NoError(t, os.Remove(path)) })
+	require.Contains(t, logs.String(), "made a fingerprint secret for a journal that holds records",
+		"NewTransport did not warn of a secret made anew:\n%s", logs.String())
 }
 
 func TestSecretRestartKeyDamaged(t *testing.T) {

@@ -65,6 +65,12 @@ type Recovery struct {
 	// and an action recorded with a keyed one is refused, nothing sent,
 	// until the secret can be read again or the action's key window ends.
 	FingerprintSecretErr error
+	// FingerprintSecretMade: the directory had no fingerprint.key, and Open
+	// made one (a new journal; one of a release before keyed fingerprints;
+	// or one whose fingerprint.key was deleted, whose actions recorded with
+	// keyed fingerprints are then refused, nothing sent, until their key
+	// windows end).
+	FingerprintSecretMade bool
 }
 
 // Open opens the file journal in dir, creating the directory (mode 0700,
@@ -175,7 +181,7 @@ func open(dir string, c config) (*Journal, error) {
 	}
 	rep.Records = len(j.m)
 	// After recovery: a journal it refuses is left as it was.
-	if j.secret, rep.FingerprintSecretErr = loadSecret(dir); rep.FingerprintSecretErr == nil {
+	if j.secret, rep.FingerprintSecretMade, rep.FingerprintSecretErr = loadSecret(dir); rep.FingerprintSecretErr == nil {
 		j.hasSecret = true
 	}
 	rep.ModeTightened, rep.ModeNotOwned = modes.ModeTightened, modes.ModeNotOwned

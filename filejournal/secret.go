@@ -42,33 +42,34 @@ const secretFileSize = 28 + 32 + 4
 // until their key windows end.
 func (j *Journal) FingerprintSecret() ([32]byte, bool) { return j.secret, j.hasSecret }
 
-// loadSecret reads dir's fingerprint.key, or makes it.
-func loadSecret(dir string) (secret [32]byte, err error) {
+// loadSecret reads dir's fingerprint.key, or makes it (made).
+func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	path := filepath.Join(dir, secretName)
 	b, err := readSecret(path)
 	if err == nil {
-		return parseSecret(path, b)
+		secret, err = parseSecret(path, b)
+		return secret, false, err
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
-		return secret, err
+		return secret, false, err
 	}
 	// Only when there is nothing under the name: a dangling symlink (its
 	// target on a volume not mounted, say) is left, not replaced.
 	if _, lerr := os.Lstat(path); !errors.Is(lerr, fs.ErrNotExist) {
-		return secret, err
+		return secret, false, err
 	}
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
-		return secret, fmt.Errorf("draw the fingerprint secret: %w", err)
+		return secret, false, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
 	// A leftover tmp (a crash before the rename) is removed, not reused:
 	// O_TRUNC would keep its mode, and follow it if it were a symlink.
 	tmp := filepath.Join(dir, secretTmpName)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return secret, err
+		return secret, false, err
 	}
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return secret, err
+		return secret, false, err
 	}
 	_, err = f.Write(encodeSecret(secret))
 	if err == nil {
@@ -85,9 +86,9 @@ func loadSecret(dir string) (secret [32]byte, err error) {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return secret, err
+		return secret, false, err
 	}
-	return secret, nil
+	return secret, true, nil
 }
 
 // readSecret reads fingerprint.key at path (through a symlink), at most
