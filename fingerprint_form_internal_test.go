@@ -5,6 +5,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
+	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"io"
@@ -35,8 +36,48 @@ func testKey(t *testing.T) (fpKey, [32]byte) {
 		secret[i] = byte(i + 1)
 	}
 	key := fingerprintKey(keeper{journal.NewMemory(), secret})
-	require.True(t, key.ok)
 	return key, secret
+}
+
+// needKeyed skips a test of keyed fingerprints where none can be made or
+// checked: AES-GCM refused (GODEBUG=fips140=only). Where AES-GCM merely
+// runs in software (no AES instructions, keyedHardware false) keyed
+// fingerprints are still checked, so the tests run.
+func needKeyed(t *testing.T, key *fpKey) {
+	t.Helper()
+	if key.ok {
+		return
+	}
+	block, err := aes.NewCipher(make([]byte, 16))
+	require.NoError(t, err)
+	_, err = cipher.NewGCM(block)
+	require.Error(t, err, "AES-GCM is allowed here, yet the journal's secret gave no key")
+	t.Skipf("AES-GCM refused here (%v): no keyed fingerprint is made or checked", err)
+}
+
+// newKeyed returns a new keyed fingerprint of req under key: from
+// newFingerprint where the keyed form is the new one (keyedHardware);
+// elsewhere newFingerprint must give the plain form, and the keyed one is
+// made as a machine with AES instructions would (same head layout).
+func newKeyed(t *testing.T, req *http.Request, b *body, key *fpKey) journal.Fingerprint {
+	t.Helper()
+	fp, err := newFingerprint(req, b, true, key)
+	require.NoError(t, err)
+	if keyedHardware {
+		require.True(t, isKeyed(fp), "a named large body's new fingerprint is keyed")
+		return fp
+	}
+	plain, err := fingerprint(req, b)
+	require.NoError(t, err)
+	require.Equal(t, plain, fp, "without AES instructions a new fingerprint is plain")
+	var head journal.Fingerprint
+	copy(head[:4], keyedMagic[:])
+	copy(head[4:8], key.id[:])
+	_, err = crand.Read(head[8:16])
+	require.NoError(t, err)
+	fp, err = keyedFingerprint(req, b, head, key)
+	require.NoError(t, err)
+	return fp
 }
 
 // keyedReference is the keyed form's definition, written out plainly: it
@@ -103,19 +144,15 @@ func keyedRequest(t *testing.T, p []byte, split bool, seed uint64) (*http.Reques
 // gives its bytes in, at and around the chunk boundaries; and checked
 // against a request, in place or split, it matches the same bytes only.
 func TestKeyedFingerprintDefinition(t *testing.T) {
-	if !keyedHardware {
-		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
-	}
 	key, secret := testKey(t)
+	needKeyed(t, &key)
 	for _, n := range []int{keyedMinBody, keyedChunk + 1, 2*keyedChunk - 1, 3 * keyedChunk, 5*keyedChunk + 777} {
 		p := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz"), n/36+1)[:n]
 		req, b := keyedRequest(t, p, false, 0)
-		fp, err := newFingerprint(req, b, true, &key)
-		require.NoError(t, err)
+		fp := newKeyed(t, req, b, &key)
 		require.True(t, isKeyed(fp), "size %d", n)
 		require.Equal(t, keyedReference(t, secret, fp, http.MethodPost, req.URL.String(), p), fp, "size %d", n)
-		again, err := newFingerprint(req, b, true, &key)
-		require.NoError(t, err)
+		again := newKeyed(t, req, b, &key)
 		assert.NotEqual(t, fp[8:16], again[8:16], "each new fingerprint draws its own salt")
 		for seed := range uint64(5) {
 			r2, b2 := keyedRequest(t, p, true, seed)
@@ -140,14 +177,11 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 // record would have let them, does not get a body that passes; one who has
 // the journal's secret does, which is why the secret stays in the journal.
 func TestKeyedFingerprintIsNotForgedFromTheRecord(t *testing.T) {
-	if !keyedHardware {
-		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
-	}
 	key, _ := testKey(t)
+	needKeyed(t, &key)
 	p := bytes.Repeat([]byte(`{"amount":1000,"iban":"DE00000000000000000000"}`+"\n"), 3*keyedChunk/48)
 	req, b := keyedRequest(t, p, false, 0)
-	fp, err := newFingerprint(req, b, true, &key)
-	require.NoError(t, err)
+	fp := newKeyed(t, req, b, &key)
 	forge := func(aesKey []byte) []byte {
 		block, err := aes.NewCipher(aesKey)
 		require.NoError(t, err)
@@ -241,14 +275,11 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 // payload. Nor can one be checked by a Transport whose journal keeps no
 // secret.
 func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
-	if !keyedHardware {
-		t.Skip("no AES-GCM instructions: new fingerprints are plain here")
-	}
 	key, _ := testKey(t)
+	needKeyed(t, &key)
 	p := bytes.Repeat([]byte("x"), keyedMinBody+1)
 	req, b := keyedRequest(t, p, false, 0)
-	fp, err := newFingerprint(req, b, true, &key)
-	require.NoError(t, err)
+	fp := newKeyed(t, req, b, &key)
 	require.True(t, isKeyed(fp))
 	other := fingerprintKey(journal.NewMemory())
 	require.True(t, other.ok)
