@@ -12,8 +12,8 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// A large named payment (keyed fingerprint: each machine draws its own
-// secret) sent by two machines sharing one table, while the first one's
+// A large named payment (a plain fingerprint: sqljournal keeps no secret)
+// sent by two machines sharing one table, while the first one's
 // charge is in progress: the second waits for the first's lease, reads the
 // record again and sends under the first's key (one charge, one key), and
 // a third request of the action with another body is refused with
@@ -42,7 +42,11 @@ func TestReviewLargeNamedPaymentTwoMachinesLeased(t *testing.T) {
 	<-inProgress
 	second := make(chan payment, 1)
 	go func() { second <- post(ctx, b, srv.URL, "pay:big-1", body) }()
-	other := post(ctx, b, srv.URL, "pay:big-1", body[:len(body)-1]+"X")
+	// The other body on a third machine: on B it could reach B's flight of
+	// the action before B's own request does (the goroutine above is not
+	// ordered with it), and B's request would then be refused against it, as
+	// guarantee 9 has a request refused against the one in flight first.
+	other := post(ctx, machine(t, table), srv.URL, "pay:big-1", body[:len(body)-1]+"X")
 	if !errors.Is(other.err, idemretry.ErrFingerprintMismatch) {
 		t.Errorf("another body under the action: %d %v, want ErrFingerprintMismatch", other.status, other.err)
 	}
