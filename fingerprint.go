@@ -83,7 +83,7 @@ func fingerprintKey(j journal.Journal) fpKey {
 	if !keeper {
 		return fpKey{}
 	}
-	secret, ok := k.FingerprintSecret()
+	secret, ok := k.FingerprintSecret(j)
 	if !ok {
 		return fpKey{}
 	}

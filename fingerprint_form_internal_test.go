@@ -26,7 +26,7 @@ type keeper struct {
 	secret [32]byte
 }
 
-func (k keeper) FingerprintSecret() ([32]byte, bool) { return k.secret, true }
+func (k keeper) FingerprintSecret(journal.Journal) ([32]byte, bool) { return k.secret, true }
 
 // testKey is the fpKey of a journal whose secret is 0x01 0x02 ... 0x20.
 func testKey(t *testing.T) (fpKey, [32]byte) {

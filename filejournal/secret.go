@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 
 	"github.com/idemretry/idemretry/internal/datasync"
+	"github.com/idemretry/idemretry/journal"
 )
 
 const (
@@ -39,8 +40,14 @@ const secretFileSize = 28 + 32 + 4
 // A damaged fingerprint.key is never replaced: the actions recorded with
 // keyed fingerprints could not be checked under another secret. Deleting
 // it starts a new secret; such actions are then refused, nothing sent,
-// until their key windows end.
-func (j *Journal) FingerprintSecret() ([32]byte, bool) { return j.secret, j.hasSecret }
+// until their key windows end. It answers for other == this Journal only
+// (see journal.FingerprintKeeper).
+func (j *Journal) FingerprintSecret(other journal.Journal) ([32]byte, bool) {
+	if o, ok := other.(*Journal); !ok || o != j || !j.hasSecret {
+		return [32]byte{}, false
+	}
+	return j.secret, true
+}
 
 // loadSecret reads dir's fingerprint.key, or makes it (made).
 func loadSecret(dir string) (secret [32]byte, made bool, err error) {

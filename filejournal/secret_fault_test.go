@@ -22,7 +22,7 @@ func openSecret(t *testing.T, dir string, opts ...Option) (*Journal, [32]byte, b
 	t.Helper()
 	j, err := Open(dir, opts...)
 	require.NoError(t, err)
-	s, ok := j.FingerprintSecret()
+	s, ok := j.FingerprintSecret(j)
 	return j, s, ok
 }
 
@@ -225,7 +225,7 @@ func TestSecretFIFODoesNotHang(t *testing.T) {
 	select {
 	case r := <-ch:
 		require.NoError(t, r.err)
-		_, ok := r.j.FingerprintSecret()
+		_, ok := r.j.FingerprintSecret(r.j)
 		require.False(t, ok)
 		require.ErrorIs(t, r.j.Recovery().FingerprintSecretErr, ErrCorrupt)
 		require.NoError(t, r.j.Close())
@@ -328,7 +328,7 @@ func TestSecretLockWaitSeesFirst(t *testing.T) {
 	require.NoError(t, j1.Close())
 	require.NoError(t, <-errc)
 	j2 := <-ch
-	s2, ok := j2.FingerprintSecret()
+	s2, ok := j2.FingerprintSecret(j2)
 	require.True(t, ok)
 	require.Equal(t, s1, s2)
 	require.NoError(t, j2.Close())
@@ -372,7 +372,7 @@ func TestSecretKillChild(t *testing.T) {
 			fmt.Printf("error %d %v\n", i, err)
 			os.Exit(1)
 		}
-		s, ok := j.FingerprintSecret()
+		s, ok := j.FingerprintSecret(j)
 		fmt.Printf("secret %d %x %v\n", i, s, ok)
 		_ = j.Close()
 	}

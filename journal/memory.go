@@ -122,8 +122,13 @@ func NewMemory(opts ...MemoryOption) *Memory {
 
 // FingerprintSecret implements FingerprintKeeper: a secret drawn from
 // crypto/rand when the Memory was made (ok is false if that failed), which
-// never leaves the process.
-func (j *Memory) FingerprintSecret() ([32]byte, bool) { return j.secret, j.hasSecret }
+// never leaves the process; for other == this Memory only.
+func (j *Memory) FingerprintSecret(other Journal) ([32]byte, bool) {
+	if m, ok := other.(*Memory); !ok || m != j || !j.hasSecret {
+		return [32]byte{}, false
+	}
+	return j.secret, true
+}
 
 // NeverBlocks implements NonBlocker: a Memory call waits for nothing but
 // the other calls' hold of its lock, which none keeps across a wait. It is

@@ -97,6 +97,14 @@ type Getter interface {
 // and a keyed one it holds cannot be checked). FingerprintSecret must be
 // cheap and safe for concurrent use. A journal that is no FingerprintKeeper
 // gets SHA-256 fingerprints alone.
+//
+// FingerprintSecret(j) answers for j, the journal the Transport was given,
+// as NeverBlocks does: ok only when j is the keeper itself. A wrapper that
+// embeds a keeper but keeps its records elsewhere would otherwise lend
+// them a secret that the processes sharing those records do not have (their
+// resends refused as uncheckable); one that stores through the keeper it
+// embeds implements FingerprintSecret itself, asking the keeper about
+// itself.
 type FingerprintKeeper interface {
-	FingerprintSecret() (secret [32]byte, ok bool)
+	FingerprintSecret(j Journal) (secret [32]byte, ok bool)
 }

@@ -392,21 +392,27 @@ func getter(t *testing.T, s *suite, j journal.Journal) {
 }
 
 // fingerprintKeeper: a journal that is a journal.FingerprintKeeper with a
-// secret gives the same one, not all zero, on every call.
+// secret gives the same one, not all zero, on every call, and none for a
+// journal that embeds it.
 func fingerprintKeeper(t *testing.T, s *suite, j journal.Journal) {
 	k, ok := j.(journal.FingerprintKeeper)
 	if !ok {
 		t.Skip("not a journal.FingerprintKeeper")
 	}
-	secret, ok := k.FingerprintSecret()
+	secret, ok := k.FingerprintSecret(j)
 	if !ok {
 		t.Skip("the journal has no fingerprint secret")
 	}
 	assert.NotEqual(t, [32]byte{}, secret, "an all-zero secret")
-	again, ok := k.FingerprintSecret()
+	again, ok := k.FingerprintSecret(j)
 	require.True(t, ok)
 	assert.Equal(t, secret, again, "the secret changed between calls")
+	_, ok = k.FingerprintSecret(embedding{j})
+	assert.False(t, ok, "a journal that embeds this one was given its secret")
 }
+
+// embedding is a journal that embeds another, as a wrapper does.
+type embedding struct{ journal.Journal }
 
 // reportedIDsResolve: the ActionID that Unfinished reports (see ReportedIDs)
 // reaches the same record in Reserve, Update and Forget, so resuming a
