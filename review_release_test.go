@@ -79,7 +79,10 @@ func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing
 	defer cancel()
 	leader := sendAsync(tr, post(t, idemretry.WithAction(lctx, "pay:r3-own"), srv.URL, `{"amount":1}`))
 	<-srv.arrived // the leader's attempt is on the wire
-	jctx, jcancel := context.WithTimeout(context.Background(), 4*time.Second)
+	// Time for the joiner's retries of the 409 the server answers while the
+	// leader's charge runs (2 s), on a loaded machine; well short of the
+	// lease's TTL (30 s), which the joiner would wait for with the bug.
+	jctx, jcancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer jcancel()
 	var jresp *http.Response
 	joiner := make(chan error, 1)
@@ -97,8 +100,8 @@ func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing
 	var jerr error
 	select {
 	case jerr = <-joiner:
-	case <-time.After(20 * time.Second):
-		t.Fatal("joiner still running 20 s on")
+	case <-time.After(25 * time.Second):
+		t.Fatal("joiner still running 25 s on")
 	}
 	t.Logf("releases completed %d, cut %d", j.released.Load(), j.cut.Load())
 	require.NoError(t, jerr, "the joiner, whose context is fine, waited for the lease of its own Transport's finished RoundTrip")
