@@ -118,7 +118,6 @@ func TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand(t *testing.T) {
 
 const (
 	envReviewKeyedChild = "IDEMRETRY_REVIEW_KEYED_CHILD"
-	envReviewKeyedDir   = "IDEMRETRY_REVIEW_KEYED_DIR"
 	envReviewKeyedURL   = "IDEMRETRY_REVIEW_KEYED_URL"
 )
 
@@ -139,23 +138,17 @@ func reviewKeyedChild(t *testing.T, env ...string) string {
 	return ""
 }
 
-// TestReviewKeyedChild is the child process of the tests below: it sends
-// the large named payment of its parent over the file journal in dir (mode
-// "resend"), or with crypto/rand.Reader failing (mode "rand").
+// TestReviewKeyedChild is the child process of the test below: it sends
+// the large named payment of its parent with crypto/rand.Reader failing.
 func TestReviewKeyedChild(t *testing.T) {
 	mode := os.Getenv(envReviewKeyedChild)
 	if mode == "" {
 		t.Skip("the child process of the tests in review_keyed_test.go")
 	}
 	url := os.Getenv(envReviewKeyedURL)
-	var opts []idemretry.Option
-	if mode == "rand" {
-		opts = append(opts, idemretry.WithJournal(journal.NewMemory()))
-		rand.Reader = failingReader{}
-	} else {
-		opts = append(opts, idemretry.WithJournalDir(os.Getenv(envReviewKeyedDir)))
-	}
-	tr, err := idemretry.NewTransport(&http.Transport{}, append(opts, idemretry.WithMaxRetries(0))...)
+	j := journal.NewMemory() // its secret drawn before the reader fails
+	rand.Reader = failingReader{}
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-1"), url, largePayload("F-1")))
@@ -166,38 +159,6 @@ func TestReviewKeyedChild(t *testing.T) {
 	}
 	var ae *idemretry.ActionError
 	fmt.Printf("RoundTrip returned: %v (ActionError %t, MaybeProcessed %t)\n", err, errors.As(err, &ae), ae != nil && ae.MaybeProcessed)
-}
-
-// A keyed record written by a process with AES-GCM checked by one where
-// the runtime refuses it (GODEBUG=fips140=only: an operator turned FIPS
-// mode on, or one machine of a fleet on a shared journal runs so): the
-// resend of the same payload cannot be checked. Its error must carry the
-// "idemretry: " prefix once (the review rules), and nothing is sent.
-func TestReviewKeyedRecordCheckedWithoutGCMErrorPrefixedOnce(t *testing.T) {
-	srv := newPayServer(t)
-	srv.commitThenDrop = map[int]bool{1: true}
-	dir := t.TempDir()
-	first, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
-	require.NoError(t, err)
-	_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-1"), srv.URL, largePayload("F-1")))
-	require.Error(t, err, "the answer was lost")
-	recs, err := first.Journal().Unfinished(context.Background())
-	require.NoError(t, err)
-	require.Len(t, recs, 1)
-	if !idemretry.MakesKeyedFingerprints(first) {
-		require.NotEqual(t, keyedPrefix, recs[0].Fingerprint[:4])
-		require.NoError(t, first.Close())
-		t.Skip("this process makes no keyed fingerprints (no AES instructions, or fips140=only): no keyed record to check")
-	}
-	require.Equal(t, keyedPrefix, recs[0].Fingerprint[:4])
-	require.NoError(t, first.Close())
-
-	got := reviewKeyedChild(t, envReviewKeyedChild+"=resend", envReviewKeyedDir+"="+dir, envReviewKeyedURL+"="+srv.URL,
-		"GODEBUG=fips140=only")
-	t.Logf("child: %s", got)
-	assert.Equal(t, 1, strings.Count(got, "idemretry: "), "the error carries the prefix once: %s", got)
-	assert.Contains(t, got, "(ActionError true, MaybeProcessed true)", "the action may have been charged")
-	assert.Len(t, srv.seen(), 1, "nothing more was sent")
 }
 
 // crypto/rand.Reader failing when a large named body draws its
@@ -435,8 +396,16 @@ func TestReviewLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError(t *testin
 		t.Skip("this process makes no keyed fingerprints (no AES instructions, or fips140=only): no check in the record's form")
 	}
 
+	req, gone := secondGetBodyFails(post(t, ctx, srv.URL, payload))
+	requireCheckFailed(t, sendErr(tr, req), gone, "pay:G-1")
+	assert.Len(t, srv.seen(), 1, "nothing more was sent")
+}
+
+// secondGetBodyFails makes req's GetBody fail from its second call on,
+// with the error it returns: an upload whose file is gone once the first
+// copy was read.
+func secondGetBodyFails(req *http.Request) (*http.Request, error) {
 	gone := errors.New("the upload's file was removed")
-	req := post(t, ctx, srv.URL, payload)
 	calls := 0
 	getBody := req.GetBody
 	req.GetBody = func() (io.ReadCloser, error) {
@@ -445,14 +414,20 @@ func TestReviewLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError(t *testin
 		}
 		return getBody()
 	}
-	err := sendErr(tr, req)
-	require.ErrorIs(t, err, gone)
+	return req, gone
+}
+
+// requireCheckFailed requires err to be the failed check of a request
+// against its action's keyed fingerprint: an *ActionError for action, with
+// MaybeProcessed, wrapping cause, prefixed once.
+func requireCheckFailed(t *testing.T, err, cause error, action string) {
+	t.Helper()
+	require.ErrorIs(t, err, cause)
 	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry: "), "prefixed once: %v", err)
 	var ae *idemretry.ActionError
-	require.True(t, errors.As(err, &ae), "a bare error for an action that may have been charged: %v", err)
+	require.True(t, errors.As(err, &ae), "a bare error for an action that exists or is in flight: %v", err)
 	assert.True(t, ae.MaybeProcessed)
-	assert.Equal(t, "pay:G-1", ae.Action)
-	assert.Len(t, srv.seen(), 1, "nothing more was sent")
+	assert.Equal(t, action, ae.Action)
 }
 
 // The same for a tap of a large named payment in flight: its check in the
@@ -468,23 +443,9 @@ func TestReviewLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError(t *testing.T
 	}
 	leader := sendAsync(tr, post(t, ctx, srv.URL, payload))
 	<-srv.arrived
-	gone := errors.New("the upload's file was removed")
-	req := post(t, ctx, srv.URL, payload)
-	calls := 0
-	getBody := req.GetBody
-	req.GetBody = func() (io.ReadCloser, error) {
-		if calls++; calls > 1 {
-			return nil, gone
-		}
-		return getBody()
-	}
+	req, gone := secondGetBodyFails(post(t, ctx, srv.URL, payload))
 	err := sendErr(tr, req)
 	require.NoError(t, <-leader)
-	require.ErrorIs(t, err, gone)
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry: "), "prefixed once: %v", err)
-	var ae *idemretry.ActionError
-	require.True(t, errors.As(err, &ae), "a bare error for an action in flight: %v", err)
-	assert.True(t, ae.MaybeProcessed)
-	assert.Equal(t, "pay:G-2", ae.Action)
+	requireCheckFailed(t, err, gone, "pay:G-2")
 	assert.Len(t, srv.seen(), 1, "the tap sent a request")
 }
