@@ -1,0 +1,156 @@
+package idemretry_test
+
+// hK2's review: a pending action whose keyed fingerprint cannot be checked
+// here (made under another secret: fingerprint.key deleted, the record
+// copied from another journal) is refused "until its key window ends"
+// (README, "What it stores"). After that it must go the way of every
+// pending action past its window: recorded outcome-unknown, refused with
+// ErrKeyWindowExpired, and handed to Resume's Resolve, never sent. It must
+// not stay pending, refused as uncheckable, at every RoundTrip and every
+// Resume for ever.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+const hk2Action = "pay:hk2-large"
+
+var hk2Body = bytes.Repeat([]byte("0123456789abcdef"), 80<<10/16) // 80 KiB: keyed
+
+func hk2Request(t testing.TB, ctx context.Context, url string) *http.Request {
+	req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, hk2Action), http.MethodPost, url+"/charges", bytes.NewReader(hk2Body))
+	require.NoError(t, err)
+	return req
+}
+
+// hk2ForeignRecord returns the pending record of hk2Action made by a
+// Transport over another Memory (another secret), whose attempt the server
+// refused with a 503, on clk: a keyed fingerprint this journal cannot check.
+func hk2ForeignRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
+	t.Helper()
+	other := journal.NewMemory(journal.MemoryClock(clk.Now))
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(other), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(hk2Request(t, context.Background(), url))
+	if err == nil {
+		readAll(t, resp)
+	}
+	recs, err := other.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	rec := recs[0]
+	require.Equal(t, journal.StatePending, rec.State)
+	if string(rec.Fingerprint[:4]) != "irk\x01" {
+		t.Skip("this CPU makes plain fingerprints: nothing keyed to check")
+	}
+	return rec
+}
+
+type hk2Resumer struct {
+	t        *testing.T
+	url      string
+	resolved atomic.Int32
+}
+
+func (r *hk2Resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return hk2Request(r.t, ctx, r.url), nil
+}
+
+func (r *hk2Resumer) Resolve(context.Context, journal.Record) (bool, error) {
+	r.resolved.Add(1)
+	return true, nil
+}
+
+// hk2Setup: a journal holding the foreign pending record, a Transport over
+// it, and the server's count of requests with the record's key.
+func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, journal.Record, *atomic.Int32, string) {
+	var seen, wrong atomic.Int32
+	var key atomic.Value
+	key.Store("")
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if k := key.Load().(string); k != "" && r.Header.Get("Idempotency-Key") == k {
+			seen.Add(1)
+		} else if k != "" {
+			wrong.Add(1)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	t.Cleanup(func() { require.Zero(t, wrong.Load(), "a request under another key was sent") })
+	clk := newFakeClock()
+	rec := hk2ForeignRecord(t, clk, srv.URL)
+	key.Store(rec.Key)
+	j := journal.NewMemory(journal.MemoryClock(clk.Now))
+	_, created, err := j.Reserve(context.Background(), rec, journal.ReuseAny)
+	require.NoError(t, err)
+	require.True(t, created)
+	base := &http.Transport{}
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, tr.Close())
+		base.CloseIdleConnections()
+	})
+	// Within its window: refused as uncheckable, nothing sent (as the
+	// earlier rounds tested).
+	err = sendErr(tr, hk2Request(t, context.Background(), srv.URL))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	require.Contains(t, err.Error(), "cannot be checked")
+	require.Zero(t, seen.Load())
+	clk.Advance(idemretry.DefaultKeyWindow + 2*time.Hour)
+	return tr, j, clk, rec, &seen, srv.URL
+}
+
+func hk2State(t *testing.T, j *journal.Memory) journal.State {
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	if len(recs) == 0 {
+		return 0
+	}
+	require.Len(t, recs, 1)
+	return recs[0].State
+}
+
+// TestReviewHK2UncheckablePastWindowRoundTrip: after its window, a
+// RoundTrip of the action finds its key window ended, as for any pending
+// action, and records it outcome-unknown.
+func TestReviewHK2UncheckablePastWindowRoundTrip(t *testing.T) {
+	tr, j, _, _, seen, url := hk2Setup(t)
+	err := sendErr(tr, hk2Request(t, context.Background(), url))
+	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "past its key window: %v", err)
+	require.Equal(t, journal.StateUnknown, hk2State(t, j), "left pending past its key window")
+	require.Zero(t, seen.Load(), "sent")
+}
+
+// TestReviewHK2UncheckablePastWindowResume: Resume hands it to Resolve
+// once its window (and the settle time) have passed, and forgets it.
+func TestReviewHK2UncheckablePastWindowResume(t *testing.T) {
+	tr, j, _, _, seen, url := hk2Setup(t)
+	r := &hk2Resumer{t: t, url: url}
+	for round := 0; round < 2; round++ { // a second Resume finds what the first left
+		res, err := tr.Resume(context.Background(), r, 1)
+		require.NoError(t, err)
+		if r.resolved.Load() > 0 {
+			break
+		}
+		require.Len(t, res, 1)
+		t.Logf("Resume %d: %v", round, res[0].Err)
+	}
+	require.EqualValues(t, 1, r.resolved.Load(), "never handed to Resolve: stuck pending for ever")
+	require.Zero(t, hk2State(t, j), "not forgotten")
+	require.Zero(t, seen.Load(), "sent")
+}
