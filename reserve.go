@@ -45,6 +45,11 @@ type identity struct {
 	// it listed, or is nil: its action is resumed under its key, or not at
 	// all (see reserve).
 	resumed *resumeMark
+	// uncheckable: a resumed action whose record's keyed fingerprint
+	// cannot be checked here (resumedIdentity): never sent, and refused
+	// as uncheckable until its key window ends, then recorded
+	// outcome-unknown as any pending action past its window (reserve).
+	uncheckable bool
 }
 
 // payload is a keyed request's method, URL and body, for checking it
@@ -118,7 +123,17 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (identity, error) {
 	rec := m.rec
 	fp, same, err := matchFingerprint(req, b, rec.Fingerprint, key)
-	if err != nil { // the rebuilt body, or a keyed fingerprint that cannot be checked
+	if errors.Is(err, errFingerprintUncheckable) {
+		// Never sent; reserve refuses it, or finds its key window ended
+		// (then it is outcome-unknown, for Resolve). A keyed fingerprint
+		// is a named action's: never one named by its fingerprint.
+		who := identity{id: rec.ActionID, fp: rec.Fingerprint, resumed: m, uncheckable: true}
+		if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
+			who.callerKey = rec.Key
+		}
+		return who, nil
+	}
+	if err != nil { // the rebuilt body
 		return identity{}, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true, Err: err}
 	}
 	if !same {
@@ -214,14 +229,24 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 		return dst, nil
 	}
-	if _, same, err := t.samePayload(p, &who, rec.Fingerprint); err != nil {
+	now := t.now()
+	var same bool
+	err = errFingerprintUncheckable
+	if !who.uncheckable {
+		_, same, err = t.samePayload(p, &who, rec.Fingerprint)
+	}
+	switch {
+	case errors.Is(err, errFingerprintUncheckable) && windowEnds(rec, now, 0, window):
+		// Whatever its payload, nothing of it may be sent now: it goes
+		// the way of any action past its key window (below), not refused
+		// as uncheckable for ever.
+	case err != nil:
 		// The body read again, or a keyed fingerprint that cannot be
 		// checked: the action exists, and an earlier run may have sent it.
 		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
-	} else if !same {
+	case !same:
 		return fail(ErrFingerprintMismatch)
 	}
-	now := t.now()
 	switch {
 	case rec.State == journal.StateUnknown && windowEnds(rec, now, 0, window):
 		return fail(ErrKeyWindowExpired)
