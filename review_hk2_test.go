@@ -110,6 +110,7 @@ func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, 
 	var ae *idemretry.ActionError
 	require.ErrorAs(t, err, &ae)
 	require.Contains(t, err.Error(), "cannot be checked")
+	require.ErrorIs(t, err, idemretry.ErrFingerprintUncheckable)
 	require.Zero(t, seen.Load())
 	clk.Advance(idemretry.DefaultKeyWindow + 2*time.Hour)
 	return tr, j, clk, rec, &seen, srv.URL
