@@ -21,6 +21,15 @@ var (
 	// ErrFingerprintMismatch: an action's id or key was reused for a request
 	// with a different method, URL or body. Nothing was sent.
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
+	// ErrFingerprintUncheckable: the action's record holds a keyed
+	// fingerprint (a named action's large body) that this Transport cannot
+	// check: made under a fingerprint secret its journal no longer has
+	// (fingerprint.key deleted or damaged, the record copied from another
+	// journal), or AES-GCM is refused (GODEBUG=fips140=only). It comes in an
+	// *ActionError (MaybeProcessed); nothing was sent, nor will be until
+	// the action's key window ends (then ErrKeyWindowExpired).
+	ErrFingerprintUncheckable = errors.New("idemretry: the action's keyed fingerprint cannot be checked here: " +
+		"its journal keeps no fingerprint secret for this Transport (journal.FingerprintKeeper), or AES-GCM is refused (GODEBUG=fips140=only)")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
 	// 255 characters, has characters other than visible ASCII or has a '"' or
 	// '\', or the request has more than one such header.

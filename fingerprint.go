@@ -109,9 +109,9 @@ func (k *fpKey) aead() (cipher.AEAD, error) {
 }
 
 // errFingerprintUncheckable: a keyed fingerprint that this Transport cannot
-// check, handed back in an *ActionError (nothing is sent), which prefixes it.
-var errFingerprintUncheckable = errors.New("the action's keyed fingerprint cannot be checked here: " +
-	"its journal keeps no fingerprint secret for this Transport (journal.FingerprintKeeper), or AES-GCM is refused (GODEBUG=fips140=only)")
+// check, handed back in an *ActionError (nothing is sent), which drops its
+// prefix.
+var errFingerprintUncheckable = ErrFingerprintUncheckable
 
 // isKeyed reports whether fp has the keyed form.
 func isKeyed(fp journal.Fingerprint) bool { return [4]byte(fp[:4]) == keyedMagic }

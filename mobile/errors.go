@@ -61,7 +61,11 @@ const (
 	// KindJournal: the journal could not be opened or could not store the
 	// key, so nothing was sent: another Client (in this process or another)
 	// holds the directory, the disk is full, the directory was removed, or
-	// the journal is damaged. The message says which.
+	// the journal is damaged. The message says which. Also a large
+	// payment (a body of 64 KiB or more) whose check the journal lost
+	// (fingerprint.key in dir deleted or damaged): nothing is sent,
+	// MaybeProcessed is true, and every resend is refused so until its key
+	// window ends (then KindWindowExpired).
 	KindJournal int32 = 9
 	// KindClosed: the Client was closed.
 	KindClosed int32 = 10
@@ -190,6 +194,10 @@ func classify(err error, actionID string) *failure {
 			// The action completed in another Send of the same action;
 			// sending it again gets the server's replay.
 			f.f.Kind, f.f.MaybeProcessed = KindMaybeProcessed, true
+		case errors.Is(ae.Err, root.ErrFingerprintUncheckable):
+			// Refused at every resend until its key window ends: the
+			// journal lost the secret that checks it.
+			f.f.Kind = KindJournal
 		case ae.MaybeProcessed:
 			f.f.Kind = KindMaybeProcessed
 		default:
