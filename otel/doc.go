@@ -38,7 +38,8 @@
 //   - idemretry.reason: why the attempts ended without a final answer:
 //     attempts_exhausted, retry_after_too_long, wait_exceeds_deadline,
 //     parked, key_window_expired, key_reused, fingerprint_mismatch,
-//     response_not_shared, canceled, deadline_exceeded, or other.
+//     fingerprint_uncheckable, response_not_shared, canceled,
+//     deadline_exceeded, or other.
 //   - idemretry.maybe_processed: for an *idemretry.ActionError, whether the
 //     server may have performed the action.
 //   - idemretry.key.hash, idemretry.action.hash: the first 8 bytes of the

@@ -133,6 +133,7 @@ var reasons = []struct {
 	{idemretry.ErrKeyWindowExpired, "key_window_expired"},
 	{idemretry.ErrKeyReused, "key_reused"},
 	{idemretry.ErrFingerprintMismatch, "fingerprint_mismatch"},
+	{idemretry.ErrFingerprintUncheckable, "fingerprint_uncheckable"},
 	{idemretry.ErrResponseNotShared, "response_not_shared"},
 	{context.Canceled, "canceled"},
 	{context.DeadlineExceeded, "deadline_exceeded"},

@@ -195,7 +195,8 @@ func reasonOf(ae *idemretry.ActionError) error {
 	if ae.Reason != nil {
 		return ae.Reason
 	}
-	if errors.Is(ae.Err, context.Canceled) || errors.Is(ae.Err, context.DeadlineExceeded) {
+	if errors.Is(ae.Err, context.Canceled) || errors.Is(ae.Err, context.DeadlineExceeded) ||
+		errors.Is(ae.Err, idemretry.ErrFingerprintUncheckable) {
 		return ae.Err
 	}
 	return nil
