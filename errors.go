@@ -29,7 +29,8 @@ var (
 	// *ActionError (MaybeProcessed); nothing was sent, nor will be until
 	// the action's key window ends (then ErrKeyWindowExpired).
 	ErrFingerprintUncheckable = errors.New("idemretry: the action's keyed fingerprint cannot be checked here: " +
-		"its journal keeps no fingerprint secret for this Transport (journal.FingerprintKeeper), or AES-GCM is refused (GODEBUG=fips140=only)")
+		"it was made under another fingerprint secret (fingerprint.key deleted or damaged, the record copied), " +
+		"or the journal keeps none for this Transport, or AES-GCM is refused (GODEBUG=fips140=only)")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
 	// 255 characters, has characters other than visible ASCII or has a '"' or
 	// '\', or the request has more than one such header.

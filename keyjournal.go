@@ -108,8 +108,9 @@ func (t *Transport) logRecovery(j *filejournal.Journal) {
 			slog.String("dir", j.Dir()), slog.Any("error", r.FingerprintSecretErr))
 	}
 	if r.FingerprintSecretMade && r.Records > 0 {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: made a fingerprint secret for a journal that holds records: "+
-			"if its fingerprint.key was deleted, actions recorded with keyed fingerprints are refused (nothing sent) until their key windows end",
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: made a fingerprint secret for a journal that holds records "+
+			"(expected once after an upgrade from a release without keyed fingerprints): if its fingerprint.key was deleted, "+
+			"actions recorded with keyed fingerprints are refused (nothing sent) until their key windows end",
 			slog.String("dir", j.Dir()), slog.Int("records", r.Records))
 	}
 }

@@ -15,7 +15,7 @@ import (
 // net/http over the same stub; and what SHA-256, the hash of idemretry's
 // plain request fingerprint (of an unnamed request, or a small body), costs
 // per MiB. A named action's large body has the keyed fingerprint (AES-GCM
-// tags under a secret of its record's). The Large case measures the same
+// tags under a key made from the journal's secret). The Large case measures the same
 // POST over loopback, where the copy through the kernel dilutes the
 // difference; here the difference is all there is. The fingerprint itself
 // is unexported: its cost shows as idemretry's extra over net/http, and

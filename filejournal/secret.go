@@ -43,7 +43,7 @@ const secretFileSize = 28 + 32 + 4
 // until their key windows end. It answers for other == this Journal only
 // (see journal.FingerprintKeeper).
 func (j *Journal) FingerprintSecret(other journal.Journal) ([32]byte, bool) {
-	if o, ok := other.(*Journal); !ok || o != j || !j.hasSecret {
+	if o, ok := other.(*Journal); !ok || o != j || j == nil || !j.hasSecret {
 		return [32]byte{}, false
 	}
 	return j.secret, true

@@ -124,7 +124,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // crypto/rand when the Memory was made (ok is false if that failed), which
 // never leaves the process; for other == this Memory only.
 func (j *Memory) FingerprintSecret(other Journal) ([32]byte, bool) {
-	if m, ok := other.(*Memory); !ok || m != j || !j.hasSecret {
+	if m, ok := other.(*Memory); !ok || m != j || j == nil || !j.hasSecret {
 		return [32]byte{}, false
 	}
 	return j.secret, true

@@ -10,3 +10,13 @@ import (
 func TestMemoryConformance(t *testing.T) {
 	journaltest.Run(t, func(*testing.T) journal.Journal { return journal.NewMemory() })
 }
+
+// A nil *Memory (a typed nil given to WithJournal) has no fingerprint
+// secret, and asking does not panic: NewTransport asks every journal.
+func TestNilMemoryHasNoFingerprintSecret(t *testing.T) {
+	var m *journal.Memory
+	_, ok := m.FingerprintSecret(m)
+	if ok {
+		t.Fatal("a nil Memory gave a fingerprint secret")
+	}
+}

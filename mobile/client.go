@@ -74,7 +74,10 @@ type Client struct {
 // permissions are narrowed to the app's user): for example
 // File(context.filesDir, "idemretry") on Android, or a directory
 // "idemretry" in Application Support on iOS. Keep dir across app updates:
-// it holds the keys of unfinished payments. opts may be null.
+// it holds the keys of unfinished payments. It also holds fingerprint.key,
+// the secret that checks a large payment's resend: back it up together
+// with the journal, or exclude both (Android's noBackupFilesDir, iOS's
+// isExcludedFromBackup). opts may be null.
 //
 // It fails with KindJournal if another Client, in this process or another
 // one, holds dir (Close the first), or if the journal cannot be read;
