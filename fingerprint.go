@@ -108,11 +108,6 @@ func (k *fpKey) aead() (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// errFingerprintUncheckable: a keyed fingerprint that this Transport cannot
-// check, handed back in an *ActionError (nothing is sent), which drops its
-// prefix.
-var errFingerprintUncheckable = ErrFingerprintUncheckable
-
 // isKeyed reports whether fp has the keyed form.
 func isKeyed(fp journal.Fingerprint) bool { return [4]byte(fp[:4]) == keyedMagic }
 
@@ -136,13 +131,13 @@ func newFingerprint(req *http.Request, b *body, keyable bool, key *fpKey) (journ
 // matchFingerprint computes req's fingerprint in want's form (with want's
 // salt when keyed) and reports whether it is want. A keyed want that key
 // cannot check (the journal keeps no secret here, or AES-GCM is refused) is
-// errFingerprintUncheckable, unless req's plain fingerprint is want.
+// ErrFingerprintUncheckable, unless req's plain fingerprint is want.
 func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint, key *fpKey) (journal.Fingerprint, bool, error) {
 	uncheckable := false
 	if isKeyed(want) {
 		fp, err := keyedFingerprint(req, b, want, key)
 		switch {
-		case errors.Is(err, errFingerprintUncheckable):
+		case errors.Is(err, ErrFingerprintUncheckable):
 			uncheckable = true
 		case err != nil || fp == want:
 			return fp, err == nil, err
@@ -154,7 +149,7 @@ func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint, key 
 		return journal.Fingerprint{}, false, err
 	}
 	if fp != want && uncheckable {
-		return journal.Fingerprint{}, false, errFingerprintUncheckable
+		return journal.Fingerprint{}, false, ErrFingerprintUncheckable
 	}
 	return fp, fp == want, nil
 }
@@ -163,11 +158,11 @@ func matchFingerprint(req *http.Request, b *body, want journal.Fingerprint, key 
 // id and salt, under key, which must be the key of that id.
 func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key *fpKey) (journal.Fingerprint, error) {
 	if !key.ok || [4]byte(head[4:8]) != key.id {
-		return journal.Fingerprint{}, errFingerprintUncheckable
+		return journal.Fingerprint{}, ErrFingerprintUncheckable
 	}
 	aead, err := key.aead()
 	if err != nil {
-		return journal.Fingerprint{}, fmt.Errorf("%w: %w", errFingerprintUncheckable, err)
+		return journal.Fingerprint{}, fmt.Errorf("%w: %w", ErrFingerprintUncheckable, err)
 	}
 	k := keyedScratch.Get().(*keyedHash)
 	defer func() {

@@ -271,7 +271,7 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 
 // A keyed fingerprint made under another journal's secret (a record copied
 // over, a fingerprint.key deleted and made anew) cannot be checked: that is
-// errFingerprintUncheckable, never a match, and never taken for another
+// ErrFingerprintUncheckable, never a match, and never taken for another
 // payload. Nor can one be checked by a Transport whose journal keeps no
 // secret.
 func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
@@ -285,7 +285,7 @@ func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
 	require.True(t, other.ok)
 	for name, k := range map[string]*fpKey{"another secret": &other, "no secret": {}} {
 		_, same, err := matchFingerprint(req, b, fp, k)
-		require.ErrorIs(t, err, errFingerprintUncheckable, name)
+		require.ErrorIs(t, err, ErrFingerprintUncheckable, name)
 		require.False(t, same, name)
 	}
 }

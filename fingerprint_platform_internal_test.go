@@ -46,7 +46,7 @@ func TestKeyedFallbackMatchesOnlyThePayload(t *testing.T) {
 	copy(want[:4], keyedMagic[:])
 	for name, k := range map[string]*fpKey{"the journal's key": &key, "no key": {}} {
 		_, same, err := matchFingerprint(req, b, want, k)
-		require.ErrorIs(t, err, errFingerprintUncheckable, name)
+		require.ErrorIs(t, err, ErrFingerprintUncheckable, name)
 		assert.False(t, same, "%s: a fingerprint neither form gives matched", name)
 	}
 	// The same with the Transport's own key id: checked in the keyed
@@ -147,7 +147,7 @@ func TestKeyedRecordCheckedWithoutAESInstructions(t *testing.T) {
 // nonce). Nothing panics there: the journal's secret gives no key, a new
 // fingerprint is plain, which is checked as ever, and a keyed record (made
 // by a machine not in that mode, under the same secret) cannot be checked:
-// errFingerprintUncheckable, for the payload and for another alike, never
+// ErrFingerprintUncheckable, for the payload and for another alike, never
 // a match nor a mismatch; samePayload's error is prefixed once.
 func TestKeyedRecordUnderFIPS140Only(t *testing.T) {
 	key, _ := testKey(t)
@@ -166,11 +166,11 @@ func TestKeyedRecordUnderFIPS140Only(t *testing.T) {
 		for _, body := range [][]byte{p, append(bytes.Clone(p), 'x')} {
 			r, bd := keyedRequest(t, body, false, 0)
 			_, same, err := matchFingerprint(r, bd, fp, &key)
-			require.ErrorIs(t, err, errFingerprintUncheckable)
+			require.ErrorIs(t, err, ErrFingerprintUncheckable)
 			require.False(t, same)
 			who := identity{fp: mine}
 			_, _, err = tr.samePayload(payload{req: r, body: bd}, &who, fp)
-			require.ErrorIs(t, err, errFingerprintUncheckable)
+			require.ErrorIs(t, err, ErrFingerprintUncheckable)
 			fmt.Printf("samePayload: %v\n", err)
 		}
 		return

@@ -105,7 +105,7 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 			return nil, notResumableError(listed.ActionID, &listed, fmt.Errorf("a request of another payload is in flight"))
 		}
 		// In flight: with a keyed fingerprint, perhaps of the same payload
-		// under another secret, which only the flight's request can tell.
+		// with another salt, which only the flight's request can tell.
 		// Either way it lands first.
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true, Err: err}

@@ -66,7 +66,7 @@ type payload struct {
 // flight's leader holds it: equal to who.fp, or, when either is keyed
 // (each new record draws its own salt), equal when p's is computed in fp's
 // form. It returns p's fingerprint in that form. Its errors are the
-// body's, and errFingerprintUncheckable.
+// body's, and ErrFingerprintUncheckable.
 func (t *Transport) samePayload(p payload, who *identity, fp journal.Fingerprint) (journal.Fingerprint, bool, error) {
 	if fp == who.fp {
 		return fp, true, nil
@@ -123,7 +123,7 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (identity, error) {
 	rec := m.rec
 	fp, same, err := matchFingerprint(req, b, rec.Fingerprint, key)
-	if errors.Is(err, errFingerprintUncheckable) {
+	if errors.Is(err, ErrFingerprintUncheckable) {
 		// Never sent; reserve refuses it, or finds its key window ended
 		// (then it is outcome-unknown, for Resolve). A keyed fingerprint
 		// is a named action's: never one named by its fingerprint.
@@ -231,12 +231,12 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	}
 	now := t.now()
 	var same bool
-	err = errFingerprintUncheckable
+	err = ErrFingerprintUncheckable
 	if !who.uncheckable {
 		_, same, err = t.samePayload(p, &who, rec.Fingerprint)
 	}
 	switch {
-	case errors.Is(err, errFingerprintUncheckable) && windowEnds(rec, now, 0, window):
+	case errors.Is(err, ErrFingerprintUncheckable) && windowEnds(rec, now, 0, window):
 		// Whatever its payload, nothing of it may be sent now: it goes
 		// the way of any action past its key window (below), not refused
 		// as uncheckable for ever.

@@ -233,7 +233,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		f, lead, mismatch := t.flights.join(who.id, who.fp)
 		switch {
 		case mismatch:
-			// The leader's fingerprint may be keyed, with a secret of
+			// The leader's fingerprint may be keyed, with a salt of
 			// its own: computed so, the two may be one payload.
 			fp, same, err := t.samePayload(payload{req, b}, &who, f.fp)
 			if err != nil { // the body read again, or a keyed fingerprint that cannot be checked
