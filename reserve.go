@@ -97,12 +97,12 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 	}
 	// A named action's first hop may have a keyed fingerprint: its id
 	// does not depend on it.
-	_, explicit := actionOf(req.Context())
+	named, explicit := actionOf(req.Context())
 	fp, err := newFingerprint(req, b, (callerKey != "" || explicit) && req.Response == nil, &t.fpKey)
 	if err != nil {
 		return identity{}, err
 	}
-	id, err := t.actionID(req, callerKey, fp)
+	id, err := t.actionID(req, callerKey, named, explicit, fp)
 	if err != nil {
 		return identity{}, err
 	}
@@ -277,14 +277,14 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 
 // actionID names req's action: a key the caller set names it (the server
 // knows the action by its key, so one key must mean one payload); else the
-// id given with WithAction; else the request's fingerprint. A hop of
+// id given with WithAction (id, when explicit: actionOf of req's context);
+// else the request's fingerprint. A hop of
 // http.Client's 307/308 redirect is a sub-action of its parent, with its own
 // key: the first server did not perform the action, the next one might. An
 // unnamed parent's hop is named by the parent's key, not by its own
 // fingerprint: a caller that joined the parent's flight follows the same
 // redirect, and must find the hop the leader made, done or not.
-func (t *Transport) actionID(req *http.Request, callerKey string, fp journal.Fingerprint) (string, error) {
-	id, explicit := actionOf(req.Context())
+func (t *Transport) actionID(req *http.Request, callerKey, id string, explicit bool, fp journal.Fingerprint) (string, error) {
 	switch {
 	case callerKey != "":
 		id = keyActionPrefix + callerKey
