@@ -45,24 +45,14 @@ func (j *r3FirstLeaseHangs) Release(context.Context, string, string) error { ret
 // context has a deadline and no Done (which its Err cannot report: cutShort
 // asks callerEnded).
 func TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		leader func() (context.Context, context.CancelFunc)
-	}{
-		{"WithTimeout", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), time.Second)
-		}},
-		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(time.Second)}, func() {}
-		}},
-	} {
+	for _, tc := range deadlineContexts(time.Second) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
 			j := &r3FirstLeaseHangs{Memory: journal.NewMemory(), entered: make(chan struct{})}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()
-			lctx, cancel := tc.leader()
+			lctx, cancel := tc.ctx()
 			defer cancel()
 			leader := sendAsync(tr, post(t, idemretry.WithAction(lctx, "pay:r3-join"), srv.URL, `{"amount":1}`))
 			<-j.entered // the leader is in its Lease call
@@ -289,20 +279,27 @@ func TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
 
 // healthyContexts are the kinds of caller's context that stay fine through
 // a test: none, a deadline far off, and a far deadline without Done.
-func healthyContexts(far time.Duration) []struct {
+func healthyContexts(far time.Duration) []ctxCase {
+	return append([]ctxCase{{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }}},
+		deadlineContexts(far)...)
+}
+
+// ctxCase is a caller's context of one kind, made fresh for each run.
+type ctxCase struct {
 	name string
 	ctx  func() (context.Context, context.CancelFunc)
-} {
-	return []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-	}{
-		{"Background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+}
+
+// deadlineContexts are the two kinds of context with a deadline d from
+// when they are made: context.WithTimeout's, and one that reports the
+// deadline with no Done channel to signal it (rvNoDone).
+func deadlineContexts(d time.Duration) []ctxCase {
+	return []ctxCase{
 		{"WithTimeout", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), far)
+			return context.WithTimeout(context.Background(), d)
 		}},
 		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(far)}, func() {}
+			return rvNoDone{context.Background(), time.Now().Add(d)}, func() {}
 		}},
 	}
 }

@@ -37,17 +37,7 @@ func (j *r3SlowLeaseGranted) Release(context.Context, string, string) error { re
 // action must not be sent after the deadline. With a context that has a
 // deadline and no Done, nothing in net/http can see the deadline either.
 func TestReviewLeaseGrantedAfterTheCallersDeadlineSendsNothing(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-	}{
-		{"WithTimeout", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), 200*time.Millisecond)
-		}},
-		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(200 * time.Millisecond)}, func() {}
-		}},
-	} {
+	for _, tc := range deadlineContexts(200 * time.Millisecond) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
 			j := &r3SlowLeaseGranted{Memory: journal.NewMemory(), slow: 500 * time.Millisecond}
