@@ -26,6 +26,16 @@ func openSecret(t *testing.T, dir string, opts ...Option) (*Journal, [32]byte, b
 	return j, s, ok
 }
 
+// requireSecret opens dir's journal, requires its secret to be want, and
+// closes it.
+func requireSecret(t *testing.T, dir string, want [32]byte) {
+	t.Helper()
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.Equal(t, want, s)
+	require.NoError(t, j.Close())
+}
+
 func TestSecretReopenSameOtherDirOther(t *testing.T) {
 	dir := t.TempDir()
 	j, s1, ok := openSecret(t, dir)
@@ -152,10 +162,7 @@ func TestSecretLeftoverTmp(t *testing.T) {
 		require.NoError(t, j.Close())
 		_, err := os.Stat(filepath.Join(dir, secretTmpName))
 		require.ErrorIs(t, err, os.ErrNotExist)
-		j, s2, ok := openSecret(t, dir)
-		require.True(t, ok)
-		require.Equal(t, s, s2)
-		require.NoError(t, j.Close())
+		requireSecret(t, dir, s)
 	}
 }
 
@@ -251,10 +258,7 @@ func TestSecretSymlinkToValid(t *testing.T) {
 	require.NoError(t, j.Close())
 	b := t.TempDir()
 	require.NoError(t, os.Symlink(filepath.Join(a, secretName), filepath.Join(b, secretName)))
-	j, s2, ok := openSecret(t, b)
-	require.True(t, ok)
-	require.Equal(t, s, s2)
-	require.NoError(t, j.Close())
+	requireSecret(t, b, s)
 }
 
 // A symlinked fingerprint.key already 0600 is not "tightened" at every
@@ -421,10 +425,7 @@ func TestSecretKilledWhileMaking(t *testing.T) {
 				require.Equal(t, want, hex.EncodeToString(s[:]), "round %d dir %s", round, e.Name())
 			}
 			require.NoError(t, j.Close())
-			j, s2, ok := openSecret(t, d)
-			require.True(t, ok)
-			require.Equal(t, s, s2)
-			require.NoError(t, j.Close())
+			requireSecret(t, d, s)
 			_, err = os.Stat(filepath.Join(d, secretTmpName))
 			require.ErrorIs(t, err, os.ErrNotExist)
 		}
