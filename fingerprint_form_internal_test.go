@@ -154,6 +154,18 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 		require.Equal(t, keyedReference(t, secret, fp, http.MethodPost, req.URL.String(), p), fp, "size %d", n)
 		again := newKeyed(t, req, b, &key)
 		assert.NotEqual(t, fp[8:16], again[8:16], "each new fingerprint draws its own salt")
+		// A body without GetBody, which newBody reads into memory and the
+		// fingerprint reads in place: the same definition.
+		rb, err := http.NewRequest(http.MethodPost, req.URL.String(), io.NopCloser(bytes.NewReader(p)))
+		require.NoError(t, err)
+		bb, err := newBody(rb, 1<<30)
+		require.NoError(t, err)
+		require.NotNil(t, bb.buf, "read into memory")
+		inPlace := newKeyed(t, rb, &bb, &key)
+		require.Equal(t, keyedReference(t, secret, inPlace, http.MethodPost, req.URL.String(), p), inPlace, "size %d, in memory", n)
+		_, same, err := matchFingerprint(req, b, inPlace, &key)
+		require.NoError(t, err)
+		require.True(t, same, "size %d: the GetBody copy against the in-memory one", n)
 		for seed := range uint64(5) {
 			r2, b2 := keyedRequest(t, p, true, seed)
 			got, same, err := matchFingerprint(r2, b2, fp, &key)
