@@ -18,3 +18,7 @@ func JournalMakesKeyedFingerprints(j journal.Journal) bool {
 // FingerprintAESKey is the AES key t's keyed fingerprints are made with,
 // derived from its journal's secret: what a forger would need.
 func FingerprintAESKey(t *Transport) [16]byte { return t.fpKey.aes }
+
+// KeyedMinBody is the least body a named action's keyed fingerprint is
+// made for.
+const KeyedMinBody = keyedMinBody

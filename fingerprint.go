@@ -4,14 +4,13 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
-	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"runtime"
@@ -53,7 +52,7 @@ import (
 // the same form, with the same salt (matchFingerprint): the journal's record
 // and a flight's leader may each have drawn their own.
 const (
-	keyedMinBody = 64 << 10 // smaller bodies: SHA-256 costs less than the cipher's set-up
+	keyedMinBody = 512 // smaller bodies hash as fast plain (BenchmarkFingerprint)
 	keyedChunk   = 64 << 10
 )
 
@@ -74,6 +73,10 @@ type fpKey struct {
 	aes [16]byte
 	id  [4]byte // in every fingerprint made with it
 	ok  bool
+	// scratch holds *keyedHash made for this key, each with its own
+	// AES-GCM (whose set-up costs more than a small body's tags): an AEAD
+	// is not documented as safe for concurrent use, so none is shared.
+	scratch *sync.Pool
 }
 
 // fingerprintKey derives j's fpKey: none when j keeps no secret, or when
@@ -97,6 +100,7 @@ func fingerprintKey(j journal.Journal) fpKey {
 		return fpKey{}
 	}
 	key.ok = true
+	key.scratch = &sync.Pool{}
 	return key
 }
 
@@ -113,19 +117,26 @@ func isKeyed(fp journal.Fingerprint) bool { return [4]byte(fp[:4]) == keyedMagic
 
 // newFingerprint returns the fingerprint of req for a new record of its
 // action: keyed when keyable (a named action's first hop), its body known
-// to be large, and key and the hardware make that the faster; plain
-// otherwise.
+// to be keyedMinBody bytes or more, and key and the hardware make that the
+// faster; plain otherwise.
 func newFingerprint(req *http.Request, b *body, keyable bool, key *fpKey) (journal.Fingerprint, error) {
 	if !keyable || !key.ok || !keyedHardware || b.size(req) < keyedMinBody {
 		return fingerprint(req, b)
 	}
-	var head journal.Fingerprint
+	return keyedFingerprint(req, b, newKeyedHead(key), key)
+}
+
+// newKeyedHead returns the first 16 bytes of a new keyed fingerprint under
+// key: the magic, the key's id and a salt drawn for it. The salt begins
+// every chunk's nonce, which must never repeat under one key, and need not
+// be secret: math/rand/v2's generator (ChaCha8, seeded from the system's
+// randomness in every process) draws it in a few nanoseconds, where
+// crypto/rand's system call took as long as a small body's tags.
+func newKeyedHead(key *fpKey) (head journal.Fingerprint) {
 	copy(head[:4], keyedMagic[:])
 	copy(head[4:8], key.id[:])
-	if _, err := io.ReadFull(rand.Reader, head[8:16]); err != nil {
-		return journal.Fingerprint{}, fmt.Errorf("idemretry: fingerprint salt: %w", err)
-	}
-	return keyedFingerprint(req, b, head, key)
+	binary.LittleEndian.PutUint64(head[8:16], rand.Uint64())
+	return head
 }
 
 // matchFingerprint computes req's fingerprint in want's form (with want's
@@ -160,16 +171,16 @@ func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key 
 	if !key.ok || [4]byte(head[4:8]) != key.id {
 		return journal.Fingerprint{}, ErrFingerprintUncheckable
 	}
-	aead, err := key.aead()
-	if err != nil {
-		return journal.Fingerprint{}, fmt.Errorf("%w: %w", ErrFingerprintUncheckable, err)
+	k, _ := key.scratch.Get().(*keyedHash)
+	if k == nil {
+		aead, err := key.aead()
+		if err != nil {
+			return journal.Fingerprint{}, fmt.Errorf("%w: %w", ErrFingerprintUncheckable, err)
+		}
+		k = &keyedHash{aead: aead, tags: sha256.New(), tag: make([]byte, 0, 16), buf: make([]byte, 0, 256)}
 	}
-	k := keyedScratch.Get().(*keyedHash)
-	defer func() {
-		k.aead = nil // the key schedule is not kept in the pool
-		keyedScratch.Put(k)
-	}()
-	k.reset(aead, head[8:16])
+	defer key.scratch.Put(k)
+	k.reset(head[8:16])
 	if err := b.hashInto(k); err != nil {
 		return journal.Fingerprint{}, fmt.Errorf("idemretry: request body: %w", err)
 	}
@@ -192,22 +203,18 @@ func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key 
 // chunks are the body's keyedChunk-byte runs and its remainder, however its
 // reader splits it.
 type keyedHash struct {
-	aead  cipher.AEAD
-	tags  hash.Hash // SHA-256 of the chunks' tags, in order
-	chunk []byte    // a chunk being filled, of capacity keyedChunk
-	n     uint32    // chunks authenticated
-	size  uint64    // bytes written
-	nonce [12]byte  // the salt, and n
+	aead  cipher.AEAD // under the key of the pool (fpKey.scratch) it is in
+	tags  hash.Hash   // SHA-256 of the chunks' tags, in order
+	chunk []byte      // a chunk being filled, of capacity keyedChunk once one is
+	n     uint32      // chunks authenticated
+	size  uint64      // bytes written
+	nonce [12]byte    // the salt, and n
 	tag   []byte
 	buf   []byte
 }
 
-var keyedScratch = sync.Pool{New: func() any {
-	return &keyedHash{tags: sha256.New(), chunk: make([]byte, 0, keyedChunk), tag: make([]byte, 0, 16), buf: make([]byte, 0, 256)}
-}}
-
-func (k *keyedHash) reset(aead cipher.AEAD, noncePrefix []byte) {
-	k.aead, k.n, k.size = aead, 0, 0
+func (k *keyedHash) reset(noncePrefix []byte) {
+	k.n, k.size = 0, 0
 	copy(k.nonce[:8], noncePrefix)
 	k.tags.Reset()
 	k.chunk = k.chunk[:0]
@@ -228,6 +235,9 @@ func (k *keyedHash) Write(p []byte) (int, error) {
 	for len(p) >= keyedChunk {
 		k.seal(p[:keyedChunk])
 		p = p[keyedChunk:]
+	}
+	if len(p) > 0 && k.chunk == nil {
+		k.chunk = make([]byte, 0, keyedChunk)
 	}
 	k.chunk = append(k.chunk, p...)
 	return n, nil

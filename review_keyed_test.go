@@ -264,7 +264,7 @@ func TestReviewLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
 			}
 			payload := largePayload("HR-1")
 			if c.size == "small" {
-				payload = payload[:1000]
+				payload = payload[:idemretry.KeyedMinBody-1]
 			}
 			ctx := idemretry.WithAction(context.Background(), "pay:HR-1")
 			dir, fo, old := previousRelease(t, c.hashed)

@@ -56,6 +56,9 @@ func (j *Journal) run() {
 		if stopping {
 			j.queueSeen(seenMarkClose)
 			err := j.commitQueued(true)
+			if err == nil {
+				j.keepSecret(time.Time{}, true)
+			}
 			if err == nil && j.f != nil {
 				err = j.checkPresent()
 			}
@@ -82,6 +85,7 @@ func (j *Journal) run() {
 		if err := j.commitQueued(flushDue); err != nil {
 			continue // the Journal is poisoned; Close will report it
 		}
+		j.keepSecret(time.Now(), false)
 		if time.Now().After(compactBackoff) && j.needsCompaction() {
 			if err := j.compact(); err != nil {
 				compactBackoff = time.Now().Add(time.Minute)

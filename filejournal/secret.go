@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/idemretry/idemretry/internal/datasync"
 	"github.com/idemretry/idemretry/journal"
@@ -38,9 +39,11 @@ const secretFileSize = 28 + 32 + 4
 // journal's owner alone (mode 0600), as the journal is. ok is false when
 // Open could not read or make it (Recovery.FingerprintSecretErr says why).
 // A damaged fingerprint.key is never replaced: the actions recorded with
-// keyed fingerprints could not be checked under another secret. Deleting
-// it starts a new secret; such actions are then refused, nothing sent,
-// until their key windows end. It answers for other == this Journal only
+// keyed fingerprints could not be checked under another secret. Deleted
+// while the Journal is open, it is made again of the same secret
+// (keepSecret); deleted while it is closed, the next Open starts a new
+// secret, and such actions are then refused, nothing sent, until their
+// key windows end. It answers for other == this Journal only
 // (see journal.FingerprintKeeper).
 func (j *Journal) FingerprintSecret(other journal.Journal) ([32]byte, bool) {
 	if o, ok := other.(*Journal); !ok || o != j || j == nil || !j.hasSecret {
@@ -68,15 +71,24 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
 		return secret, false, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
+	if err := writeSecret(dir, secret); err != nil {
+		return secret, false, err
+	}
+	return secret, true, nil
+}
+
+// writeSecret makes dir's fingerprint.key of secret durably: written and
+// synced under a temporary name, renamed into place, the directory synced.
+func writeSecret(dir string, secret [32]byte) error {
 	// A leftover tmp (a crash before the rename) is removed, not reused:
 	// O_TRUNC would keep its mode, and follow it if it were a symlink.
 	tmp := filepath.Join(dir, secretTmpName)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return secret, false, err
+		return err
 	}
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return secret, false, err
+		return err
 	}
 	_, err = f.Write(encodeSecret(secret))
 	if err == nil {
@@ -86,16 +98,39 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 		err = cerr
 	}
 	if err == nil {
-		err = renameDurable(tmp, path)
+		err = renameDurable(tmp, filepath.Join(dir, secretName))
 	}
 	if err == nil {
 		err = syncDir(dir)
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return secret, false, err
 	}
-	return secret, true, nil
+	return err
+}
+
+// secretCheckEvery is how often, at most, a batch's commit looks for the
+// journal's fingerprint.key (keepSecret).
+const secretCheckEvery = time.Second
+
+// keepSecret makes fingerprint.key again, of the secret this Journal
+// holds, if nothing is left under its name: deleted while the Journal is
+// open, the next Open would make a new secret, under which the keyed
+// fingerprints recorded since could not be checked. The committer calls
+// it after a batch, at most once per secretCheckEvery, and at Close; the
+// records of the second before a crash are all a deletion can cost. A
+// file of another content, or a dangling symlink, is left as Open leaves
+// it. A failure is tried again at the next check. Only the committer
+// calls it.
+func (j *Journal) keepSecret(now time.Time, force bool) {
+	if !j.hasSecret || (!force && now.Sub(j.secretChecked) < secretCheckEvery) {
+		return
+	}
+	j.secretChecked = now
+	if _, err := os.Lstat(filepath.Join(j.dir, secretName)); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	_ = writeSecret(j.dir, j.secret)
 }
 
 // readSecret reads fingerprint.key at path (through a symlink), at most

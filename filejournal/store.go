@@ -57,9 +57,12 @@ type Journal struct {
 	// hasSecret; never changed.
 	secret    [32]byte
 	hasSecret bool
-	path      string
-	lock      *lockfile.Lock
-	recovery  Recovery
+	// secretChecked is when keepSecret last looked for fingerprint.key;
+	// the committer's alone.
+	secretChecked time.Time
+	path          string
+	lock          *lockfile.Lock
+	recovery      Recovery
 
 	mu        sync.Mutex
 	m         map[string]ref    // live records by stored id, in slots

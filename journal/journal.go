@@ -115,7 +115,8 @@ func (s State) String() string {
 
 // Fingerprint tells whether a retried request is the same payload as the
 // first: a SHA-256 of the request's method, URL and body, or, for a named
-// action's large body, when the journal is a FingerprintKeeper, a MAC under
+// action's body of 512 bytes or more, when the journal is a
+// FingerprintKeeper, a MAC under
 // a key made from the journal's secret (with a salt, which the Transport
 // uses to compute a request's own in the same form). A Journal stores it as
 // it is given and never compares it.

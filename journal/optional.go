@@ -86,9 +86,9 @@ type Getter interface {
 }
 
 // A FingerprintKeeper is a Journal that keeps a secret of its own for the
-// Transport's keyed request fingerprints: those of a named action's large
-// body, checked with a MAC under a key made from the secret (several times
-// faster than the SHA-256 that every other fingerprint is). The secret must
+// Transport's keyed request fingerprints: those of a named action's body
+// of 512 bytes or more, checked with a MAC under a key made from the secret
+// (faster than the SHA-256 that every other fingerprint is). The secret must
 // be random, the same for every process that opens the journal for as long
 // as any record made with it lives, never part of a Record, and readable
 // only by whoever may also write the journal: whoever has it can craft a

@@ -61,8 +61,8 @@ const (
 	// KindJournal: the journal could not be opened or could not store the
 	// key, so nothing was sent: another Client (in this process or another)
 	// holds the directory, the disk is full, the directory was removed, or
-	// the journal is damaged. The message says which. Also a large
-	// payment (a body of 64 KiB or more) whose check the journal lost
+	// the journal is damaged. The message says which. Also a payment (a
+	// body of 512 bytes or more) whose check the journal lost
 	// (fingerprint.key in dir deleted or damaged): nothing is sent,
 	// MaybeProcessed is true, and every resend is refused so until its key
 	// window ends (then KindWindowExpired).
