@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
+	"github.com/google/uuid"
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemretry/idemretry"
@@ -26,10 +27,20 @@ const (
 	RetryableHTTP   = "retryablehttp"
 	Failsafe        = "failsafe"
 	FailsafeNoClose = "failsafe-noclose" // failsafe as configured out of the box; tests only
+	// The peers as a payment client must use them: with an
+	// Idempotency-Key of the caller's, minted per action (UUIDv4) and set
+	// on the request, which each peer's retries send again.
+	RetryableHTTPKey = "retryablehttp+key"
+	FailsafeKey      = "failsafe+key"
 )
 
 // Names lists the clients every benchmark compares, baseline first.
 var Names = []string{NetHTTP, IdemMemory, IdemFile, RetryableHTTP, Failsafe}
+
+// KeyedPeerNames lists the peers that set a key by hand, which the 1 KiB
+// POST case also runs: the like-for-like comparison for a payment client,
+// whose every request carries a key on the wire.
+var KeyedPeerNames = []string{RetryableHTTPKey, FailsafeKey}
 
 // maxRetries is the same retry budget for every retrying client.
 const maxRetries = 5
@@ -41,7 +52,10 @@ type Client struct {
 	// Keyed is true for idemretry: each request must carry a new action id
 	// (WithAction), which is how an application uses it.
 	Keyed bool
-	close func() error
+	// HandKey: Post mints a key per action and sets it on the request
+	// (KeyedPeerNames).
+	HandKey bool
+	close   func() error
 }
 
 // Close releases the client's connections and journal.
@@ -90,6 +104,14 @@ func newClient(name, dir string, base http.RoundTripper) (*Client, error) {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		c.HTTP, c.Keyed, c.close = &http.Client{Transport: t}, true, t.Close
+	case RetryableHTTPKey, FailsafeKey:
+		peer := map[string]string{RetryableHTTPKey: RetryableHTTP, FailsafeKey: Failsafe}[name]
+		pc, err := newClient(peer, dir, base)
+		if err != nil {
+			return nil, err
+		}
+		pc.Name, pc.HandKey = name, true
+		return pc, nil
 	case RetryableHTTP:
 		rc := &retryablehttp.Client{
 			HTTPClient: &http.Client{Transport: base},
@@ -126,12 +148,19 @@ func (c *Client) Post(ctx context.Context, url string, payload []byte, id string
 	if c.Keyed {
 		ctx = idemretry.WithAction(ctx, id)
 	}
+	var key string
+	if c.HandKey {
+		key = uuid.NewString()
+	}
 	for attempt := 0; ; attempt++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 		if err != nil {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
 		if tag {
 			req.Header.Set(ActionHeader, id)
 		}

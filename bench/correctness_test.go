@@ -21,7 +21,7 @@ func TestClientsDeliverBodyIntact(t *testing.T) {
 		{"large", LargeBody, false, 1},
 		{"large-retried", LargeBody, true, 2},
 	} {
-		for _, name := range Names {
+		for _, name := range append(Names, KeyedPeerNames...) {
 			t.Run(tc.name+"/"+name, func(t *testing.T) {
 				actions := 3
 				if tc.size == LargeBody {
@@ -46,7 +46,7 @@ func TestClientsDeliverBodyIntact(t *testing.T) {
 				if bad := srv.KeyMismatches(); bad != 0 {
 					t.Errorf("%d retries changed Idempotency-Key", bad)
 				}
-				if c.Keyed && srv.Keyed() != srv.Requests() {
+				if (c.Keyed || c.HandKey) && srv.Keyed() != srv.Requests() {
 					t.Errorf("%d of %d requests carried an Idempotency-Key", srv.Keyed(), srv.Requests())
 				}
 			})

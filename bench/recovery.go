@@ -51,7 +51,7 @@ func WriteRecoveryJournal(dir string, n, workers int) error {
 				if i >= int64(n) || errs[w] != nil {
 					return
 				}
-				rec := journal.Record{ActionID: fmt.Sprintf("pay:%07d", i), Key: uuid(rng),
+				rec := journal.Record{ActionID: fmt.Sprintf("pay:%07d", i), Key: seededUUID(rng),
 					CreatedAt: time.Now(), State: journal.StatePending}
 				for k := 0; k < len(rec.Fingerprint); k += 8 {
 					v := rng.Uint64()
@@ -77,8 +77,8 @@ func WriteRecoveryJournal(dir string, n, workers int) error {
 	return j.Close()
 }
 
-// uuid returns a random (version 4) UUID in its text form.
-func uuid(rng *rand.Rand) string {
+// seededUUID returns a random (version 4) UUID in its text form, from rng.
+func seededUUID(rng *rand.Rand) string {
 	var b [16]byte
 	for i := 0; i < 16; i += 8 {
 		v := rng.Uint64()

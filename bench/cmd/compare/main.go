@@ -171,11 +171,21 @@ func loadAverage() string {
 	return ""
 }
 
+// clientsOf returns the clients a testing.Benchmark case compares with
+// the baseline: every one, and in the 1 KiB POST case the peers with a key
+// set by hand too.
+func clientsOf(name string) []string {
+	if name == "post" {
+		return append(slices.Clone(bench.Names[1:]), bench.KeyedPeerNames...)
+	}
+	return bench.Names[1:]
+}
+
 func (res *results) runPairs(round int, name string, f func(*testing.B, string)) {
 	fmt.Printf("\nround %d, %s\n", round, name)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "client\tnethttp ns/op\tns/op\tcpu-ns/op\tB/op\tallocs/op\tdials/op\ttime\tcpu\tB/op\tallocs\t")
-	for _, client := range bench.Names[1:] {
+	for _, client := range clientsOf(name) {
 		base, r := pair(f, client, round)
 		if base.N == 0 || r.N == 0 {
 			fmt.Fprintf(w, "%s\tfailed or skipped\t\t\t\t\t\t\t\t\t\t\n", client)
@@ -206,7 +216,7 @@ func (res *results) printPairMedians() {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "case\tclient\ttime\tcpu\tB/op\tallocs/op\tB/op\tallocs/op\t")
 	for _, c := range benchCases {
-		for _, client := range bench.Names[1:] {
+		for _, client := range clientsOf(c.name) {
 			rs := res.pairs[c.name+"/"+client]
 			if len(rs) == 0 {
 				continue
