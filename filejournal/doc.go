@@ -28,7 +28,9 @@
 //	                         fingerprint key 1\n", 32 random bytes, and the
 //	                         CRC-32C of both (little-endian), 64 bytes; made
 //	                         once (fingerprint.key.tmp, synced, renamed, the
-//	                         directory synced), never rewritten
+//	                         directory synced), never rewritten; made again
+//	                         the same way, of the same secret, if deleted
+//	                         while the Journal is open
 //
 // A copy aside is never left empty or partial under a copy's name, and the
 // newest few of each kind are kept. A torn tail that cannot be copied (a
