@@ -205,7 +205,7 @@ func keyedFingerprint(req *http.Request, b *body, head journal.Fingerprint, key 
 type keyedHash struct {
 	aead  cipher.AEAD // under the key of the pool (fpKey.scratch) it is in
 	tags  hash.Hash   // SHA-256 of the chunks' tags, in order
-	chunk []byte      // a chunk being filled, of capacity keyedChunk once one is
+	chunk []byte      // a chunk being filled, grown up to keyedChunk
 	n     uint32      // chunks authenticated
 	size  uint64      // bytes written
 	nonce [12]byte    // the salt, and n
@@ -224,8 +224,8 @@ func (k *keyedHash) Write(p []byte) (int, error) {
 	n := len(p)
 	k.size += uint64(n)
 	if len(k.chunk) > 0 {
-		m := copy(k.chunk[len(k.chunk):keyedChunk], p)
-		k.chunk, p = k.chunk[:len(k.chunk)+m], p[m:]
+		m := min(keyedChunk-len(k.chunk), len(p))
+		k.chunk, p = append(k.chunk, p[:m]...), p[m:]
 		if len(k.chunk) < keyedChunk {
 			return n, nil
 		}
@@ -236,9 +236,8 @@ func (k *keyedHash) Write(p []byte) (int, error) {
 		k.seal(p[:keyedChunk])
 		p = p[keyedChunk:]
 	}
-	if len(p) > 0 && k.chunk == nil {
-		k.chunk = make([]byte, 0, keyedChunk)
-	}
+	// Grown as needed, never past keyedChunk: a small body's scratch (a
+	// new one on every pool miss) holds its bytes, not a whole chunk.
 	k.chunk = append(k.chunk, p...)
 	return n, nil
 }
