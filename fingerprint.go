@@ -128,10 +128,17 @@ func newFingerprint(req *http.Request, b *body, keyable bool, key *fpKey) (journ
 
 // newKeyedHead returns the first 16 bytes of a new keyed fingerprint under
 // key: the magic, the key's id and a salt drawn for it. The salt begins
-// every chunk's nonce, which must never repeat under one key, and need not
-// be secret: math/rand/v2's generator (ChaCha8, seeded from the system's
-// randomness in every process) draws it in a few nanoseconds, where
-// crypto/rand's system call took as long as a small body's tags.
+// every chunk's nonce. GCM's rule that a nonce never repeat under one key
+// guards tags that are seen; no tag leaves keyedFingerprint (only the
+// SHA-256 of them, inside another SHA-256, cut to 16 bytes), and
+// matchFingerprint itself reuses a record's salt for every request checked
+// against it, another body included. What the salt buys is that two
+// records of one payload differ (a reader of the journal cannot tell they
+// are one payload); a repeat would cost that, not the MAC. So it need be
+// neither secret nor unpredictable: math/rand/v2's generator (ChaCha8,
+// seeded from the system's randomness in every process) draws it in a few
+// nanoseconds, where crypto/rand's system call took as long as a small
+// body's tags.
 func newKeyedHead(key *fpKey) (head journal.Fingerprint) {
 	copy(head[:4], keyedMagic[:])
 	copy(head[4:8], key.id[:])
