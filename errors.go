@@ -22,10 +22,11 @@ var (
 	// with a different method, URL or body. Nothing was sent.
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
 	// ErrFingerprintUncheckable: the action's record holds a keyed
-	// fingerprint (a named action's large body) that this Transport cannot
-	// check: made under a fingerprint secret its journal no longer has
-	// (fingerprint.key deleted or damaged, the record copied from another
-	// journal), or AES-GCM is refused (GODEBUG=fips140=only). It comes in an
+	// fingerprint (a named action's body of 512 bytes or more) that this
+	// Transport cannot check: made under a fingerprint secret its journal
+	// no longer has (fingerprint.key deleted or damaged, the record copied
+	// from another journal), or AES-GCM is refused (GODEBUG=fips140=only).
+	// It comes in an
 	// *ActionError (MaybeProcessed); nothing was sent, nor will be until
 	// the action's key window ends (then ErrKeyWindowExpired).
 	ErrFingerprintUncheckable = errors.New("idemretry: the action's keyed fingerprint cannot be checked here: " +

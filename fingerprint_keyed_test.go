@@ -1,7 +1,7 @@
 package idemretry_test
 
-// A named action's large body gets a keyed fingerprint (fingerprint.go):
-// each new record draws its own secret, so every other request of the
+// A named action's body of KeyedMinBody bytes or more gets a keyed
+// fingerprint (fingerprint.go): each new record draws its own salt, so every other request of the
 // action (a double tap, a resend after a restart, Resume's rebuilt one, a
 // Transport of another process) is checked by computing its fingerprint
 // with the record's or the leader's secret. These tests hold it to

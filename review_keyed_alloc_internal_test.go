@@ -29,8 +29,8 @@ func (answerAtOnce) RoundTrip(req *http.Request) (*http.Response, error) {
 const reviewHotPathAllocs = 11
 
 // The 1 KiB named POST of issue 12's goal 1 (B/op and allocs/op below both
-// peers): the keyed fingerprint, which a 1 KiB body never takes, must not
-// cost it an allocation.
+// peers): the keyed fingerprint, which a 1 KiB body takes, must not cost
+// it an allocation.
 func TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")

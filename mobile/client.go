@@ -75,7 +75,8 @@ type Client struct {
 // File(context.filesDir, "idemretry") on Android, or a directory
 // "idemretry" in Application Support on iOS. Keep dir across app updates:
 // it holds the keys of unfinished payments. It also holds fingerprint.key,
-// the secret that checks a large payment's resend: back it up together
+// the secret that checks a payment's resend (a body of 512 bytes or
+// more): back it up together
 // with the journal, or exclude both (Android's noBackupFilesDir, iOS's
 // isExcludedFromBackup). opts may be null.
 //
