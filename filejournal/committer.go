@@ -19,6 +19,15 @@ func (j *Journal) run() {
 	expiry := time.NewTicker(j.opts.expiryEvery)
 	defer expiry.Stop()
 	var compactBackoff time.Time // after a failed automatic compaction
+	// A check of fingerprint.key that a batch found too soon after the
+	// last one (keepSecret), armed for when it is due.
+	var secretDue *time.Timer
+	var secretDueC <-chan time.Time
+	defer func() {
+		if secretDue != nil {
+			secretDue.Stop()
+		}
+	}()
 	for {
 		stopping, flushDue := false, false
 		select {
@@ -45,6 +54,10 @@ func (j *Journal) run() {
 				err = j.compact()
 			}
 			reply <- err
+			continue
+		case <-secretDueC:
+			secretDueC = nil
+			j.keepSecret(time.Now(), true)
 			continue
 		case <-expiry.C:
 			j.queueSeen(seenMarkEvery)
@@ -85,7 +98,14 @@ func (j *Journal) run() {
 		if err := j.commitQueued(flushDue); err != nil {
 			continue // the Journal is poisoned; Close will report it
 		}
-		j.keepSecret(time.Now(), false)
+		if wait := j.keepSecret(time.Now(), false); wait > 0 && secretDueC == nil {
+			if secretDue == nil {
+				secretDue = time.NewTimer(wait)
+			} else {
+				secretDue.Reset(wait)
+			}
+			secretDueC = secretDue.C
+		}
 		if time.Now().After(compactBackoff) && j.needsCompaction() {
 			if err := j.compact(); err != nil {
 				compactBackoff = time.Now().Add(time.Minute)

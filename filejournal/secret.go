@@ -71,7 +71,7 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
 		return secret, false, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
-	if err := writeSecret(dir, secret); err != nil {
+	if err := writeSecret(dir, secret, nil); err != nil {
 		return secret, false, err
 	}
 	return secret, true, nil
@@ -79,7 +79,9 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 
 // writeSecret makes dir's fingerprint.key of secret durably: written and
 // synced under a temporary name, renamed into place, the directory synced.
-func writeSecret(dir string, secret [32]byte) error {
+// check, if not nil, is called just before the rename, which happens only
+// if it returns nil.
+func writeSecret(dir string, secret [32]byte, check func() error) error {
 	// A leftover tmp (a crash before the rename) is removed, not reused:
 	// O_TRUNC would keep its mode, and follow it if it were a symlink.
 	tmp := filepath.Join(dir, secretTmpName)
@@ -96,6 +98,9 @@ func writeSecret(dir string, secret [32]byte) error {
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && check != nil {
+		err = check()
 	}
 	if err == nil {
 		err = renameDurable(tmp, filepath.Join(dir, secretName))
@@ -116,21 +121,35 @@ const secretCheckEvery = time.Second
 // keepSecret makes fingerprint.key again, of the secret this Journal
 // holds, if nothing is left under its name: deleted while the Journal is
 // open, the next Open would make a new secret, under which the keyed
-// fingerprints recorded since could not be checked. The committer calls
-// it after a batch, at most once per secretCheckEvery, and at Close; the
-// records of the second before a crash are all a deletion can cost. A
-// file of another content, or a dangling symlink, is left as Open leaves
-// it. A failure is tried again at the next check. Only the committer
-// calls it.
-func (j *Journal) keepSecret(now time.Time, force bool) {
-	if !j.hasSecret || (!force && now.Sub(j.secretChecked) < secretCheckEvery) {
-		return
+// fingerprints recorded with this one could not be checked. The committer
+// calls it after a batch, at most once per secretCheckEvery: a batch that
+// comes sooner gets wait, the time until the check is due, and the
+// committer checks then (force), so that the check comes within
+// secretCheckEvery of the first batch after a deletion even if no batch
+// follows; and at Close. A deletion thus costs the secret only to a
+// process that ends (a crash, a kill) before that check: the keyed
+// records it wrote since the last one. Nothing is written unless the
+// directory still holds this Journal's journal file (present): moved
+// away, or replaced by another directory, its secret must not be left in
+// the one now at its path, which is not this journal's. A file of another
+// content, or a dangling symlink, is left as Open leaves it. A failure is
+// tried again at the next check. Only the committer calls it.
+func (j *Journal) keepSecret(now time.Time, force bool) (wait time.Duration) {
+	if !j.hasSecret {
+		return 0
+	}
+	if since := now.Sub(j.secretChecked); !force && since < secretCheckEvery {
+		return secretCheckEvery - since
 	}
 	j.secretChecked = now
 	if _, err := os.Lstat(filepath.Join(j.dir, secretName)); !errors.Is(err, fs.ErrNotExist) {
-		return
+		return 0
 	}
-	_ = writeSecret(j.dir, j.secret)
+	if j.present() != nil {
+		return 0
+	}
+	_ = writeSecret(j.dir, j.secret, j.present)
+	return 0
 }
 
 // readSecret reads fingerprint.key at path (through a symlink), at most

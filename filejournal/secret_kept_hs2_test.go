@@ -1,0 +1,117 @@
+package filejournal
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Adversarial tests of keepSecret (fingerprint.key made again while the
+// Journal is open), with real faults.
+
+// The journal's directory moved away and another directory made at its
+// path (a reset by rm -rf and mkdir, a volume mounted over it, a symlink
+// repointed): the Journal is no longer that directory's, and Close must
+// not leave this journal's secret in it, where the next journal opened
+// there would take it for its own. Close comes within a second of the
+// last write, so that it has nothing left to write.
+func TestSecretNotWrittenIntoReplacedDir(t *testing.T) {
+	for _, replacement := range []string{"empty", "journal"} {
+		t.Run(replacement, func(t *testing.T) {
+			base := t.TempDir()
+			dir := filepath.Join(base, "j")
+			j, s, ok := openSecret(t, dir)
+			require.True(t, ok)
+			reserve(t, j, entry("pay:1"))
+			require.NoError(t, os.Rename(dir, filepath.Join(base, "moved")))
+			require.NoError(t, os.Mkdir(dir, 0o700))
+			if replacement == "journal" {
+				// Another journal, closed, whose fingerprint.key is lost.
+				o, err := Open(dir)
+				require.NoError(t, err)
+				reserve(t, o, entry("pay:other"))
+				require.NoError(t, o.Close())
+				require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+			}
+			err := j.Close()
+			require.ErrorIs(t, err, ErrRemoved)
+			require.ErrorIs(t, err, journal.ErrClosed)
+			_, err = os.Lstat(filepath.Join(dir, secretName))
+			require.ErrorIs(t, err, os.ErrNotExist, "the closed journal's secret was written into the directory that replaced it")
+			_, err = os.Lstat(filepath.Join(dir, secretTmpName))
+			require.ErrorIs(t, err, os.ErrNotExist)
+			// The directory that replaced it gets a secret of its own.
+			o, so, ok := openSecret(t, dir)
+			require.True(t, ok)
+			require.NotEqual(t, s, so)
+			require.NoError(t, o.Close())
+			// The moved journal keeps its own.
+			requireSecret(t, filepath.Join(base, "moved"), s)
+		})
+	}
+}
+
+// fingerprint.key deleted, then one batch written within secretCheckEvery
+// of the last check, then nothing: the check that batch skipped must still
+// come, or a process SIGKILLed any time later (an hour later) has lost the
+// secret of the records written since the deletion, though they were
+// written more than a second before the kill.
+func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a child")
+	}
+	dir := t.TempDir()
+	cmd, l := spawnLines(t, "TestSecretDeletedIdleChild", envDir+"="+dir)
+	first := l.waitFirst(t)
+	f := strings.Fields(first)
+	require.Len(t, f, 2, "%v", l.all)
+	require.Equal(t, "secret", f[0], first)
+	path := filepath.Join(dir, secretName)
+	deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second)
+	for {
+		if _, err := os.Lstat(path); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.False(t, l.killWithin(cmd, 0), "the child ended by itself: %v", l.all)
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made: the records written after the deletion cannot be checked")
+	require.Equal(t, f[1], fmt.Sprintf("%x", s))
+	require.Equal(t, 2, j.Recovery().Records)
+	require.NoError(t, j.Close())
+}
+
+// TestSecretDeletedIdleChild is the child of
+// TestSecretDeletedThenIdleKeptThroughKill: one record (its batch checks
+// fingerprint.key), fingerprint.key deleted, one more record at once (well
+// within secretCheckEvery of that check), its
+// secret said, then idle until it is killed.
+func TestSecretDeletedIdleChild(t *testing.T) {
+	dir := os.Getenv(envDir)
+	if dir == "" {
+		t.Skip("a child of TestSecretDeletedThenIdleKeptThroughKill")
+	}
+	// Lazy writes flushed within 100 ms: the flush timer's batches come
+	// before secretCheckEvery has passed, and do not check either.
+	j, s, ok := openSecret(t, dir, WithFlushInterval(secretCheckEvery/10))
+	require.True(t, ok)
+	reserve(t, j, entry("pay:0"))
+	// The committer checks after it acknowledged the batch: let it.
+	time.Sleep(secretCheckEvery / 5)
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	reserve(t, j, entry("pay:1"))
+	fmt.Printf("secret %x\n", s)
+	select {}
+}
