@@ -71,7 +71,7 @@ func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
 	cmd, l := spawnLines(t, "TestSecretDeletedIdleChild", envDir+"="+dir)
 	first := l.waitFirst(t)
 	f := strings.Fields(first)
-	require.Len(t, f, 2, "%v", l.all)
+	require.Len(t, f, 2, first)
 	require.Equal(t, "secret", f[0], first)
 	path := filepath.Join(dir, secretName)
 	deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second)
