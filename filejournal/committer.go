@@ -19,6 +19,12 @@ func (j *Journal) run() {
 	expiry := time.NewTicker(j.opts.expiryEvery)
 	defer expiry.Stop()
 	var compactBackoff time.Time // after a failed automatic compaction
+	// Open has just read or made fingerprint.key: the first check is a
+	// secretCheckEvery later, not at the first batch, where it would race
+	// whatever the caller does as soon as that batch is acknowledged (a
+	// removal of the directory: os.RemoveAll failed, "directory not
+	// empty", on the fingerprint.key.tmp made meanwhile).
+	j.secretChecked = time.Now()
 	// A check of fingerprint.key that a batch found too soon after the
 	// last one (keepSecret), armed for when it is due.
 	var secretDue *time.Timer

@@ -115,3 +115,21 @@ func TestSecretDeletedIdleChild(t *testing.T) {
 	fmt.Printf("secret %x\n", s)
 	select {}
 }
+
+// The journal's directory removed (os.RemoveAll) as soon as a write is
+// acknowledged, as the removal tests do: the check of fingerprint.key
+// must not race the removal and leave a file in the directory meanwhile
+// (os.RemoveAll: "directory not empty").
+func TestSecretCheckDoesNotRaceRemoval(t *testing.T) {
+	base := t.TempDir()
+	for i := range 200 {
+		dir := filepath.Join(base, fmt.Sprint(i))
+		j, _, ok := openSecret(t, dir)
+		require.True(t, ok)
+		reserve(t, j, entry("pay:1"))
+		require.NoError(t, os.RemoveAll(dir), "round %d", i)
+		require.ErrorIs(t, j.Close(), ErrRemoved)
+		_, err := os.Lstat(dir)
+		require.ErrorIs(t, err, os.ErrNotExist, "round %d: made again after its removal", i)
+	}
+}
