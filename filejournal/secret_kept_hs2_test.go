@@ -69,6 +69,8 @@ func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cmd, l := spawnLines(t, "TestSecretDeletedIdleChild", envDir+"="+dir)
+	// Never left behind (it holds what its parent inherited, flock's lock).
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	first := l.waitFirst(t)
 	f := strings.Fields(first)
 	require.Len(t, f, 2, first)
