@@ -135,3 +135,39 @@ func TestSecretCheckDoesNotRaceRemoval(t *testing.T) {
 		require.ErrorIs(t, err, os.ErrNotExist, "round %d: made again after its removal", i)
 	}
 }
+
+// A full disk when fingerprint.key must be made again: the failed attempt
+// leaves no fingerprint.key.tmp, the journal goes on (its own appends fit
+// in the page it already has), and once there is room the next check
+// makes fingerprint.key of the same secret.
+func TestSecretKeptFullDiskRetried(t *testing.T) {
+	mnt := smallFS(t)
+	dir := filepath.Join(mnt, "j")
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	reserve(t, j, entry("pay:0"))
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	fill(t, mnt)
+	tmp, path := filepath.Join(dir, secretTmpName), filepath.Join(dir, secretName)
+	// Two checks' worth of batches, each one appended in place.
+	for i := 1; i <= 3; i++ {
+		reserve(t, j, entry(fmt.Sprintf("pay:%d", i)))
+		time.Sleep(secretCheckEvery)
+		_, err := os.Lstat(tmp)
+		require.ErrorIs(t, err, os.ErrNotExist, "a failed attempt left fingerprint.key.tmp")
+		_, err = os.Lstat(path)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	require.NoError(t, os.Remove(filepath.Join(mnt, "filler")))
+	reserve(t, j, entry("pay:room"))
+	deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second)
+	for {
+		if _, err := os.Lstat(path); err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "fingerprint.key not made once there was room")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, j.Close())
+	requireSecret(t, dir, s)
+}
