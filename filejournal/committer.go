@@ -104,7 +104,8 @@ func (j *Journal) run() {
 		if err := j.commitQueued(flushDue); err != nil {
 			continue // the Journal is poisoned; Close will report it
 		}
-		if wait := j.keepSecret(time.Now(), false); wait > 0 && secretDueC == nil {
+		now := time.Now()
+		if wait := j.keepSecret(now, false); wait > 0 && secretDueC == nil {
 			if secretDue == nil {
 				secretDue = time.NewTimer(wait)
 			} else {
@@ -112,7 +113,7 @@ func (j *Journal) run() {
 			}
 			secretDueC = secretDue.C
 		}
-		if time.Now().After(compactBackoff) && j.needsCompaction() {
+		if now.After(compactBackoff) && j.needsCompaction() {
 			if err := j.compact(); err != nil {
 				compactBackoff = time.Now().Add(time.Minute)
 			}

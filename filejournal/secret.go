@@ -1,7 +1,9 @@
 package filejournal
 
 // The journal's fingerprint secret (journal.FingerprintKeeper): the file
-// fingerprint.key beside the journal, made once, never rewritten.
+// fingerprint.key beside the journal, made once (and made again of the
+// same secret if it is deleted while the Journal is open: keepSecret),
+// never rewritten.
 
 import (
 	"bytes"
