@@ -179,3 +179,31 @@ func TestSecretKeptFullDiskRetried(t *testing.T) {
 	require.NoError(t, j.Close())
 	requireSecret(t, dir, s)
 }
+
+// fingerprint.key a symlink to the secret kept elsewhere, its target
+// removed while the Journal is open (a volume unmounted): the dangling
+// link is left, and nothing is written through it or beside it.
+func TestSecretSymlinkDanglingWhileOpenLeft(t *testing.T) {
+	dir, keys := t.TempDir(), t.TempDir()
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.NoError(t, j.Close())
+	path, target := filepath.Join(dir, secretName), filepath.Join(keys, "fp.key")
+	require.NoError(t, os.Rename(path, target))
+	require.NoError(t, os.Symlink(target, path))
+	j, s2, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.Equal(t, s, s2)
+	require.NoError(t, os.Remove(target))
+	reserve(t, j, entry("pay:0"))
+	time.Sleep(secretCheckEvery)
+	reserve(t, j, entry("pay:1"))
+	require.NoError(t, j.Close())
+	fi, err := os.Lstat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.ModeSymlink, fi.Mode().Type())
+	_, err = os.Lstat(target)
+	require.ErrorIs(t, err, os.ErrNotExist, "written through the dangling link")
+	_, err = os.Lstat(filepath.Join(dir, secretTmpName))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
