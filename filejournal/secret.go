@@ -70,6 +70,9 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	if _, lerr := os.Lstat(path); !errors.Is(lerr, fs.ErrNotExist) {
 		return secret, false, err
 	}
+	if s, ok := adoptSecretTmp(dir); ok {
+		return s, false, nil
+	}
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
 		return secret, false, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
@@ -77,6 +80,34 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 		return secret, false, err
 	}
 	return secret, true, nil
+}
+
+// adoptSecretTmp renames a whole fingerprint.key.tmp into place, when
+// fingerprint.key is missing, and returns its secret: a process killed
+// after writeSecret synced it and before the rename (keepSecret making
+// fingerprint.key again, of the secret in use) left the secret there, and
+// the journal's keyed records were made with it. Left by the first Open
+// instead, it is a secret no record used, as good as a new one. Only a
+// regular file that is no symlink, of the owner's mode alone (as
+// writeSecret makes it), with the right size, magic and checksum, is
+// taken; anything else is left to writeSecret, which removes it.
+func adoptSecretTmp(dir string) (secret [32]byte, ok bool) {
+	tmp := filepath.Join(dir, secretTmpName)
+	fi, err := os.Lstat(tmp)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^0o600 != 0 || fi.Size() != secretFileSize {
+		return secret, false
+	}
+	b, err := readSecret(tmp)
+	if err != nil {
+		return secret, false
+	}
+	if secret, err = parseSecret(tmp, b); err != nil {
+		return secret, false
+	}
+	if renameDurable(tmp, filepath.Join(dir, secretName)) != nil || syncDir(dir) != nil {
+		return secret, false
+	}
+	return secret, true
 }
 
 // writeSecret makes dir's fingerprint.key of secret durably: written and
@@ -105,6 +136,9 @@ func writeSecret(dir string, secret [32]byte, check func() error) error {
 		err = check()
 	}
 	if err == nil {
+		secretTestHook("synced")
+	}
+	if err == nil {
 		err = renameDurable(tmp, filepath.Join(dir, secretName))
 	}
 	if err == nil {
@@ -115,6 +149,11 @@ func writeSecret(dir string, secret [32]byte, check func() error) error {
 	}
 	return err
 }
+
+// secretTestHook is called by writeSecret once fingerprint.key.tmp is
+// written and synced, before its rename; a test's child stops there to be
+// killed.
+var secretTestHook = func(step string) {}
 
 // secretCheckEvery is how often, at most, a batch's commit looks for the
 // journal's fingerprint.key (keepSecret).

@@ -148,9 +148,11 @@ func TestSecretEveryBitFlip(t *testing.T) {
 }
 
 // A crash before the rename leaves fingerprint.key.tmp: the next Open makes
-// a new secret and leaves no tmp.
+// a new secret and leaves no tmp, unless the tmp is whole (see
+// adoptSecretTmp and TestSecretKilledBeforeRenameKept): then its secret is
+// taken.
 func TestSecretLeftoverTmp(t *testing.T) {
-	for _, content := range [][]byte{nil, []byte("idemretry fing"), encodeSecret([32]byte{1, 2, 3})} {
+	for _, content := range [][]byte{nil, []byte("idemretry fing"), encodeSecret([32]byte{1, 2, 3})[:secretFileSize-1]} {
 		dir := t.TempDir()
 		j, _, _ := openSecret(t, dir)
 		require.NoError(t, j.Close())
@@ -161,6 +163,28 @@ func TestSecretLeftoverTmp(t *testing.T) {
 		require.NotEqual(t, [32]byte{1, 2, 3}, s)
 		require.NoError(t, j.Close())
 		_, err := os.Stat(filepath.Join(dir, secretTmpName))
+		require.ErrorIs(t, err, os.ErrNotExist)
+		requireSecret(t, dir, s)
+	}
+}
+
+// A whole fingerprint.key.tmp, fingerprint.key missing: its secret is
+// taken, renamed into place; of a mode wider than the owner's, it is not.
+func TestSecretWholeTmpAdopted(t *testing.T) {
+	for _, mode := range []os.FileMode{0o600, 0o400, 0o640} {
+		dir := t.TempDir()
+		j, _, _ := openSecret(t, dir)
+		require.NoError(t, j.Close())
+		require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+		tmp := filepath.Join(dir, secretTmpName)
+		require.NoError(t, os.WriteFile(tmp, encodeSecret([32]byte{1, 2, 3}), 0o600))
+		require.NoError(t, os.Chmod(tmp, mode))
+		j, s, ok := openSecret(t, dir)
+		require.True(t, ok)
+		require.Equal(t, mode&0o077 != 0, j.Recovery().FingerprintSecretMade, "%v", mode)
+		require.Equal(t, mode&0o077 == 0, s == [32]byte{1, 2, 3}, "%v", mode)
+		require.NoError(t, j.Close())
+		_, err := os.Lstat(tmp)
 		require.ErrorIs(t, err, os.ErrNotExist)
 		requireSecret(t, dir, s)
 	}

@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -206,4 +207,71 @@ func TestSecretSymlinkDanglingWhileOpenLeft(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "written through the dangling link")
 	_, err = os.Lstat(filepath.Join(dir, secretTmpName))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// SIGKILLed inside keepSecret's writeSecret, after fingerprint.key.tmp is
+// written and synced, before its rename: the secret in use is whole on
+// disk, under the temporary name. The next Open must take it, not make a
+// new secret (and remove the tmp) under which the journal's keyed
+// records, written before and after the deletion, cannot be checked.
+func TestSecretKilledBeforeRenameKept(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a child")
+	}
+	dir := t.TempDir()
+	cmd, l := spawnLines(t, "TestSecretKilledBeforeRenameChild", envDir+"="+dir)
+	// Never left behind (it holds what its parent inherited, flock's lock).
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	first := l.waitFirst(t)
+	f := strings.Fields(first)
+	require.Len(t, f, 2, first)
+	require.Equal(t, "secret", f[0], first)
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	// The child says "synced" at the hook and stops there.
+	deadline := time.Now().Add(3*secretCheckEvery + 10*time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(dir, secretTmpName))
+		if len(b) == secretFileSize {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the child made no fingerprint.key.tmp")
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let it reach the hook
+	require.False(t, l.killWithin(cmd, 0), "the child ended by itself")
+	_, err := os.Lstat(filepath.Join(dir, secretName))
+	require.ErrorIs(t, err, os.ErrNotExist, "killed after the rename: %v", l.all)
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made though the one in use was whole in fingerprint.key.tmp")
+	require.Equal(t, f[1], fmt.Sprintf("%x", s))
+	require.NoError(t, j.Close())
+	_, err = os.Lstat(filepath.Join(dir, secretTmpName))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	requireSecret(t, dir, s)
+}
+
+// TestSecretKilledBeforeRenameChild is the child of
+// TestSecretKilledBeforeRenameKept: it says its secret, then reserves a
+// record every 50 ms; writeSecret stops at its hook until it is killed.
+func TestSecretKilledBeforeRenameChild(t *testing.T) {
+	dir := os.Getenv(envDir)
+	if dir == "" {
+		t.Skip("a child of TestSecretKilledBeforeRenameKept")
+	}
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	// Set after Open, whose writeSecret made fingerprint.key; only the
+	// committer calls it from now on.
+	secretTestHook = func(step string) {
+		if step == "synced" {
+			select {}
+		}
+	}
+	fmt.Printf("secret %x\n", s)
+	for i := 0; ; i++ {
+		// Reserve blocks once the committer stops at the hook.
+		go func() { _, _, _ = j.Reserve(context.Background(), entry(fmt.Sprintf("pay:%d", i)), journal.ReuseAny) }()
+		time.Sleep(50 * time.Millisecond)
+	}
 }
