@@ -44,6 +44,10 @@ func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, io.ReadClos
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
+	// Whatever fails, no child outlives its test: one that loops until it
+	// is killed would hold what the test run holds (a lock file's
+	// descriptor, say) for ever. Killing one already reaped is harmless.
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	return cmd, out
 }
 

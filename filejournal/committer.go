@@ -63,7 +63,7 @@ func (j *Journal) run() {
 			continue
 		case <-secretDueC:
 			secretDueC = nil
-			j.keepSecret(time.Now(), true)
+			_, _ = j.keepSecret(time.Now(), true) // tried again at the next check
 			continue
 		case <-expiry.C:
 			j.queueSeen(seenMarkEvery)
@@ -75,11 +75,16 @@ func (j *Journal) run() {
 		if stopping {
 			j.queueSeen(seenMarkClose)
 			err := j.commitQueued(true)
+			var secretErr error
 			if err == nil {
-				j.keepSecret(time.Time{}, true)
+				_, secretErr = j.keepSecret(time.Time{}, true)
 			}
 			if err == nil && j.f != nil {
 				err = j.checkPresent()
+			}
+			if err == nil && secretErr != nil {
+				// The journal is whole; its secret is what is at stake.
+				err = fmt.Errorf("journal: close: %w", secretErr)
 			}
 			if j.f != nil {
 				if cerr := j.f.Close(); err == nil && cerr != nil {
@@ -105,7 +110,9 @@ func (j *Journal) run() {
 			continue // the Journal is poisoned; Close will report it
 		}
 		now := time.Now()
-		if wait := j.keepSecret(now, false); wait > 0 && secretDueC == nil {
+		// A failure is tried again at the next check, and at Close, which
+		// reports it.
+		if wait, _ := j.keepSecret(now, false); wait > 0 && secretDueC == nil {
 			if secretDue == nil {
 				secretDue = time.NewTimer(wait)
 			} else {

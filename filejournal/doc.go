@@ -30,7 +30,9 @@
 //	                         once (fingerprint.key.tmp, synced, renamed, the
 //	                         directory synced), never rewritten; made again
 //	                         the same way, of the same secret, if deleted
-//	                         while the Journal is open
+//	                         while the Journal is open; a whole
+//	                         fingerprint.key.tmp is taken by Open when
+//	                         fingerprint.key is missing
 //
 // A copy aside is never left empty or partial under a copy's name, and the
 // newest few of each kind are kept. A torn tail that cannot be copied (a

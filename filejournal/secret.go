@@ -174,23 +174,26 @@ const secretCheckEvery = time.Second
 // away, or replaced by another directory, its secret must not be left in
 // the one now at its path, which is not this journal's. A file of another
 // content, or a dangling symlink, is left as Open leaves it. A failure is
-// tried again at the next check. Only the committer calls it.
-func (j *Journal) keepSecret(now time.Time, force bool) (wait time.Duration) {
+// tried again at the next check, and returned (Close reports it). Only the
+// committer calls it.
+func (j *Journal) keepSecret(now time.Time, force bool) (wait time.Duration, err error) {
 	if !j.hasSecret {
-		return 0
+		return 0, nil
 	}
 	if since := now.Sub(j.secretChecked); !force && since < secretCheckEvery {
-		return secretCheckEvery - since
+		return secretCheckEvery - since, nil
 	}
 	j.secretChecked = now
 	if _, err := os.Lstat(filepath.Join(j.dir, secretName)); !errors.Is(err, fs.ErrNotExist) {
-		return 0
+		return 0, nil
 	}
 	if j.present() != nil {
-		return 0
+		return 0, nil
 	}
-	_ = writeSecret(j.dir, j.secret, j.present)
-	return 0
+	if err := writeSecret(j.dir, j.secret, j.present); err != nil {
+		return 0, fmt.Errorf("%s deleted and not made again (the next Open makes a new secret, and the actions recorded with keyed fingerprints under this one are refused until their key windows end): %w", secretName, err)
+	}
+	return 0, nil
 }
 
 // readSecret reads fingerprint.key at path (through a symlink), at most

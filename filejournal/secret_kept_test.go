@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,4 +92,23 @@ func TestSecretReplacedWhileOpenLeft(t *testing.T) {
 	reserve(t, j, entry("pay:after-replace"))
 	require.NoError(t, j.Close())
 	requireSecret(t, dir, other)
+}
+
+// fingerprint.key deleted while open and not made again by Close (a full
+// disk): Close says so, naming the file, since the next Open will make a
+// new secret under which the keyed records cannot be checked. The records
+// themselves are durable: the error is no ErrClosed.
+func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
+	mnt := smallFS(t)
+	dir := filepath.Join(mnt, "j")
+	j, _, ok := openSecret(t, dir)
+	require.True(t, ok)
+	reserve(t, j, entry("pay:0"))
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	fill(t, mnt)
+	err := j.Close()
+	require.Error(t, err, "Close kept quiet about a fingerprint secret it could not keep")
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.Contains(t, err.Error(), secretName)
+	require.NotErrorIs(t, err, journal.ErrClosed, "the journal itself is whole")
 }
