@@ -2,11 +2,11 @@ package filejournal
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -70,29 +70,9 @@ func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
 		t.Skip("kills a child")
 	}
 	dir := t.TempDir()
-	cmd, l := spawnLines(t, "TestSecretDeletedIdleChild", envDir+"="+dir)
-	// Never left behind (it holds what its parent inherited, flock's lock).
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	first := l.waitFirst(t)
-	f := strings.Fields(first)
-	require.Len(t, f, 2, first)
-	require.Equal(t, "secret", f[0], first)
-	path := filepath.Join(dir, secretName)
-	deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second)
-	for {
-		if _, err := os.Lstat(path); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	require.False(t, l.killWithin(cmd, 0), "the child ended by itself: %v", l.all)
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
-	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made: the records written after the deletion cannot be checked")
-	require.Equal(t, f[1], fmt.Sprintf("%x", s))
+	cmd, l, said := spawnSecretChild(t, "TestSecretDeletedIdleChild", dir)
+	awaitFile(filepath.Join(dir, secretName)) // or not: the open below tells
+	j := requireSecretAfterKill(t, cmd, l, dir, said, "the records written after the deletion cannot be checked")
 	require.Equal(t, 2, j.Recovery().Records)
 	require.NoError(t, j.Close())
 }
@@ -143,13 +123,7 @@ func TestSecretCheckDoesNotRaceRemoval(t *testing.T) {
 // in the page it already has), and once there is room the next check
 // makes fingerprint.key of the same secret.
 func TestSecretKeptFullDiskRetried(t *testing.T) {
-	mnt := smallFS(t)
-	dir := filepath.Join(mnt, "j")
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok)
-	reserve(t, j, entry("pay:0"))
-	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
-	fill(t, mnt)
+	j, mnt, dir, s := openDeletedOnFullDisk(t)
 	tmp, path := filepath.Join(dir, secretTmpName), filepath.Join(dir, secretName)
 	// Two checks' worth of batches, each one appended in place.
 	for i := 1; i <= 3; i++ {
@@ -219,13 +193,7 @@ func TestSecretKilledBeforeRenameKept(t *testing.T) {
 		t.Skip("kills a child")
 	}
 	dir := t.TempDir()
-	cmd, l := spawnLines(t, "TestSecretKilledBeforeRenameChild", envDir+"="+dir)
-	// Never left behind (it holds what its parent inherited, flock's lock).
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	first := l.waitFirst(t)
-	f := strings.Fields(first)
-	require.Len(t, f, 2, first)
-	require.Equal(t, "secret", f[0], first)
+	cmd, l, said := spawnSecretChild(t, "TestSecretKilledBeforeRenameChild", dir)
 	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
 	// The child says "synced" at the hook and stops there.
 	deadline := time.Now().Add(3*secretCheckEvery + 10*time.Second)
@@ -238,17 +206,15 @@ func TestSecretKilledBeforeRenameKept(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // let it reach the hook
-	require.False(t, l.killWithin(cmd, 0), "the child ended by itself")
 	_, err := os.Lstat(filepath.Join(dir, secretName))
 	require.ErrorIs(t, err, os.ErrNotExist, "killed after the rename: %v", l.all)
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
-	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made though the one in use was whole in fingerprint.key.tmp")
-	require.Equal(t, f[1], fmt.Sprintf("%x", s))
+	j := requireSecretAfterKill(t, cmd, l, dir, said, "though the one in use was whole in fingerprint.key.tmp")
 	require.NoError(t, j.Close())
 	_, err = os.Lstat(filepath.Join(dir, secretTmpName))
 	require.ErrorIs(t, err, os.ErrNotExist)
-	requireSecret(t, dir, s)
+	b, err := hex.DecodeString(said)
+	require.NoError(t, err)
+	requireSecret(t, dir, [32]byte(b))
 }
 
 // TestSecretKilledBeforeRenameChild is the child of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -18,6 +19,57 @@ import (
 // fingerprint.key deleted while its Journal is open: the Journal makes it
 // again, of the secret it holds, so that the keyed fingerprints it records
 // can still be checked after a restart.
+
+// spawnSecretChild starts the child test run on the journal in dir, and
+// returns it with the secret (hex) it says first ("secret <hex>").
+func spawnSecretChild(t *testing.T, run, dir string) (*exec.Cmd, *lines, string) {
+	t.Helper()
+	cmd, l := spawnLines(t, run, envDir+"="+dir)
+	first := l.waitFirst(t)
+	f := strings.Fields(first)
+	require.Len(t, f, 2, first)
+	require.Equal(t, "secret", f[0], first)
+	return cmd, l, f[1]
+}
+
+// awaitFile waits until something is at path, for as long as a few checks
+// of fingerprint.key take at the most, and reports whether it came.
+func awaitFile(path string) bool {
+	for deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Lstat(path); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// requireSecretAfterKill SIGKILLs the child (which must not have ended by
+// itself) and requires the journal in dir to open with the secret it said,
+// not a new one. The caller closes the journal.
+func requireSecretAfterKill(t *testing.T, cmd *exec.Cmd, l *lines, dir, said, why string) *Journal {
+	t.Helper()
+	require.False(t, l.killWithin(cmd, 0), "the child ended by itself: %v", l.all)
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made: %s", why)
+	require.Equal(t, said, fmt.Sprintf("%x", s))
+	return j
+}
+
+// openDeletedOnFullDisk opens a journal on a small file system, writes a
+// record, deletes fingerprint.key and fills the file system: the key can
+// then not be made again until there is room.
+func openDeletedOnFullDisk(t *testing.T) (j *Journal, mnt, dir string, secret [32]byte) {
+	t.Helper()
+	mnt = smallFS(t)
+	dir = filepath.Join(mnt, "j")
+	j, secret, ok := openSecret(t, dir)
+	require.True(t, ok)
+	reserve(t, j, entry("pay:0"))
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	fill(t, mnt)
+	return j, mnt, dir, secret
+}
 
 // At Close.
 func TestSecretDeletedWhileOpenKeptAtClose(t *testing.T) {
@@ -37,25 +89,11 @@ func TestSecretDeletedWhileOpenKeptThroughKill(t *testing.T) {
 		t.Skip("kills a child")
 	}
 	dir := t.TempDir()
-	cmd, l := spawnLines(t, "TestSecretDeletedChild", envDir+"="+dir)
-	first := l.waitFirst(t)
-	f := strings.Fields(first)
-	require.Equal(t, "secret", f[0], first)
+	cmd, l, said := spawnSecretChild(t, "TestSecretDeletedChild", dir)
 	path := filepath.Join(dir, secretName)
 	require.NoError(t, os.Remove(path))
-	deadline := time.Now().Add(3*secretCheckEvery + 5*time.Second)
-	for {
-		if _, err := os.Lstat(path); err == nil {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "fingerprint.key not made again while the child ran")
-		time.Sleep(20 * time.Millisecond)
-	}
-	require.False(t, l.killWithin(cmd, 0), "the child ended by itself: %v", l.all)
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
-	require.False(t, j.Recovery().FingerprintSecretMade, "a new secret was made")
-	require.Equal(t, f[1], fmt.Sprintf("%x", s))
+	require.True(t, awaitFile(path), "fingerprint.key not made again while the child ran")
+	j := requireSecretAfterKill(t, cmd, l, dir, said, "the records written after the deletion cannot be checked")
 	require.NoError(t, j.Close())
 }
 
@@ -99,13 +137,7 @@ func TestSecretReplacedWhileOpenLeft(t *testing.T) {
 // new secret under which the keyed records cannot be checked. The records
 // themselves are durable: the error is no ErrClosed.
 func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
-	mnt := smallFS(t)
-	dir := filepath.Join(mnt, "j")
-	j, _, ok := openSecret(t, dir)
-	require.True(t, ok)
-	reserve(t, j, entry("pay:0"))
-	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
-	fill(t, mnt)
+	j, _, _, _ := openDeletedOnFullDisk(t)
 	err := j.Close()
 	require.Error(t, err, "Close kept quiet about a fingerprint secret it could not keep")
 	require.ErrorIs(t, err, syscall.ENOSPC)
