@@ -77,10 +77,13 @@ const (
 	textChunk = 32 << 10 // bytes per chunk of text
 )
 
-// memPage holds entries i*pageSize to (i+1)*pageSize-1.
+// memPage holds entries i*pageSize to (i+1)*pageSize-1. created comes
+// first: the garbage collector scans a page up to its last pointer (each
+// CreatedAt's Location), and the entries after it, which hold none, are
+// then not scanned.
 type memPage struct {
-	e       [pageSize]memEntry
 	created [pageSize]time.Time
+	e       [pageSize]memEntry
 }
 
 // A MemoryOption configures a Memory journal.
