@@ -23,8 +23,16 @@ import (
 )
 
 const (
-	secretName    = "fingerprint.key"
+	secretName = "fingerprint.key"
+	// secretTmpName is where keepSecret writes the secret in use before
+	// its rename, and the one temporary name Open takes (adoptSecretTmp).
 	secretTmpName = "fingerprint.key.tmp"
+	// secretNewTmpName is where Open writes a new secret before its
+	// rename: never taken, since no record was made with it, and the
+	// journal may hold records made under a deleted one, which the next
+	// Open must report (Recovery.FingerprintSecretMade) when it makes its
+	// own.
+	secretNewTmpName = "fingerprint.key.new"
 )
 
 // secretMagic begins fingerprint.key, which is secretMagic, the 32-byte
@@ -73,10 +81,15 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	if s, ok := adoptSecretTmp(dir); ok {
 		return s, false, nil
 	}
+	// keepSecret's tmp, not taken (partial, a symlink, of a wider mode):
+	// removed, as writeSecret removes its own.
+	if err := os.Remove(filepath.Join(dir, secretTmpName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return secret, false, err
+	}
 	if _, err := io.ReadFull(rand.Reader, secret[:]); err != nil {
 		return secret, false, fmt.Errorf("draw the fingerprint secret: %w", err)
 	}
-	if err := writeSecret(dir, secret, nil); err != nil {
+	if err := writeSecret(dir, secretNewTmpName, secret, nil); err != nil {
 		return secret, false, err
 	}
 	return secret, true, nil
@@ -86,8 +99,10 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 // fingerprint.key is missing, and returns its secret: a process killed
 // after writeSecret synced it and before the rename (keepSecret making
 // fingerprint.key again, of the secret in use) left the secret there, and
-// the journal's keyed records were made with it. Left by the first Open
-// instead, it is a secret no record used, as good as a new one. Only a
+// the journal's keyed records were made with it. An Open making a new
+// secret writes it under another name (secretNewTmpName), never taken:
+// taken, a new secret would replace a deleted one with no
+// Recovery.FingerprintSecretMade to say so. Only a
 // regular file that is no symlink, of the owner's mode alone (as
 // writeSecret makes it), with the right size, magic and checksum, is
 // taken; anything else is left to writeSecret, which removes it.
@@ -111,13 +126,13 @@ func adoptSecretTmp(dir string) (secret [32]byte, ok bool) {
 }
 
 // writeSecret makes dir's fingerprint.key of secret durably: written and
-// synced under a temporary name, renamed into place, the directory synced.
-// check, if not nil, is called just before the rename, which happens only
-// if it returns nil.
-func writeSecret(dir string, secret [32]byte, check func() error) error {
+// synced under the temporary name tmpName, renamed into place, the
+// directory synced. check, if not nil, is called just before the rename,
+// which happens only if it returns nil.
+func writeSecret(dir, tmpName string, secret [32]byte, check func() error) error {
 	// A leftover tmp (a crash before the rename) is removed, not reused:
 	// O_TRUNC would keep its mode, and follow it if it were a symlink.
-	tmp := filepath.Join(dir, secretTmpName)
+	tmp := filepath.Join(dir, tmpName)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -190,7 +205,7 @@ func (j *Journal) keepSecret(now time.Time, force bool) (wait time.Duration, err
 	if j.present() != nil {
 		return 0, nil
 	}
-	if err := writeSecret(j.dir, j.secret, j.present); err != nil {
+	if err := writeSecret(j.dir, secretTmpName, j.secret, j.present); err != nil {
 		return 0, fmt.Errorf("%s deleted and not made again (the next Open makes a new secret, and the actions recorded with keyed fingerprints under this one are refused until their key windows end): %w", secretName, err)
 	}
 	return 0, nil
