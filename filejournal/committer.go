@@ -84,7 +84,8 @@ func (j *Journal) run() {
 			}
 			if err == nil && secretErr != nil {
 				// The journal is whole; its secret is what is at stake.
-				err = fmt.Errorf("journal: close: %w", secretErr)
+				// Close's wrap says "journal close" once.
+				err = secretErr
 			}
 			if j.f != nil {
 				if cerr := j.f.Close(); err == nil && cerr != nil {

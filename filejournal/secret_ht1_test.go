@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -81,4 +82,23 @@ func TestSecretOpenKilledChildHT1(t *testing.T) {
 	if err == nil {
 		_ = j.Close()
 	}
+}
+
+// Close's error for a fingerprint.key it could not make again says
+// "close" once, with the "idemretry: " prefix once, and unwraps to the file
+// system's error (errors.Is ENOSPC); it was "idemretry: journal close:
+// journal: close: fingerprint.key deleted ...".
+func TestSecretNotKeptAtCloseMessageHT1(t *testing.T) {
+	mnt := smallFS(t)
+	dir := filepath.Join(mnt, "j")
+	j, _, ok := openSecret(t, dir)
+	require.True(t, ok)
+	reserve(t, j, entry("pay:0"))
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	fill(t, mnt)
+	err := j.Close()
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	msg := err.Error()
+	require.Equal(t, 1, strings.Count(msg, "idemretry: "), msg)
+	require.True(t, strings.HasPrefix(msg, "idemretry: journal close: "+secretName+" deleted and not made again"), msg)
 }
