@@ -119,9 +119,14 @@ func adoptSecretTmp(dir string) (secret [32]byte, ok bool) {
 	if secret, err = parseSecret(tmp, b); err != nil {
 		return secret, false
 	}
-	if renameDurable(tmp, filepath.Join(dir, secretName)) != nil || syncDir(dir) != nil {
+	if renameDurable(tmp, filepath.Join(dir, secretName)) != nil {
 		return secret, false
 	}
+	// From here on fingerprint.key holds the secret in use: never fall
+	// through to making a new one (renamed over it) if the directory cannot
+	// be synced. A power loss that undoes the rename leaves the tmp, taken
+	// again by the next Open.
+	_ = syncDir(dir)
 	return secret, true
 }
 
