@@ -34,8 +34,9 @@ func TestSecretOpenKilledAfterTmpSyncReportsNew(t *testing.T) {
 
 	cmd, l := spawnLines(t, "TestSecretOpenKilledChildHT1", envDir+"="+dir)
 	first := l.waitFirst(t)
-	require.Equal(t, "synced", first, "%v", l.all)
-	require.False(t, l.killWithin(cmd, 0), "the child ended by itself: %v", l.all)
+	require.Equal(t, "synced", first)
+	byItself := l.killWithin(cmd, 0) // l.all is read only after it
+	require.False(t, byItself, "the child ended by itself: %v", l.all)
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var names []string
