@@ -3,12 +3,14 @@ package filejournal
 // Review hT1: fingerprint.key.tmp taken by Open (adoptSecretTmp).
 
 import (
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -102,4 +104,26 @@ func TestSecretNotKeptAtCloseMessageHT1(t *testing.T) {
 	msg := err.Error()
 	require.Equal(t, 1, strings.Count(msg, "idemretry: "), msg)
 	require.True(t, strings.HasPrefix(msg, "idemretry: journal close: "+secretName+" deleted and not made again"), msg)
+}
+
+// fingerprint.key deleted while another process holds the journal, this one
+// waiting on its lock (WithLockWait): the holder's Close makes it again
+// before it lets go of the lock, so the waiter's Open reads the secret in
+// use, not a new one.
+func TestSecretDeletedWhileHeldByOtherProcessHT1(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child")
+	}
+	dir := t.TempDir()
+	cmd, l := spawnLines(t, "TestSecretKillChild", envDir+"="+dir, envTag+"=hold")
+	first := l.waitFirst(t)
+	require.True(t, strings.HasPrefix(first, "secret "), first)
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	j, s, ok := openSecret(t, dir, WithLockWait(60*time.Second))
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.False(t, j.Recovery().FingerprintSecretMade)
+	require.Equal(t, strings.TrimPrefix(first, "secret "), hex.EncodeToString(s[:]))
+	require.NoError(t, j.Close())
+	require.True(t, l.killWithin(cmd, 30*time.Second), "the child did not end by itself")
+	require.True(t, cmd.ProcessState.Success(), "the child failed: %v", l.all)
 }
