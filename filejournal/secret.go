@@ -78,8 +78,8 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	if _, lerr := os.Lstat(path); !errors.Is(lerr, fs.ErrNotExist) {
 		return secret, false, err
 	}
-	if s, ok := adoptSecretTmp(dir); ok {
-		return s, false, nil
+	if s, ok, err := adoptSecretTmp(dir); ok || err != nil {
+		return s, false, err
 	}
 	// keepSecret's tmp, not taken (partial, a symlink, of a wider mode):
 	// removed, as writeSecret removes its own.
@@ -105,29 +105,37 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 // Recovery.FingerprintSecretMade to say so. Only a
 // regular file that is no symlink, of the owner's mode alone (as
 // writeSecret makes it), with the right size, magic and checksum, is
-// taken; anything else is left to writeSecret, which removes it.
-func adoptSecretTmp(dir string) (secret [32]byte, ok bool) {
+// taken; anything else is removed by loadSecret. One of these that cannot
+// be read (err: EACCES, EMFILE, EIO) is left as it is, as an unreadable
+// fingerprint.key is: it may hold the secret in use.
+func adoptSecretTmp(dir string) (secret [32]byte, ok bool, err error) {
 	tmp := filepath.Join(dir, secretTmpName)
 	fi, err := os.Lstat(tmp)
-	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^0o600 != 0 || fi.Size() != secretFileSize {
-		return secret, false
+	if errors.Is(err, fs.ErrNotExist) {
+		return secret, false, nil
+	}
+	if err != nil {
+		return secret, false, err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&^0o600 != 0 || fi.Size() != secretFileSize {
+		return secret, false, nil
 	}
 	b, err := readSecret(tmp)
 	if err != nil {
-		return secret, false
+		return secret, false, err
 	}
 	if secret, err = parseSecret(tmp, b); err != nil {
-		return secret, false
+		return secret, false, nil // not a whole secret
 	}
-	if renameDurable(tmp, filepath.Join(dir, secretName)) != nil {
-		return secret, false
+	if err := renameDurable(tmp, filepath.Join(dir, secretName)); err != nil {
+		return secret, false, err
 	}
 	// From here on fingerprint.key holds the secret in use: never fall
 	// through to making a new one (renamed over it) if the directory cannot
 	// be synced. A power loss that undoes the rename leaves the tmp, taken
 	// again by the next Open.
 	_ = syncDir(dir)
-	return secret, true
+	return secret, true, nil
 }
 
 // writeSecret makes dir's fingerprint.key of secret durably: written and

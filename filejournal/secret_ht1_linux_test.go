@@ -24,6 +24,45 @@ import (
 // renamed over the fingerprint.key it had just put in place: the secret
 // every keyed record was made with was gone for good.
 func TestSecretAdoptedDirSyncFailsKeepsSecretHT1(t *testing.T) {
+	dir, s, runChild := asOtherUserHT1(t)
+	require.NoError(t, os.Chmod(dir, 0o300))
+	t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
+	runChild()
+	require.NoError(t, os.Chmod(dir, 0o700))
+	j, got, ok := openSecret(t, dir)
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.NoError(t, j.Close())
+	require.Equal(t, hex.EncodeToString(s[:]), hex.EncodeToString(got[:]),
+		"fingerprint.key no longer holds the secret the journal's keyed records were made with")
+}
+
+// The secret in use whole in fingerprint.key.tmp, and an Open that cannot
+// read it (EACCES: the tmp left by a process of another user, root, as an
+// operator's run under sudo leaves it; a descriptor limit would do the
+// same): like an unreadable fingerprint.key, it is left as it is, and the
+// Open goes on without a secret (FingerprintSecretErr). It was removed,
+// and a new secret made: the secret every keyed record was made with was
+// gone for good.
+func TestSecretTmpUnreadableLeftHT1(t *testing.T) {
+	dir, s, runChild := asOtherUserHT1(t)
+	require.NoError(t, os.Chown(filepath.Join(dir, secretTmpName), 0, 0))
+	out := runChild()
+	require.Contains(t, out, "opened 0000000000000000000000000000000000000000000000000000000000000000 false made false err ")
+	require.Contains(t, out, "permission denied")
+	j, got, ok := openSecret(t, dir)
+	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
+	require.NoError(t, j.Close())
+	require.Equal(t, hex.EncodeToString(s[:]), hex.EncodeToString(got[:]),
+		"fingerprint.key no longer holds the secret the journal's keyed records were made with")
+}
+
+// asOtherUserHT1 makes a journal of one record in a directory of another
+// user's (nobody), its secret s left in fingerprint.key.tmp as a kill
+// before keepSecret's rename leaves it, fingerprint.key missing; runChild
+// runs TestSecretAdoptedDirSyncChildHT1 as that user and returns what it
+// said.
+func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runs a child as another user")
 	}
@@ -46,34 +85,25 @@ func TestSecretAdoptedDirSyncFailsKeepsSecretHT1(t *testing.T) {
 	require.NoError(t, dst.Close())
 	require.NoError(t, src.Close())
 
-	dir := filepath.Join(base, "j")
+	dir = filepath.Join(base, "j")
 	j, s, ok := openSecret(t, dir)
 	require.True(t, ok)
 	reserve(t, j, entry("pay:keyed"))
 	require.NoError(t, j.Close())
-	// The secret in use left under keepSecret's tmp name, as a kill before
-	// its rename leaves it.
 	require.NoError(t, os.Rename(filepath.Join(dir, secretName), filepath.Join(dir, secretTmpName)))
 	for _, p := range []string{dir, filepath.Join(dir, journalName), filepath.Join(dir, lockName), filepath.Join(dir, secretTmpName)} {
 		require.NoError(t, os.Chown(p, uid, gid))
 	}
-	require.NoError(t, os.Chmod(dir, 0o300))
-	t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
-
-	cmd := exec.Command(bin, "-test.run=^TestSecretAdoptedDirSyncChildHT1$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envDir+"="+dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
-	out, err := cmd.CombinedOutput()
-	t.Logf("child: %s", out)
-	require.NoError(t, err)
-	require.Contains(t, string(out), "opened ")
-
-	require.NoError(t, os.Chmod(dir, 0o700))
-	j, got, ok := openSecret(t, dir)
-	require.True(t, ok, "%v", j.Recovery().FingerprintSecretErr)
-	require.NoError(t, j.Close())
-	require.Equal(t, hex.EncodeToString(s[:]), hex.EncodeToString(got[:]),
-		"fingerprint.key no longer holds the secret the journal's keyed records were made with")
+	return dir, s, func() string {
+		cmd := exec.Command(bin, "-test.run=^TestSecretAdoptedDirSyncChildHT1$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envDir+"="+dir)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+		out, err := cmd.CombinedOutput()
+		t.Logf("child: %s", out)
+		require.NoError(t, err)
+		require.Contains(t, string(out), "opened ")
+		return string(out)
+	}
 }
 
 // TestSecretAdoptedDirSyncChildHT1 is the child of
