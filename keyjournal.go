@@ -103,7 +103,7 @@ func (t *Transport) logRecovery(j *filejournal.Journal) {
 			slog.String("dir", j.Dir()), slog.Any("paths", r.ModeNotOwned))
 	}
 	if r.FingerprintSecretErr != nil {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal has no fingerprint secret: large named bodies get SHA-256 "+
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemretry: journal has no fingerprint secret: named bodies of 512 bytes or more get SHA-256 "+
 			"fingerprints, and actions recorded with keyed ones are refused (nothing sent) until their key windows end",
 			slog.String("dir", j.Dir()), slog.Any("error", r.FingerprintSecretErr))
 	}

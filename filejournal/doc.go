@@ -27,12 +27,14 @@
 //	                         (Journal.FingerprintSecret): "idemretry
 //	                         fingerprint key 1\n", 32 random bytes, and the
 //	                         CRC-32C of both (little-endian), 64 bytes; made
-//	                         once (fingerprint.key.tmp, synced, renamed, the
+//	                         once (fingerprint.key.new, synced, renamed, the
 //	                         directory synced), never rewritten; made again
-//	                         the same way, of the same secret, if deleted
-//	                         while the Journal is open; a whole
-//	                         fingerprint.key.tmp is taken by Open when
-//	                         fingerprint.key is missing
+//	                         of the same secret if deleted while the Journal
+//	                         is open (fingerprint.key.tmp, the same way); a
+//	                         whole fingerprint.key.tmp is taken by Open when
+//	                         fingerprint.key is missing (one it cannot read
+//	                         is left), and removed when fingerprint.key
+//	                         reads whole
 //
 // A copy aside is never left empty or partial under a copy's name, and the
 // newest few of each kind are kept. A torn tail that cannot be copied (a

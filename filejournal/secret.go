@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/idemretry/idemretry/internal/datasync"
@@ -67,7 +68,15 @@ func loadSecret(dir string) (secret [32]byte, made bool, err error) {
 	path := filepath.Join(dir, secretName)
 	b, err := readSecret(path)
 	if err == nil {
-		secret, err = parseSecret(path, b)
+		if secret, err = parseSecret(path, b); err == nil {
+			// A tmp beside a whole key is stale (a crash long ago, the key
+			// restored since): kept, a later Open would take it for the
+			// secret in use once the key was deleted. Removing it is
+			// best effort: one that cannot be removed stays as it was.
+			for _, name := range []string{secretTmpName, secretNewTmpName} {
+				_ = os.Remove(filepath.Join(dir, name))
+			}
+		}
 		return secret, false, err
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
@@ -117,7 +126,8 @@ func adoptSecretTmp(dir string) (secret [32]byte, ok bool, err error) {
 	if err != nil {
 		return secret, false, err
 	}
-	if !fi.Mode().IsRegular() || fi.Mode().Perm()&^0o600 != 0 || fi.Size() != secretFileSize {
+	// Windows reports every writable file as 0666: its mode tells nothing.
+	if !fi.Mode().IsRegular() || (runtime.GOOS != "windows" && fi.Mode().Perm()&^0o600 != 0) || fi.Size() != secretFileSize {
 		return secret, false, nil
 	}
 	b, err := readSecret(tmp)

@@ -144,3 +144,25 @@ func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
 	require.Contains(t, err.Error(), secretName)
 	require.NotErrorIs(t, err, journal.ErrClosed, "the journal itself is whole")
 }
+
+// A fingerprint.key.tmp left beside a fingerprint.key that reads whole (a
+// crash long ago, the key restored since) is stale: Open removes it. Kept,
+// it would be taken for the secret in use after a later deletion while
+// closed, and a new secret would come in with no FingerprintSecretMade to
+// say so.
+func TestSecretStaleTmpRemovedWhenKeyIsWhole(t *testing.T) {
+	dir := t.TempDir()
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.NoError(t, j.Close())
+	stale := s
+	stale[0] ^= 1
+	require.NoError(t, os.WriteFile(filepath.Join(dir, secretTmpName), encodeSecret(stale), 0o600))
+	requireSecret(t, dir, s)
+	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
+	j, s2, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.True(t, j.Recovery().FingerprintSecretMade, "a stale tmp was taken for the deleted secret, and no new secret was reported")
+	require.NotEqual(t, stale, s2)
+	require.NoError(t, j.Close())
+}

@@ -696,8 +696,11 @@ func (j *Journal) compactNow(ctx context.Context) error {
 // Close implements journal.Journal: it writes and syncs the queued
 // updates, stops the journal's goroutine, closes its file and releases its
 // lock. It returns the error of that last write, or the one that stopped
-// the journal earlier. Later calls, concurrent ones included, wait until
-// the journal is fully closed (the lock released) and return nil.
+// the journal earlier; with the journal whole, an error naming
+// fingerprint.key if it was deleted while the Journal was open and could
+// not be made again (the next Open makes a new secret; that error does not
+// wrap journal.ErrClosed). Later calls, concurrent ones included, wait
+// until the journal is fully closed (the lock released) and return nil.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	if j.closing {

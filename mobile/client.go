@@ -328,9 +328,11 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// journalFailure classifies an error of a journal call.
+// journalFailure classifies an error of a journal call, named what: the
+// journals' own errors say "journal <what>" already, and it is said once.
 func journalFailure(err error, what string) *failure {
-	return newFailure(KindJournal, err, "journal "+what+": "+trimPrefix(err.Error()))
+	op := "journal " + what + ": "
+	return newFailure(KindJournal, err, op+strings.TrimPrefix(trimPrefix(err.Error()), op))
 }
 
 func trimPrefix(s string) string { return strings.TrimPrefix(s, "idemretry: ") }
