@@ -99,6 +99,9 @@ type rkKey struct {
 	chargeID string
 	inflight bool
 	stored   bool
+	// when is the round of each arrival: "r3" while round 3's app ran,
+	// "r3+" after it ended (a request of a killed app still on its way).
+	when []string
 }
 
 // rkLedger is the payment server: a key is charged once and its answer
@@ -115,6 +118,9 @@ type rkLedger struct {
 	charges map[int][]string // order -> keys it was charged under
 	chargeN int
 	bad     []string // what no request may cause: keyless POSTs, 422s
+
+	round int  // the round whose app runs, or last ran
+	ended bool // that round's app has ended
 
 	killAfter int // commits this round before killCh is signalled; 0: off
 	commits   int
@@ -160,6 +166,11 @@ func (l *rkLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		l.keys[key] = k
 	}
 	k.arrivals++
+	when := fmt.Sprintf("r%d", l.round)
+	if l.ended {
+		when += "+"
+	}
+	k.when = append(k.when, when)
 	roll := l.rng.Float64()
 	switch {
 	case k.order != in.Order:
@@ -253,6 +264,14 @@ func (l *rkLedger) armKill(n int) <-chan struct{} {
 func (l *rkLedger) disarm() {
 	l.mu.Lock()
 	l.killCh = nil
+	l.mu.Unlock()
+}
+
+// setRound tells the ledger which round's app runs (ended false) or has
+// just ended (true), for the arrivals' notes.
+func (l *rkLedger) setRound(round int, ended bool) {
+	l.mu.Lock()
+	l.round, l.ended = round, ended
 	l.mu.Unlock()
 }
 
@@ -579,6 +598,10 @@ type rkState struct {
 	fails                                                         map[string]int
 	finalLeft                                                     int
 	finalClosed                                                   bool
+
+	retapsHeld int              // retaps refused only because the journal held the order
+	round      int              // the round whose output is applied
+	orderLog   map[int][]string // order -> the app's lines about it, by round
 }
 
 // round is one child's output, as far as the parent needs it.
@@ -597,6 +620,13 @@ func (s *rkState) apply(line string, rd *rkRound) {
 		}
 		n, _ := strconv.Atoi(f[i])
 		return n
+	}
+	switch f[0] {
+	case "start", "ok", "fail", "status", "rebuild", "resolve", "res":
+		if s.orderLog == nil {
+			s.orderLog = map[int][]string{}
+		}
+		s.orderLog[num(1)] = append(s.orderLog[num(1)], fmt.Sprintf("r%d: %s", s.round, line))
 	}
 	switch f[0] {
 	case "start":
@@ -681,7 +711,7 @@ func TestResumeKillLoop(t *testing.T) {
 	defer srv.Close()
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	st := &rkState{started: map[int]bool{}, unnamed: map[int]bool{}, toldOK: map[int][]string{}, resumedOK: map[int]bool{},
+	st := &rkState{started: map[int]bool{}, unnamed: map[int]bool{}, toldOK: map[int][]string{}, resumedOK: map[int]bool{}, orderLog: map[int][]string{},
 		resolvedCharged: map[int][]string{}, notCharged: map[string]int{}, fails: map[string]int{}}
 	next := 1
 	start := time.Now()
@@ -718,6 +748,8 @@ func TestResumeKillLoop(t *testing.T) {
 			}
 		}
 		prevCommitKill = false
+		st.round = round
+		led.setRound(round, false)
 		require.NoError(t, cmd.Start())
 		go func() {
 			defer close(lines)
@@ -778,6 +810,7 @@ func TestResumeKillLoop(t *testing.T) {
 			}
 		}
 		err = cmd.Wait()
+		led.setRound(round, true)
 		led.disarm()
 		switch {
 		case killed && !rd.end:
@@ -810,18 +843,28 @@ func TestResumeKillLoop(t *testing.T) {
 		// replays them), now and then an old one (refused: its window
 		// ended).
 		var repeat, utap, unnamed []int
+		var rj *filejournal.Journal // opened by rkMayRetap, between the rounds
 		for n := 1; n < next; n++ {
 			switch {
 			case !st.started[n]:
 			case st.unnamed[n]:
 				unnamed = append(unnamed, n)
-				if len(st.resolvedCharged[n]) == 0 && led.arrivals(n) == 0 && rng.Float64() < 0.7 {
+				may, err := rkMayRetap(&rj, dir, hashed, srv.URL, st, led, n)
+				require.NoError(t, err)
+				if !may && len(st.resolvedCharged[n]) == 0 && led.arrivals(n) == 0 {
+					st.retapsHeld++ // pending in the journal, nothing arrived
+				}
+				if may && rng.Float64() < 0.7 {
 					utap = append(utap, n)
+					st.orderLog[n] = append(st.orderLog[n], fmt.Sprintf("r%d: the parent has the app tap it again (no arrivals)", round))
 				}
 			case len(st.resolvedCharged[n]) > 0:
 			case n >= next-10 && rng.Float64() < 0.4, rng.Float64() < 0.01:
 				repeat = append(repeat, n)
 			}
+		}
+		if rj != nil {
+			require.NoError(t, rj.Close())
 		}
 		newN := 2 + rng.IntN(5)
 		runChild(round, []string{
@@ -880,6 +923,10 @@ func TestResumeKillLoop(t *testing.T) {
 			for _, k := range keys {
 				notes = append(notes, fmt.Sprintf("%s (arrivals %d, resolved not charged: %t)", k, led.keys[k].arrivals, st.notCharged[k] == n))
 			}
+			for _, k := range keys {
+				t.Logf("order %d: key %s arrived in rounds %v", n, k, led.keys[k].when)
+			}
+			t.Logf("order %d: the app's lines:\n%s", n, strings.Join(st.orderLog[n], "\n"))
 			problems = append(problems, fmt.Sprintf("order %d (unnamed %t) charged %d times: %s", n, st.unnamed[n], len(keys), strings.Join(notes, ", ")))
 		}
 	}
@@ -952,8 +999,8 @@ func TestResumeKillLoop(t *testing.T) {
 
 	t.Logf("%d rounds in %s: %d orders (%d unnamed), %d charged; %d keys at the server; %d kills (%d during Resume, of %d rounds aiming there; %d right after a commit), %d clean exits",
 		ran, elapsed.Round(time.Millisecond), len(st.started), len(st.unnamed), len(charged), arrivedKeys, st.kills, st.killsInResume, st.resumeRounds, st.killsOnCommit, st.cleanExits)
-	t.Logf("%d Resumes: %d Rebuild calls, %d sent, %d Resolve calls (%d charged, %d not charged), %d forgotten; %d orders never durable; live failures %v",
-		st.resumes, st.rebuilds, st.resumeSent, st.resolves, rkCount(st.resolvedCharged), len(st.notCharged), st.resumeForgotten, neverDurable, st.fails)
+	t.Logf("%d Resumes: %d Rebuild calls, %d sent, %d Resolve calls (%d charged, %d not charged), %d forgotten; %d orders never durable; %d retaps refused for a record in the journal; live failures %v",
+		st.resumes, st.rebuilds, st.resumeSent, st.resolves, rkCount(st.resolvedCharged), len(st.notCharged), st.resumeForgotten, neverDurable, st.retapsHeld, st.fails)
 	if len(problems) > 0 {
 		slices.Sort(problems)
 		t.Fatalf("%d invariant(s) broken:\n%s", len(problems), strings.Join(problems, "\n"))
@@ -973,6 +1020,37 @@ func TestResumeKillLoop(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), goroutinesBefore, "goroutines left:\n%s", goroutineStacks())
+}
+
+// rkMayRetap says whether the app may pay unnamed order n again in the
+// next round, between rounds (no app runs): the user taps Pay again for a
+// payment the app never saw go out. Only if it was never resolved charged,
+// no request of it reached the server, and the journal holds no record of
+// it (*j, opened on dir at the first call; the caller closes it). No
+// arrival is not enough: an app killed after the key was reserved (durably,
+// before anything is sent) and before its request arrived (or while it is
+// still on its way) leaves the action pending; the next run's Resume sends
+// it under its key, and a tap of the same unnamed payment that comes after
+// Resume's flight landed is a deliberate repeat, a new key (README, "What
+// an unnamed request cannot know"): a second charge that no Transport can
+// tell from a wanted one.
+func rkMayRetap(j **filejournal.Journal, dir string, hashed bool, url string, st *rkState, led *rkLedger, n int) (bool, error) {
+	if len(st.resolvedCharged[n]) > 0 || led.arrivals(n) > 0 {
+		return false, nil
+	}
+	if *j == nil {
+		var opts []filejournal.Option
+		if hashed {
+			opts = append(opts, filejournal.WithHashedIDs())
+		}
+		var err error
+		if *j, err = filejournal.Open(dir, opts...); err != nil {
+			return false, err
+		}
+	}
+	id := "fp:" + fmt.Sprintf("%x", rkFingerprint(url+"/charge", rkBody(n, true)))
+	_, found, err := (*j).Get(context.Background(), id)
+	return !found, err
 }
 
 func rkJoin(ns []int) string {
