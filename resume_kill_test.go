@@ -25,6 +25,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -844,12 +845,17 @@ func TestResumeKillLoop(t *testing.T) {
 		// ended).
 		var repeat, utap, unnamed []int
 		var rj *filejournal.Journal // opened by rkMayRetap, between the rounds
+		scratch := ""
 		for n := 1; n < next; n++ {
 			switch {
 			case !st.started[n]:
 			case st.unnamed[n]:
 				unnamed = append(unnamed, n)
-				may, err := rkMayRetap(&rj, dir, hashed, srv.URL, st, led, n)
+				if scratch == "" {
+					scratch = filepath.Join(t.TempDir(), "journal")
+					require.NoError(t, os.Mkdir(scratch, 0o700))
+				}
+				may, err := rkMayRetap(&rj, dir, scratch, hashed, srv.URL, st, led, n)
 				require.NoError(t, err)
 				if !may && len(st.resolvedCharged[n]) == 0 && led.arrivals(n) == 0 {
 					st.retapsHeld++ // pending in the journal, nothing arrived
@@ -1026,25 +1032,46 @@ func TestResumeKillLoop(t *testing.T) {
 // next round, between rounds (no app runs): the user taps Pay again for a
 // payment the app never saw go out. Only if it was never resolved charged,
 // no request of it reached the server, and the journal holds no record of
-// it (*j, opened on dir at the first call; the caller closes it). No
-// arrival is not enough: an app killed after the key was reserved (durably,
-// before anything is sent) and before its request arrived (or while it is
-// still on its way) leaves the action pending; the next run's Resume sends
-// it under its key, and a tap of the same unnamed payment that comes after
-// Resume's flight landed is a deliberate repeat, a new key (README, "What
-// an unnamed request cannot know"): a second charge that no Transport can
-// tell from a wanted one.
-func rkMayRetap(j **filejournal.Journal, dir string, hashed bool, url string, st *rkState, led *rkLedger, n int) (bool, error) {
+// it. No arrival is not enough: an app killed after the key was reserved
+// (durably, before anything is sent) and before its request arrived (or
+// while it is still on its way) leaves the action pending; the next run's
+// Resume sends it under its key, and a tap of the same unnamed payment
+// that comes after Resume's flight landed is a deliberate repeat, a new key
+// (README, "What an unnamed request cannot know"): a second charge that no
+// Transport can tell from a wanted one. The journal is read from a copy of
+// dir made in scratch (an empty directory) at the first call, *j, which the
+// caller closes, so that the next app's Open meets what the killed one
+// left.
+func rkMayRetap(j **filejournal.Journal, dir, scratch string, hashed bool, url string, st *rkState, led *rkLedger, n int) (bool, error) {
 	if len(st.resolvedCharged[n]) > 0 || led.arrivals(n) > 0 {
 		return false, nil
 	}
 	if *j == nil {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return false, err
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			info, err := e.Info()
+			if err != nil {
+				return false, err
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				return false, err
+			}
+			if err := os.WriteFile(filepath.Join(scratch, e.Name()), b, info.Mode().Perm()); err != nil {
+				return false, err
+			}
+		}
 		var opts []filejournal.Option
 		if hashed {
 			opts = append(opts, filejournal.WithHashedIDs())
 		}
-		var err error
-		if *j, err = filejournal.Open(dir, opts...); err != nil {
+		if *j, err = filejournal.Open(scratch, opts...); err != nil {
 			return false, err
 		}
 	}

@@ -98,7 +98,7 @@ func TestResumeKillLoopRetapRuleHU1(t *testing.T) {
 	// Between the runs: the kill loop's rule.
 	st := &rkState{resolvedCharged: map[int][]string{}}
 	var j *filejournal.Journal
-	may, err := rkMayRetap(&j, dir, false, srv.URL, st, led, 1)
+	may, err := rkMayRetap(&j, dir, t.TempDir(), false, srv.URL, st, led, 1)
 	require.NoError(t, err)
 	if j != nil {
 		require.NoError(t, j.Close())
