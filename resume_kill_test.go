@@ -838,8 +838,9 @@ func TestResumeKillLoop(t *testing.T) {
 		ran++
 		// The app's records: the orders it started and does not know paid
 		// may be paid again (the user taps Pay again); an unnamed one only
-		// if no request of it ever reached the server (after its first
-		// finished, an identical unnamed request is a new payment).
+		// if no request of it ever reached the server and the journal
+		// holds no record of it (after its first finished, an identical
+		// unnamed request is a new payment: see rkMayRetap).
 		// Mostly recent orders (within their key window the server
 		// replays them), now and then an old one (refused: its window
 		// ended).
