@@ -26,6 +26,16 @@ func openSecret(t *testing.T, dir string, opts ...Option) (*Journal, [32]byte, b
 	return j, s, ok
 }
 
+// makeSecret opens the journal in dir, which must then have a secret (read
+// or made), closes it and returns the secret.
+func makeSecret(t *testing.T, dir string) [32]byte {
+	t.Helper()
+	j, s, ok := openSecret(t, dir)
+	require.True(t, ok)
+	require.NoError(t, j.Close())
+	return s
+}
+
 // requireSecret opens dir's journal, requires its secret to be want, and
 // closes it.
 func requireSecret(t *testing.T, dir string, want [32]byte) {
@@ -117,9 +127,7 @@ func TestSecretDamaged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			j, _, ok := openSecret(t, dir)
-			require.True(t, ok)
-			require.NoError(t, j.Close())
+			makeSecret(t, dir)
 			path := filepath.Join(dir, secretName)
 			b, err := os.ReadFile(path)
 			require.NoError(t, err)
@@ -133,9 +141,7 @@ func TestSecretDamaged(t *testing.T) {
 // Every single-bit flip anywhere in the file is caught.
 func TestSecretEveryBitFlip(t *testing.T) {
 	dir := t.TempDir()
-	j, _, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	makeSecret(t, dir)
 	path := filepath.Join(dir, secretName)
 	good, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -197,9 +203,7 @@ func TestSecretTmpWideModeNotInherited(t *testing.T) {
 	tmp := filepath.Join(dir, secretTmpName)
 	require.NoError(t, os.WriteFile(tmp, []byte("x"), 0o600))
 	require.NoError(t, os.Chmod(tmp, 0o644))
-	j, _, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	makeSecret(t, dir)
 	fi, err := os.Stat(filepath.Join(dir, secretName))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "the new secret is readable by others")
@@ -212,9 +216,7 @@ func TestSecretTmpSymlinkNotFollowed(t *testing.T) {
 	target := filepath.Join(t.TempDir(), "elsewhere")
 	require.NoError(t, os.WriteFile(target, nil, 0o644))
 	require.NoError(t, os.Symlink(target, filepath.Join(dir, secretTmpName)))
-	j, _, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	makeSecret(t, dir)
 	b, err := os.ReadFile(target)
 	require.NoError(t, err)
 	require.Empty(t, b, "the secret was written through the symlink")
@@ -241,9 +243,7 @@ func TestSecretIsDirectory(t *testing.T) {
 // A symlink fingerprint.key to a valid secret is read through.
 func TestSecretSymlinkToValid(t *testing.T) {
 	a := t.TempDir()
-	j, s, ok := openSecret(t, a)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	s := makeSecret(t, a)
 	b := t.TempDir()
 	require.NoError(t, os.Symlink(filepath.Join(a, secretName), filepath.Join(b, secretName)))
 	requireSecret(t, b, s)
@@ -253,12 +253,10 @@ func TestSecretSymlinkToValid(t *testing.T) {
 // Open (tighten reads the link's own mode, 0777, and chmods the target).
 func TestSecretSymlinkNotReportedTightened(t *testing.T) {
 	a := t.TempDir()
-	j, _, ok := openSecret(t, a)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	makeSecret(t, a)
 	b := t.TempDir()
 	require.NoError(t, os.Symlink(filepath.Join(a, secretName), filepath.Join(b, secretName)))
-	j, _, ok = openSecret(t, b)
+	j, _, ok := openSecret(t, b)
 	require.True(t, ok)
 	require.NotContains(t, j.Recovery().ModeTightened, filepath.Join(b, secretName))
 	require.NoError(t, j.Close())
@@ -285,12 +283,10 @@ func TestSecretUnreadable(t *testing.T) {
 func TestSecretFullDisk(t *testing.T) {
 	mnt := smallFS(t)
 	dir := filepath.Join(mnt, "j")
-	j, _, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	makeSecret(t, dir)
 	require.NoError(t, os.Remove(filepath.Join(dir, secretName)))
 	fill(t, mnt)
-	j, _, ok = openSecret(t, dir)
+	j, _, ok := openSecret(t, dir)
 	require.False(t, ok)
 	require.ErrorIs(t, j.Recovery().FingerprintSecretErr, syscall.ENOSPC)
 	require.NoError(t, j.Close())

@@ -160,9 +160,7 @@ func TestSecretKeptFullDiskRetried(t *testing.T) {
 // link is left, and nothing is written through it or beside it.
 func TestSecretSymlinkDanglingWhileOpenLeft(t *testing.T) {
 	dir, keys := t.TempDir(), t.TempDir()
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	s := makeSecret(t, dir)
 	path, target := filepath.Join(dir, secretName), filepath.Join(keys, "fp.key")
 	require.NoError(t, os.Rename(path, target))
 	require.NoError(t, os.Symlink(target, path))

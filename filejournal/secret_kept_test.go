@@ -152,9 +152,7 @@ func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
 // say so.
 func TestSecretStaleTmpRemovedWhenKeyIsWhole(t *testing.T) {
 	dir := t.TempDir()
-	j, s, ok := openSecret(t, dir)
-	require.True(t, ok)
-	require.NoError(t, j.Close())
+	s := makeSecret(t, dir)
 	stale := s
 	stale[0] ^= 1
 	require.NoError(t, os.WriteFile(filepath.Join(dir, secretTmpName), encodeSecret(stale), 0o600))
