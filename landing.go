@@ -29,12 +29,18 @@ const OutcomeGrace = 250 * time.Millisecond
 // outcomeContext bounds a journal write that records an outcome: it is not
 // cancelled with the caller's context (the answer is in hand and must be
 // recorded), but ends OutcomeGrace after the caller's deadline, or after the
-// journal timeout, whichever is first.
+// journal timeout, whichever is first. Without a deadline, the journal
+// timeout alone bounds it: a shared bound (journaltimeout.go).
 func (t *Transport) outcomeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.journalNeverWaits() {
 		return withoutCancel(ctx), func() {}
 	}
-	return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, t.cfg.journalTimeout))
+	d := t.cfg.journalTimeout
+	if _, ok := ctx.Deadline(); !ok && shareable(d) && !callerEnded(ctx) {
+		// Bounded by the journal timeout alone: a shared bound.
+		return t.timeouts.bound(withoutCancel(ctx), d), func() {}
+	}
+	return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, d))
 }
 
 // graceAfter returns d, cut to what is left of ctx plus OutcomeGrace: the
@@ -73,13 +79,18 @@ func callerErr(ctx context.Context) error {
 // and timer are made for it. A context that reports a deadline but has no
 // Done channel (a broken one: nothing can tell a wait that its deadline
 // came) bounds nothing, and the journal call gets a timer of its own, at
-// the earlier of the two.
+// the earlier of the two. A context with neither a deadline nor a Done
+// channel gets a shared bound (journaltimeout.go).
 func (t *Transport) journalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.journalNeverWaits() {
 		return ctx, func() {}
 	}
 	dl, ok := ctx.Deadline()
 	switch {
+	case !ok && ctx.Done() == nil && shareable(t.cfg.journalTimeout):
+		// Nothing but the journal timeout bounds the call: a shared
+		// bound (journaltimeout.go).
+		return t.timeouts.bound(ctx, t.cfg.journalTimeout), func() {}
 	case !ok:
 		return context.WithTimeout(ctx, t.cfg.journalTimeout)
 	case ctx.Done() == nil:

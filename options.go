@@ -258,7 +258,10 @@ func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.du
 // WithJournalTimeout bounds every journal call on the request path
 // (default DefaultJournalTimeout), whatever the caller's context allows.
 // An outcome that could not be recorded in time is kept in memory and
-// written before its action is reserved again, or at Close.
+// written before its action is reserved again, or at Close. A call whose
+// context has neither a deadline nor a Done channel (context.Background's)
+// shares its timer with the calls that start within 1/100 of d of it (for
+// d of 100 ms or more), and so may be cut short by up to d/100.
 func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.journalTimeout = d } }
 
 // WithSettleTime sets how long after its key window ended an

@@ -50,6 +50,8 @@ type Transport struct {
 	// journalNonBlocking: the journal says its calls never block
 	// (journal.NonBlocker), asked once.
 	journalNonBlocking bool
+	// timeouts: the journal timeout's shared bounds (journaltimeout.go).
+	timeouts sharedTimeouts
 	// leasing: the journal is a journal.Leaser, asked once; without one no
 	// lease is ever held, and the attempts skip the lease table (lease.go).
 	leasing bool
