@@ -44,15 +44,52 @@ var replayHeaders = [...]string{
 // ok whether any of them said anything. When they disagree, "false" wins:
 // a server that says a resend cannot succeed is never overridden.
 func retryHint(h http.Header) (retry, ok bool) {
+	if len(h) <= scanHeaders {
+		for k, vv := range h {
+			if len(vv) > 0 && named(k, retryHeaders[:]) {
+				if retry, ok = readRetryHint(vv[0], retry, ok); ok && !retry {
+					return false, true
+				}
+			}
+		}
+		return retry, ok
+	}
 	for _, name := range retryHeaders {
-		switch strings.ToLower(unquote(first(h, name))) {
-		case "false":
+		if retry, ok = readRetryHint(first(h, name), retry, ok); ok && !retry {
 			return false, true
-		case "true":
-			retry, ok = true, true
 		}
 	}
 	return retry, ok
+}
+
+// readRetryHint folds one retry header's value v into what the others
+// said (retry, ok): "false" and "true" (case-insensitive, optionally
+// quoted) are read, anything else changes nothing.
+func readRetryHint(v string, retry, ok bool) (bool, bool) {
+	switch strings.ToLower(unquote(v)) {
+	case "false":
+		return false, true
+	case "true":
+		return true, true
+	}
+	return retry, ok
+}
+
+// scanHeaders is the most headers an answer may have for the hints to be
+// looked for in one pass over its header (comparing each name with the
+// hints' few); a larger header is asked for each hint's name instead. The
+// two find the same: a name is matched exactly, in the canonical form the
+// lists hold, as first looks it up.
+const scanHeaders = 8
+
+// named reports whether k is one of names.
+func named(k string, names []string) bool {
+	for _, n := range names {
+		if k == n {
+			return true
+		}
+	}
+	return false
 }
 
 // IsReplay reports whether the server says resp replays a stored answer to
@@ -64,8 +101,17 @@ func IsReplay(resp *http.Response) bool {
 	if resp == nil {
 		return false
 	}
+	h := resp.Header
+	if len(h) <= scanHeaders {
+		for k, vv := range h {
+			if len(vv) > 0 && named(k, replayHeaders[:]) && strings.EqualFold(unquote(vv[0]), "true") {
+				return true
+			}
+		}
+		return false
+	}
 	for _, name := range replayHeaders {
-		if strings.EqualFold(unquote(first(resp.Header, name)), "true") {
+		if strings.EqualFold(unquote(first(h, name)), "true") {
 			return true
 		}
 	}
