@@ -65,7 +65,10 @@ const (
 	// body of 512 bytes or more) whose check the journal lost
 	// (fingerprint.key in dir deleted or damaged): nothing is sent,
 	// MaybeProcessed is true, and every resend is refused so until its key
-	// window ends (then KindWindowExpired).
+	// window ends (then KindWindowExpired). From Close: the journal could
+	// not write what it held, or could not make fingerprint.key again
+	// after it was deleted (the message names it); nothing is sent by
+	// Close.
 	KindJournal int32 = 9
 	// KindClosed: the Client was closed.
 	KindClosed int32 = 10
