@@ -70,7 +70,7 @@ func (s *sharedTimeouts) bound(ctx context.Context, d time.Duration) context.Con
 // expire) bounded by a shared timer: it ends when the timer's context does,
 // and holds the caller's values.
 type boundContext struct {
-	context.Context // the caller's: Value
+	context.Context // the caller's: Value (but the context package's key)
 	bound           context.Context
 }
 
@@ -78,9 +78,16 @@ func (c *boundContext) Deadline() (time.Time, bool) { return c.bound.Deadline() 
 func (c *boundContext) Done() <-chan struct{}       { return c.bound.Done() }
 func (c *boundContext) Err() error                  { return c.bound.Err() }
 
-// AfterFunc lets a context derived from c (by a journal, within its call)
-// be linked to the shared timer directly: without it, the context package
-// would watch c with a goroutine of its own.
-func (c *boundContext) AfterFunc(f func()) (stop func() bool) {
-	return context.AfterFunc(c.bound, f)
+// Value answers first from the shared timer's context, which answers only
+// the context package's own key (its cancelCtx, over context.Background):
+// context.Cause, and the contexts a journal derives (linked to the timer
+// as its children, with no goroutine), then find the timer and its cause,
+// not a cancelled context that the caller's values may still lead to (a
+// context of the app's own type that detaches a request's and passes all
+// its values on). Every other key is the caller's.
+func (c *boundContext) Value(key any) any {
+	if v := c.bound.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
 }

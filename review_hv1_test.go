@@ -1,0 +1,76 @@
+package idemretry_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// detachedContext is the context an app detaches from a request's with
+// its own type (as before context.WithoutCancel, e.g. x/tools' xcontext):
+// it never ends and has no deadline, but its values, all of them, are its
+// parent's.
+type detachedContext struct{ parent context.Context }
+
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (d detachedContext) Value(k any) any           { return d.parent.Value(k) }
+
+// remoteJournal is a Memory journal whose Reserve first asks a journal
+// service over HTTP, with the call's context, as a journal that is a
+// client of a remote store does; the service can hang.
+type remoteJournal struct {
+	*journal.Memory
+	url    string
+	client *http.Client
+}
+
+func (j *remoteJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.url, nil)
+	if err != nil {
+		return journal.Record{}, false, err
+	}
+	resp, err := j.client.Do(req)
+	if err != nil {
+		return journal.Record{}, false, err
+	}
+	resp.Body.Close()
+	return j.Memory.Reserve(ctx, rec, mode)
+}
+
+// A caller's context that never ends, but whose values come from a request
+// context that has ended (an app's own detached context), gets the journal
+// timeout's shared bound. A journal call cut by that bound must be seen as
+// the journal being unavailable (journal.ErrUnavailable, nothing sent),
+// not as the caller's cancellation: the journal's HTTP client reports
+// context.Cause of its request, which must be the timeout's, not the
+// cause the ended request context left in the values.
+func TestSharedBoundCauseIsTheTimeoutsUnderADetachedContext(t *testing.T) {
+	hung := newServer(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	pay := newPayServer(t)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	j := &remoteJournal{Memory: journal.NewMemory(), url: hung.URL, client: client}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(200*time.Millisecond))
+
+	reqCtx, cancel := context.WithCancel(context.Background())
+	cancel() // the request that started the work has ended
+	ctx := detachedContext{parent: reqCtx}
+
+	start := time.Now()
+	err := sendErr(tr, post(t, idemretry.WithAction(ctx, "pay:detached"), pay.URL, `{"amount":3}`))
+	took := time.Since(start)
+	require.Error(t, err)
+	require.Less(t, took, 20*time.Second, "the journal call outlasted its 200 ms timeout: %v", took)
+	require.ErrorIs(t, err, journal.ErrUnavailable, "a journal call cut by the journal timeout is reported as %v", err)
+	require.False(t, errors.Is(err, context.Canceled), "the caller's context was not cancelled, yet: %v", err)
+	require.Equal(t, 0, pay.chargeCount(), "sent although the journal did not reserve the key")
+}
