@@ -1,0 +1,45 @@
+package idemretry
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// hv1Detached is a context of an app's own type that detaches a request's:
+// it never ends, but answers every value, the context package's own key
+// too, from the request's.
+type hv1Detached struct{ parent context.Context }
+
+func (hv1Detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (hv1Detached) Done() <-chan struct{}       { return nil }
+func (hv1Detached) Err() error                  { return nil }
+func (d hv1Detached) Value(k any) any           { return d.parent.Value(k) }
+
+type hv1Key struct{}
+
+// A shared bound over such a context, whose request has ended, has no
+// cause while it runs and the timeout's once it ends, as do the contexts a
+// journal derives from it; the caller's values are still there.
+func TestSharedBoundCauseIgnoresADetachedParent(t *testing.T) {
+	req, cancel := context.WithCancelCause(context.WithValue(context.Background(), hv1Key{}, "v"))
+	cancel(errors.New("the request ended"))
+	var s sharedTimeouts
+	b := s.bound(hv1Detached{parent: req}, timeoutShareMin)
+	derived, stop := context.WithCancelCause(b)
+	defer stop(nil)
+	require.NoError(t, context.Cause(b), "a live shared bound")
+	require.NoError(t, context.Cause(derived), "a live context derived from a shared bound")
+	require.Equal(t, "v", b.Value(hv1Key{}))
+	select {
+	case <-derived.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("a context derived from a 100 ms shared bound did not end in 30 s")
+	}
+	require.ErrorIs(t, context.Cause(b), context.DeadlineExceeded)
+	require.ErrorIs(t, context.Cause(derived), context.DeadlineExceeded)
+	require.ErrorIs(t, derived.Err(), context.DeadlineExceeded)
+}
