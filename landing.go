@@ -28,19 +28,38 @@ const OutcomeGrace = 250 * time.Millisecond
 
 // outcomeContext bounds a journal write that records an outcome: it is not
 // cancelled with the caller's context (the answer is in hand and must be
-// recorded), but ends OutcomeGrace after the caller's deadline, or after the
-// journal timeout, whichever is first. Without a deadline, the journal
-// timeout alone bounds it: a shared bound (journaltimeout.go).
+// recorded), but ends OutcomeGrace after the caller's context ends (its
+// deadline, or a cancel), or after the journal timeout, whichever is first.
+// A caller's context that can neither be cancelled nor expire leaves the
+// journal timeout alone to bound it: a shared bound (journaltimeout.go).
 func (t *Transport) outcomeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.journalNeverWaits() {
 		return withoutCancel(ctx), func() {}
 	}
 	d := t.cfg.journalTimeout
-	if _, ok := ctx.Deadline(); !ok && shareable(d) && !callerEnded(ctx) {
-		// Bounded by the journal timeout alone: a shared bound.
-		return t.timeouts.bound(withoutCancel(ctx), d), func() {}
+	if callerEnded(ctx) || ctx.Done() == nil {
+		if _, ok := ctx.Deadline(); !ok && shareable(d) && !callerEnded(ctx) {
+			// Bounded by the journal timeout alone: a shared bound.
+			return t.timeouts.bound(ctx, d), func() {}
+		}
+		return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, d))
 	}
-	return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, d))
+	// The caller's context can still be cancelled, before its deadline if
+	// it has one: the write then ends OutcomeGrace after the cancel.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), graceAfter(ctx, d))
+	stop := context.AfterFunc(ctx, func() {
+		grace := time.NewTimer(OutcomeGrace)
+		defer grace.Stop()
+		select {
+		case <-grace.C:
+			cancel()
+		case <-wctx.Done():
+		}
+	})
+	return wctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // graceAfter returns d, cut to what is left of ctx plus OutcomeGrace: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,4 +74,67 @@ func TestSharedBoundCauseIsTheTimeoutsUnderADetachedContext(t *testing.T) {
 	require.ErrorIs(t, err, journal.ErrUnavailable, "a journal call cut by the journal timeout is reported as %v", err)
 	require.False(t, errors.Is(err, context.Canceled), "the caller's context was not cancelled, yet: %v", err)
 	require.Equal(t, 0, pay.chargeCount(), "sent although the journal did not reserve the key")
+}
+
+// hangDoneJournal is a Memory journal whose first Update to done hangs
+// until its context ends, and says on entered that it has begun.
+type hangDoneJournal struct {
+	*journal.Memory
+	entered chan struct{}
+	hung    atomic.Bool
+}
+
+func (h *hangDoneJournal) Update(ctx context.Context, rec journal.Record) error {
+	if rec.State == journal.StateDone && h.hung.CompareAndSwap(false, true) {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return h.Memory.Update(ctx, rec)
+}
+
+// README guarantee 5: only the write of the outcome being returned may
+// outlast the caller's context, by at most OutcomeGrace. A caller whose
+// context has no deadline and is cancelled while that write hangs gets
+// RoundTrip back within OutcomeGrace of the cancel (here: well within the
+// journal timeout of 20 s), and the outcome is kept and landed at Close.
+func TestOutcomeWriteOutlastsACancelByOutcomeGraceAtMost(t *testing.T) {
+	srv := newPayServer(t)
+	j := &hangDoneJournal{Memory: journal.NewMemory(), entered: make(chan struct{}, 1)}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(20*time.Second))
+	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:cancel-during-outcome"))
+	defer cancel()
+	cancelledAt := make(chan time.Time, 1)
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-j.entered:
+			cancelledAt <- time.Now()
+			cancel()
+		case <-finished:
+		}
+	}()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":5}`))
+	returned := time.Now()
+	if err == nil {
+		resp.Body.Close()
+	}
+	var cancelled time.Time
+	select {
+	case cancelled = <-cancelledAt:
+	default:
+		t.Fatalf("RoundTrip returned (%v) before the outcome write began", err)
+	}
+	late := returned.Sub(cancelled)
+	require.Less(t, late, 5*time.Second, "RoundTrip returned %v after its context was cancelled during the outcome write (OutcomeGrace %v)",
+		late, idemretry.OutcomeGrace)
+	require.Equal(t, 1, srv.chargeCount())
+	require.NoError(t, tr.Close(), "Close lands the outcome the journal did not take in time")
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, un)
 }
