@@ -43,3 +43,37 @@ func TestSharedBoundCauseIgnoresADetachedParent(t *testing.T) {
 	require.ErrorIs(t, context.Cause(derived), context.DeadlineExceeded)
 	require.ErrorIs(t, derived.Err(), context.DeadlineExceeded)
 }
+
+// Calls racing for the shared bounds, across many epochs: each gets a
+// deadline no later than the journal timeout after bound returned, and no
+// earlier than 99 % of it after bound was called.
+func TestSharedBoundsUnderContention(t *testing.T) {
+	const d = timeoutShareMin // a slack of 1 ms: many epochs
+	var s sharedTimeouts
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			for range 2000 {
+				before := time.Now()
+				b := s.bound(context.Background(), d)
+				after := time.Now()
+				dl, ok := b.Deadline()
+				switch {
+				case !ok:
+					errs <- errors.New("a shared bound without a deadline")
+					return
+				case dl.After(after.Add(d)):
+					errs <- errors.New("a shared bound past the journal timeout: " + dl.Sub(after).String())
+					return
+				case dl.Before(before.Add(d - d/timeoutShareDivisor)):
+					errs <- errors.New("a shared bound cut more than 1 %: " + dl.Sub(before).String())
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+}
