@@ -34,7 +34,8 @@ func TestSharedTimeoutsShareWithinTheSlack(t *testing.T) {
 
 // A shared bound ends at its deadline, with context.DeadlineExceeded, and
 // so does a context a journal derives from it; deriving one starts no
-// goroutine of the context package (boundContext's AfterFunc).
+// goroutine of the context package (boundContext's Value leads it to the
+// shared timer's own cancelCtx, of which it becomes a child).
 func TestSharedBoundEndsAndLinksDerivedContexts(t *testing.T) {
 	var s sharedTimeouts
 	b := s.bound(context.Background(), timeoutShareMin)
