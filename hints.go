@@ -42,12 +42,15 @@ var replayHeaders = [...]string{
 
 // retryHint returns what the retry headers say: retry is whether to retry,
 // ok whether any of them said anything. When they disagree, "false" wins:
-// a server that says a resend cannot succeed is never overridden.
+// a server that says a resend cannot succeed is never overridden. Every
+// line of a header counts, as each is a hint of its own (a gateway may add
+// one to the application's): "true" on one line and "false" on another
+// is "false".
 func retryHint(h http.Header) (retry, ok bool) {
 	if len(h) <= scanHeaders {
 		for k, vv := range h {
-			if len(vv) > 0 && named(k, retryHeaders[:]) {
-				if retry, ok = readRetryHint(vv[0], retry, ok); ok && !retry {
+			if named(k, retryHeaders[:]) {
+				if retry, ok = readRetryHints(vv, retry, ok); ok && !retry {
 					return false, true
 				}
 			}
@@ -55,7 +58,18 @@ func retryHint(h http.Header) (retry, ok bool) {
 		return retry, ok
 	}
 	for _, name := range retryHeaders {
-		if retry, ok = readRetryHint(first(h, name), retry, ok); ok && !retry {
+		if retry, ok = readRetryHints(h[name], retry, ok); ok && !retry {
+			return false, true
+		}
+	}
+	return retry, ok
+}
+
+// readRetryHints folds the values of one retry header, one per line, into
+// what the others said (retry, ok), stopping at a "false".
+func readRetryHints(vv []string, retry, ok bool) (bool, bool) {
+	for _, v := range vv {
+		if retry, ok = readRetryHint(v, retry, ok); ok && !retry {
 			return false, true
 		}
 	}
@@ -79,7 +93,7 @@ func readRetryHint(v string, retry, ok bool) (bool, bool) {
 // looked for in one pass over its header (comparing each name with the
 // hints' few); a larger header is asked for each hint's name instead. The
 // two find the same: a name is matched exactly, in the canonical form the
-// lists hold, as first looks it up.
+// lists hold, as a lookup of h[name] does, and every line of it is read.
 const scanHeaders = 8
 
 // named reports whether k is one of names.
@@ -95,8 +109,9 @@ func named(k string, names []string) bool {
 // IsReplay reports whether the server says resp replays a stored answer to
 // an earlier request with the same key: one of Idempotent-Replayed,
 // Idempotency-Replayed, X-Idempotency-Replayed, Idempotency-Replay or
-// X-Idempotency-Replay is "true" (case-insensitive, optionally quoted). A
-// replayed answer is final: the server will only replay it again.
+// X-Idempotency-Replay is "true" (case-insensitive, optionally quoted) on
+// any of its lines. A replayed answer is final: the server will only
+// replay it again.
 func IsReplay(resp *http.Response) bool {
 	if resp == nil {
 		return false
@@ -104,27 +119,29 @@ func IsReplay(resp *http.Response) bool {
 	h := resp.Header
 	if len(h) <= scanHeaders {
 		for k, vv := range h {
-			if len(vv) > 0 && named(k, replayHeaders[:]) && strings.EqualFold(unquote(vv[0]), "true") {
+			if named(k, replayHeaders[:]) && saysTrue(vv) {
 				return true
 			}
 		}
 		return false
 	}
 	for _, name := range replayHeaders {
-		if strings.EqualFold(unquote(first(h, name)), "true") {
+		if saysTrue(h[name]) {
 			return true
 		}
 	}
 	return false
 }
 
-// first is h.Get(name) for a name already in canonical form, as the names
-// above are, without canonicalising it again on every answer.
-func first(h http.Header, name string) string {
-	if v := h[name]; len(v) > 0 {
-		return v[0]
+// saysTrue reports whether one of a header's lines is "true"
+// (case-insensitive, optionally quoted).
+func saysTrue(vv []string) bool {
+	for _, v := range vv {
+		if strings.EqualFold(unquote(v), "true") {
+			return true
+		}
 	}
-	return ""
+	return false
 }
 
 // unquote trims v and the double quotes of a quoted string around it.

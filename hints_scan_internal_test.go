@@ -9,7 +9,7 @@ import (
 
 // The hints read in one pass over a small header (scanHeaders) and by name
 // over a larger one find what a lookup of each hint's name finds (the
-// reference below, as they were read before): over random headers of 0 to
+// reference below, every line of each name): over random headers of 0 to
 // 20 names, with the hints' names, other spellings of them, and values
 // read, misread and absent.
 func TestHintsScanFindsWhatLookupsFind(t *testing.T) {
@@ -60,8 +60,10 @@ func TestHintsScanFindsWhatLookupsFind(t *testing.T) {
 
 func refIsReplay(h http.Header) bool {
 	for _, name := range replayHeaders {
-		if strings.EqualFold(unquote(h.Get(name)), "true") {
-			return true
+		for _, v := range h.Values(name) {
+			if strings.EqualFold(unquote(v), "true") {
+				return true
+			}
 		}
 	}
 	return false
@@ -69,11 +71,13 @@ func refIsReplay(h http.Header) bool {
 
 func refRetryHint(h http.Header) (retry, ok bool) {
 	for _, name := range retryHeaders {
-		switch strings.ToLower(unquote(first(h, name))) {
-		case "false":
-			return false, true
-		case "true":
-			retry, ok = true, true
+		for _, v := range h.Values(name) {
+			switch strings.ToLower(unquote(v)) {
+			case "false":
+				return false, true
+			case "true":
+				retry, ok = true, true
+			}
 		}
 	}
 	return retry, ok
