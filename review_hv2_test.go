@@ -404,3 +404,41 @@ func TestHV2HintsOn4xx(t *testing.T) {
 		})
 	}
 }
+
+// The same over HTTP/2 (TLS, ALPN h2): final 400/422 and a 409 retried
+// until the retries are spent, at sizes around the 8 KiB peek, come back
+// whole, byte for byte.
+func TestHV2PeekedBodiesWholeHTTP2(t *testing.T) {
+	var status atomic.Int32
+	var body atomic.Value
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.ProtoMajor != 2 {
+			w.WriteHeader(http.StatusHTTPVersionNotSupported)
+			return
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(int(status.Load()))
+		io.WriteString(w, body.Load().(string))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	base := srv.Client().Transport.(*http.Transport)
+	for _, st := range []int{400, 409, 422} {
+		for _, size := range []int{8191, 8192, 8193, 70000} {
+			t.Run(fmt.Sprintf("%d/%d", st, size), func(t *testing.T) {
+				want := jsonOf(size)
+				status.Store(int32(st))
+				body.Store(want)
+				tr, ctx := retryTwiceOver(t, base)
+				resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, fmt.Sprintf("pay:h2peek:%d:%d", st, size)), srv.URL, `{"amount":1}`))
+				require.NoError(t, err)
+				assert.Equal(t, 2, resp.ProtoMajor)
+				assert.Equal(t, st, resp.StatusCode)
+				got := readAll(t, resp)
+				assert.True(t, got == want, "the body must come back whole and unmodified (%d of %d bytes)", len(got), len(want))
+			})
+		}
+	}
+}
