@@ -34,7 +34,8 @@ type RetryPolicy func(ctx context.Context, resp *http.Response, err error) bool
 //     stored it and will only replay it again, whatever else it says;
 //   - a retry hint overrides the status rule: Stripe-Should-Retry,
 //     X-Should-Retry or Transient-Error set to "true" retries, "false" is
-//     final. When they disagree, "false" wins;
+//     final. When they disagree, "false" wins, also between two lines of
+//     one name;
 //   - without a hint, 409, 429 and 5xx except 501 Not Implemented and 505
 //     HTTP Version Not Supported are retried; every other status is final.
 //     A 409 is the IETF draft's "a request with this key is still being
