@@ -5,6 +5,7 @@ package idemretry
 
 import (
 	"context"
+	"io"
 	"net/http/httptrace"
 	"time"
 )
@@ -106,3 +107,12 @@ func (b *attemptBody) Close() error {
 	(*attemptTrace)(b).end()
 	return err
 }
+
+// upgradedBody is attemptBody for a 101 Switching Protocols answer, whose
+// body net/http makes the upgraded connection, an io.ReadWriteCloser: the
+// caller writes to it too.
+type upgradedBody attemptTrace
+
+func (b *upgradedBody) Read(p []byte) (int, error)  { return b.resp.Read(p) }
+func (b *upgradedBody) Write(p []byte) (int, error) { return b.resp.(io.Writer).Write(p) }
+func (b *upgradedBody) Close() error                { return (*attemptBody)(b).Close() }

@@ -6,6 +6,7 @@ package idemretry
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -114,7 +115,11 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		if resp.Body != nil && r.tr != nil {
 			// The attempt's trace is the wrapper: it lives as long.
 			r.tr.resp = resp.Body
-			resp.Body = (*attemptBody)(r.tr)
+			if _, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+				resp.Body = (*upgradedBody)(r.tr) // the upgraded connection: written to as well
+			} else {
+				resp.Body = (*attemptBody)(r.tr)
+			}
 		}
 		return resp, state != journal.StateDone, nil
 	}
