@@ -96,6 +96,12 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 			return r.end(journal.StateUnknown, nil, ErrKeyWindowExpired, err)
 		}
 		r.retrying(resp, err, wait)
+		// The discarded answer's drain and the attempt count's journal
+		// write came after the wait was checked against the deadline: a
+		// wait that no longer fits does not start (the answer is gone).
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return r.end(journal.StatePending, nil, ErrWaitExceedsDeadline, err)
+		}
 		if err := t.sleep(ctx, wait); err != nil {
 			return r.end(journal.StatePending, nil, nil, err)
 		}

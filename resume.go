@@ -164,10 +164,11 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 		// is: a body that never ends is cut by ending the request's
 		// context, which cannot change the recorded outcome.
 		if resp.Body != nil {
+			// The Close too: a body may drain the rest on Close.
 			stop := time.AfterFunc(DefaultMaxDrainTime, done)
 			_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
-			stop.Stop()
 			resp.Body.Close()
+			stop.Stop()
 		}
 		res.Status = resp.StatusCode
 		res.Err = GiveUpReason(resp)
@@ -192,10 +193,19 @@ type resumeMark struct {
 
 // nameForResume ties a rebuilt request to its action's record (see
 // resumedIdentity). The request keeps its context's values and deadline,
-// and ends when Resume's ctx does too, or when done is called.
+// and ends when Resume's ctx does too, or when done is called. Resume's
+// deadline, if earlier, is the request's: no wait that would end after it
+// starts (README guarantee 5).
 func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec journal.Record) (*http.Request, *resumeMark, context.CancelFunc) {
 	m := &resumeMark{rec: rec}
-	rctx, cancel := context.WithCancel(context.WithValue(req.Context(), resumeKey{}, m))
+	named := context.WithValue(req.Context(), resumeKey{}, m)
+	var rctx context.Context
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		rctx, cancel = context.WithDeadline(named, dl)
+	} else {
+		rctx, cancel = context.WithCancel(named)
+	}
 	stop := context.AfterFunc(ctx, cancel)
 	return req.WithContext(rctx), m, func() { stop(); cancel() }
 }

@@ -1,0 +1,201 @@
+package idemretry_test
+
+// Review hV3: README guarantee 5 ("No hopeless waits") and the RoundTrip
+// doc's "Waits" paragraph, over real loopback HTTP and journals that hang.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// hv3SlowProgress is a Memory journal whose Update of a pending record
+// (the attempt count written before the first retry's wait) hangs until
+// its context ends.
+type hv3SlowProgress struct {
+	*journal.Memory
+	progress atomic.Int32
+}
+
+func (j *hv3SlowProgress) Update(ctx context.Context, rec journal.Record) error {
+	if rec.State == journal.StatePending {
+		j.progress.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return j.Memory.Update(ctx, rec)
+}
+
+// README guarantee 5: "No wait starts that would end after the context's
+// deadline ... RoundTrip returns at once instead." The wait before a retry
+// is checked against the deadline when it is drawn, but the discarded
+// answer's drain and the attempt count's journal write come between that
+// check and the sleep: here the write takes the journal timeout (1 s), so
+// the 3 s wait that fitted the 3.5 s left no longer fits, and must not
+// start. Before the fix the sleep started anyway and RoundTrip returned
+// only at the deadline, with context.DeadlineExceeded.
+func TestHV3NoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
+	var hits atomic.Int32
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(time.Second),
+		idemretry.WithBackOff(constant(3*time.Second)), idemretry.WithMaxRetries(3))
+	ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:hv3-hopeless"), 3500*time.Millisecond)
+	defer cancel()
+
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+	beforeDeadline := ctx.Err() == nil
+	if err == nil {
+		err = idemretry.GiveUpReason(resp)
+		resp.Body.Close()
+	}
+	require.NotZero(t, j.progress.Load(), "the attempt count was not written: the test proves nothing")
+	require.Equal(t, int32(1), hits.Load())
+	require.ErrorIs(t, err, idemretry.ErrWaitExceedsDeadline,
+		"a 3 s wait was started with less than 3 s left before the deadline (after the 1 s progress write): %v", err)
+	require.True(t, beforeDeadline, "RoundTrip waited for the deadline instead of returning at once")
+}
+
+// hv3DrainOnClose is a base RoundTripper over a real *http.Transport
+// whose response bodies drain what is left when closed, to keep the
+// connection, as many middlewares do: its Close returns once the body
+// ends or the request's context does.
+type hv3DrainOnClose struct{ base http.RoundTripper }
+
+func (d hv3DrainOnClose) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := d.base.RoundTrip(r)
+	if err == nil {
+		resp.Body = &hv3DrainingBody{ReadCloser: resp.Body}
+	}
+	return resp, err
+}
+
+type hv3DrainingBody struct{ io.ReadCloser }
+
+func (b *hv3DrainingBody) Close() error {
+	_, _ = io.Copy(io.Discard, b.ReadCloser)
+	return b.ReadCloser.Close()
+}
+
+// hv3Resumer rebuilds every pending action as a POST of body to url, and
+// resolves nothing.
+type hv3Resumer struct{ url, body string }
+
+func (r hv3Resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return http.NewRequestWithContext(context.Background(), http.MethodPost, r.url, strings.NewReader(r.body))
+}
+
+func (hv3Resumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// hv3FirstDropped is a server whose first request's connection is cut
+// without an answer (the action is left pending), and which answers the
+// others with h.
+func hv3FirstDropped(t *testing.T, h http.HandlerFunc) string {
+	var n atomic.Int32
+	return newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			hijackAndClose(w)
+			return
+		}
+		h(w, r)
+	}).URL
+}
+
+// hv3StreamForever answers status and then a body that never ends, until
+// the request does.
+func hv3StreamForever(status int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		chunk := []byte(strings.Repeat("x", 4096))
+		for r.Context().Err() == nil {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	}
+}
+
+// Resume's doc: "Each response's body is discarded as the Transport
+// discards any (at most DefaultMaxDrain bytes read, for at most
+// DefaultMaxDrainTime) and closed". Resume stopped its drain timer before
+// closing the body, so a body whose Close waits for its end (a base that
+// drains on Close, over a body that never ends) held Resume until its
+// context ended: here never. The Transport's own discard closes the body
+// within the timer, which cuts the attempt.
+func TestHV3ResumeDrainBoundsTheBodysClose(t *testing.T) {
+	url := hv3FirstDropped(t, hv3StreamForever(http.StatusCreated))
+	j := journal.NewMemory()
+	const body = `{"amount":7}`
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:hv3-resume-drain"), url, body))
+
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr, err := idemretry.NewTransport(hv3DrainOnClose{base}, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := resumeAsync(rctx, tr, hv3Resumer{url: url, body: body}, 1)
+	var got resumed
+	select {
+	case got = <-done:
+	case <-time.After(10 * time.Second):
+		cancel() // let it go, so that the test ends
+		<-done
+		t.Fatalf("Resume still draining a discarded body 10 s on (DefaultMaxDrainTime %v)", idemretry.DefaultMaxDrainTime)
+	}
+	require.NoError(t, got.err)
+	require.Len(t, got.res, 1)
+	require.Equal(t, http.StatusCreated, got.res[0].Status)
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, un, "the outcome is recorded whatever the body")
+}
+
+// README guarantee 5 holds for Resume too: Resume's context bounds the
+// requests it sends ("ends when Resume's ctx does"), so its deadline is
+// theirs, and no wait that would end after it starts. Resume gave the
+// rebuilt request only its own context's deadline (none here), so a
+// Retry-After of 3 s was waited for under a Resume with 1.5 s left, which
+// ended it as a cancellation.
+func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
+	var hits atomic.Int32
+	url := hv3FirstDropped(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Retry-After", "3")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	j := journal.NewMemory()
+	const body = `{"amount":8}`
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:hv3-resume-deadline"), url, body))
+
+	tr := transportOver(t, j, idemretry.WithMaxRetries(3))
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	res, err := tr.Resume(ctx, hv3Resumer{url: url, body: body}, 1)
+	beforeDeadline := ctx.Err() == nil
+	require.Len(t, res, 1)
+	require.Equal(t, int32(1), hits.Load())
+	require.ErrorIs(t, res[0].Err, idemretry.ErrWaitExceedsDeadline,
+		"a Retry-After of 3 s was waited for with 1.5 s left of Resume's context: %v", res[0].Err)
+	require.Equal(t, http.StatusServiceUnavailable, res[0].Status)
+	require.True(t, beforeDeadline, "Resume waited for its deadline instead of returning at once")
+	require.NoError(t, err)
+}
+
+var _ = errors.Is
