@@ -97,10 +97,14 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		}
 		r.retrying(resp, err, wait)
 		// The discarded answer's drain and the attempt count's journal
-		// write came after the wait was checked against the deadline: a
-		// wait that no longer fits does not start (the answer is gone).
+		// write came after the wait was checked against the deadline and
+		// the window: a wait that no longer fits does not start (the
+		// answer is gone).
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return r.end(journal.StatePending, nil, ErrWaitExceedsDeadline, err)
+		}
+		if a != nil && t.windowEndsFor(a, wait) {
+			return r.end(journal.StateUnknown, nil, ErrKeyWindowExpired, err)
 		}
 		if err := t.sleep(ctx, wait); err != nil {
 			return r.end(journal.StatePending, nil, nil, err)

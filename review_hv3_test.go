@@ -199,3 +199,27 @@ func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
 }
 
 var _ = errors.Is
+
+// README guarantee 5: no wait starts that would end after "the key
+// window". As with the deadline (above), the window was checked before the
+// discarded answer's drain and the attempt count's journal write (here 2 s,
+// the journal timeout): the 3 s wait that fitted the 4 s window when drawn
+// no longer did, started all the same, and RoundTrip found the window over
+// only when it ended, 5 s on.
+func TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite(t *testing.T) {
+	var hits atomic.Int32
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(2*time.Second), idemretry.WithKeyWindow(4*time.Second),
+		idemretry.WithBackOff(constant(3*time.Second)), idemretry.WithMaxRetries(3))
+	start := time.Now()
+	err := sendErr(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-window"), srv.URL, `{"amount":2}`))
+	took := time.Since(start)
+	require.NotZero(t, j.progress.Load(), "the attempt count was not written: the test proves nothing")
+	require.Equal(t, int32(1), hits.Load())
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	require.Less(t, took, 4*time.Second, "a wait past the key window's end was started: RoundTrip returned %v on, the window being 4 s", took)
+}
