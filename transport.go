@@ -182,9 +182,10 @@ func (t *Transport) CloseIdleConnections() {
 // ErrLeaseLost) and the last cause.
 //
 // Waits: every wait ends with the caller's context, except that recording
-// the outcome in the journal may take up to OutcomeGrace longer; no journal
-// call lasts longer than the journal timeout (WithJournalTimeout); a
-// discarded response body is drained for at most DefaultMaxDrainTime.
+// the outcome in the journal may take up to OutcomeGrace longer, and
+// releasing the action's lease (journal.Leaser) up to a second more; no
+// journal call lasts longer than the journal timeout (WithJournalTimeout);
+// a discarded response body is drained for at most DefaultMaxDrainTime.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil || req.URL == nil || req.URL.Host == "" {
 		if req != nil && req.Body != nil {
