@@ -245,18 +245,29 @@ func (f *flight) result() (*http.Response, error) {
 }
 
 // wait waits for the flight's result, or for ctx. A result that has
-// landed when ctx ends is taken: the answer is in hand.
+// landed when ctx ends is taken: the answer is in hand. A ctx with a
+// deadline and no Done channel ends the wait at its deadline: nothing
+// else would.
 func (f *flight) wait(ctx context.Context) error {
+	var expired <-chan time.Time
+	if ctx.Done() == nil {
+		if dl, ok := ctx.Deadline(); ok {
+			timer := time.NewTimer(time.Until(dl))
+			defer timer.Stop()
+			expired = timer.C
+		}
+	}
 	select {
 	case <-f.done:
 		return nil
 	case <-ctx.Done():
-		select {
-		case <-f.done:
-			return nil
-		default:
-			return ctx.Err()
-		}
+	case <-expired:
+	}
+	select {
+	case <-f.done:
+		return nil
+	default:
+		return callerErr(ctx)
 	}
 }
 

@@ -223,3 +223,34 @@ func TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite(t *testing.T) {
 	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 	require.Less(t, took, 4*time.Second, "a wait past the key window's end was started: RoundTrip returned %v on, the window being 4 s", took)
 }
+
+// hv3NoDone reports a deadline and has no Done channel, as a broken
+// context does: the Transport's own waits end at its deadline all the
+// same (README guarantee 5: the journal calls; the lease's polls), as they
+// cannot be told through Done.
+type hv3NoDone struct {
+	context.Context
+	dl time.Time
+}
+
+func (c hv3NoDone) Deadline() (time.Time, bool) { return c.dl, true }
+func (hv3NoDone) Done() <-chan struct{}         { return nil }
+
+// A caller that joins an action's flight waits for its leader "bounded by
+// its own context" (RoundTrip's doc). A context with a deadline and no
+// Done channel did not bound it: the joiner, due back at 300 ms, waited
+// the leader's 4 s attempt out (and got its answer), where the lease's
+// polls and every journal call end at such a deadline.
+func TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
+	srv := newSlowPayServer(t, 4*time.Second)
+	tr := transportOver(t, journal.NewMemory())
+	lead := sendAsync(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-nodone-join"), srv.URL, `{"amount":4}`))
+	<-srv.arrived // the leader's attempt is on the wire
+	ctx := idemretry.WithAction(hv3NoDone{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
+	start := time.Now()
+	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":4}`))
+	took := time.Since(start)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the joiner waited for the leader past its deadline (%v)", took)
+	require.NoError(t, <-lead)
+	require.Equal(t, 1, srv.chargeCount())
+}
