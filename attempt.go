@@ -100,6 +100,9 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		// write came after the wait was checked against the deadline and
 		// the window: a wait that no longer fits does not start (the
 		// answer is gone).
+		if err := callerErr(ctx); err != nil {
+			return r.end(journal.StatePending, nil, nil, err) // the caller's own end, not a give-up
+		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return r.end(journal.StatePending, nil, ErrWaitExceedsDeadline, err)
 		}

@@ -198,7 +198,6 @@ func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
 	require.NoError(t, err)
 }
 
-var _ = errors.Is
 
 // README guarantee 5: no wait starts that would end after "the key
 // window". As with the deadline (above), the window was checked before the
@@ -253,4 +252,29 @@ func TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the joiner waited for the leader past its deadline (%v)", took)
 	require.NoError(t, <-lead)
 	require.Equal(t, 1, srv.chargeCount())
+}
+
+// The recheck before a retry's wait (above) leaves a context that ended
+// during the attempt count's write to be reported as the caller's own end:
+// the deadline passed, it was not a wait refused for it.
+func TestHV3DeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	tr := transportOver(t, j, idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(3))
+	for _, ctx := range []context.Context{
+		idemretry.WithAction(context.Background(), "pay:hv3-progress-deadline"),
+		idemretry.WithAction(context.Background(), "pay:hv3-progress-nodone"),
+	} {
+		dl := time.Now().Add(500 * time.Millisecond)
+		var cancel context.CancelFunc = func() {}
+		if id, _ := idemretry.ActionFromContext(ctx); strings.HasSuffix(id, "nodone") {
+			ctx = hv3NoDone{Context: ctx, dl: dl}
+		} else {
+			ctx, cancel = context.WithDeadline(ctx, dl)
+		}
+		err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":9}`))
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.False(t, errors.Is(err, idemretry.ErrWaitExceedsDeadline), "the caller's deadline passed during the write: %v", err)
+	}
 }
