@@ -198,7 +198,6 @@ func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
 	require.NoError(t, err)
 }
 
-
 // README guarantee 5: no wait starts that would end after "the key
 // window". As with the deadline (above), the window was checked before the
 // discarded answer's drain and the attempt count's journal write (here 2 s,
