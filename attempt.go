@@ -103,7 +103,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		if err := callerErr(ctx); err != nil {
 			return r.end(journal.StatePending, nil, nil, err) // the caller's own end, not a give-up
 		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+		if missesDeadline(ctx, wait) {
 			return r.end(journal.StatePending, nil, ErrWaitExceedsDeadline, err)
 		}
 		if a != nil && t.windowEndsFor(a, wait) {
@@ -205,6 +205,13 @@ func (s *settings) startBackOff() error {
 // BackOff factories.
 var defaultBackOffPC = reflect.ValueOf(defaultBackOff).Pointer()
 
+// missesDeadline reports whether a wait of d, starting now, would end after
+// ctx's deadline.
+func missesDeadline(ctx context.Context, d time.Duration) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && time.Until(deadline) < d
+}
+
 // nextWait returns how long to wait before attempt n+1, or why there is none.
 func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetries int, resp *http.Response) (time.Duration, error) {
 	if n >= maxRetries || bo == nil {
@@ -223,7 +230,7 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 		// back at once.
 		wait += ra
 	}
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+	if missesDeadline(ctx, wait) {
 		return 0, ErrWaitExceedsDeadline
 	}
 	if !t.budget.withdraw() {
