@@ -115,10 +115,11 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		if resp.Body != nil && r.tr != nil {
 			// The attempt's trace is the wrapper: it lives as long.
 			r.tr.resp = resp.Body
-			if _, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-				resp.Body = (*upgradedBody)(r.tr) // the upgraded connection: written to as well
-			} else {
-				resp.Body = (*attemptBody)(r.tr)
+			resp.Body = (*attemptBody)(r.tr)
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				if _, ok := r.tr.resp.(io.Writer); ok {
+					resp.Body = (*upgradedBody)(r.tr) // the upgraded connection: written to as well
+				}
 			}
 		}
 		return resp, state != journal.StateDone, nil
