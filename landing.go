@@ -37,11 +37,14 @@ func (t *Transport) outcomeContext(ctx context.Context) (context.Context, contex
 		return withoutCancel(ctx), func() {}
 	}
 	d := t.cfg.journalTimeout
-	if callerEnded(ctx) || ctx.Done() == nil {
-		if _, ok := ctx.Deadline(); !ok && shareable(d) && !callerEnded(ctx) {
-			// Bounded by the journal timeout alone: a shared bound.
-			return t.timeouts.bound(ctx, d), func() {}
-		}
+	_, hasDeadline := ctx.Deadline()
+	switch {
+	case callerEnded(ctx):
+		return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, d))
+	case ctx.Done() == nil && !hasDeadline && shareable(d):
+		// Bounded by the journal timeout alone: a shared bound.
+		return t.timeouts.bound(ctx, d), func() {}
+	case ctx.Done() == nil:
 		return context.WithTimeout(withoutCancel(ctx), graceAfter(ctx, d))
 	}
 	// The caller's context can still be cancelled, before its deadline if
