@@ -15,10 +15,11 @@ import (
 // app's requests often carry) is bounded by the journal timeout alone. Such
 // calls do not each get a context.WithTimeout (five allocations and a
 // timer armed and stopped, twice per action): the calls that start within
-// timeoutShareSlack of one another share one timer's context, and each gets
-// a context of one allocation that answers with that timer for Deadline,
-// Done and Err, and with the caller's context for Value. A call so bounded
-// may be cut short by up to timeoutShareSlack (never later than the
+// a timeoutShareDivisor-th of the timeout of one another share one timer's
+// context, and each gets a context of one allocation that answers with
+// that timer for Deadline, Done and Err, and with the caller's context for
+// Value (but the context package's own key: see boundContext.Value). A call
+// so bounded may be cut short by up to that slack (never later than the
 // journal timeout).
 const (
 	// timeoutShareDivisor sets the slack as a share of the journal timeout:
