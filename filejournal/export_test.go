@@ -59,3 +59,30 @@ func WithSyncCount(n *atomic.Int64) Option {
 		return countingFile{f, n}
 	}})
 }
+
+// WithSyncGate makes a Sync of the journal file wait for release to be
+// closed whenever hang returns true for it (asked once per Sync, before
+// it): a hung fdatasync, for the package's external tests. It replaces the
+// hooks.
+func WithSyncGate(hang func() bool, release <-chan struct{}) Option {
+	return withHooks(&hooks{wrapFile: func(name string, f file) file {
+		if name != journalName {
+			return f
+		}
+		return gatedFile{f, hang, release}
+	}})
+}
+
+// gatedFile is WithSyncGate's file.
+type gatedFile struct {
+	file
+	hang    func() bool
+	release <-chan struct{}
+}
+
+func (f gatedFile) Sync() error {
+	if f.hang() {
+		<-f.release
+	}
+	return f.file.Sync()
+}
