@@ -235,9 +235,10 @@ func (f *flight) result() (*http.Response, error) {
 	*r = *f.resp
 	r.Header = f.resp.Header.Clone()
 	r.Trailer = f.resp.Trailer.Clone()
-	if f.resp.Body == nil {
-		r.Body = nil
-	} else {
+	switch f.resp.Body {
+	case nil, http.NoBody:
+		r.Body = f.resp.Body
+	default:
 		r.Body = io.NopCloser(bytes.NewReader(f.body))
 		r.ContentLength = int64(len(f.body))
 	}

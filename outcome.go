@@ -112,7 +112,13 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
 		}
-		if resp.Body != nil && r.tr != nil {
+		switch {
+		case resp.Body == http.NoBody && r.tr != nil:
+			// Nothing to read (a 204, a HEAD, a Content-Length: 0): the
+			// base let go of the connection already. The caller gets the
+			// body net/http gives, which callers compare against.
+			r.tr.end()
+		case resp.Body != nil && r.tr != nil:
 			// The attempt's trace is the wrapper: it lives as long.
 			r.tr.resp = resp.Body
 			resp.Body = (*attemptBody)(r.tr)
