@@ -7,6 +7,7 @@ package idemretry
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"io"
@@ -182,7 +183,9 @@ const maxPeek = 8 << 10
 //
 // To read a body it needs a JSON media type (application/json or a +json
 // type such as application/problem+json); then KeyReuseRejected reads at
-// most the first 8 KiB, and replaces resp.Body with a body that yields
+// most the first 8 KiB (decompressed for judging, if net/http left the body
+// gzipped because the caller set its own Accept-Encoding; no other coding
+// is decoded), and replaces resp.Body with a body that yields
 // those bytes and then the rest, and whose Close closes the original: the
 // caller still reads the whole body, once. A body larger than that is
 // judged on the fields that fit. The read waits for the body as any reader
@@ -204,7 +207,34 @@ func KeyReuseRejected(resp *http.Response) bool {
 	if !jsonMediaType(resp.Header.Get("Content-Type")) {
 		return false
 	}
-	return keyReuseBody(resp.StatusCode, jsonFields(peek(resp)))
+	return keyReuseBody(resp.StatusCode, jsonFields(decoded(resp, peek(resp))))
+}
+
+// decoded returns the JSON text of a body's first bytes b: b itself, or,
+// for a body the server gzipped and net/http left so (the caller asked for
+// it with an Accept-Encoding of its own), what b decompresses to, at most
+// maxPeek bytes. A body that says gzip but does not start as gzip is
+// judged as it came; one with other or several codings is not decoded.
+func decoded(resp *http.Response, b []byte) []byte {
+	if resp.Uncompressed || !gzipEncoded(resp.Header) || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		return b
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil
+	}
+	out, _ := io.ReadAll(io.LimitReader(zr, maxPeek)) // b may be cut short: what it holds
+	return out
+}
+
+// gzipEncoded reports that a header's Content-Encoding is gzip alone.
+func gzipEncoded(h http.Header) bool {
+	v := h.Values("Content-Encoding")
+	if len(v) != 1 {
+		return false
+	}
+	e := strings.TrimSpace(v[0])
+	return strings.EqualFold(e, "gzip") || strings.EqualFold(e, "x-gzip")
 }
 
 // keyReuseBody applies KeyReuseRejected's rules to the fields of a JSON
