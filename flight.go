@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,6 +120,19 @@ func (fs *flights) find(id string) *flight {
 		}
 	}
 	return nil
+}
+
+// inAir reports whether a flight whose action id begins with prefix is
+// in the air.
+func (fs *flights) inAir(prefix string) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for id := range fs.m {
+		if strings.HasPrefix(id, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 func (fs *flights) setKey(f *flight, key string) {

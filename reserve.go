@@ -181,8 +181,6 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		l := &who.resumed.rec
 		want.Key, want.CreatedAt, want.Attempts, want.Status = l.Key, l.CreatedAt, l.Attempts, l.Status
 		want.State = journal.StateUnknown
-	} else if who.byFingerprint && t.cfg.duplicateWindow <= 0 {
-		mode = journal.ReusePending
 	}
 	if who.resumed != nil {
 		if g, ok := t.journal.(journal.Getter); ok {
@@ -203,9 +201,16 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
 	if err == nil && !created && who.resumed == nil && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
-		!t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow)) {
-		// A repeat after the duplicate window: a new action.
-		rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
+		(t.cfg.duplicateWindow <= 0 || !t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow))) {
+		// A repeat after the duplicate window (none by default): a new
+		// action, unless the done answer was a 307/308 whose hop is still
+		// unfinished, in flight here or pending in the journal: the
+		// action is then not finished, and the repeat is a tap of it,
+		// which goes out under its key and joins its hop.
+		var unfinished bool
+		if unfinished, err = t.hopUnfinished(jctx, rec); err == nil && !unfinished {
+			rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
+		}
 	}
 	if err != nil {
 		return nil, wrapf(journalError(ctx, err), "reserve key for action %q", id)
@@ -273,6 +278,30 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	}
 	*dst = action{rec: rec, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
 	return dst, nil
+}
+
+// hopUnfinished reports whether rec, a done action named by its
+// fingerprint, was answered with a 307 or 308 whose hop (the sub-action
+// named by rec's key, see actionID) is in flight in this Transport or
+// unfinished in the journal. Only then does it ask the journal.
+func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool, error) {
+	if rec.Status != http.StatusTemporaryRedirect && rec.Status != http.StatusPermanentRedirect {
+		return false, nil
+	}
+	prefix := keyActionPrefix + rec.Key + redirectActionInfix
+	if t.flights.inAir(prefix) {
+		return true, nil
+	}
+	recs, err := t.journal.Unfinished(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range recs {
+		if strings.HasPrefix(r.ActionID, prefix) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // actionID names req's action: a key the caller set names it (the server
