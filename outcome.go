@@ -94,13 +94,14 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			// outcome unknown, nor does a replay change it.
 			rec.State, rec.Status = journal.StateDone, r.a.rec.Status
 		}
-		// A fingerprint-named action's new done must be durable before
-		// RoundTrip returns: lost, a deliberate repeat after a crash would
-		// reuse the old key and be answered with this payment's replay.
+		// A fingerprint-named action's new done (and its 307/308 hop's)
+		// must be durable before RoundTrip returns: lost, a deliberate
+		// repeat after a crash would reuse the old key and be answered
+		// with this payment's replay.
 		if rec.State == journal.StatePending {
 			t.progress(r.ctx, rec)
 		} else {
-			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.byFingerprint && r.a.rec.State != journal.StateDone)
+			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.syncDone && r.a.rec.State != journal.StateDone)
 		}
 		state = rec.State
 		if state == journal.StateUnknown && r.a.resumed != nil {

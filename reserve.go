@@ -20,9 +20,14 @@ type action struct {
 	// earlier RoundTrip, perhaps in a process that died, may have sent it.
 	fresh     bool
 	createdAt time.Time
-	// byFingerprint: the action is named by its request's fingerprint, so
-	// its "done" must be durable before RoundTrip returns (see run.end).
+	// byFingerprint: the action is named by its request's fingerprint.
 	byFingerprint bool
+	// syncDone: the action's done must be durable before RoundTrip
+	// returns (see run.end): it is named by its fingerprint, or it is the
+	// 307/308 hop of one (see actionID), whose done, lost, would leave
+	// the hop pending, and a deliberate repeat of the payment taken for a
+	// tap of it (hopUnfinished), answered with its replay.
+	syncDone bool
 	// window is the action's key window for this RoundTrip.
 	window time.Duration
 	// resumed marks an action Transport.Resume sends, or is nil.
@@ -41,6 +46,8 @@ type identity struct {
 	// byFingerprint: the action is named by its request's fingerprint (no
 	// caller key, no WithAction).
 	byFingerprint bool
+	// syncDone: see action.
+	syncDone bool
 	// resumed marks a request Transport.Resume rebuilt, with the record
 	// it listed, or is nil: its action is resumed under its key, or not at
 	// all (see reserve).
@@ -111,7 +118,10 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return identity{}, fmt.Errorf("%w: %s %s has neither an %s header nor a WithAction id",
 			ErrActionRequired, req.Method, req.URL.Redacted(), t.cfg.header)
 	}
-	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP}, nil
+	// A hop named by its parent's key (neither a caller key nor an action
+	// id to carry to it) is the hop of an action named by its fingerprint.
+	hop := callerKey == "" && !explicit && req.Response != nil && strings.HasPrefix(id, keyActionPrefix)
+	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP, syncDone: byFP || hop}, nil
 }
 
 // resumedIdentity names a request Resume rebuilt for the record m lists:
@@ -145,7 +155,11 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 		who.id, who.byFingerprint = fpID, true
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
 		who.callerKey = rec.Key
+		// Perhaps the hop of an action named by its fingerprint: the id
+		// does not tell, and a sync too many costs only time.
+		who.syncDone = strings.Contains(rec.ActionID, redirectActionInfix)
 	}
+	who.syncDone = who.syncDone || who.byFingerprint
 	return who, nil
 }
 
@@ -231,7 +245,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		// A key minted just now: its age is measured from createdAt (on the
 		// system clock, monotonically), never inferred, so no clock
 		// disagreement can refuse it.
-		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
+		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
 		return dst, nil
 	}
 	now := t.now()
@@ -276,7 +290,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		}
 		return fail(ErrKeyWindowExpired)
 	}
-	*dst = action{rec: rec, byFingerprint: who.byFingerprint, window: window, resumed: who.resumed}
+	*dst = action{rec: rec, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
 	return dst, nil
 }
 

@@ -7,6 +7,7 @@ package idemretry_test
 // resumes.
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -61,7 +62,7 @@ func (l *hw1HoldingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l.charged[key] = true
-	hold := !l.held
+	hold := !l.held && l.committed != nil
 	l.held = true
 	l.mu.Unlock()
 	if hold {
@@ -92,7 +93,7 @@ func TestHW1KillChild(t *testing.T) {
 	if err == nil {
 		resp.Body.Close()
 	}
-	fmt.Println("the child was not killed:", err)
+	fmt.Println("paid:", err)
 	select {}
 }
 
@@ -167,4 +168,53 @@ func TestHW1KilledMidChargeThenTapOrResume(t *testing.T) {
 			assert.Empty(t, un)
 		})
 	}
+}
+
+// Guarantee 6 for an unnamed payment that was redirected: once the app
+// was given the hop's final answer, a deliberate repeat is a new payment,
+// also when the app is killed right after (no Close, within the file
+// journal's lazy second): the hop's done is as durable as an unnamed
+// action's own.
+func TestHW1KilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("SIGKILL")
+	}
+	l := &hw1HoldingLedger{charged: map[string]bool{}}
+	srv := httptest.NewServer(l)
+	defer srv.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHW1KillChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envHW1KillDir+"="+dir, envHW1KillURL+"="+srv.URL+"/redir")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "paid:") {
+				line <- sc.Text()
+				return
+			}
+		}
+		close(line)
+	}()
+	var got string
+	select {
+	case got = <-line:
+	case <-time.After(20 * time.Second):
+	}
+	require.NoError(t, cmd.Process.Kill()) // at once: no Close
+	_ = cmd.Wait()
+	require.Equal(t, "paid: <nil>", got)
+	require.Equal(t, 1, l.charges())
+
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tr.Close()) }()
+	resp, err := (&http.Client{Transport: tr}).Post(srv.URL+"/redir", "application/json", strings.NewReader(`{"amount":42}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.False(t, idemretry.IsReplay(resp), "the deliberate repeat was answered with the first payment's replay")
+	assert.Equal(t, 2, l.charges(), "keys %v", l.keys)
 }
