@@ -79,13 +79,18 @@ func readRetryHints(vv []string, retry, ok bool) (bool, bool) {
 
 // readRetryHint folds one retry header's value v into what the others
 // said (retry, ok): "false" and "true" (case-insensitive, optionally
-// quoted) are read, anything else changes nothing.
+// quoted) are read, anything else changes nothing. A line a proxy folded
+// from several (comma-separated, RFC 9110 section 5.3) counts as each.
 func readRetryHint(v string, retry, ok bool) (bool, bool) {
-	switch strings.ToLower(unquote(v)) {
-	case "false":
-		return false, true
-	case "true":
-		return true, true
+	for more := true; more; {
+		var e string
+		e, v, more = strings.Cut(v, ",")
+		switch strings.ToLower(unquote(e)) {
+		case "false":
+			return false, true
+		case "true":
+			retry, ok = true, true
+		}
 	}
 	return retry, ok
 }
@@ -135,11 +140,16 @@ func IsReplay(resp *http.Response) bool {
 }
 
 // saysTrue reports whether one of a header's lines is "true"
-// (case-insensitive, optionally quoted).
+// (case-insensitive, optionally quoted), also within a line folded from
+// several.
 func saysTrue(vv []string) bool {
 	for _, v := range vv {
-		if strings.EqualFold(unquote(v), "true") {
-			return true
+		for more := true; more; {
+			var e string
+			e, v, more = strings.Cut(v, ",")
+			if strings.EqualFold(unquote(e), "true") {
+				return true
+			}
 		}
 	}
 	return false
