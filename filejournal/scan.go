@@ -155,7 +155,13 @@ func scanSource(src *source, path string, salvage bool, apply func(seq uint64, p
 // after from whose sequence is at least minSeq, or -1. When that sequence is
 // above minSeq, the frames in between were damaged after they were synced:
 // the writer never writes s+2 before the sync of s+1 returned.
+//
+// A candidate longer than crcDirectMax is checked through a crcPrefix first
+// (in constant time), so that bytes crafted to hold a plausible frame
+// header every few bytes cannot make the search cost a CRC over a megabyte
+// for each.
 func (s *source) findLater(from int, gen uint32, minSeq uint64) (int, uint64, error) {
+	var pre *crcPrefix // made at the first long candidate
 	for p := from; p+frameHeaderSize <= s.size; p++ {
 		h, err := s.bytes(p, frameHeaderSize)
 		if err != nil {
@@ -166,6 +172,24 @@ func (s *source) findLater(from int, gen uint32, minSeq uint64) (int, uint64, er
 		if seq < minSeq || seq-minSeq > uint64(s.size-from)/frameHeaderSize {
 			continue
 		}
+		n := binary.LittleEndian.Uint32(h[4:8])
+		if n > maxPayload || int(n) > s.size-p-frameHeaderSize {
+			continue // frame would refuse it before its CRC
+		}
+		if n > crcDirectMax {
+			want := binary.LittleEndian.Uint32(h[0:4])
+			if pre == nil {
+				pre = newCRCPrefix(s, p)
+			}
+			c, err := pre.frameCRCAt(p, int(n), gen)
+			if err != nil {
+				return -1, 0, err
+			}
+			if c != want {
+				continue
+			}
+		}
+		s.crcBytes += 12 + int(n)
 		if got, _, _, ok, err := s.frame(p, gen); err != nil {
 			return -1, 0, err
 		} else if ok && got == seq {
@@ -210,6 +234,9 @@ type source struct {
 	buf   []byte      // the window: bytes [at, at+len(buf)) of the file
 	at    int
 	other []byte // scratch for the earlier frame that a copy is compared with
+	// crcBytes counts the bytes that findLater's checks of candidate
+	// frames ran a CRC over, for tests: the work of a search.
+	crcBytes int
 }
 
 // windowSize is how much of a file a source reads at a time: room for a
