@@ -645,9 +645,10 @@ func (j *Journal) sync(ctx context.Context) error {
 		if b == nil {
 			// Nothing to write: check that there is still a journal to
 			// have written to (see present).
-			j.identMu.Lock()
-			err := j.present()
-			j.identMu.Unlock()
+			err := j.presentWithin(ctx)
+			if ctx.Err() != nil && err == ctx.Err() {
+				return err // not a finding about the journal
+			}
 			if err != nil {
 				j.mu.Lock()
 				j.poisonLocked(err)
@@ -665,6 +666,30 @@ func (j *Journal) sync(ctx context.Context) error {
 	}
 	j.mu.Unlock()
 	return j.wait(ctx, b)
+}
+
+// presentWithin is present under identMu, for a caller whose wait ctx
+// bounds: a compaction holds identMu from its rename until its new file is
+// in use, a directory fsync included, which a stalled disk can make last.
+// Then the check runs on a goroutine of its own, which ends with the
+// compaction's step, and ctx's end returns ctx's error.
+func (j *Journal) presentWithin(ctx context.Context) error {
+	if j.identMu.TryLock() {
+		defer j.identMu.Unlock()
+		return j.present()
+	}
+	res := make(chan error, 1)
+	go func() {
+		j.identMu.Lock()
+		defer j.identMu.Unlock()
+		res <- j.present()
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Compact rewrites the journal now, without its forgotten and expired
