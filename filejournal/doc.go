@@ -104,7 +104,10 @@
 // keeps the frame). Copies or damage with no new frame after them are a torn
 // tail; cutting them loses nothing acknowledged. The search for a later
 // frame starts at the next expected sequence, so an intact frame is never
-// cut with the damage before it.
+// cut with the damage before it. It tries every byte offset, and checks a
+// long candidate's CRC from running CRC registers of the file rather than
+// over its bytes (crcprefix.go), so that its cost stays a small multiple
+// of the file's size whatever the damaged bytes hold.
 //
 // # journal.tmp at recovery
 //
