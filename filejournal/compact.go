@@ -56,6 +56,7 @@ func (j *Journal) compact() error {
 			return err
 		}
 	}
+	j.opts.hooks.fail(fpCompactBegin)
 	j.mu.Lock()
 	if j.poison != nil {
 		err := j.poison
@@ -113,6 +114,14 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	tmpPath := filepath.Join(j.dir, tmpName)
 	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	// What it is, to tell it from another Journal's journal.tmp at the
+	// same path should the directory be replaced meanwhile (see below).
+	made, err := of.Stat()
+	if err != nil {
+		_ = of.Close()
+		_ = os.Remove(tmpPath)
 		return fmt.Errorf("compact: %w", err)
 	}
 	f := j.opts.hooks.wrap(tmpName, osFile{of})
@@ -180,6 +189,18 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	// is synced, so nothing is lost if the rename then fails.
 	hadOld := j.f != nil
 	if hadOld {
+		// The directory must still hold this journal. One moved away or
+		// replaced while the snapshot was written (another process may
+		// hold a new journal there, under its own lock) is not to be
+		// renamed into, nor, after a failed rename, written to by path:
+		// stop. The journal.tmp made here goes if it is at that path,
+		// made in the new directory: left, that directory's next Open
+		// could adopt it in place of its own journal (another
+		// journal.tmp there is left alone).
+		if err := j.checkPresent(); err != nil {
+			removeIfSame(tmpPath, made)
+			return err
+		}
 		cerr := j.f.Close()
 		j.f = nil
 		if cerr != nil {
@@ -189,11 +210,19 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 		}
 	}
 	if err := renameDurable(tmpPath, j.path); err != nil {
-		_ = os.Remove(tmpPath)
+		removeIfSame(tmpPath, made)
 		if hadOld { // the old journal is still in place: keep using it
+			old := j.ident
 			if af, oerr := j.openActive(); oerr == nil {
-				j.f = af
-				return fmt.Errorf("compact: %w", err)
+				if os.SameFile(old, j.ident) {
+					j.f = af
+					return fmt.Errorf("compact: %w", err)
+				}
+				// The path names another file now: not this journal.
+				_ = af.Close()
+				j.ident = old
+				j.failCompaction(&removedError{path: j.path})
+				return j.poison
 			}
 		}
 		j.failCompaction(fmt.Errorf("compact: rename: %w", err))
@@ -217,6 +246,15 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	j.sizeSeen = size
 	j.mu.Unlock()
 	return nil
+}
+
+// removeIfSame removes the file at path if it is still the file fi
+// describes: a journal.tmp this Journal made, not one made at the same path
+// since (by another Journal, in a directory that replaced this one's).
+func removeIfSame(path string, fi os.FileInfo) {
+	if cur, err := os.Stat(path); err == nil && os.SameFile(cur, fi) {
+		_ = os.Remove(path)
+	}
 }
 
 func (j *Journal) failCompaction(err error) {

@@ -146,8 +146,12 @@
 // could be sent under a second key. So the committer checks, after each
 // batch's sync and before acknowledging it, that the journal's path still
 // names the file it writes (one stat, compared with os.SameFile); Sync with
-// nothing to write, Close and compaction check too. On a mismatch the Journal
-// stops with an error wrapping ErrRemoved. A removal between the check and
+// nothing to write, Close and compaction check too; a compaction checks
+// again just before its rename, so that a directory replaced while it wrote
+// journal.tmp (one that may hold another process's journal, under its own
+// lock) is neither renamed into nor, after a failed rename, appended to by
+// path, and the journal.tmp it made there is removed. On a mismatch the
+// Journal stops with an error wrapping ErrRemoved. A removal between the check and
 // the next batch cannot be seen by that batch's waiters, who were
 // acknowledged before it; the next batch fails.
 //

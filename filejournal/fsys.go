@@ -32,13 +32,14 @@ type hooks struct {
 
 // Failpoint names.
 const (
-	fpBeforeWrite = "before-write"      // a batch's frame is encoded, not written
-	fpAfterWrite  = "after-write"       // written, not synced
-	fpAfterSync   = "after-sync"        // synced, waiters not yet acknowledged
-	fpTmpWritten  = "compact-written"   // journal.tmp written, not synced
-	fpTmpSynced   = "compact-synced"    // journal.tmp synced, not renamed
-	fpRenamed     = "compact-renamed"   // renamed over journal, directory not synced
-	fpDirSynced   = "compact-dirsynced" // directory synced, new file not yet active
+	fpBeforeWrite  = "before-write"      // a batch's frame is encoded, not written
+	fpAfterWrite   = "after-write"       // written, not synced
+	fpAfterSync    = "after-sync"        // synced, waiters not yet acknowledged
+	fpCompactBegin = "compact-begin"     // the journal checked present, journal.tmp not yet made
+	fpTmpWritten   = "compact-written"   // journal.tmp written, not synced
+	fpTmpSynced    = "compact-synced"    // journal.tmp synced, not renamed
+	fpRenamed      = "compact-renamed"   // renamed over journal, directory not synced
+	fpDirSynced    = "compact-dirsynced" // directory synced, new file not yet active
 )
 
 func (h *hooks) fail(name string) {
