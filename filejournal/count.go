@@ -21,8 +21,11 @@ func countLive(src *source) int {
 		return 0
 	}
 	// A first guess of the table's size, from the file's: about one record
-	// per 64 bytes.
-	set := newHashSet(src.size / 64)
+	// per 64 bytes, up to maxCountHint (the set grows past it as records
+	// come): the size of a damaged or crafted file, a hole of zeros, says
+	// nothing of its records, and must not allocate gigabytes before one
+	// frame is read.
+	set := newHashSet(min(src.size/64, maxCountHint))
 	seed := maphash.MakeSeed()
 	count := func(o *op, id []byte) error {
 		switch o.kind {
@@ -47,6 +50,10 @@ func countLive(src *source) int {
 	}
 	return set.n
 }
+
+// maxCountHint caps countLive's first guess: 4M records, a set of 22 MB (a
+// journal of some 300 MB).
+const maxCountHint = 4 << 20
 
 // hashSet is a set of 32-bit hashes: open addressing, linear probing. 0
 // marks an empty slot and 1 a removed one; hashes are stored with bit 1
