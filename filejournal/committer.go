@@ -161,9 +161,14 @@ func (j *Journal) commitQueued(force bool) error {
 	}
 	j.mu.Unlock()
 
-	err := j.writeOps(ops)
+	// Write nothing once another Journal may have the file (see
+	// lockHeld), and acknowledge only what went to the journal the
+	// directory names.
+	err := j.lockHeld()
 	if err == nil {
-		// Acknowledge only what went to the journal the directory names.
+		err = j.writeOps(ops)
+	}
+	if err == nil {
 		err = j.present()
 	}
 	if err == nil {

@@ -197,7 +197,13 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 		// made in the new directory: left, that directory's next Open
 		// could adopt it in place of its own journal (another
 		// journal.tmp there is left alone).
-		if err := j.checkPresent(); err != nil {
+		err := j.lockHeld()
+		if err == nil {
+			err = j.checkPresent()
+		} else {
+			j.failCompaction(err)
+		}
+		if err != nil {
 			removeIfSame(tmpPath, made)
 			return err
 		}
@@ -295,6 +301,25 @@ func (j *Journal) present() error {
 		return &removedError{path: j.path}
 	}
 	return fmt.Errorf("check %s: %w", j.path, err)
+}
+
+// lockHeld checks that LOCK is still the file whose lock the Journal
+// holds. A LOCK deleted (or deleted and made again) while open takes the
+// lock with it: the next Open, in any process, makes a new LOCK, locks it
+// and opens the journal, and two Journals appending to one file would
+// damage it. So each batch, and a compaction before its rename, checks it
+// first (one stat) and, on a mismatch, the Journal stops with an error
+// wrapping ErrRemoved, having written nothing more. Only the committer (or
+// Open) calls it.
+func (j *Journal) lockHeld() error {
+	fi, err := os.Stat(j.lockPath)
+	switch {
+	case err == nil && os.SameFile(fi, j.lockIdent):
+		return nil
+	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return &removedError{path: j.lockPath}
+	}
+	return fmt.Errorf("check %s: %w", j.lockPath, err)
 }
 
 // checkPresent runs present and stops the Journal if the journal is gone.

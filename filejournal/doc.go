@@ -151,7 +151,14 @@
 // journal.tmp (one that may hold another process's journal, under its own
 // lock) is neither renamed into nor, after a failed rename, appended to by
 // path, and the journal.tmp it made there is removed. On a mismatch the
-// Journal stops with an error wrapping ErrRemoved. A removal between the check and
+// Journal stops with an error wrapping ErrRemoved.
+//
+// LOCK deleted while open (or deleted and made again) takes the lock with
+// it: the next Open, in any process, locks a new LOCK and opens the same
+// journal. So before writing each batch, and before a compaction's rename,
+// the committer checks that LOCK is still the file it locked (one stat):
+// on a mismatch the Journal stops with an error wrapping ErrRemoved, having
+// written nothing more, and the other Journal has the file to itself. A removal between the check and
 // the next batch cannot be seen by that batch's waiters, who were
 // acknowledged before it; the next batch fails.
 //

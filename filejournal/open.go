@@ -135,6 +135,13 @@ func open(dir string, c config) (*Journal, error) {
 	if err != nil {
 		return nil, wrap(err, "open %s", dir)
 	}
+	// What was locked, to tell whether LOCK is still the file the lock is
+	// on (see lockHeld).
+	lockIdent, err := os.Stat(lockPath)
+	if err != nil {
+		_ = lk.Release()
+		return nil, wrap(err, "open %s", dir)
+	}
 	var modes Recovery
 	for _, p := range []struct {
 		path string
@@ -157,6 +164,8 @@ func open(dir string, c config) (*Journal, error) {
 		dir:       dir,
 		path:      filepath.Join(dir, journalName),
 		lock:      lk,
+		lockPath:  lockPath,
+		lockIdent: lockIdent,
 		custom:    make(map[string]string),
 		inflight:  make(map[string]*batch),
 		deleting:  make(map[string]*batch),

@@ -62,7 +62,11 @@ type Journal struct {
 	secretChecked time.Time
 	path          string
 	lock          *lockfile.Lock
-	recovery      Recovery
+	// lockPath is LOCK's path, lockIdent the file the lock is on (see
+	// lockHeld).
+	lockPath  string
+	lockIdent os.FileInfo
+	recovery  Recovery
 
 	mu        sync.Mutex
 	m         map[string]ref    // live records by stored id, in slots
