@@ -297,7 +297,8 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 // hopUnfinished reports whether rec, a done action named by its
 // fingerprint, was answered with a 307 or 308 whose hop (the sub-action
 // named by rec's key, see actionID) is in flight in this Transport or
-// unfinished in the journal. Only then does it ask the journal.
+// unfinished in the journal (but for a done this Transport holds, not yet
+// written). Only then does it ask the journal.
 func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool, error) {
 	if rec.Status != http.StatusTemporaryRedirect && rec.Status != http.StatusPermanentRedirect {
 		return false, nil
@@ -311,9 +312,15 @@ func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool
 		return false, err
 	}
 	for _, r := range recs {
-		if strings.HasPrefix(r.ActionID, prefix) {
-			return true, nil
+		if !strings.HasPrefix(r.ActionID, prefix) {
+			continue
 		}
+		if u, ok := t.unlanded.get(r.ActionID); ok && u.rec.Key == r.Key && u.rec.State == journal.StateDone {
+			// Finished: its done is held here until the journal takes
+			// it (landing.go), which still lists it pending.
+			continue
+		}
+		return true, nil
 	}
 	return false, nil
 }
