@@ -102,6 +102,9 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			t.progress(r.ctx, rec)
 		} else {
 			t.record(r.ctx, rec, rec.State == journal.StateDone && r.a.syncDone && r.a.rec.State != journal.StateDone)
+			if rec.State == journal.StateDone && r.a.syncDone && !r.a.byFingerprint {
+				t.hops.drop(rec.ActionID) // a hop, finished
+			}
 		}
 		state = rec.State
 		if state == journal.StateUnknown && r.a.resumed != nil {

@@ -5,15 +5,19 @@ package idemretry_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -57,4 +61,92 @@ func TestHW3RepeatAfterAHopWhoseDoneIsUnlandedIsANewPayment(t *testing.T) {
 	readAll(t, resp)
 	assert.False(t, idemretry.IsReplay(resp), "the deliberate repeat was answered with the first payment's replay")
 	assert.Equal(t, 2, srv.chargeCount(), "a deliberate repeat after the first payment finished was not charged: keys %v", keysOf(srv.seen()))
+}
+
+// Guarantee 3: a hop whose outcome is unknown (the server refused its key
+// as used with another payload) is never sent again, under its key or a
+// new one: an identical request is not a new payment either.
+func TestHW3RepeatOfAPaymentWhoseHopIsUnknownIsNotPaid(t *testing.T) {
+	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
+	script := srv.script
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 2 { // the hop: refused as a key reused
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":{"type":"idempotency_error"}}`))
+			return true
+		}
+		return script(n, w, r)
+	}
+	tr := transportOver(t, journal.NewMemory())
+	client := &http.Client{Transport: tr}
+	_, err := client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":6}`))
+	require.ErrorIs(t, err, idemretry.ErrKeyReused)
+	resp, err := client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":6}`))
+	if err == nil {
+		readAll(t, resp)
+	}
+	assert.Error(t, err, "a payment whose hop's outcome is unknown was sent again")
+	assert.Zero(t, srv.chargeCount(), "keys %v", keysOf(srv.seen()))
+}
+
+// A hop to another host, tapped while in flight, with taps that all arrive
+// at once, and with a duplicate window that has passed: one payment.
+func TestHW3TapsWhileAHopToAnotherHostIsInFlight(t *testing.T) {
+	for _, dw := range []time.Duration{0, time.Nanosecond} {
+		t.Run(dw.String(), func(t *testing.T) {
+			pay := newSlowPayServer(t, 400*time.Millisecond)
+			front := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Location", pay.URL+"/pay")
+				w.WriteHeader(http.StatusTemporaryRedirect)
+			})
+			tr := transportOver(t, journal.NewMemory(), idemretry.WithDuplicateWindow(dw))
+			client := &http.Client{Transport: tr}
+			do := func() error {
+				resp, err := client.Do(post(t, context.Background(), front.URL+"/redir", `{"amount":3}`))
+				if err == nil {
+					readAll(t, resp)
+				}
+				return err
+			}
+			first := make(chan error, 1)
+			go func() { first <- do() }()
+			require.Equal(t, 1, <-pay.arrived)
+			var wg sync.WaitGroup
+			for range 6 {
+				wg.Add(1)
+				go func() { defer wg.Done(); assert.NoError(t, do()) }()
+			}
+			wg.Wait()
+			require.NoError(t, <-first)
+			assert.Equal(t, 1, pay.chargeCount(), "taps while the hop was in flight charged again: keys %v", keysOf(pay.seen()))
+		})
+	}
+}
+
+// README, guarantee 2: "an identical request while the hop is in flight in
+// the Transport, or pending in the journal (also after a restart), goes
+// out under the parent's key and joins the hop"; not covered "after a
+// restart, a journal that hashes action ids". In the same process, on a
+// journal that hashes ids, the hop whose answer was lost is pending: the
+// tap must not pay again.
+func TestHW3TapOfAPendingHopOnAHashingJournalSameProcess(t *testing.T) {
+	srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)
+	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
+	fj, err := filejournal.Open(t.TempDir(), filejournal.WithHashedIDs())
+	require.NoError(t, err)
+	defer fj.Close()
+	// No keep-alive: net/http would resend the hop on a reused connection.
+	tr, err := idemretry.NewTransport(&http.Transport{DisableKeepAlives: true}, idemretry.WithJournal(fj), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	client := &http.Client{Transport: tr}
+	_, err = client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":9}`))
+	require.Error(t, err, "the hop's answer was lost")
+	require.Equal(t, 1, srv.chargeCount())
+	resp, err := client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":9}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, 1, srv.chargeCount(), "the tap of a payment whose hop is pending charged again: keys %v", keysOf(srv.seen()))
 }

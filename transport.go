@@ -40,6 +40,7 @@ type Transport struct {
 	ownsJournal bool
 	flights     flights
 	unlanded    unlanded
+	hops        hopIDs // reserve.go
 	budget      *budget
 	leases      leases // lease.go
 	counters    counters
