@@ -150,3 +150,56 @@ func TestHW3TapOfAPendingHopOnAHashingJournalSameProcess(t *testing.T) {
 	readAll(t, resp)
 	assert.Equal(t, 1, srv.chargeCount(), "the tap of a payment whose hop is pending charged again: keys %v", keysOf(srv.seen()))
 }
+
+// hopResumer rebuilds the hop of a redirected payment: POST body to url.
+type hopResumer struct{ url, body string }
+
+func (h hopResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return http.NewRequestWithContext(ctx, http.MethodPost, h.url, strings.NewReader(h.body))
+}
+
+func (h hopResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// After a restart, Resume resends the hop left pending; an identical
+// request made while it is in flight is a tap of the payment: it joins the
+// resumed hop, and nothing is charged again.
+func TestHW3TapWhileResumeResendsThePendingHop(t *testing.T) {
+	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
+	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
+	tapArrived := make(chan struct{})
+	script := srv.script
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		switch n {
+		case 3: // the resumed hop: held until the tap's parent is at the server
+			<-tapArrived
+			time.Sleep(50 * time.Millisecond)
+		case 4:
+			close(tapArrived)
+		}
+		return script(n, w, r)
+	}
+	dir := t.TempDir()
+	open := func() *idemretry.Transport {
+		tr, err := idemretry.NewTransport(&http.Transport{DisableKeepAlives: true}, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
+		require.NoError(t, err)
+		return tr
+	}
+	tr := open()
+	_, err := (&http.Client{Transport: tr}).Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":4}`))
+	require.Error(t, err, "the hop's answer was lost")
+	require.NoError(t, tr.Close())
+	tr = open()
+	defer func() { require.NoError(t, tr.Close()) }()
+	done := resumeAsync(context.Background(), tr, hopResumer{srv.URL + "/pay", `{"amount":4}`}, 1)
+	require.Equal(t, 1, <-srv.arrived)
+	require.Equal(t, 2, <-srv.arrived)
+	require.Equal(t, 3, <-srv.arrived) // the resumed hop, held
+	resp, err := (&http.Client{Transport: tr}).Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":4}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, 1, srv.chargeCount(), "keys %v", keysOf(srv.seen()))
+	assert.True(t, idemretry.IsReplay(resp))
+	assert.Len(t, srv.seen(), 4, "the tap's hop joined the resumed one: nothing more sent")
+}
