@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
@@ -298,48 +297,6 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	return dst, nil
 }
 
-// hopUnfinished reports whether rec, a done action named by its
-// fingerprint, was answered with a 307 or 308 whose hop (the sub-action
-// named by rec's key, see actionID) is in flight in this Transport or
-// unfinished in the journal (but for a done this Transport holds, not yet
-// written). Only then does it ask the journal. A journal that hashes ids
-// lists a hop by its digest: only a hop this Transport sent is recognised
-// then (hopIDs).
-func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool, error) {
-	if rec.Status != http.StatusTemporaryRedirect && rec.Status != http.StatusPermanentRedirect {
-		return false, nil
-	}
-	prefix := keyActionPrefix + rec.Key + redirectActionInfix
-	if t.flights.inAir(prefix) {
-		return true, nil
-	}
-	recs, err := t.journal.Unfinished(ctx)
-	if err != nil {
-		return false, err
-	}
-	for _, r := range recs {
-		id := r.ActionID
-		if journal.IsDigest(id) {
-			// A journal that hashes ids: a hop this Transport sent is
-			// known by its digest.
-			var ok bool
-			if id, ok = t.hops.id(id); !ok {
-				continue
-			}
-		}
-		if !strings.HasPrefix(id, prefix) {
-			continue
-		}
-		if u, ok := t.unlanded.get(r.ActionID); ok && u.rec.Key == r.Key && u.rec.State == journal.StateDone {
-			// Finished: its done is held here until the journal takes
-			// it (landing.go), which still lists it pending.
-			continue
-		}
-		return true, nil
-	}
-	return false, nil
-}
-
 // actionID names req's action: a key the caller set names it (the server
 // knows the action by its key, so one key must mean one payload); else the
 // id given with WithAction (id, when explicit: actionOf of req's context);
@@ -391,41 +348,4 @@ func (t *Transport) parentKey(req *http.Request) (string, bool) {
 func notResumableError(id string, listed *journal.Record, cause error) error {
 	return &ActionError{Action: id, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 		Reason: ErrNotResumable, Err: cause}
-}
-
-// hopIDs are the ids of the live 307/308 hops of unnamed payments that
-// this Transport reserved and whose done it has not recorded, by their
-// digests (journal.Digest): a journal that hashes ids lists a pending hop
-// by its digest alone, which hopUnfinished must tell from its parent's
-// key. A hop leaves once its done is recorded; one left unfinished stays
-// while the Transport lives, as it does in the journal.
-type hopIDs struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func (h *hopIDs) add(id string) {
-	d := journal.Digest(id)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = make(map[string]string)
-	}
-	h.m[d] = id
-}
-
-// drop forgets the hop id, once its done is recorded.
-func (h *hopIDs) drop(id string) {
-	d := journal.Digest(id)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.m, d)
-}
-
-// id returns the hop id whose digest is digest, if this Transport holds it.
-func (h *hopIDs) id(digest string) (string, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	id, ok := h.m[digest]
-	return id, ok
 }
