@@ -111,6 +111,10 @@ type Journal struct {
 	// updated; others read it holding identMu.
 	identMu sync.Mutex
 	ident   os.FileInfo
+	// checkMu guards checking, the check of present a Sync started while
+	// identMu was held, if it has not ended (see presentWithin).
+	checkMu  sync.Mutex
+	checking *presentCheck
 
 	// Owned by the committer goroutine (by Open before it starts).
 	f        file
@@ -682,18 +686,39 @@ func (j *Journal) presentWithin(ctx context.Context) error {
 		defer j.identMu.Unlock()
 		return j.present()
 	}
-	res := make(chan error, 1)
-	go func() {
-		j.identMu.Lock()
-		defer j.identMu.Unlock()
-		res <- j.present()
-	}()
+	// One check waits at a time, shared by every Sync that comes
+	// meanwhile: Syncs cut short by their contexts while a disk stalls
+	// do not each leave a goroutine behind.
+	j.checkMu.Lock()
+	c := j.checking
+	if c == nil {
+		c = &presentCheck{done: make(chan struct{})}
+		j.checking = c
+		go func() {
+			j.identMu.Lock()
+			err := j.present()
+			j.identMu.Unlock()
+			j.checkMu.Lock()
+			j.checking = nil
+			j.checkMu.Unlock()
+			c.err = err
+			close(c.done)
+		}()
+	}
+	j.checkMu.Unlock()
 	select {
-	case err := <-res:
-		return err
+	case <-c.done:
+		return c.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// presentCheck is a check of present waiting for identMu (see
+// presentWithin): err is set before done is closed.
+type presentCheck struct {
+	done chan struct{}
+	err  error
 }
 
 // Compact rewrites the journal now, without its forgotten and expired
