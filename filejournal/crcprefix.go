@@ -75,6 +75,13 @@ func newCRCPrefix(src *source, start int) *crcPrefix {
 	return &crcPrefix{src: src, lo: start, hi: start, ring: make([]uint32, prefixRing)}
 }
 
+// restart makes c cover the bytes from start on, as newCRCPrefix does,
+// reusing its ring.
+func (c *crcPrefix) restart(start int) {
+	c.lo, c.hi = start, start
+	c.ring[start%prefixRing] = 0
+}
+
 // reach extends g up to i (at most size), forgetting what is before lo.
 func (c *crcPrefix) reach(i int) error {
 	g := c.ring[c.hi%prefixRing]

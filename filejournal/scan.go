@@ -161,7 +161,6 @@ func scanSource(src *source, path string, salvage bool, apply func(seq uint64, p
 // header every few bytes cannot make the search cost a CRC over a megabyte
 // for each.
 func (s *source) findLater(from int, gen uint32, minSeq uint64) (int, uint64, error) {
-	var pre *crcPrefix // made at the first long candidate
 	for p := from; p+frameHeaderSize <= s.size; p++ {
 		h, err := s.bytes(p, frameHeaderSize)
 		if err != nil {
@@ -178,10 +177,17 @@ func (s *source) findLater(from int, gen uint32, minSeq uint64) (int, uint64, er
 		}
 		if n > crcDirectMax {
 			want := binary.LittleEndian.Uint32(h[0:4])
-			if pre == nil {
-				pre = newCRCPrefix(s, p)
+			// One crcPrefix for the source, made at its first long
+			// candidate and kept from call to call (a salvage calls
+			// once per damaged stretch), so that each byte is run
+			// through it about once; restarted at a candidate past
+			// what it covers.
+			if s.pre == nil {
+				s.pre = newCRCPrefix(s, p)
+			} else if p+4 < s.pre.lo || p >= s.pre.hi {
+				s.pre.restart(p)
 			}
-			c, err := pre.frameCRCAt(p, int(n), gen)
+			c, err := s.pre.frameCRCAt(p, int(n), gen)
 			if err != nil {
 				return -1, 0, err
 			}
@@ -237,6 +243,7 @@ type source struct {
 	// crcBytes counts the bytes that findLater's checks of candidate
 	// frames ran a CRC over, for tests: the work of a search.
 	crcBytes int
+	pre      *crcPrefix // findLater's, made at its first long candidate
 }
 
 // windowSize is how much of a file a source reads at a time: room for a
