@@ -3,6 +3,7 @@ package filejournal
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,9 +57,9 @@ func hw4File(rng *rand.Rand, gen uint32, base uint64, frames int, big bool) ([]b
 		case r < 9:
 			n = crcDirectMax + rng.IntN(3) - 1 // 511, 512, 513
 		case r < 16:
-			n = crcDirectMax + 1 + rng.IntN(40000)
+			n = crcDirectMax + 1 + rng.IntN(20000)
 		case r < 18:
-			n = rng.IntN(300000)
+			n = rng.IntN(100000)
 		default:
 			if big {
 				n = maxPayload - rng.IntN(2)
@@ -129,9 +130,9 @@ func hw4Damage(rng *rand.Rand, data []byte, gen uint32, base uint64, times int) 
 
 func TestHW4FindLaterMatchesDirectCRC(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
-	rounds := 8
-	if testing.Short() {
-		rounds = 3
+	rounds := 4
+	if testing.Short() || hw4Race {
+		rounds = 2
 	}
 	found, long := 0, 0
 	for round := range rounds {
@@ -140,24 +141,32 @@ func TestHW4FindLaterMatchesDirectCRC(t *testing.T) {
 			gen = 0
 		}
 		base := 1 + uint64(rng.IntN(1000))
-		data, offs := hw4File(rng, gen, base, 60+rng.IntN(60), round%4 == 0)
+		data, offs := hw4File(rng, gen, base, 30+rng.IntN(30), round%3 == 0 && !hw4Race)
 		if round%2 == 1 {
 			data = hw4Damage(rng, data, gen, base, 1+rng.IntN(8))
 		}
 		// Where to search from: every frame's offset and a byte after it,
 		// and random offsets.
 		var froms []int
-		for range 25 {
+		for range 8 {
 			if o := offs[rng.IntN(len(offs))]; o < len(data) {
 				froms = append(froms, o, o+1)
 			}
 		}
-		for range 20 {
+		for range 8 {
 			froms = append(froms, headerSize+rng.IntN(len(data)-headerSize))
 		}
-		for _, src := range []*source{memSource(data), readerSource(t, data, windowSize), readerSource(t, data, 4096)} {
+		// In order, as a scan calls, through memory and a file read in
+		// small windows; in any order (the prefix restarted) through a
+		// file read in whole-frame windows.
+		sorted := slices.Sorted(slices.Values(froms))
+		for i, src := range []*source{memSource(data), readerSource(t, data, 4096), readerSource(t, data, windowSize)} {
 			ref := memSource(data)
-			for _, from := range froms {
+			order := sorted
+			if i == 2 {
+				order = froms
+			}
+			for _, from := range order {
 				minSeq := base + uint64(rng.IntN(120))
 				if rng.IntN(4) == 0 {
 					minSeq = base
@@ -178,5 +187,5 @@ func TestHW4FindLaterMatchesDirectCRC(t *testing.T) {
 		}
 	}
 	// The comparison saw long frames found, not only misses.
-	require.Greater(t, long, 50, "found %d", found)
+	require.Greater(t, long, 10, "found %d", found)
 }
