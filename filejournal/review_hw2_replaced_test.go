@@ -23,30 +23,14 @@ import (
 // journal's file, which then failed to open (bytes that are no frame
 // before the other Journal's later frame).
 func TestHW2DirectoryReplacedDuringCompaction(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "j")
-	var armed atomic.Bool
-	var once sync.Once
-	var other *Journal
-	var otherKey string
-	o := testOpts()
-	o.hooks = &hooks{failpoint: func(name string) {
-		if name != fpTmpSynced || !armed.Load() {
-			return
-		}
-		once.Do(func() {
-			require.NoError(t, os.Rename(dir, filepath.Join(root, "moved")))
-			other, _ = mustOpen(t, dir, testOpts())
-			otherKey = reserve(t, other, entry("theirs")).Key
-		})
-	}}
-	j, _ := mustOpen(t, dir, o)
+	r := newReplacedDirRig(t, fpTmpSynced)
+	j := r.j
 	reserve(t, j, entry("mine"))
-	armed.Store(true)
+	r.armed.Store(true)
 	ctx := context.Background()
 	err := j.Compact(ctx)
 	require.Error(t, err)
-	require.NotNil(t, other, "the failpoint ran")
+	require.NotNil(t, r.other, "the failpoint ran")
 
 	_, _, err = j.Reserve(ctx, entry("mine-after"), journal.ReuseAny)
 	require.ErrorIs(t, err, ErrRemoved, "a Reserve after the compaction whose directory was replaced")
@@ -54,15 +38,15 @@ func TestHW2DirectoryReplacedDuringCompaction(t *testing.T) {
 	require.ErrorIs(t, j.Close(), ErrRemoved)
 
 	// The other journal goes on, and opens whole, as it wrote it.
-	reserve(t, other, entry("theirs-2"))
-	require.NoError(t, other.Close())
-	again, rep := mustOpen(t, dir, testOpts())
+	reserve(t, r.other, entry("theirs-2"))
+	require.NoError(t, r.other.Close())
+	again, rep := mustOpen(t, r.dir, testOpts())
 	defer again.Close()
 	require.False(t, rep.TornTail, "nothing but the other journal's frames in its file")
 	got, ok, err := again.Get(ctx, "theirs")
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.Equal(t, otherKey, got.Key)
+	require.Equal(t, r.otherKey, got.Key)
 	for _, id := range []string{"mine", "mine-after"} {
 		_, ok, err := again.Get(ctx, id)
 		require.NoError(t, err)
@@ -81,46 +65,60 @@ func TestHW2DirectoryReplacedDuringCompaction(t *testing.T) {
 // own journal.tmp, made meanwhile, would not be touched: only the file
 // this Journal made is removed.
 func TestHW2DirectoryReplacedBeforeTempMade(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "j")
-	var armed atomic.Bool
-	var once sync.Once
-	var other *Journal
-	var otherKey string
-	o := testOpts()
-	o.hooks = &hooks{failpoint: func(name string) {
-		if name != fpCompactBegin || !armed.Load() {
-			return
-		}
-		once.Do(func() {
-			require.NoError(t, os.Rename(dir, filepath.Join(root, "moved")))
-			other, _ = mustOpen(t, dir, testOpts())
-			otherKey = reserve(t, other, entry("theirs")).Key
-		})
-	}}
-	j, _ := mustOpen(t, dir, o)
+	r := newReplacedDirRig(t, fpCompactBegin)
+	j := r.j
 	// Sequences past the other journal's, so that its Open would adopt
 	// this one's snapshot.
 	for _, id := range []string{"m1", "m2", "m3", "m4", "m5", "m6"} {
 		reserve(t, j, entry(id))
 	}
-	armed.Store(true)
+	r.armed.Store(true)
 	ctx := context.Background()
 	require.ErrorIs(t, j.Compact(ctx), ErrRemoved)
-	require.NotNil(t, other, "the failpoint ran")
+	require.NotNil(t, r.other, "the failpoint ran")
 	_, _, err := j.Reserve(ctx, entry("mine-after"), journal.ReuseAny)
 	require.ErrorIs(t, err, ErrRemoved)
 	require.ErrorIs(t, j.Close(), ErrRemoved)
 
-	require.NoError(t, other.Close())
-	again, rep := mustOpen(t, dir, testOpts())
+	require.NoError(t, r.other.Close())
+	again, rep := mustOpen(t, r.dir, testOpts())
 	defer again.Close()
 	require.False(t, rep.AdoptedTemp, "the other journal adopted the moved one's snapshot")
 	got, ok, err := again.Get(ctx, "theirs")
 	require.NoError(t, err)
 	require.True(t, ok, "the other journal's record")
-	require.Equal(t, otherKey, got.Key)
+	require.Equal(t, r.otherKey, got.Key)
 	_, ok, err = again.Get(ctx, "m1")
 	require.NoError(t, err)
 	require.False(t, ok)
+}
+
+// replacedDirRig is a Journal in root/j whose failpoint fp, once armed,
+// moves the directory away and opens another Journal at its path, as
+// another process would, which reserves "theirs".
+type replacedDirRig struct {
+	root, dir string
+	j         *Journal
+	armed     atomic.Bool
+	other     *Journal
+	otherKey  string
+}
+
+func newReplacedDirRig(t *testing.T, fp string) *replacedDirRig {
+	r := &replacedDirRig{root: t.TempDir()}
+	r.dir = filepath.Join(r.root, "j")
+	var once sync.Once
+	o := testOpts()
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name != fp || !r.armed.Load() {
+			return
+		}
+		once.Do(func() {
+			require.NoError(t, os.Rename(r.dir, filepath.Join(r.root, "moved")))
+			r.other, _ = mustOpen(t, r.dir, testOpts())
+			r.otherKey = reserve(t, r.other, entry("theirs")).Key
+		})
+	}}
+	r.j, _ = mustOpen(t, r.dir, o)
+	return r
 }
