@@ -292,16 +292,7 @@ func (j *Journal) openActive() (file, error) {
 // record acknowledged from then on with it. It costs one stat of the path.
 // Callers are the committer goroutine, which alone changes the file, or hold
 // identMu.
-func (j *Journal) present() error {
-	fi, err := os.Stat(j.path)
-	switch {
-	case err == nil && os.SameFile(fi, j.ident):
-		return nil
-	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
-		return &removedError{path: j.path}
-	}
-	return fmt.Errorf("check %s: %w", j.path, err)
-}
+func (j *Journal) present() error { return stillAt(j.path, j.ident) }
 
 // lockHeld checks that LOCK is still the file whose lock the Journal
 // holds. A LOCK deleted (or deleted and made again) while open takes the
@@ -311,15 +302,21 @@ func (j *Journal) present() error {
 // first (one stat) and, on a mismatch, the Journal stops with an error
 // wrapping ErrRemoved, having written nothing more. Only the committer (or
 // Open) calls it.
-func (j *Journal) lockHeld() error {
-	fi, err := os.Stat(j.lockPath)
+func (j *Journal) lockHeld() error { return stillAt(j.lockPath, j.lockIdent) }
+
+// stillAt checks that path still names the file ident describes: an error
+// wrapping ErrRemoved if it names another file or nothing (or a path
+// through something no longer a directory), another error if it cannot be
+// told. It costs one stat.
+func stillAt(path string, ident os.FileInfo) error {
+	fi, err := os.Stat(path)
 	switch {
-	case err == nil && os.SameFile(fi, j.lockIdent):
+	case err == nil && os.SameFile(fi, ident):
 		return nil
 	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
-		return &removedError{path: j.lockPath}
+		return &removedError{path: path}
 	}
-	return fmt.Errorf("check %s: %w", j.lockPath, err)
+	return fmt.Errorf("check %s: %w", path, err)
 }
 
 // checkPresent runs present and stops the Journal if the journal is gone.
