@@ -40,6 +40,7 @@ const (
 	fpTmpSynced    = "compact-synced"    // journal.tmp synced, not renamed
 	fpRenamed      = "compact-renamed"   // renamed over journal, directory not synced
 	fpDirSynced    = "compact-dirsynced" // directory synced, new file not yet active
+	fpWake         = "committer-wake"    // the committer woke up (counted by tests)
 )
 
 func (h *hooks) fail(name string) {

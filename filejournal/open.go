@@ -171,10 +171,8 @@ func open(dir string, c config) (*Journal, error) {
 		deleting:  make(map[string]*batch),
 		cur:       newBatch(),
 		wake:      make(chan struct{}, 1),
-		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 		closed:    make(chan struct{}),
-		compactCh: make(chan chan error),
 		obsRef:    c.now(),
 	}
 	rep, err := j.recover()

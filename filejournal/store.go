@@ -100,11 +100,12 @@ type Journal struct {
 	// batch. Under mu.
 	spare []op
 
-	wake      chan struct{}
-	stop      chan struct{}
-	done      chan struct{}
-	closed    chan struct{} // closed once Close has finished: lock released
-	compactCh chan chan error
+	// wake tells the committer there is work: a durable batch, or an
+	// event in ev (see run). Buffered, signalled without blocking.
+	wake   chan struct{}
+	ev     events        // under mu
+	done   chan struct{} // closed when the committer has stopped
+	closed chan struct{} // closed once Close has finished: lock released
 
 	// ident is the identity of the file f (see present). The committer
 	// changes it, holding identMu from a compaction's rename until it is
@@ -331,7 +332,7 @@ func (j *Journal) enqueue(o op, durable bool) *batch {
 // Callers hold mu.
 func (j *Journal) flushTimer() *time.Timer {
 	if j.flushT == nil {
-		j.flushT = time.NewTimer(time.Hour)
+		j.flushT = time.AfterFunc(time.Hour, func() { j.post(func(e *events) { e.flush = true }) })
 		j.flushT.Stop()
 	}
 	return j.flushT
@@ -729,16 +730,18 @@ func (j *Journal) Compact(ctx context.Context) error {
 }
 
 func (j *Journal) compactNow(ctx context.Context) error {
-	reply := make(chan error, 1)
-	select {
-	case j.compactCh <- reply:
-	case <-j.done:
-		j.mu.Lock()
-		defer j.mu.Unlock()
-		return j.usable()
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
 	}
+	reply := make(chan error, 1) // the committer never waits on it
+	j.mu.Lock()
+	if err := j.usable(); err != nil {
+		j.mu.Unlock()
+		return err
+	}
+	j.ev.compact = append(j.ev.compact, reply)
+	j.mu.Unlock()
+	j.signal()
 	select {
 	case err := <-reply:
 		return err
@@ -763,9 +766,10 @@ func (j *Journal) Close() error {
 		return nil
 	}
 	j.closing = true
+	j.ev.stop = true
 	j.mu.Unlock()
 	defer close(j.closed)
-	close(j.stop)
+	j.signal()
 	<-j.done
 	err := j.closeErr
 	if lerr := j.lock.Release(); err == nil && lerr != nil {
