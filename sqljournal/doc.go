@@ -41,6 +41,18 @@
 // [journal.ErrIncompatible], a table that does not fit: no unique
 // key on action_id, other columns, or action ids hashed the other way.
 //
+// # Clocks
+//
+// Key windows are held to the database's clock, as leases are: a record is
+// created with the earlier of the minting machine's time and the
+// database's, and the Journal is a [journal.Timekeeper] whose time is the
+// database's clock (read at Open, advanced by the monotonic clock), which
+// a Transport judges windows by when its machine's clock is behind it. So
+// neither a machine whose clock runs ahead when it mints a key nor one
+// whose clock runs behind when it resends it sends the key after its
+// window (the server may have forgotten it, and would perform the action
+// again); a skewed clock only makes keys look older, refused sooner.
+//
 // # Leases
 //
 // The Journal is a [journal.Leaser]: [Journal.Lease] gives an action to one

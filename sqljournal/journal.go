@@ -46,9 +46,34 @@ type Journal struct {
 	cfg    config
 	q      queries
 	closed atomic.Bool
+	// dbTime and dbRead: the database's clock as Open read it, and the
+	// local time (with its monotonic reading) just before it asked. See Now.
+	dbTime, dbRead time.Time
 }
 
-var _ journal.Journal = (*Journal)(nil)
+var (
+	_ journal.Journal    = (*Journal)(nil)
+	_ journal.Timekeeper = (*Journal)(nil)
+)
+
+// Now implements [journal.Timekeeper]: the database's clock, as Open read
+// it, advanced by the time that has passed since on this machine's
+// monotonic clock, which setting the machine's clock does not move. It never
+// goes backwards, and is never behind the database's clock by more than the
+// drift of the monotonic clock since Open (it starts ahead by up to the
+// round trip of Open's query).
+//
+// A Transport judges key windows by it when the machine's clock is behind
+// it (by up to a day): a machine whose clock runs behind the database's
+// would otherwise take a key minted by another machine for younger than
+// it is, and send it after its window, when the server may have forgotten
+// it and would perform the action again. Together with Reserve's creation
+// time (the earlier of the minter's clock and the database's), the
+// database's clock is the one every machine's windows are held to, as it is
+// for leases.
+func (j *Journal) Now() time.Time {
+	return j.dbTime.Add(time.Since(j.dbRead))
+}
 
 // Open returns a Journal that keeps its records in db, creating the table
 // (and two partial indexes) if it is missing, unless [WithoutCreateTable].
@@ -58,7 +83,7 @@ var _ journal.Journal = (*Journal)(nil)
 //	action_id   text PRIMARY KEY  -- as given, or hashed (WithHashedActionIDs)
 //	key         text              -- the Idempotency-Key, bare
 //	fingerprint bytea             -- SHA-256 of the first request
-//	created_at  bigint            -- when the key was minted, Unix milliseconds
+//	created_at  bigint            -- when the key was minted, Unix milliseconds (by the database's clock if it was behind the minter's)
 //	state       smallint          -- journal.State: 1 pending, 2 done, 3 unknown
 //	attempts    integer
 //	status      integer           -- final HTTP status when done, else 0
@@ -121,7 +146,16 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 	if err != nil {
 		return nil, dbError(ctx, "table "+t.quoted, err)
 	}
-	return &Journal{db: db, cfg: cfg, q: q}, nil
+	j := &Journal{db: db, cfg: cfg, q: q}
+	j.dbRead = time.Now()
+	us, err := bounded(ctx, func() (us int64, err error) {
+		return us, db.QueryRowContext(ctx, dbClockUs).Scan(&us)
+	})
+	if err != nil {
+		return nil, dbError(ctx, "read the database's clock", err)
+	}
+	j.dbTime = time.UnixMicro(us)
+	return j, nil
 }
 
 // Close marks the Journal closed: later calls fail with an error wrapping

@@ -17,6 +17,13 @@ var (
 	stateUnknown = strconv.Itoa(int(journal.StateUnknown))
 )
 
+// dbNowMs is the database's clock at the transaction's start, in Unix
+// milliseconds, and dbClockUs its clock now, in Unix microseconds.
+const (
+	dbNowMs   = `floor(extract(epoch FROM now()) * 1000)::bigint`
+	dbClockUs = `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+)
+
 // queries is the SQL of one journal, built once from its validated table.
 type queries struct {
 	insertKeep, insertReplaceDone string
@@ -26,18 +33,23 @@ type queries struct {
 }
 
 func newQueries(t table) queries {
-	values := ` (` + columns + `) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	// created_at is the earlier of the record's time and the database's
+	// clock (now(), the transaction's start, after the caller read its
+	// clock): a machine whose clock runs ahead cannot make a key look
+	// younger to the others than it is, which would have them send it
+	// after its window (see Reserve). RETURNING yields what was stored.
+	values := ` (` + columns + `) VALUES ($1, $2, $3, LEAST($4::bigint, ` + dbNowMs + `), $5, $6, $7)`
 	return queries{
 		// One statement each, so the decision is atomic in the database: a
 		// conflicting insert waits for the other transaction and then sees
 		// its committed row. RETURNING yields a row only when this call
-		// wrote one.
+		// wrote one, with the created_at it stored.
 		insertKeep: `INSERT INTO ` + t.quoted + values +
-			` ON CONFLICT (action_id) DO NOTHING RETURNING 1`,
+			` ON CONFLICT (action_id) DO NOTHING RETURNING created_at`,
 		insertReplaceDone: `INSERT INTO ` + t.quoted + values +
 			` ON CONFLICT (action_id) DO UPDATE SET key = EXCLUDED.key, fingerprint = EXCLUDED.fingerprint,` +
 			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status` +
-			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING 1`,
+			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING created_at`,
 		get: `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// The key must match too: a record replaced (ReusePending) or
 		// forgotten and created again is another action under the same id.

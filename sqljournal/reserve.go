@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -22,6 +23,15 @@ const reserveTries = 8
 // wrote nothing, a SELECT reads the record that won; if that record vanished
 // or became done in between, Reserve tries again (up to a few times, then
 // [ErrContended]). A created record is committed, so durable, on return.
+//
+// A record is created with the earlier of rec.CreatedAt and the database's
+// clock as its creation time, and returned so. The machines of a fleet
+// judge a key's window by its record's creation time: one whose clock ran
+// ahead when it minted the key would otherwise make the key look younger to
+// every other machine than it is, and have them send it after its window,
+// when the server may have forgotten it and would perform the action again.
+// A clock behind the database's makes the key look older, so refused
+// sooner, never sent later.
 //
 // The returned record carries rec.ActionID as given, even when ids are
 // hashed. Reserve fails with [journal.ErrInvalidRecord] for a record no
@@ -70,7 +80,7 @@ func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.
 			case retry:
 				continue
 			case created:
-				return reserved{rec, true}, nil
+				return reserved{got, true}, nil
 			}
 			got.ActionID = rec.ActionID
 			return reserved{got, false}, nil
@@ -86,22 +96,27 @@ func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.
 // reserveOnce is one try of Reserve, in a READ COMMITTED transaction (see
 // Reserve): the insert, committed when it wrote the record (created), else
 // a read of the record that won. retry: that record vanished, or became
-// done under a mode that may replace it, since the insert.
+// done under a mode that may replace it, since the insert. A created record
+// is returned as stored: its CreatedAt is the database's clock if that was
+// earlier (see Reserve).
 func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journal.Record, mode journal.ReserveMode) (got journal.Record, created, retry bool, err error) {
 	tx, err := j.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return journal.Record{}, false, false, err
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
-	var one int
+	var createdMs int64
 	err = tx.QueryRowContext(ctx, insert, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(),
-		int16(rec.State), rec.Attempts, rec.Status).Scan(&one)
+		int16(rec.State), rec.Attempts, rec.Status).Scan(&createdMs)
 	if err == nil {
 		// Created only once committed: a failed Commit leaves the outcome
 		// unknown to us, and Reserve's error keeps the caller from sending;
 		// a later Reserve returns the record if it was committed.
 		if err := tx.Commit(); err != nil {
 			return journal.Record{}, false, false, err
+		}
+		if createdMs != rec.CreatedAt.UnixMilli() { // the database's clock was behind rec's
+			rec.CreatedAt = time.UnixMilli(createdMs)
 		}
 		return rec, true, false, nil
 	}

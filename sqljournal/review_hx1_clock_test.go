@@ -1,0 +1,199 @@
+package sqljournal_test
+
+// Two machines of a fleet whose clocks disagree by less than the minute the
+// Transport tolerates (maxClockSkew), sharing one PostgreSQL journal, against
+// a payment server that forgets a key once its window has passed (as
+// Stripe prunes keys after 24 hours): the key must never be sent after its
+// window, whichever machine's clock is off.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// offsetClock is a machine's clock, off by a fixed amount from the real
+// one; its timers are real.
+type offsetClock struct{ off time.Duration }
+
+func (c offsetClock) Now() time.Time          { return time.Now().Add(c.off) }
+func (c offsetClock) NewTimer() backoff.Timer { return &realTimer{} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r *realTimer) Start(d time.Duration) {
+	if r.t == nil {
+		r.t = time.NewTimer(d)
+		return
+	}
+	r.t.Reset(d)
+}
+
+func (r *realTimer) Stop() {
+	if r.t != nil {
+		r.t.Stop()
+	}
+}
+
+func (r *realTimer) C() <-chan time.Time { return r.t.C }
+
+// forgetfulServer is a payment server with Stripe's semantics that keeps a
+// key's stored answer for retain (on its own, real, clock) and then forgets
+// it: a request under a forgotten key is a new charge. It keeps a ledger of
+// charges per order (the body) and cuts the connection, after committing,
+// on the first charge of each order (a lost answer).
+type forgetfulServer struct {
+	*httptest.Server
+	retain time.Duration
+
+	mu      sync.Mutex
+	charges map[string]int       // order -> charges
+	stored  map[string]time.Time // key -> when its charge was committed
+	keys    map[string][]string  // order -> the keys that reached the server
+}
+
+func newForgetfulServer(t *testing.T, retain time.Duration) *forgetfulServer {
+	s := &forgetfulServer{retain: retain, charges: map[string]int{}, stored: map[string]time.Time{}, keys: map[string][]string{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		b, _ := io.ReadAll(r.Body)
+		order := string(b)
+		s.mu.Lock()
+		s.keys[order] = append(s.keys[order], key)
+		if at, ok := s.stored[key]; ok && time.Since(at) < s.retain {
+			s.mu.Unlock()
+			w.Header().Set("Idempotent-Replayed", "true")
+			io.WriteString(w, `{"charged":"before"}`)
+			return
+		}
+		s.stored[key] = time.Now()
+		s.charges[order]++
+		first := s.charges[order] == 1
+		s.mu.Unlock()
+		if first { // committed; the answer is lost
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		io.WriteString(w, `{"charged":"now"}`)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *forgetfulServer) ledger(order string) (int, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.charges[order], append([]string(nil), s.keys[order]...)
+}
+
+// skewedMachine is a machine of the fleet on table, with its clock off by
+// off and a key window of window (the journal told the same).
+func skewedMachine(t *testing.T, table string, off, window time.Duration) *idemretry.Transport {
+	t.Helper()
+	return transportOn(t, openOn(t, testDB(t), table), idemretry.WithKeyWindow(window), idemretry.WithMaxRetries(0),
+		idemretry.WithClock(offsetClock{off}))
+}
+
+// clockSkewRound pays order on a machine whose clock is off by minterOff,
+// loses the answer after the charge, waits until the key's window (and the
+// server's memory of the key) has passed in real time, and sends the same
+// action from a machine whose clock is off by resenderOff. The server must
+// have charged once, and the resend must be refused as past its window.
+func clockSkewRound(t *testing.T, minterOff, resenderOff time.Duration) {
+	t.Parallel()
+	const window = 2 * time.Second
+	db := testDB(t)
+	table := newTable(t, db)
+	openOn(t, db, table) // creates the table
+	srv := newForgetfulServer(t, window)
+	order := `{"order":"` + t.Name() + `"}`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	minter := skewedMachine(t, table, minterOff, window)
+	start := time.Now()
+	if p := post(ctx, minter, srv.URL, "pay:1", order); p.err == nil {
+		t.Fatalf("first payment: %d %q, want the lost answer's error", p.status, p.body)
+	}
+	// The window has passed on the real clock, and the server forgot the key.
+	time.Sleep(time.Until(start.Add(window + 500*time.Millisecond)))
+
+	resender := skewedMachine(t, table, resenderOff, window)
+	p := post(ctx, resender, srv.URL, "pay:1", order)
+	charges, keys := srv.ledger(order)
+	t.Logf("resend %v after the first payment: %d %q %v; the server saw keys %v", time.Since(start), p.status, p.body, p.err, keys)
+	if charges != 1 {
+		t.Errorf("order charged %d times, want once: the key went out %v after its window under keys %v", charges, time.Since(start)-window, keys)
+	}
+	if len(keys) != 1 {
+		t.Errorf("the server saw keys %v after the window, want the first request only", keys)
+	}
+	if !errors.Is(p.err, idemretry.ErrKeyWindowExpired) && !errors.Is(p.err, idemretry.ErrClockSkew) {
+		t.Errorf("resend after the window: %d %v, want ErrKeyWindowExpired", p.status, p.err)
+	}
+	if rows := rowsOf(t, db, table); len(rows) != 1 || rows[0].state == journal.StateDone {
+		t.Errorf("records %+v, want the action pending or outcome-unknown", rows)
+	}
+}
+
+// The machine that minted the key ran 40 s ahead: its record says the key
+// was made 40 s later than it was, and a machine with the right clock would
+// send it for 40 s after its window.
+func TestReviewHX1MinterClockAheadKeyNotSentAfterWindow(t *testing.T) {
+	clockSkewRound(t, 40*time.Second, 0)
+}
+
+// The machine that resends runs 40 s behind: by its clock the key is 40 s
+// younger than it is.
+func TestReviewHX1ResenderClockBehindKeyNotSentAfterWindow(t *testing.T) {
+	clockSkewRound(t, 0, -40*time.Second)
+}
+
+// Reserve stores the earlier of the record's time and the database's clock,
+// and returns the record as stored; Now is never behind the database's
+// clock.
+func TestReviewHX1ReserveCreatedAtAndNowFollowTheDatabase(t *testing.T) {
+	db := testDB(t)
+	j, _ := openJournal(t, db)
+	ctx := context.Background()
+	readDB := func() time.Time {
+		var us int64
+		if err := db.QueryRowContext(ctx, `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).Scan(&us); err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMicro(us)
+	}
+	before := readDB()
+	if now := j.Now(); now.Before(before) {
+		t.Errorf("Now %v, behind the database's clock %v", now, before)
+	}
+	ahead := rec("pay:ahead", "k-ahead", 0, journal.StatePending)
+	ahead.CreatedAt = before.Add(time.Hour).Truncate(time.Millisecond)
+	got, created, err := j.Reserve(ctx, ahead, journal.ReuseAny)
+	after := readDB()
+	if err != nil || !created {
+		t.Fatalf("Reserve: %v %v", created, err)
+	}
+	if got.CreatedAt.Before(before.Truncate(time.Millisecond)) || got.CreatedAt.After(after) {
+		t.Errorf("created at %v, want the database's clock, between %v and %v", got.CreatedAt, before, after)
+	}
+	again, created, err := j.Reserve(ctx, rec("pay:ahead", "k-other", 0, journal.StatePending), journal.ReuseAny)
+	if err != nil || created || again.Key != "k-ahead" || !again.CreatedAt.Equal(got.CreatedAt) {
+		t.Errorf("read back: %+v %v %v, want key k-ahead created at %v", again, created, err, got.CreatedAt)
+	}
+	past := rec("pay:past", "k-past", 0, journal.StatePending) // a time well behind the database's is kept
+	if got, _, err := j.Reserve(ctx, past, journal.ReuseAny); err != nil || !got.CreatedAt.Equal(past.CreatedAt) {
+		t.Errorf("Reserve of a past record: %+v %v, want created at %v", got, err, past.CreatedAt)
+	}
+}
