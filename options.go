@@ -266,10 +266,12 @@ func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.jou
 
 // WithSettleTime sets how long after its key window ended an
 // outcome-unknown action waits before Resume hands it to Resolve (default
-// DefaultSettleTime), judged by the clock. It must exceed how long a
-// request can stay in the network or at the provider, plus, for a fleet,
-// how far the machines' clocks disagree; 0 hands it over as soon as the
-// window ends. An action made outcome-unknown early (the server refused its
+// DefaultSettleTime), judged by the clock, or by the journal's time
+// (journal.Timekeeper: sqljournal keeps the database's) where that is
+// behind the clock. It must exceed how long a request can stay in the
+// network or at the provider, plus, for a fleet on a journal that keeps no
+// time, how far the machines' clocks disagree; 0 hands it over as soon as
+// the window ends. An action made outcome-unknown early (the server refused its
 // key as reused, ErrKeyReused) waits for its window to end too.
 func WithSettleTime(d time.Duration) Option { return func(c *config) { c.settle = d } }
 

@@ -25,8 +25,10 @@ import (
 // conformance suite in package journaltest, and wrap this package's
 // sentinel errors (ErrClosed, ErrNotFound, ...) so that callers can test
 // them with errors.Is. They must store CreatedAt to the millisecond at
-// least (a record read back may be truncated to whole milliseconds), action
-// ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
+// least (a record read back may be truncated to whole milliseconds), or an
+// earlier time, never a later one (sqljournal stores the earlier of the
+// given time and the database's clock: see journaltest.EarlierCreatedAt),
+// action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
 type Journal interface {
 	// Reserve returns the record of rec.ActionID, creating it from rec when
 	// there is none, or when mode is ReusePending and the existing record is

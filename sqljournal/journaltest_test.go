@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemretry/idemretry/journal"
 
@@ -23,7 +24,7 @@ func TestJournalTestSuite(t *testing.T) {
 		j, table := openJournal(t, db)
 		tables.Store(j, table)
 		return j
-	}, journaltest.Stall(stallTable(db, &tables)))
+	}, journaltest.Stall(stallTable(db, &tables)), journaltest.EarlierCreatedAt(time.Minute))
 }
 
 func TestJournalTestSuiteHashed(t *testing.T) {
@@ -36,7 +37,7 @@ func TestJournalTestSuiteHashed(t *testing.T) {
 	}, journaltest.ReportedIDs(func(id string) string {
 		sum := sha256.Sum256([]byte(id))
 		return "sha256:" + hex.EncodeToString(sum[:])
-	}), journaltest.Stall(stallTable(db, &tables)))
+	}), journaltest.Stall(stallTable(db, &tables)), journaltest.EarlierCreatedAt(time.Minute))
 }
 
 // stallTable returns a stall for journaltest: a transaction of its own that

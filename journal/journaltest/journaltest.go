@@ -42,6 +42,31 @@ type suite struct {
 	// stall, if set, makes j's storage stop answering until release is
 	// called (a row lock held elsewhere, a paused server).
 	stall func(t *testing.T, j journal.Journal) (release func())
+	// earlier is how much earlier than given a created record's CreatedAt
+	// may be stored (EarlierCreatedAt).
+	earlier time.Duration
+}
+
+// EarlierCreatedAt says that the journal may store a record it creates
+// with a CreatedAt earlier than the one given, by up to max, and returns
+// and reads it back so: sqljournal stores the earlier of the given time and
+// the database's clock, so that a machine whose clock runs ahead cannot
+// make a key look younger to the others than it is. A later time is never
+// accepted (it would make a key look younger: sent after its window).
+func EarlierCreatedAt(max time.Duration) Option {
+	return func(s *suite) { s.earlier = max }
+}
+
+// sameCreatedAt checks a record's CreatedAt against the one it was created
+// with: equal, or earlier by up to s.earlier.
+func (s *suite) sameCreatedAt(t *testing.T, want, got time.Time, msg string) {
+	t.Helper()
+	if s.earlier == 0 {
+		assert.True(t, want.Equal(got), "%s: created %v != %v", msg, want, got)
+		return
+	}
+	assert.False(t, got.After(want), "%s: created %v, later than %v", msg, got, want)
+	assert.LessOrEqual(t, want.Sub(got), s.earlier, "%s: created %v, more than %v before %v", msg, got, s.earlier, want)
 }
 
 // Stall lets the suite check that a journal whose storage stops answering
@@ -107,12 +132,12 @@ func rec(id string, created time.Time) journal.Record {
 
 func now() time.Time { return time.Now().Truncate(time.Millisecond) }
 
-func same(t *testing.T, want, got journal.Record, msg string) {
+func (s *suite) same(t *testing.T, want, got journal.Record, msg string) {
 	t.Helper()
 	assert.Equal(t, want.ActionID, got.ActionID, msg)
 	assert.Equal(t, want.Key, got.Key, msg)
 	assert.Equal(t, want.Fingerprint, got.Fingerprint, msg)
-	assert.True(t, want.CreatedAt.Equal(got.CreatedAt), "%s: created %v != %v", msg, want.CreatedAt, got.CreatedAt)
+	s.sameCreatedAt(t, want.CreatedAt, got.CreatedAt, msg)
 	assert.Equal(t, want.State, got.State, msg)
 	assert.Equal(t, want.Attempts, got.Attempts, msg)
 	assert.Equal(t, want.Status, got.Status, msg)
@@ -125,30 +150,30 @@ func reserve(t *testing.T, j journal.Journal, r journal.Record, mode journal.Res
 	return got, created
 }
 
-func reserveCreatesThenReuses(t *testing.T, _ *suite, j journal.Journal) {
+func reserveCreatesThenReuses(t *testing.T, s *suite, j journal.Journal) {
 	first := rec("a", now())
 	got, created := reserve(t, j, first, journal.ReuseAny)
 	assert.True(t, created)
-	same(t, first, got, "created")
+	s.same(t, first, got, "created")
 	got, created = reserve(t, j, rec("a", now().Add(time.Second)), journal.ReuseAny)
 	assert.False(t, created)
-	same(t, first, got, "reused")
+	s.same(t, first, got, "reused")
 	// ReuseAny keeps a done action's key.
 	done := first
 	done.State, done.Attempts, done.Status = journal.StateDone, 2, 201
 	require.NoError(t, j.Update(ctx, done))
 	got, created = reserve(t, j, rec("a", now()), journal.ReuseAny)
 	assert.False(t, created)
-	same(t, done, got, "reused done")
+	s.same(t, done, got, "reused done")
 	// ReusePending keeps a pending action's key.
 	p := rec("p", now())
 	reserve(t, j, p, journal.ReusePending)
 	got, created = reserve(t, j, rec("p", now()), journal.ReusePending)
 	assert.False(t, created)
-	same(t, p, got, "reused pending")
+	s.same(t, p, got, "reused pending")
 }
 
-func reusePendingReplacesDone(t *testing.T, _ *suite, j journal.Journal) {
+func reusePendingReplacesDone(t *testing.T, s *suite, j journal.Journal) {
 	first := rec("a", now())
 	reserve(t, j, first, journal.ReusePending)
 	first.State, first.Status = journal.StateDone, 200
@@ -156,7 +181,7 @@ func reusePendingReplacesDone(t *testing.T, _ *suite, j journal.Journal) {
 	second := rec("a", now())
 	got, created := reserve(t, j, second, journal.ReusePending)
 	assert.True(t, created)
-	same(t, second, got, "replaced")
+	s.same(t, second, got, "replaced")
 	assert.NotEqual(t, first.Key, got.Key)
 	// An unknown action is not done: it keeps its key.
 	u := rec("u", now())
@@ -168,7 +193,7 @@ func reusePendingReplacesDone(t *testing.T, _ *suite, j journal.Journal) {
 	assert.Equal(t, u.Key, got.Key)
 }
 
-func updateAndNotFound(t *testing.T, _ *suite, j journal.Journal) {
+func updateAndNotFound(t *testing.T, s *suite, j journal.Journal) {
 	r := rec("a", now())
 	reserve(t, j, r, journal.ReuseAny)
 	// Update stores State, Attempts and Status only.
@@ -180,7 +205,7 @@ func updateAndNotFound(t *testing.T, _ *suite, j journal.Journal) {
 	got, _ := reserve(t, j, rec("a", now()), journal.ReuseAny)
 	want := r
 	want.State, want.Attempts = journal.StateUnknown, 4
-	same(t, want, got, "updated")
+	s.same(t, want, got, "updated")
 	err := j.Update(ctx, rec("missing", now()))
 	assert.ErrorIs(t, err, journal.ErrNotFound)
 }
@@ -189,7 +214,7 @@ func updateAndNotFound(t *testing.T, _ *suite, j journal.Journal) {
 // is rec.Key. A record replaced under ReusePending, or forgotten and created
 // again, is another action under the same id: an update meant for the old
 // one fails with ErrActionNotFound and leaves the new one alone.
-func updateMatchesKey(t *testing.T, _ *suite, j journal.Journal) {
+func updateMatchesKey(t *testing.T, s *suite, j journal.Journal) {
 	// Another key on the action's own record.
 	r := rec("a", now())
 	reserve(t, j, r, journal.ReuseAny)
@@ -198,7 +223,7 @@ func updateMatchesKey(t *testing.T, _ *suite, j journal.Journal) {
 	other.State, other.Attempts, other.Status = journal.StateDone, 3, 201
 	assert.ErrorIs(t, j.Update(ctx, other), journal.ErrNotFound)
 	got, _ := reserve(t, j, rec("a", now()), journal.ReuseAny)
-	same(t, r, got, "other key")
+	s.same(t, r, got, "other key")
 
 	// Replaced under ReusePending.
 	old := rec("p", now())
@@ -208,12 +233,12 @@ func updateMatchesKey(t *testing.T, _ *suite, j journal.Journal) {
 	repl := rec("p", now())
 	got, created := reserve(t, j, repl, journal.ReusePending)
 	require.True(t, created)
-	same(t, repl, got, "replacement")
+	s.same(t, repl, got, "replacement")
 	late := old
 	late.State, late.Attempts, late.Status = journal.StateUnknown, 7, 0
 	assert.ErrorIs(t, j.Update(ctx, late), journal.ErrNotFound)
 	got, _ = reserve(t, j, rec("p", now()), journal.ReuseAny)
-	same(t, repl, got, "replaced")
+	s.same(t, repl, got, "replaced")
 
 	// Forgotten and created again.
 	f := rec("f", now())
@@ -224,12 +249,12 @@ func updateMatchesKey(t *testing.T, _ *suite, j journal.Journal) {
 	f.State, f.Attempts, f.Status = journal.StateDone, 2, 201
 	assert.ErrorIs(t, j.Update(ctx, f), journal.ErrNotFound)
 	got, _ = reserve(t, j, rec("f", now()), journal.ReuseAny)
-	same(t, again, got, "recreated")
+	s.same(t, again, got, "recreated")
 	// The new record itself is updated as usual.
 	again.State, again.Attempts, again.Status = journal.StateDone, 1, 201
 	require.NoError(t, j.Update(ctx, again))
 	got, _ = reserve(t, j, rec("f", now()), journal.ReuseAny)
-	same(t, again, got, "updated")
+	s.same(t, again, got, "updated")
 }
 
 // doneIsFinal: no Update moves a record out of StateDone or changes its
@@ -337,7 +362,7 @@ func unfinishedOldestFirst(t *testing.T, s *suite, j journal.Journal) {
 	for _, r := range un {
 		for id, at := range created {
 			if s.id(id) == r.ActionID {
-				assert.True(t, r.CreatedAt.Equal(at), id)
+				s.sameCreatedAt(t, at, r.CreatedAt, id)
 			}
 		}
 	}
