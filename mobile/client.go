@@ -60,6 +60,7 @@ type Client struct {
 	transport *root.Transport
 	http      *http.Client
 	timeout   time.Duration
+	window    time.Duration
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -122,6 +123,7 @@ func NewClient(dir string, opts *Options) (*Client, error) {
 		transport: t,
 		http:      &http.Client{Transport: t},
 		timeout:   timeout,
+		window:    window,
 		ctx:       ctx,
 		cancel:    cancel,
 	}, nil

@@ -2,6 +2,9 @@ package idemretry
 
 import (
 	"context"
+	"slices"
+	"strings"
+	"time"
 
 	root "github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/journal"
@@ -22,8 +25,9 @@ type Action struct {
 	// Attempts counts the requests sent under Key, as far as recorded.
 	Attempts int32
 	// OutcomeUnknown is true when the key window ended with no final
-	// answer: the server may have performed the action and may have
-	// forgotten the key, so the action is never sent again. Ask the server
+	// answer, or the server refused the key as used for another payload:
+	// the server may have performed the action (and may have forgotten
+	// the key), so the action is never sent again. Ask the server
 	// what became of it, then Forget it. When false, the action is pending:
 	// send it again with the same ActionID (Resume does).
 	OutcomeUnknown bool
@@ -85,7 +89,12 @@ type Rebuilder interface {
 	// Rebuild returns the request of actionID: the same method, URL and
 	// body as when it was first sent (another payload under the same id
 	// fails with KindFingerprintMismatch), with fresh credentials if they
-	// changed. Its ActionID may be left empty (Resume sets it). Return
+	// changed. Its ActionID may be left empty: Resume names it actionID
+	// (for an action listed as "key:" and a key of the app's own, it sets
+	// that Idempotency-Key header). A request that names another action,
+	// by its ActionID or by an Idempotency-Key header with another key,
+	// is refused with KindInvalidRequest and nothing is sent: it would be
+	// a second payment under a new key. Return
 	// null to leave the action pending and unsent for now (an id the app
 	// does not know, say), or throw to report why it cannot be rebuilt.
 	Rebuild(actionID string) (*Request, error)
@@ -105,7 +114,8 @@ type Outcome struct {
 	Failure *Failure
 	// Skipped is true when nothing was sent: Rebuild returned null or
 	// threw, or the action's outcome is unknown (Failure then has
-	// KindWindowExpired: reconcile it, then Forget it).
+	// KindWindowExpired, or KindOutcomeUnknown when its key window has
+	// not ended: reconcile it, then Forget it).
 	Skipped bool
 }
 
@@ -148,8 +158,15 @@ func (c *Client) Resume(rebuilder Rebuilder) (*OutcomeList, error) {
 func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	o := &Outcome{ActionID: a.ActionID}
 	if a.OutcomeUnknown {
+		// As Send would say it: the window's end, or, while the key
+		// window lasts, the other reason (the server refused the key as
+		// used for another payload).
 		f := newFailure(KindWindowExpired, root.ErrKeyWindowExpired,
 			"action "+quote(a.ActionID)+": key window expired with no final answer: reconcile it with the server, then Forget it")
+		if time.Now().Before(time.UnixMilli(a.CreatedAtMillis).Add(c.window)) {
+			f = newFailure(KindOutcomeUnknown, root.ErrOutcomeUnknown,
+				"action "+quote(a.ActionID)+": outcome unknown (the server refused its key): reconcile it with the server, then Forget it")
+		}
 		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
 		o.Failure, o.Skipped = &f.f, true
 		return o
@@ -168,12 +185,12 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 		return o
 	}
 	r := *req
-	switch {
-	case r.ActionID == "" && !r.Headers.Has(root.DefaultKeyHeader):
-		r.ActionID = a.ActionID
-	case r.ActionID != "" && r.ActionID != a.ActionID:
-		f := invalid("rebuilt request of action " + quote(a.ActionID) + " names action " + quote(r.ActionID))
-		f.f.ActionID = a.ActionID
+	if named := rebuiltAction(&r, a); named != a.ActionID {
+		// Sent, it would be another action, under another key, while
+		// this one may have been performed under its own: a second
+		// payment. Nothing is sent; the action stays pending.
+		f := invalid("rebuilt request of action " + quote(a.ActionID) + " names action " + quote(named))
+		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
 		o.Failure = &f.f
 		return o
 	}
@@ -185,3 +202,49 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	o.Response = resp
 	return o
 }
+
+// rebuiltAction returns the action r names, as Send would know it: "key:"
+// and its Idempotency-Key header's key (bare or quoted) if it has one, else
+// its ActionID; left unnamed, it is given a's name first: its ActionID, or,
+// for an action the app named with a key of its own, that key's header.
+func rebuiltAction(r *Request, a *Action) string {
+	if !r.Headers.Has(root.DefaultKeyHeader) {
+		id := r.ActionID
+		if id == "" {
+			id = a.ActionID
+		}
+		if id != a.ActionID {
+			return id
+		}
+		if key, own := strings.CutPrefix(id, keyActionPrefix); own {
+			h := &Headers{}
+			if r.Headers != nil {
+				h.lines = slices.Clone(r.Headers.lines)
+			}
+			h.Set(root.DefaultKeyHeader, key)
+			r.Headers, r.ActionID = h, ""
+		} else {
+			r.ActionID = id
+		}
+		return id
+	}
+	named := ""
+	for _, l := range r.Headers.lines {
+		if !strings.EqualFold(l.name, root.DefaultKeyHeader) {
+			continue
+		}
+		v := strings.TrimSpace(l.value)
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			v = v[1 : len(v)-1]
+		}
+		if named != "" && named != keyActionPrefix+v {
+			return named + " and " + keyActionPrefix + v
+		}
+		named = keyActionPrefix + v
+	}
+	return named
+}
+
+// keyActionPrefix starts the id of an action named by the app's own
+// Idempotency-Key header.
+const keyActionPrefix = "key:"
