@@ -238,6 +238,12 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 	if msg := req.Headers.check(); msg != "" {
 		return nil, nil, invalid(msg)
 	}
+	if req.ActionID != "" && req.Headers.Has(root.DefaultKeyHeader) {
+		// The header would name the action and the ActionID be ignored:
+		// a resend of the ActionID's action under another key, a second
+		// payment.
+		return nil, nil, invalid("both an ActionID (" + quote(req.ActionID) + ") and an " + root.DefaultKeyHeader + " header: name the action one way")
+	}
 	timeout := c.timeout
 	if req.TimeoutMillis > 0 {
 		timeout = millis(req.TimeoutMillis)

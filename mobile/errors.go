@@ -21,7 +21,9 @@ const (
 	// anything was sent: no method, a URL that is not absolute http or
 	// https, a header name or value that cannot be sent, a negative
 	// timeout, a POST or PATCH without an ActionID (or an Idempotency-Key
-	// header), an ActionID that is too long or starts with "key:" or "fp:".
+	// header), a request with both, an ActionID that is too long or starts
+	// with "key:" or "fp:", a request Resume's Rebuilder built for
+	// another action.
 	// Fix the request; nothing happened on the server.
 	KindInvalidRequest int32 = 2
 	// KindNetwork: the attempts ended (on the timeout, or after every

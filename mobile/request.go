@@ -159,7 +159,9 @@ type Request struct {
 	// "pay:order-1001": every send with this id carries the same
 	// Idempotency-Key, in this run and after a restart, for the key
 	// window. Required for POST and PATCH (unless Headers carry an
-	// Idempotency-Key of the app's own); made once per user intent (when
+	// Idempotency-Key of the app's own: never both, which is refused with
+	// KindInvalidRequest, as the header would name another action, under
+	// another key); made once per user intent (when
 	// the checkout screen opens, say), never per tap or per send. It is
 	// stored on the device: it must not carry personal data. Under 1 KB,
 	// not starting with "key:" or "fp:".
