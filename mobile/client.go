@@ -171,9 +171,20 @@ func (c *Client) send(req *Request) (*Response, error) {
 		return nil, ferr
 	}
 	defer cancel()
+	held := c.held(hreq, req)
 	resp, err := c.http.Do(hreq)
 	if err != nil {
-		return nil, classify(err, req.ActionID)
+		f := classify(err, req.ActionID)
+		if (f.f.Kind == KindJournal || f.f.Kind == KindOther) && held.maybe && !f.f.MaybeProcessed {
+			// Refused before sending (a journal that failed, say), but
+			// the action was in the journal, or the journal could not
+			// say: an earlier send may have reached the server.
+			f.f.MaybeProcessed = true
+			if f.f.Key == "" {
+				f.f.Key, f.f.Attempts = held.key, held.attempts
+			}
+		}
+		return nil, f
 	}
 	defer resp.Body.Close()
 	if reason := root.GiveUpReason(resp); reason != nil {
@@ -206,6 +217,41 @@ func (c *Client) send(req *Request) (*Response, error) {
 		Body:     body,
 		Replayed: root.IsReplay(resp),
 	}, nil
+}
+
+// heldAction is what the journal held of an action before a Send.
+type heldAction struct {
+	maybe    bool // the journal held it, or could not say
+	key      string
+	attempts int32
+}
+
+// held reads the journal's record of hreq's action, if it is keyed (POST
+// or PATCH) and named, before it is sent: an error that comes before
+// sending then says whether an earlier send may have reached the server.
+func (c *Client) held(hreq *http.Request, req *Request) heldAction {
+	if hreq.Method != http.MethodPost && hreq.Method != http.MethodPatch {
+		return heldAction{}
+	}
+	id := req.ActionID
+	if key, ok := ownKey(req.Headers); ok {
+		id = keyActionPrefix + key
+	}
+	if id == "" {
+		return heldAction{}
+	}
+	g, ok := c.transport.Journal().(journal.Getter)
+	if !ok {
+		return heldAction{maybe: true}
+	}
+	rec, found, err := g.Get(hreq.Context(), id)
+	switch {
+	case err != nil:
+		return heldAction{maybe: true}
+	case !found:
+		return heldAction{}
+	}
+	return heldAction{maybe: true, key: rec.Key, attempts: clampInt32(rec.Attempts)}
 }
 
 // prepare checks req and builds its http.Request, bounded by its timeout

@@ -63,7 +63,11 @@ const (
 	// KindJournal: the journal could not be opened or could not store the
 	// key, so nothing was sent: another Client (in this process or another)
 	// holds the directory, the disk is full, the directory was removed, or
-	// the journal is damaged. The message says which. Also a payment (a
+	// the journal is damaged. The message says which. MaybeProcessed is
+	// true when the journal held the action (an earlier send of it may
+	// have reached the server) or could not say: resend it with the same
+	// ActionID once the journal works again (a new Client), never as a new
+	// action. Also a payment (a
 	// body of 512 bytes or more) whose check the journal lost
 	// (fingerprint.key in dir deleted or damaged): nothing is sent,
 	// MaybeProcessed is true, and every resend is refused so until its key

@@ -228,21 +228,35 @@ func rebuiltAction(r *Request, a *Action) string {
 		}
 		return id
 	}
-	named := ""
+	key, _ := ownKey(r.Headers)
 	for _, l := range r.Headers.lines {
-		if !strings.EqualFold(l.name, root.DefaultKeyHeader) {
-			continue
+		if strings.EqualFold(l.name, root.DefaultKeyHeader) && bareKey(l.value) != key {
+			return keyActionPrefix + key + " and " + keyActionPrefix + bareKey(l.value)
 		}
-		v := strings.TrimSpace(l.value)
-		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-			v = v[1 : len(v)-1]
-		}
-		if named != "" && named != keyActionPrefix+v {
-			return named + " and " + keyActionPrefix + v
-		}
-		named = keyActionPrefix + v
 	}
-	return named
+	if r.ActionID == a.ActionID {
+		r.ActionID = "" // "key:...": the header names it
+	}
+	return keyActionPrefix + key
+}
+
+// ownKey returns the key of the first Idempotency-Key line of h, bare, if
+// it has one.
+func ownKey(h *Headers) (string, bool) {
+	if !h.Has(root.DefaultKeyHeader) {
+		return "", false
+	}
+	return bareKey(h.Get(root.DefaultKeyHeader)), true
+}
+
+// bareKey returns an Idempotency-Key header's value as the Transport knows
+// the key: bare, its IETF draft quotes taken off.
+func bareKey(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	return v
 }
 
 // keyActionPrefix starts the id of an action named by the app's own

@@ -1,0 +1,47 @@
+package idemretry_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	idemretry "github.com/idemretry/idemretry/mobile"
+)
+
+// hX2's review: a payment ends KindMaybeProcessed after the server charged
+// it; then the journal fails (its directory was removed: a new payment
+// fails first, and the journal stops). The resend of the first payment
+// fails too, nothing sent, with KindJournal, and said MaybeProcessed
+// false, "nothing can have reached the server": an app that
+// trusts it lets the user pay again under a new action. It may have been
+// charged: MaybeProcessed stays true. A new action, that the journal
+// never held, still says false.
+func TestReviewHX2JournalFailureKeepsMaybeProcessed(t *testing.T) {
+	srv := newPayServer(t)
+	srv.setAfterCommit(holdUntilGone)
+	c, dir := open(t, nil)
+	r := payment(srv, "pay:charged", "100")
+	r.TimeoutMillis = 1500
+	_, err := c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	key := idemretry.FailureOf(err).Key
+	srv.setAfterCommit(nil)
+
+	require.NoError(t, os.RemoveAll(dir))
+	_, err = c.Send(payment(srv, "pay:new", "100"))
+	require.Equal(t, idemretry.KindJournal, kindOf(t, err), "%v", err)
+	assert.False(t, idemretry.FailureOf(err).MaybeProcessed, "a new action")
+
+	_, err = c.Send(payment(srv, "pay:charged", "100"))
+	require.Equal(t, idemretry.KindJournal, kindOf(t, err), "%v", err)
+	f := idemretry.FailureOf(err)
+	assert.True(t, f.MaybeProcessed, "a payment the server charged: %s", f.Message)
+	assert.Equal(t, "pay:charged", f.ActionID)
+	if f.Key != "" {
+		assert.Equal(t, key, f.Key)
+	}
+	_, charges := srv.snapshot()
+	assert.Equal(t, map[string]int{key: 1}, charges)
+}
