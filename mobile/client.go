@@ -121,7 +121,7 @@ func NewClient(dir string, opts *Options) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{
 		transport: t,
-		http:      &http.Client{Transport: t},
+		http:      &http.Client{Transport: t, CheckRedirect: checkRedirect},
 		timeout:   timeout,
 		window:    window,
 		ctx:       ctx,
@@ -172,9 +172,12 @@ func (c *Client) send(req *Request) (*Response, error) {
 	}
 	defer cancel()
 	held := c.held(hreq, req)
+	hops := &redirects{}
+	hreq = hreq.WithContext(context.WithValue(hreq.Context(), redirectsKey{}, hops))
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		f := classify(err, req.ActionID)
+		hops.explain(f)
 		if (f.f.Kind == KindJournal || f.f.Kind == KindOther) && held.maybe && !f.f.MaybeProcessed {
 			// Refused before sending (a journal that failed, say), but
 			// the action was in the journal, or the journal could not
@@ -197,6 +200,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 		if resp.Request != nil {
 			f.f.Key = resp.Request.Header.Get(root.DefaultKeyHeader)
 		}
+		hops.explain(f)
 		return nil, f
 	}
 	body, err := io.ReadAll(resp.Body)
@@ -209,6 +213,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 		}
 		f := newFailure(KindMaybeProcessed, err, msg)
 		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
+		hops.explain(f)
 		return nil, f
 	}
 	return &Response{
@@ -217,6 +222,62 @@ func (c *Client) send(req *Request) (*Response, error) {
 		Body:     body,
 		Replayed: root.IsReplay(resp),
 	}, nil
+}
+
+// redirects records, for one Send, the redirect that the server answered
+// a keyed request (POST or PATCH) with, which http.Client follows.
+type redirects struct {
+	mu     sync.Mutex
+	status int
+	key    string
+}
+
+type redirectsKey struct{}
+
+// maxRedirects is http.Client's default limit.
+const maxRedirects = 10
+
+// checkRedirect is http.Client's default policy (at most maxRedirects),
+// and notes a redirect answered to a keyed request in the Send's
+// redirects.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if r := req.Response; r != nil && r.Request != nil && (r.Request.Method == http.MethodPost || r.Request.Method == http.MethodPatch) {
+		if hops, ok := req.Context().Value(redirectsKey{}).(*redirects); ok {
+			hops.mu.Lock()
+			if hops.status == 0 {
+				hops.status, hops.key = r.StatusCode, r.Request.Header.Get(root.DefaultKeyHeader)
+			}
+			hops.mu.Unlock()
+		}
+	}
+	if len(via) >= maxRedirects {
+		return errors.New("stopped after " + strconv.Itoa(maxRedirects) + " redirects")
+	}
+	return nil
+}
+
+// explain completes f, the failure of a Send, when the server answered
+// its keyed request with a redirect and what followed failed: the server
+// has acted on the request (a 303 after a charge, say), so the failure is
+// KindMaybeProcessed, whatever became of the redirect's target.
+func (h *redirects) explain(f *failure) {
+	h.mu.Lock()
+	status, key := h.status, h.key
+	h.mu.Unlock()
+	if status == 0 {
+		return
+	}
+	switch f.f.Kind {
+	case KindNetwork, KindOther, KindInvalidRequest:
+		f.f.Kind = KindMaybeProcessed
+	}
+	f.f.MaybeProcessed = true
+	if f.f.Key == "" {
+		f.f.Key = key
+	}
+	if f.f.Status == 0 {
+		f.f.Status = clampInt32(status)
+	}
 }
 
 // heldAction is what the journal held of an action before a Send.

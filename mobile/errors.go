@@ -35,7 +35,9 @@ const (
 	// KindMaybeProcessed: the attempts ended without an answer after at
 	// least one reached the server (the connection broke or the timeout
 	// came while waiting for the answer), or the answer came and its body
-	// was lost. The server may have performed the action: send it again
+	// was lost, or the server answered with a redirect (a 303 to a receipt
+	// after the charge, say) and following it failed (Status holds the
+	// redirect's status). The server may have performed the action: send it again
 	// with the same ActionID (or let Resume do it on the next start) to get
 	// its answer; never make it a new action. MaybeProcessed is true.
 	KindMaybeProcessed int32 = 4
