@@ -337,8 +337,11 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 		return nil, nil, invalid("URL " + quote(req.URL) + " does not parse")
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, nil, invalid("URL " + quote(req.URL) + " is not http or https")
-	case u.Host == "":
+	case u.Hostname() == "":
+		// ":443" alone would dial this device.
 		return nil, nil, invalid("URL " + quote(req.URL) + " has no host")
+	case !validPort(u.Port()):
+		return nil, nil, invalid("URL " + quote(req.URL) + " has a port outside 1-65535")
 	case req.TimeoutMillis < 0:
 		return nil, nil, invalid("negative TimeoutMillis")
 	}
@@ -371,6 +374,16 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 	}
 	hreq.Header = req.Headers.toHTTP()
 	return hreq, cancel, nil
+}
+
+// validPort reports whether port, a URL's digits after the host's colon
+// (url.Parse took them as digits), is none or 1 to 65535.
+func validPort(port string) bool {
+	if port == "" {
+		return true
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n > 0
 }
 
 // standardMethods are the methods of RFC 9110 (and PATCH), which Send

@@ -156,6 +156,7 @@ func ErrorKind(err error) int32 {
 // unwraps to cause.
 func newFailure(kind int32, cause error, msg string) *failure {
 	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
+	msg = strings.ToValidUTF8(msg, "\uFFFD") // a string on both sides of gobind
 	return &failure{f: Failure{Kind: kind, Message: msg}, cause: cause}
 }
 

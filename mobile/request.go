@@ -5,6 +5,7 @@ import (
 	"net/textproto"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/idemretry/idemretry/internal/httptoken"
 )
@@ -138,7 +139,10 @@ func headersFrom(hdr http.Header) *Headers {
 	h := &Headers{}
 	for _, name := range names {
 		for _, v := range hdr[name] {
-			h.lines = append(h.lines, headerLine{name: textproto.CanonicalMIMEHeaderKey(name), value: v})
+			// HTTP allows bytes that are not UTF-8 (Latin-1): as Java
+			// reads them (U+FFFD), and not as Objective-C would (no
+			// string at all).
+			h.lines = append(h.lines, headerLine{name: textproto.CanonicalMIMEHeaderKey(name), value: strings.ToValidUTF8(v, "\uFFFD")})
 		}
 	}
 	return h
@@ -191,10 +195,14 @@ type Response struct {
 	Replayed bool
 }
 
-// quote returns s quoted, cut to 64 bytes.
+// quote returns s quoted, cut to 64 bytes (at a character's start).
 func quote(s string) string {
 	if len(s) > 64 {
-		s = s[:64] + "..."
+		n := 64
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n] + "..."
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
 }
