@@ -59,8 +59,15 @@ const (
 	// the app: one ActionID must always mean one payload.
 	KindFingerprintMismatch int32 = 7
 	// KindClockSkew: the action's key was made at a time the device's clock
-	// now says is in the future (the clock was set back). Nothing was sent
-	// and the action is kept: send it again once the clock is right.
+	// now says is more than a minute in the future: the clock was set back
+	// since, or ran ahead when the key was made. Nothing was sent and the
+	// action is kept; MaybeProcessed is true (an earlier send may have
+	// reached the server). If the clock is wrong now, send it again once
+	// it is right. If it is right now (it ran ahead when the payment was
+	// made), do not wait: the key's real age is unknown, and by the time
+	// the clock reaches its time the server may have forgotten it.
+	// Reconcile the action with the server (ask it about Key), then
+	// Forget it.
 	KindClockSkew int32 = 8
 	// KindJournal: the journal could not be opened or could not store the
 	// key, so nothing was sent: another Client (in this process or another)
