@@ -139,7 +139,8 @@ func (l *OutcomeList) Get(i int32) *Outcome { return itemAt(l.items, i) }
 // one that never reached it is performed now, once.
 //
 // It fails only when the journal cannot be listed or the Client is closed;
-// each action's own error is in its Outcome.
+// each action's own error is in its Outcome. Closed while it runs, it calls
+// Rebuild no more: the actions left are skipped with KindClosed.
 func (c *Client) Resume(rebuilder Rebuilder) (*OutcomeList, error) {
 	if rebuilder == nil {
 		return nil, invalid("null rebuilder")
@@ -171,6 +172,16 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 		o.Failure, o.Skipped = &f.f, true
 		return o
 	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		// The app is exiting: its Rebuilder is not called any more.
+		f := newFailure(KindClosed, journal.ErrClosed, "client closed")
+		f.f.ActionID = a.ActionID
+		o.Failure, o.Skipped = &f.f, true
+		return o
+	}
 	req, err := rebuilder.Rebuild(a.ActionID)
 	if err != nil {
 		f := FailureOf(err)
@@ -197,6 +208,9 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	resp, err := c.Send(&r)
 	if err != nil {
 		o.Failure = FailureOf(err)
+		if o.Failure.ActionID == "" {
+			o.Failure.ActionID = a.ActionID
+		}
 		return o
 	}
 	o.Response = resp

@@ -3,6 +3,7 @@ package idemretry_test
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -101,4 +102,41 @@ func TestReviewHX2CloseWhileBusy(t *testing.T) {
 	}
 	assert.LessOrEqual(t, len(charges), 18)
 	assert.NotEmpty(t, paid)
+}
+
+// hX2's review: the app closes the Client (it is exiting) while Resume
+// works through the actions a killed run left: Resume stops calling the
+// app's Rebuilder (its database may be closed by now) and reports the
+// actions left as KindClosed, skipped, nothing sent.
+func TestReviewHX2CloseStopsResume(t *testing.T) {
+	srv := newPayServer(t)
+	srv.setAfterCommit(holdUntilGone)
+	c, err := idemretry.NewClient(filepath.Join(t.TempDir(), "idemretry"), nil)
+	require.NoError(t, err)
+	defer c.Close()
+	for _, id := range []string{"pay:1", "pay:2", "pay:3"} {
+		r := payment(srv, id, "1")
+		r.TimeoutMillis = 1000
+		_, err := c.Send(r)
+		require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	}
+	srv.setAfterCommit(nil)
+	sent := srv.requestCount()
+	var rebuilt []string
+	out, err := c.Resume(rebuildWith(func(id string) (*idemretry.Request, error) {
+		rebuilt = append(rebuilt, id)
+		require.NoError(t, c.Close()) // the app exits
+		return payment(srv, "", "1"), nil
+	}))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"pay:1"}, rebuilt, "Rebuild called after Close")
+	require.EqualValues(t, 3, out.Len())
+	for i := int32(0); i < out.Len(); i++ {
+		o := out.Get(i)
+		require.NotNil(t, o.Failure)
+		assert.Equal(t, idemretry.KindClosed, o.Failure.Kind, o.Failure.Message)
+		assert.Equal(t, o.ActionID, o.Failure.ActionID)
+	}
+	assert.True(t, out.Get(1).Skipped)
+	assert.Equal(t, sent, srv.requestCount())
 }
