@@ -65,9 +65,10 @@ type Client struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	busy   sync.WaitGroup // Sends and journal calls in progress
+	mu      sync.Mutex
+	closed  bool
+	busy    sync.WaitGroup // Sends and journal calls in progress
+	sending map[string]int // named actions being sent or resumed: Forget refuses them
 }
 
 // NewClient opens a Client whose journal is in dir, an absolute path to a
@@ -171,7 +172,9 @@ func (c *Client) send(req *Request) (*Response, error) {
 		return nil, ferr
 	}
 	defer cancel()
-	held := c.held(hreq, req)
+	id := keyedAction(hreq, req)
+	defer c.mark(id)()
+	held := c.held(hreq.Context(), id)
 	hops := &redirects{}
 	hreq = hreq.WithContext(context.WithValue(hreq.Context(), redirectsKey{}, hops))
 	resp, err := c.http.Do(hreq)
@@ -287,17 +290,44 @@ type heldAction struct {
 	attempts int32
 }
 
-// held reads the journal's record of hreq's action, if it is keyed (POST
-// or PATCH) and named, before it is sent: an error that comes before
-// sending then says whether an earlier send may have reached the server.
-func (c *Client) held(hreq *http.Request, req *Request) heldAction {
+// keyedAction returns the journal's id of hreq's action if it is keyed
+// (POST or PATCH) and named (req's ActionID, or "key:" and its own
+// Idempotency-Key), else "".
+func keyedAction(hreq *http.Request, req *Request) string {
 	if hreq.Method != http.MethodPost && hreq.Method != http.MethodPatch {
-		return heldAction{}
+		return ""
 	}
-	id := req.ActionID
 	if key, ok := ownKey(req.Headers); ok {
-		id = keyActionPrefix + key
+		return keyActionPrefix + key
 	}
+	return req.ActionID
+}
+
+// mark registers id (if not "") as being sent or resumed until the
+// function it returns is called: Forget refuses it meanwhile.
+func (c *Client) mark(id string) func() {
+	if id == "" {
+		return func() {}
+	}
+	c.mu.Lock()
+	if c.sending == nil {
+		c.sending = map[string]int{}
+	}
+	c.sending[id]++
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		if c.sending[id]--; c.sending[id] == 0 {
+			delete(c.sending, id)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// held reads the journal's record of action id (if not ""), before it is
+// sent: an error that comes before sending then says whether an earlier
+// send may have reached the server.
+func (c *Client) held(ctx context.Context, id string) heldAction {
 	if id == "" {
 		return heldAction{}
 	}
@@ -305,7 +335,7 @@ func (c *Client) held(hreq *http.Request, req *Request) heldAction {
 	if !ok {
 		return heldAction{maybe: true}
 	}
-	rec, found, err := g.Get(hreq.Context(), id)
+	rec, found, err := g.Get(ctx, id)
 	switch {
 	case err != nil:
 		return heldAction{maybe: true}
@@ -394,7 +424,11 @@ var standardMethods = []string{"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT"
 // the server what became of it (an action that failed with
 // KindWindowExpired, say). The next Send of actionID is a new action with
 // a new key. Forgetting an action the journal does not hold is not an
-// error.
+// error. An action that a Send or Resume of this Client is sending is
+// refused with KindInvalidRequest, nothing changed: a server that has no
+// charge for it yet may be making it. After a Send ended with
+// KindMaybeProcessed, leave the server time to finish what it received
+// before taking its "no charge" for an answer.
 func (c *Client) Forget(actionID string) error {
 	if actionID == "" {
 		return invalid("empty action id")
@@ -403,6 +437,16 @@ func (c *Client) Forget(actionID string) error {
 		return err
 	}
 	defer c.busy.Done()
+	c.mu.Lock()
+	sending := c.sending[actionID] > 0
+	c.mu.Unlock()
+	if sending {
+		// Forgotten now, its next send would get a new key while this
+		// one may be charging under the old.
+		f := invalid("action " + quote(actionID) + " is being sent or resumed: Forget it once that has returned")
+		f.f.ActionID = actionID
+		return f
+	}
 	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
 	defer cancel()
 	if err := c.transport.Journal().Forget(ctx, actionID); err != nil {

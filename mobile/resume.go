@@ -113,7 +113,8 @@ type Outcome struct {
 	// have thrown, or, when Skipped, the error Rebuild threw.
 	Failure *Failure
 	// Skipped is true when nothing was sent: Rebuild returned null or
-	// threw, or the action's outcome is unknown (Failure then has
+	// threw, the action was forgotten (Forget) since Resume listed it
+	// (Failure null), or the action's outcome is unknown (Failure then has
 	// KindWindowExpired, or KindOutcomeUnknown when its key window has
 	// not ended: reconcile it, then Forget it).
 	Skipped bool
@@ -182,6 +183,13 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 		o.Failure, o.Skipped = &f.f, true
 		return o
 	}
+	defer c.mark(a.ActionID)() // Forget refuses it from now on
+	if !c.stillListed(a) {
+		// Forgotten (reconciled) since Unfinished listed it, or made
+		// again under another key: not Resume's to send.
+		o.Skipped = true
+		return o
+	}
 	req, err := rebuilder.Rebuild(a.ActionID)
 	if err != nil {
 		f := FailureOf(err)
@@ -215,6 +223,19 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	o.Response = resp
 	return o
+}
+
+// stillListed reports whether the journal holds a under the key Unfinished
+// listed it with (or cannot say: the Send then finds out).
+func (c *Client) stillListed(a *Action) bool {
+	g, ok := c.transport.Journal().(journal.Getter)
+	if !ok {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	rec, found, err := g.Get(ctx, a.ActionID)
+	return err != nil || (found && rec.Key == a.Key)
 }
 
 // rebuiltAction returns the action r names, as Send would know it: "key:"
