@@ -160,16 +160,51 @@ func (c *Client) begin() error {
 // later, or through Resume on the next start) and never as a new action.
 func (c *Client) Send(req *Request) (*Response, error) {
 	if err := c.begin(); err != nil {
-		return nil, err
+		var f *failure
+		errors.As(err, &f)
+		return nil, c.refused(f, req)
 	}
 	defer c.busy.Done()
 	return c.send(req)
 }
 
+// refused completes f, a refusal of req before anything of it was sent:
+// its action, and whether an earlier send of that action may have reached
+// the server (the journal holds it, or cannot say).
+func (c *Client) refused(f *failure, req *Request) *failure {
+	if req == nil {
+		return f
+	}
+	if f.f.ActionID == "" {
+		f.f.ActionID = req.ActionID
+	}
+	if !strings.EqualFold(req.Method, http.MethodPost) && !strings.EqualFold(req.Method, http.MethodPatch) {
+		return f
+	}
+	ids := make([]string, 0, 2)
+	if req.ActionID != "" {
+		ids = append(ids, req.ActionID)
+	}
+	if key, ok := ownKey(req.Headers); ok {
+		ids = append(ids, keyActionPrefix+key)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	for _, id := range ids {
+		if held := c.held(ctx, id); held.maybe {
+			f.f.MaybeProcessed = true
+			if f.f.Key == "" {
+				f.f.Key, f.f.Attempts = held.key, held.attempts
+			}
+		}
+	}
+	return f
+}
+
 func (c *Client) send(req *Request) (*Response, error) {
 	hreq, cancel, ferr := c.prepare(req)
 	if ferr != nil {
-		return nil, ferr
+		return nil, c.refused(ferr, req)
 	}
 	defer cancel()
 	id := keyedAction(hreq, req)
@@ -181,7 +216,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 	if err != nil {
 		f := classify(err, req.ActionID)
 		hops.explain(f)
-		if (f.f.Kind == KindJournal || f.f.Kind == KindOther) && held.maybe && !f.f.MaybeProcessed {
+		if (f.f.Kind == KindJournal || f.f.Kind == KindOther || f.f.Kind == KindInvalidRequest) && held.maybe && !f.f.MaybeProcessed {
 			// Refused before sending (a journal that failed, say), but
 			// the action was in the journal, or the journal could not
 			// say: an earlier send may have reached the server.

@@ -85,7 +85,9 @@ const (
 	// after it was deleted (the message names it); nothing is sent by
 	// Close.
 	KindJournal int32 = 9
-	// KindClosed: the Client was closed.
+	// KindClosed: the Client was closed. Nothing was sent; for a POST or
+	// PATCH with an action, MaybeProcessed is true (the closed journal
+	// cannot say whether an earlier send of it reached the server).
 	KindClosed int32 = 10
 	// KindParked: the retry budget set the action aside with its key
 	// (many requests were failing at once: an outage). It may have
@@ -107,7 +109,10 @@ type Failure struct {
 	// MaybeProcessed is true when the server may have performed the
 	// action: it must then be sent again with the same ActionID (or
 	// reconciled with the server), never as a new action. It is false only
-	// when nothing can have reached the server.
+	// when nothing can have reached the server. It is about the action,
+	// whatever the kind: a request refused before sending (invalid, or a
+	// closed Client) whose action the journal holds, or cannot say about,
+	// has it true too.
 	MaybeProcessed bool
 	// ActionID is the action the error is about, if any.
 	ActionID string

@@ -45,3 +45,43 @@ func TestReviewHX2JournalFailureKeepsMaybeProcessed(t *testing.T) {
 	_, charges := srv.snapshot()
 	assert.Equal(t, map[string]int{key: 1}, charges)
 }
+
+// hX2's review: MaybeProcessed is about the action, whatever refused this
+// Send of it. A payment charged by the server (KindMaybeProcessed), sent
+// again with a mistake (a negative timeout), or after Close, was refused
+// saying MaybeProcessed false, "nothing can have reached the server".
+func TestReviewHX2RefusalKeepsMaybeProcessed(t *testing.T) {
+	srv := newPayServer(t)
+	srv.setAfterCommit(holdUntilGone)
+	c, _ := open(t, nil)
+	r := payment(srv, "pay:charged", "100")
+	r.TimeoutMillis = 1500
+	_, err := c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	key := idemretry.FailureOf(err).Key
+	srv.setAfterCommit(nil)
+
+	bad := payment(srv, "pay:charged", "100")
+	bad.TimeoutMillis = -1
+	_, err = c.Send(bad)
+	require.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
+	f := idemretry.FailureOf(err)
+	assert.True(t, f.MaybeProcessed, f.Message)
+	assert.Equal(t, "pay:charged", f.ActionID)
+	assert.Equal(t, key, f.Key)
+
+	bad = payment(srv, "pay:never", "100")
+	bad.TimeoutMillis = -1
+	_, err = c.Send(bad)
+	require.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
+	assert.False(t, idemretry.FailureOf(err).MaybeProcessed, "an action never sent")
+
+	require.NoError(t, c.Close())
+	_, err = c.Send(payment(srv, "pay:charged", "100"))
+	require.Equal(t, idemretry.KindClosed, kindOf(t, err), "%v", err)
+	f = idemretry.FailureOf(err)
+	assert.True(t, f.MaybeProcessed, "the journal, closed, cannot say")
+	assert.Equal(t, "pay:charged", f.ActionID)
+	_, charges := srv.snapshot()
+	assert.Equal(t, map[string]int{key: 1}, charges)
+}
