@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -87,8 +88,9 @@ func (c *Client) Unfinished() (*ActionList, error) {
 // keeps what it needs to rebuild them (an order in its database, say).
 type Rebuilder interface {
 	// Rebuild returns the request of actionID: the same method, URL and
-	// body as when it was first sent (another payload under the same id
-	// fails with KindFingerprintMismatch), with fresh credentials if they
+	// body as when it was first sent (another payload under the same id,
+	// or a method other than POST and PATCH, fails with
+	// KindFingerprintMismatch, nothing sent), with fresh credentials if they
 	// changed. Its ActionID may be left empty: Resume names it actionID
 	// (for an action listed as "key:" and a key of the app's own, it sets
 	// that Idempotency-Key header). A request that names another action,
@@ -204,6 +206,15 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 		return o
 	}
 	r := *req
+	if !strings.EqualFold(r.Method, http.MethodPost) && !strings.EqualFold(r.Method, http.MethodPatch) {
+		// Only POST and PATCH are journaled: another method is not the
+		// action's, and would go out without its key, unchecked.
+		f := newFailure(KindFingerprintMismatch, root.ErrFingerprintMismatch,
+			"action "+quote(a.ActionID)+": rebuilt as "+quote(r.Method)+", not the POST or PATCH it was sent as")
+		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
+		o.Failure = &f.f
+		return o
+	}
 	if named := rebuiltAction(&r, a); named != a.ActionID {
 		// Sent, it would be another action, under another key, while
 		// this one may have been performed under its own: a second

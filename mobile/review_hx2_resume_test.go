@@ -151,3 +151,31 @@ func TestReviewHX2ResumeOutcomeUnknownKind(t *testing.T) {
 	assert.NotContains(t, o.Failure.Message, "window")
 	assert.Equal(t, 1, srv.requestCount())
 }
+
+// hX2's review: a Rebuilder that returns a request with another method
+// than POST or PATCH (the only ones journaled, so the only ones Resume
+// lists) had it sent, without a key and unchecked against the action's
+// fingerprint, and the action left pending as if nothing happened. It is
+// refused, nothing sent.
+func TestReviewHX2ResumeRebuiltWithUnkeyedMethod(t *testing.T) {
+	srv := newPayServer(t)
+	dir := filepath.Join(t.TempDir(), "idemretry")
+	maybePaid(t, srv, dir, payment(srv, "pay:m", "100"))
+	c, err := idemretry.NewClient(dir, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	sent := srv.requestCount()
+	out, err := c.Resume(rebuildWith(func(id string) (*idemretry.Request, error) {
+		r := payment(srv, "", "100")
+		r.Method = "PUT"
+		return r, nil
+	}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, out.Len())
+	o := out.Get(0)
+	assert.Nil(t, o.Response)
+	require.NotNil(t, o.Failure)
+	assert.Equal(t, idemretry.KindFingerprintMismatch, o.Failure.Kind, o.Failure.Message)
+	assert.True(t, o.Failure.MaybeProcessed)
+	assert.Equal(t, sent, srv.requestCount(), "sent")
+}
