@@ -59,7 +59,9 @@ func (s *systemTimer) C() <-chan time.Time { return s.t.C }
 // a mark further ahead was left by a clock that ran ahead and was corrected,
 // and is not believed, as the journal's expiry does not believe it. Keys are
 // created at the clock's time, so a mark ahead only ever makes keys look
-// older: refused sooner, never sent later.
+// older: refused sooner, never sent later. (A key minted while the clock
+// itself ran ahead looks younger than it is once the corrected clock has
+// passed its creation, and nothing here can tell: README, guarantee 5.)
 func (t *Transport) now() time.Time {
 	now := t.cfg.clock.Now()
 	if seen, ok := t.journalNow(); ok && seen.After(now) && seen.Sub(now) <= maxClockLead {
