@@ -46,7 +46,8 @@
 // Key windows are held to the database's clock, as leases are: a record is
 // created with the earlier of the minting machine's time and the
 // database's, and the Journal is a [journal.Timekeeper] whose time is the
-// database's clock (read at Open, advanced by the monotonic clock), which
+// database's clock (read at Open and again at each Reserve, advanced by the
+// monotonic clock in between), which
 // a Transport judges windows by when its machine's clock is behind it. So
 // neither a machine whose clock runs ahead when it mints a key nor one
 // whose clock runs behind when it resends it sends the key after its

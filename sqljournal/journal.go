@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,9 +47,37 @@ type Journal struct {
 	cfg    config
 	q      queries
 	closed atomic.Bool
-	// dbTime and dbRead: the database's clock as Open read it, and the
-	// local time (with its monotonic reading) just before it asked. See Now.
-	dbTime, dbRead time.Time
+	// clk is the latest reading of the database's clock. See Now.
+	clk dbClock
+}
+
+// dbClock is a reading of the database's clock (base) and the local time,
+// with its monotonic reading, just before it was asked for (at).
+type dbClock struct {
+	mu       sync.Mutex
+	base, at time.Time
+}
+
+// maxClockRead is how long a read of the database's clock may take to be
+// believed: the reading is at most that far ahead of the database's clock.
+const maxClockRead = time.Second
+
+// observe takes a reading of the database's clock (us, Unix microseconds)
+// asked for at at, if it answered within maxClockRead and is ahead of the
+// time the reading in use gives now: Now never goes backwards, and a
+// machine that was suspended (its monotonic clock stood still meanwhile)
+// catches up with the database at its next Reserve.
+func (c *dbClock) observe(us int64, at time.Time) {
+	n := time.Now()
+	if n.Sub(at) > maxClockRead {
+		return
+	}
+	base := time.UnixMicro(us)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() || base.Add(n.Sub(at)).After(c.base.Add(n.Sub(c.at))) {
+		c.base, c.at = base, at
+	}
 }
 
 var (
@@ -56,12 +85,15 @@ var (
 	_ journal.Timekeeper = (*Journal)(nil)
 )
 
-// Now implements [journal.Timekeeper]: the database's clock, as Open read
-// it, advanced by the time that has passed since on this machine's
-// monotonic clock, which setting the machine's clock does not move. It never
-// goes backwards, and is never behind the database's clock by more than the
-// drift of the monotonic clock since Open (it starts ahead by up to the
-// round trip of Open's query).
+// Now implements [journal.Timekeeper]: the database's clock, as Open or
+// the latest Reserve read it, advanced by the time that has passed since on
+// this machine's monotonic clock, which setting the machine's clock does
+// not move. It never goes backwards, and is never behind the database's
+// clock by more than the drift of the monotonic clock since that reading,
+// or the time this machine was suspended since (the monotonic clock stands
+// still then): each Reserve reads the database's clock again, before the
+// Transport judges the record it returns (a reading starts ahead by up to
+// its round trip, at most maxClockRead).
 //
 // A Transport judges key windows by it when the machine's clock is behind
 // it (by up to a day): a machine whose clock runs behind the database's
@@ -72,7 +104,9 @@ var (
 // database's clock is the one every machine's windows are held to, as it is
 // for leases.
 func (j *Journal) Now() time.Time {
-	return j.dbTime.Add(time.Since(j.dbRead))
+	j.clk.mu.Lock()
+	defer j.clk.mu.Unlock()
+	return j.clk.base.Add(time.Since(j.clk.at))
 }
 
 // Open returns a Journal that keeps its records in db, creating the table
@@ -147,14 +181,16 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Journal, error) {
 		return nil, dbError(ctx, "table "+t.quoted, err)
 	}
 	j := &Journal{db: db, cfg: cfg, q: q}
-	j.dbRead = time.Now()
+	at := time.Now()
 	us, err := bounded(ctx, func() (us int64, err error) {
-		return us, db.QueryRowContext(ctx, dbClockUs).Scan(&us)
+		return us, db.QueryRowContext(ctx, `SELECT `+dbClockUs).Scan(&us)
 	})
 	if err != nil {
 		return nil, dbError(ctx, "read the database's clock", err)
 	}
-	j.dbTime = time.UnixMicro(us)
+	// Believed however long it took: the first reading (later ones, only
+	// if they answer within maxClockRead and are ahead of it).
+	j.clk.base, j.clk.at = time.UnixMicro(us), at
 	return j, nil
 }
 

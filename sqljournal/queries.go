@@ -18,16 +18,18 @@ var (
 )
 
 // dbNowMs is the database's clock at the transaction's start, in Unix
-// milliseconds, and dbClockUs its clock now, in Unix microseconds.
+// milliseconds, and dbClockUs its clock now, in Unix microseconds (see
+// Journal.Now).
 const (
 	dbNowMs   = `floor(extract(epoch FROM now()) * 1000)::bigint`
-	dbClockUs = `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+	dbClockUs = `floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 )
 
 // queries is the SQL of one journal, built once from its validated table.
 type queries struct {
 	insertKeep, insertReplaceDone string
-	get, update, forget           string
+	get, getClocked, update       string
+	forget                        string
 	unfinished, expire            string
 	lease, release                string
 }
@@ -45,12 +47,14 @@ func newQueries(t table) queries {
 		// its committed row. RETURNING yields a row only when this call
 		// wrote one, with the created_at it stored.
 		insertKeep: `INSERT INTO ` + t.quoted + values +
-			` ON CONFLICT (action_id) DO NOTHING RETURNING created_at`,
+			` ON CONFLICT (action_id) DO NOTHING RETURNING created_at, ` + dbClockUs,
 		insertReplaceDone: `INSERT INTO ` + t.quoted + values +
 			` ON CONFLICT (action_id) DO UPDATE SET key = EXCLUDED.key, fingerprint = EXCLUDED.fingerprint,` +
 			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status` +
-			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING created_at`,
+			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING created_at, ` + dbClockUs,
 		get: `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
+		// Reserve's read, with the database's clock (Journal.Now).
+		getClocked: `SELECT ` + columns + `, ` + dbClockUs + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// The key must match too: a record replaced (ReusePending) or
 		// forgotten and created again is another action under the same id.
 		// Done is final: a done row keeps its state and status whatever the

@@ -105,10 +105,12 @@ func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journa
 		return journal.Record{}, false, false, err
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
-	var createdMs int64
+	var createdMs, clockUs int64
+	at := time.Now()
 	err = tx.QueryRowContext(ctx, insert, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(),
-		int16(rec.State), rec.Attempts, rec.Status).Scan(&createdMs)
+		int16(rec.State), rec.Attempts, rec.Status).Scan(&createdMs, &clockUs)
 	if err == nil {
+		j.clk.observe(clockUs, at)
 		// Created only once committed: a failed Commit leaves the outcome
 		// unknown to us, and Reserve's error keeps the caller from sending;
 		// a later Reserve returns the record if it was committed.
@@ -123,7 +125,11 @@ func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journa
 	if !errors.Is(err, sql.ErrNoRows) {
 		return journal.Record{}, false, false, err
 	}
-	got, err = scanRecord(tx.QueryRowContext(ctx, j.q.get, id))
+	at = time.Now()
+	got, err = scanRecord(withClock{tx.QueryRowContext(ctx, j.q.getClocked, id), &clockUs})
+	if err == nil {
+		j.clk.observe(clockUs, at)
+	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return journal.Record{}, false, true, nil // forgotten since the insert: insert again
@@ -134,3 +140,12 @@ func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journa
 	}
 	return got, false, false, nil
 }
+
+// withClock is a row of getClocked: a record's columns, then the
+// database's clock, scanned into us.
+type withClock struct {
+	row *sql.Row
+	us  *int64
+}
+
+func (w withClock) Scan(dest ...any) error { return w.row.Scan(append(dest, w.us)...) }
