@@ -66,6 +66,15 @@ func (j *Journal) run() {
 			if err == nil {
 				err = j.compact()
 			}
+			if err != nil {
+				// Poisoned, now or before: ErrClosed, as any other call on
+				// the Journal returns, by which callers know to reopen.
+				j.mu.Lock()
+				if j.poison != nil {
+					err = j.usable()
+				}
+				j.mu.Unlock()
+			}
 			reply <- err
 		}
 		if ev.stop {
