@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
+	"github.com/stretchr/testify/require"
 )
 
 // Every kind of work the committer is woken for, at once and at random:
@@ -190,4 +192,44 @@ func TestReviewHX3CompactOnAJournalPoisonedMeanwhileWrapsErrClosed(t *testing.T)
 	if err := s.Close(); !errors.Is(err, journal.ErrClosed) {
 		t.Errorf("Close: %v, want ErrClosed", err)
 	}
+}
+
+// An idle journal still drops its expired records: the expiry timer, the
+// only thing that wakes its committer then, fires again and again (it is
+// re-armed after each look) until a done record's retention is over by both
+// the clock and the observed time, and then compacts it away, with no call
+// on the Journal meanwhile.
+func TestReviewHX3IdleJournalExpiresByItsTimerAlone(t *testing.T) {
+	var compactions atomic.Int64
+	o := testOpts()
+	base := time.Now()
+	start := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	o.now = func() time.Time { return start.Add(time.Since(base) * 100) } // 100 times fast
+	o.keyWindow, o.grace = 2*time.Second, time.Second
+	o.expiryEvery = 5 * time.Millisecond
+	require.NoError(t, o.check())
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name == fpCompactBegin {
+			compactions.Add(1)
+		}
+	}}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	ctx := context.Background()
+	e := entry("expiring")
+	e.CreatedAt = time.UnixMilli(o.now().UnixMilli())
+	got := reserve(t, s, e)
+	got.State, got.Status = journal.StateDone, 201
+	require.NoError(t, s.Update(ctx, got))
+	require.NoError(t, s.Sync(ctx))
+	before := compactions.Load()
+	deadline := time.Now().Add(20 * time.Second)
+	for compactions.Load() == before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Greater(t, compactions.Load(), before, "no compaction of the expired record within 20s of real time (%v of the journal's)", o.now().Sub(e.CreatedAt))
+	require.NoError(t, s.Close())
+	s2, rep := mustOpen(t, dir, testOpts())
+	defer s2.Close()
+	require.Zero(t, rep.Records, "the expired record is still in the file")
 }
