@@ -70,6 +70,21 @@ func (t *Transport) now() time.Time {
 	return now
 }
 
+// earlierNow is the earlier of the clock and the journal's time
+// (journal.Timekeeper), for the spans whose safe side is the short one: the
+// settle time before Resolve, and the duplicate window in which a repeat of
+// an unnamed payment is a tap. Neither a journal's time ahead of the clock
+// (the file journal's high-water mark) nor a clock ahead of the journal's
+// (sqljournal keeps the database's, by which a key's creation time is
+// stored when the minter's clock runs ahead) may make them end early.
+func (t *Transport) earlierNow() time.Time {
+	now := t.cfg.clock.Now()
+	if seen, ok := t.journalNow(); ok && seen.Before(now) {
+		return seen
+	}
+	return now
+}
+
 // journalNow returns the journal's never-backwards time, if it keeps one.
 func (t *Transport) journalNow() (time.Time, bool) {
 	if jc, ok := t.journal.(journal.Timekeeper); ok {

@@ -252,7 +252,10 @@ func WithRequireAction() Option { return func(c *config) { c.requireAction = tru
 // a deliberate identical payment within d into a replay of the first:
 // Braintree's servers apply such a window for 30 s to catch double
 // submissions. Prefer naming actions (WithAction); d must be shorter than
-// the key window.
+// the key window. It is judged by the earlier of the clock and the
+// journal's time (journal.Timekeeper; sqljournal keeps the database's):
+// a double tap must not pass for a new payment because one clock runs
+// ahead of the other.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
 
 // WithJournalTimeout bounds every journal call on the request path
@@ -269,9 +272,10 @@ func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.jou
 // DefaultSettleTime), judged by the clock, or by the journal's time
 // (journal.Timekeeper: sqljournal keeps the database's) where that is
 // behind the clock. It must exceed how long a request can stay in the
-// network or at the provider, plus, for a fleet on a journal that keeps no
-// time, how far the machines' clocks disagree; 0 hands it over as soon as
-// the window ends. An action made outcome-unknown early (the server refused its
+// network or at the provider, plus, for a fleet, how far a machine's clock
+// may run behind the others' (with sqljournal, behind the database's: such
+// a machine's keys are stored with its own, earlier, time); 0 hands it
+// over as soon as the window ends. An action made outcome-unknown early (the server refused its
 // key as reused, ErrKeyReused) waits for its window to end too.
 func WithSettleTime(d time.Duration) Option { return func(c *config) { c.settle = d } }
 

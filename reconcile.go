@@ -46,7 +46,7 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	// From here, a request of the action is refused at once.
 	t.flights.holdForResolve(f, listed.Key)
 	confirmed = true
-	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.settleNow().Before(until) {
+	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.earlierNow().Before(until) {
 		res.leave(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))})
 		return
@@ -87,20 +87,6 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 		return
 	}
 	res.Forgotten, res.Err = true, nil
-}
-
-// settleNow is the time the settle time is judged by: the earlier of the
-// clock and the journal's time (journal.Timekeeper), so that neither a
-// journal's time ahead of the clock (the file journal's high-water mark)
-// nor a clock ahead of the journal's (sqljournal keeps the database's, by
-// which a key's creation time is stored when the minter's clock runs
-// ahead) makes it pass early.
-func (t *Transport) settleNow() time.Time {
-	now := t.cfg.clock.Now()
-	if seen, ok := t.journalNow(); ok && seen.Before(now) {
-		return seen
-	}
-	return now
 }
 
 // holdFlight makes Resume the leader of listed's flight in this Transport,

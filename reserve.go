@@ -215,7 +215,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
 	if err == nil && !created && who.resumed == nil && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
-		(t.cfg.duplicateWindow <= 0 || !t.now().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow))) {
+		(t.cfg.duplicateWindow <= 0 || !t.earlierNow().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow))) {
 		// A repeat after the duplicate window (none by default): a new
 		// action, unless the done answer was a 307/308 whose hop is still
 		// unfinished, in flight here or pending in the journal: the
