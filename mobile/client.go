@@ -74,13 +74,14 @@ type Client struct {
 // NewClient opens a Client whose journal is in dir, an absolute path to a
 // directory that the Client owns (it is created if missing, and its
 // permissions are narrowed to the app's user): for example
-// File(context.filesDir, "idemretry") on Android, or a directory
-// "idemretry" in Application Support on iOS. Keep dir across app updates:
-// it holds the keys of unfinished payments. It also holds fingerprint.key,
-// the secret that checks a payment's resend (a body of 512 bytes or
-// more): back it up together
-// with the journal, or exclude both (Android's noBackupFilesDir, iOS's
-// isExcludedFromBackup). opts may be null.
+// File(context.noBackupFilesDir, "idemretry") on Android, as the README
+// shows, or a directory "idemretry" in Application Support on iOS. Keep
+// dir across app updates, and never move it between versions: it holds
+// the keys of unfinished payments, and a Client opened on another
+// directory does not find them. It also holds fingerprint.key, the secret
+// that checks a payment's resend (a body of 512 bytes or more): back it up
+// together with the journal, or exclude both (noBackupFilesDir does on
+// Android; isExcludedFromBackup on iOS). opts may be null.
 //
 // It fails with KindJournal if another Client, in this process or another
 // one, holds dir (Close the first), or if the journal cannot be read;
