@@ -162,7 +162,7 @@ func (j *Journal) stopNow() error {
 	}
 	if j.f != nil {
 		if cerr := j.f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("journal: close: %w", cerr)
+			err = cerr // Close's wrap says "journal close" once
 		}
 		j.f = nil
 	}
