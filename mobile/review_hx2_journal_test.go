@@ -20,17 +20,11 @@ import (
 // never held, still says false.
 func TestReviewHX2JournalFailureKeepsMaybeProcessed(t *testing.T) {
 	srv := newPayServer(t)
-	srv.setAfterCommit(holdUntilGone)
 	c, dir := open(t, nil)
-	r := payment(srv, "pay:charged", "100")
-	r.TimeoutMillis = 1500
-	_, err := c.Send(r)
-	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
-	key := idemretry.FailureOf(err).Key
-	srv.setAfterCommit(nil)
+	key := chargedAnswerLost(t, srv, c, "pay:charged")
 
 	require.NoError(t, os.RemoveAll(dir))
-	_, err = c.Send(payment(srv, "pay:new", "100"))
+	_, err := c.Send(payment(srv, "pay:new", "100"))
 	require.Equal(t, idemretry.KindJournal, kindOf(t, err), "%v", err)
 	assert.False(t, idemretry.FailureOf(err).MaybeProcessed, "a new action")
 
@@ -52,18 +46,12 @@ func TestReviewHX2JournalFailureKeepsMaybeProcessed(t *testing.T) {
 // saying MaybeProcessed false, "nothing can have reached the server".
 func TestReviewHX2RefusalKeepsMaybeProcessed(t *testing.T) {
 	srv := newPayServer(t)
-	srv.setAfterCommit(holdUntilGone)
 	c, _ := open(t, nil)
-	r := payment(srv, "pay:charged", "100")
-	r.TimeoutMillis = 1500
-	_, err := c.Send(r)
-	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
-	key := idemretry.FailureOf(err).Key
-	srv.setAfterCommit(nil)
+	key := chargedAnswerLost(t, srv, c, "pay:charged")
 
 	bad := payment(srv, "pay:charged", "100")
 	bad.TimeoutMillis = -1
-	_, err = c.Send(bad)
+	_, err := c.Send(bad)
 	require.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
 	f := idemretry.FailureOf(err)
 	assert.True(t, f.MaybeProcessed, f.Message)
@@ -84,4 +72,18 @@ func TestReviewHX2RefusalKeepsMaybeProcessed(t *testing.T) {
 	assert.Equal(t, "pay:charged", f.ActionID)
 	_, charges := srv.snapshot()
 	assert.Equal(t, map[string]int{key: 1}, charges)
+}
+
+// chargedAnswerLost pays action through c, the server charging it and then
+// holding the answer past the Send's timeout: KindMaybeProcessed. It
+// returns the payment's key, and leaves the server answering again.
+func chargedAnswerLost(t *testing.T, srv *payServer, c *idemretry.Client, action string) string {
+	t.Helper()
+	srv.setAfterCommit(holdUntilGone)
+	r := payment(srv, action, "100")
+	r.TimeoutMillis = 1500
+	_, err := c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	srv.setAfterCommit(nil)
+	return idemretry.FailureOf(err).Key
 }

@@ -127,3 +127,14 @@ func lockWaiter(db *sql.DB, table string) (int, error) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// dbClockNow reads the database's clock now (clock_timestamp), to the
+// microsecond.
+func dbClockNow(t testing.TB, db *sql.DB) time.Time {
+	t.Helper()
+	var us int64
+	if err := db.QueryRowContext(context.Background(), `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return time.UnixMicro(us)
+}

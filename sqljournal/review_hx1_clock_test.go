@@ -167,13 +167,7 @@ func TestReviewHX1ReserveCreatedAtAndNowFollowTheDatabase(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db)
 	ctx := context.Background()
-	readDB := func() time.Time {
-		var us int64
-		if err := db.QueryRowContext(ctx, `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).Scan(&us); err != nil {
-			t.Fatal(err)
-		}
-		return time.UnixMicro(us)
-	}
+	readDB := func() time.Time { return dbClockNow(t, db) }
 	before := readDB()
 	if now := j.Now(); now.Before(before) {
 		t.Errorf("Now %v, behind the database's clock %v", now, before)

@@ -21,13 +21,7 @@ func TestReviewHX3NowCatchesUpAfterASuspendAtTheNextReserve(t *testing.T) {
 	db := testDB(t)
 	j, _ := openJournal(t, db)
 	ctx := context.Background()
-	readDB := func() time.Time {
-		var us int64
-		if err := db.QueryRowContext(ctx, `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).Scan(&us); err != nil {
-			t.Fatal(err)
-		}
-		return time.UnixMicro(us)
-	}
+	readDB := func() time.Time { return dbClockNow(t, db) }
 	for _, created := range []bool{true, false} {
 		sqljournal.SuspendedFor(j, 10*time.Minute)
 		if behind := readDB().Sub(j.Now()); behind < 9*time.Minute {
