@@ -90,6 +90,11 @@ type Journal struct {
 	obsNs    int64
 	obsRef   time.Time
 	savedObs int64
+	// oldest is the earliest creation time (wall) and observed time (obs)
+	// of the records recovery replayed, whether or not they are still in
+	// the index (see recoveredExpiredIDs); math.MaxInt64 with none. Open's
+	// alone.
+	oldest times
 
 	// flushT is the lazy-flush timer (see enqueue); flushArmed tells that
 	// it runs. Both under mu; flushT is made on first use (flushTimer).
