@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemretry/idemretry/internal/procstat"
 )
 
 // End to end: actions per second, 1 KiB POSTs answered 201 at once by a
@@ -165,12 +167,32 @@ func (a probeThenPost) act(ctx context.Context, seq int64) error {
 }
 
 // Sample is what one participant did: actions completed in elapsed wall
-// time (from the first goroutine's start to the last one's return), and,
-// at concurrency 1, how long each action took.
+// time (from the first goroutine's start to the last one's return), the
+// CPU time the process used meanwhile (the server's included, as it is in
+// every participant's), and, at concurrency 1, how long each action took.
 type Sample struct {
 	Actions   int64
 	Elapsed   time.Duration
+	CPU       time.Duration   // user and system; 0 where procstat.CPUTime cannot tell
 	Latencies []time.Duration // at concurrency 1 only, in no order
+}
+
+// CPUPerAction returns the CPU time per action (0 without a CPU reading).
+func (s Sample) CPUPerAction() time.Duration {
+	if s.Actions == 0 {
+		return 0
+	}
+	return s.CPU / time.Duration(s.Actions)
+}
+
+// CPUUse returns the CPU time used per wall time: 2 is both of two cores
+// busy throughout (0 without a CPU reading). A participant that keeps the
+// cores idle while it waits (on a sync, say) uses less than the cores.
+func (s Sample) CPUUse() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return s.CPU.Seconds() / s.Elapsed.Seconds()
 }
 
 // PerSecond returns the actions per second.
@@ -203,7 +225,7 @@ func (s Sample) P50() time.Duration {
 }
 
 func (s Sample) add(o Sample) Sample {
-	return Sample{Actions: s.Actions + o.Actions, Elapsed: s.Elapsed + o.Elapsed,
+	return Sample{Actions: s.Actions + o.Actions, Elapsed: s.Elapsed + o.Elapsed, CPU: s.CPU + o.CPU,
 		Latencies: append(s.Latencies, o.Latencies...)}
 }
 
@@ -224,6 +246,7 @@ func drive(a actor, conc int, d time.Duration) (Sample, error) {
 		lat   []time.Duration
 	)
 	ctx := context.Background()
+	cpu0 := procstat.CPUTime()
 	start := time.Now()
 	timer := time.AfterFunc(d, func() { stop.Store(true) })
 	defer timer.Stop()
@@ -251,7 +274,8 @@ func drive(a actor, conc int, d time.Duration) (Sample, error) {
 		}()
 	}
 	wg.Wait()
-	return Sample{Actions: total.Load(), Elapsed: time.Since(start), Latencies: lat}, first
+	elapsed := time.Since(start)
+	return Sample{Actions: total.Load(), Elapsed: elapsed, CPU: procstat.CPUTime() - cpu0, Latencies: lat}, first
 }
 
 // E2E is the setup of one end-to-end measurement: a loopback server that

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
+
+	"github.com/idemretry/idemretry/internal/procstat"
 )
 
 // The end-to-end driver sends what it counts: every action it reports
@@ -64,6 +67,11 @@ func TestE2EMeasureEveryParticipant(t *testing.T) {
 		s := got[name]
 		if s.Actions == 0 || s.Elapsed < 40*time.Millisecond || s.PerSecond() <= 0 || s.PerAction() <= 0 {
 			t.Errorf("%s: %+v", name, s)
+		}
+		// The process's CPU time is read where procstat can (Unix): some
+		// was used, and no more than every core busy throughout.
+		if procstat.CPUTime() > 0 && (s.CPU <= 0 || s.CPUPerAction() <= 0 || s.CPUUse() <= 0 || s.CPUUse() > float64(runtime.NumCPU())+0.5) {
+			t.Errorf("%s: CPU %v for %d actions in %v (%.2f cores busy)", name, s.CPU, s.Actions, s.Elapsed, s.CPUUse())
 		}
 		if name != ProbeName {
 			sent += s.Actions

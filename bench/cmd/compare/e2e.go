@@ -86,12 +86,15 @@ func (res *results) runE2E(round int, d time.Duration, slices int, e2e, probe bo
 		}
 		if res.e2e[conc] == nil {
 			res.e2e[conc], res.e2eRatio[conc] = map[string][]float64{}, map[string][]float64{}
+			res.e2eCPU[conc], res.e2eUse[conc] = map[string][]float64{}, map[string][]float64{}
 		}
 		base := got[bench.NetHTTP].PerSecond()
 		for _, name := range bench.E2ENames {
 			rate := got[name].PerSecond()
 			res.e2e[conc][name] = append(res.e2e[conc][name], rate)
 			res.e2eRatio[conc][name] = append(res.e2eRatio[conc][name], div(rate, base))
+			res.e2eCPU[conc][name] = append(res.e2eCPU[conc][name], us(got[name].CPUPerAction()))
+			res.e2eUse[conc][name] = append(res.e2eUse[conc][name], got[name].CPUUse())
 		}
 		last := func(m map[string][]float64) func(string) float64 {
 			return func(name string) float64 { return m[name][len(m[name])-1] }
@@ -162,6 +165,21 @@ func (res *results) printE2EMedians() {
 				return func(name string) float64 { return median(m[name]) }
 			}
 			printE2ERow(w, conc, med(res.e2e[conc]), med(res.e2eRatio[conc]))
+		}
+		w.Flush()
+		fmt.Println("\ne2e CPU: median µs of the process's CPU per action (the server's included), and cores busy (CPU time per wall time)")
+		w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(w, "conc\t")
+		for _, name := range bench.E2ENames {
+			fmt.Fprintf(w, "%s\tcores\t", name)
+		}
+		fmt.Fprintln(w)
+		for _, conc := range bench.E2EConcurrency {
+			fmt.Fprintf(w, "%d\t", conc)
+			for _, name := range bench.E2ENames {
+				fmt.Fprintf(w, "%.1f\t%.2f\t", median(res.e2eCPU[conc][name]), median(res.e2eUse[conc][name]))
+			}
+			fmt.Fprintln(w)
 		}
 		w.Flush()
 	}

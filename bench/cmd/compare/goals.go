@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"text/tabwriter"
 	"time"
 
@@ -97,6 +98,10 @@ func (res *results) printGoals(rounds int) {
 	if q := res.fileVsMemory(64, bench.IdemFile); len(q) > 0 {
 		row("3 file journal, concurrency 64, named: actions/s vs memory journal", fmt.Sprintf("%.2fx", median(q)), ">= 0.80x", median(q) >= 0.8, true)
 		row("3 ... unnamed vs memory journal", fmt.Sprintf("%.2fx", median(res.fileVsMemory(64, bench.E2EFileUnnamed))), "", false, false)
+		cpu, use := res.e2eCPU[64], res.e2eUse[64]
+		row("3 ... CPU µs per action, file named vs memory; cores busy", fmt.Sprintf("%.0f vs %.0f; %.2f vs %.2f",
+			median(cpu[bench.IdemFile]), median(cpu[bench.IdemMemory]), median(use[bench.IdemFile]), median(use[bench.IdemMemory])),
+			fmt.Sprintf("(%d cores)", runtime.NumCPU()), false, false)
 	}
 	if cpu, ok := pm("large", bench.IdemMemory, cpuQ); ok {
 		rh, okR := pm("large", bench.RetryableHTTP, cpuQ)

@@ -15,7 +15,9 @@
 //	body      the same 8 MiB POST over a stub that drains it, no network:
 //	          idemretry's extra CPU per MiB, and SHA-256 per MiB
 //	e2e       actions/s at 1, 16 and 64 goroutines: net/http, idemretry with
-//	          the memory journal, the file journal with named and unnamed actions
+//	          the memory journal, the file journal with named and unnamed actions;
+//	          and the process's CPU per action and cores busy while each ran
+//	          (a journal that leaves cores idle while it syncs shows there)
 //	probe     raw write+fdatasync in the same file system, interleaved with
 //	          e2e at concurrency 1 (alone if e2e is not run); with e2e, also
 //	          a sync then a net/http request in turn (probe+nethttp)
@@ -65,6 +67,8 @@ type results struct {
 	body     map[string][]float64
 	e2e      map[int]map[string][]float64 // concurrency -> participant -> actions/s
 	e2eRatio map[int]map[string][]float64 // ... -> ratio to net/http in its round
+	e2eCPU   map[int]map[string][]float64 // ... -> µs of CPU per action (the process's)
+	e2eUse   map[int]map[string][]float64 // ... -> cores busy: CPU time per wall time
 	goal2    []goal2Round
 	probe    []float64 // µs per sync
 	recovery []bench.RecoveryResult
@@ -111,7 +115,8 @@ func main() {
 	fmt.Println("each client is paired with a nethttp run right next to it; ratios are client/nethttp")
 
 	res := &results{pairs: map[string][]ratios{}, body: map[string][]float64{},
-		e2e: map[int]map[string][]float64{}, e2eRatio: map[int]map[string][]float64{}}
+		e2e: map[int]map[string][]float64{}, e2eRatio: map[int]map[string][]float64{},
+		e2eCPU: map[int]map[string][]float64{}, e2eUse: map[int]map[string][]float64{}}
 	var rec *recoveryFixture
 	if has("recovery") {
 		if rec, err = newRecoveryFixture(*records); err != nil {
