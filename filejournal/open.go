@@ -397,10 +397,17 @@ func (j *Journal) expiredIDs() []string {
 func (j *Journal) recoveredExpiredIDs() []string {
 	now := j.now()
 	ret := j.opts.retention.Milliseconds()
-	if now.wall-j.oldest.wall <= ret || now.obs-j.oldest.obs <= ret {
+	if !longerAgo(now.wall, j.oldest.wall, ret) || !longerAgo(now.obs, j.oldest.obs, ret) {
 		return nil
 	}
 	return j.expiredIDs()
+}
+
+// longerAgo reports whether t lies more than d before now (d >= 0), with
+// no overflow: a creation time is whatever a record or a file says, down
+// to math.MinInt64.
+func longerAgo(now, t, d int64) bool {
+	return now > t && uint64(now)-uint64(t) > uint64(d)
 }
 
 // replay returns the function that scan calls to replay one frame into the

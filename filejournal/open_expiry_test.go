@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -47,4 +48,24 @@ func TestOpenWithNothingExpiredKeepsEveryRecord(t *testing.T) {
 	s, _ = mustOpen(t, dir, o)
 	defer s.Close()
 	assert.Equal(t, 3, s.stats().Records)
+}
+
+// longerAgo is now-t > d on the whole range of int64, where the
+// subtraction itself would overflow.
+func TestLongerAgo(t *testing.T) {
+	for _, c := range []struct {
+		now, t, d int64
+		want      bool
+	}{
+		{100, 0, 99, true},
+		{100, 0, 100, false},
+		{100, 100, 0, false},
+		{100, 200, 0, false},
+		{1_700_000_000_000, math.MinInt64, 3_600_000, true},
+		{math.MaxInt64, math.MinInt64, math.MaxInt64, true},
+		{math.MinInt64, math.MaxInt64, 0, false},
+		{0, math.MaxInt64, 0, false},
+	} {
+		assert.Equal(t, c.want, longerAgo(c.now, c.t, c.d), "longerAgo(%d, %d, %d)", c.now, c.t, c.d)
+	}
 }
