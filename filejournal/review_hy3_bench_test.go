@@ -1,0 +1,128 @@
+package filejournal
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/idemretry/idemretry/internal/procstat"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// updatedJournal is recoveryJournal(n) followed by every record updated
+// times more (attempts 1, 2, ...), in frames of 64 operations.
+func updatedJournal(n, times int) []byte {
+	gen := uint32(12345)
+	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
+	seq := uint64(1)
+	ops := make([]op, 0, 64)
+	now := time.Now().UnixMilli()
+	for round := 0; round <= times; round++ {
+		for i := range n {
+			id := "order-" + pad8(i)
+			r := rec{id: id, created: now, state: journal.StatePending, seen: int64(i/64) * 10, attempts: uint32(round)}
+			sum := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))
+			copy(r.key[:], sum[:16])
+			r.key[6] = r.key[6]&0x0f | 0x40
+			r.key[8] = r.key[8]&0x3f | 0x80
+			copy(r.fp[:], id)
+			ops = append(ops, op{kind: opUpsert, r: r})
+			if len(ops) == 64 {
+				buf = appendFrame(buf, gen, seq, appendPayload(nil, ops))
+				seq++
+				ops = ops[:0]
+			}
+		}
+	}
+	if len(ops) > 0 {
+		buf = appendFrame(buf, gen, seq, appendPayload(nil, ops))
+	}
+	return buf
+}
+
+// BenchmarkHY3ColdRecoveryUpdated is BenchmarkColdRecovery1M for a journal
+// of 1M records each updated twice (3M operations).
+func BenchmarkHY3ColdRecoveryUpdated(b *testing.B) {
+	const n = 1_000_000
+	dir := b.TempDir()
+	data := updatedJournal(n, 2)
+	if err := os.WriteFile(filepath.Join(dir, journalName), data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	data = nil
+	b.ReportAllocs()
+	var peak uint64
+	var cpu time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		base := procstat.HeapObjects()
+		stop := procstat.SampleHeapPeak(200 * time.Microsecond)
+		c0 := procstat.CPUTime()
+		b.StartTimer()
+		o := testOpts()
+		o.compactMin = 1 << 40 // measure recovery, not a compaction
+		s, rep, err := openWith(dir, o)
+		b.StopTimer()
+		cpu += procstat.CPUTime() - c0
+		p := stop()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep.Records != n {
+			b.Fatalf("records %d", rep.Records)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		peak = max(peak, p-min(p, base))
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
+	b.ReportMetric(float64(peak)/1e6, "peak-heap-MB")
+}
+
+// BenchmarkHY3CountLiveUpdated times countLive alone on the same journal.
+func BenchmarkHY3CountLiveUpdated(b *testing.B) {
+	src := memSource(updatedJournal(1_000_000, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		if n := countLive(src); n < 999_000 {
+			b.Fatal(n)
+		}
+	}
+}
+
+// BenchmarkHY3CountLiveSkew times countLive on 64 MB journals of deletes or
+// updates of one id, and of deletes of distinct ids.
+func BenchmarkHY3CountLiveSkew(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		mk   func(i int) op
+	}{
+		{"deletes-one-id", func(int) op { return op{kind: opDelete, r: rec{id: "x"}} }},
+		{"deletes-distinct", func(i int) op {
+			return op{kind: opDelete, r: rec{id: string([]byte{byte(i), byte(i >> 8), byte(i >> 16), byte(i >> 24)})}}
+		}},
+		{"upsert-delete-one-id", func(i int) op {
+			if i%2 == 0 {
+				return op{kind: opDelete, r: rec{id: "x"}}
+			}
+			r := rec{id: "x", state: 1, seen: 1}
+			r.key[6], r.key[8] = 0x40, 0x80
+			return op{kind: opUpsert, r: r}
+		}},
+	} {
+		src := memSource(opsJournal(64<<20, c.mk))
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				countLive(src)
+			}
+		})
+	}
+}
