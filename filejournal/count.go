@@ -68,13 +68,23 @@ const maxCountHint = 4 << 20
 // bits (hashSet keeps 30 of them) with its low bit telling an upsert:
 // two ids collide only if they share a bucket and those 30 bits, about
 // twice among a million ids.
+//
+// A bucket holds the ids it leaves, not every operation of the file: when
+// it is full, it is replayed and, if at most half of it is left, replaced by
+// the ids left, as upserts (compact). Its memory is then at most twice its
+// live ids or its share of the first guess, however many updates and
+// deletes the file holds (a crafted one can be nothing else).
 type liveCounter struct {
 	buckets [liveBuckets][]uint32
+	set     hashSet // replays a bucket (replay)
 }
 
 const (
 	liveBucketBits = 8
 	liveBuckets    = 1 << liveBucketBits
+	// liveCompactMin is the least capacity of a bucket that is compacted
+	// when full: a smaller one grows instead.
+	liveCompactMin = 256
 )
 
 // newLiveCounter returns a liveCounter whose buckets have room for about
@@ -96,23 +106,47 @@ func (c *liveCounter) add(h uint64, upsert bool) {
 		e |= 1
 	}
 	b := &c.buckets[h>>(64-liveBucketBits)]
+	if len(*b) == cap(*b) && cap(*b) >= liveCompactMin {
+		c.compact(b)
+	}
 	*b = append(*b, e)
+}
+
+// compact replaces the full bucket *b by the ids its operations leave, as
+// upserts, if that frees at least half of it; otherwise *b grows as append
+// grows it, and is compacted again once full.
+func (c *liveCounter) compact(b *[]uint32) {
+	c.replay(*b)
+	if 2*c.set.n > cap(*b) {
+		return
+	}
+	out := (*b)[:0]
+	for _, v := range c.set.slots {
+		if v > 1 {
+			out = append(out, v) // bit 0 set: an upsert
+		}
+	}
+	*b = out
+}
+
+// replay empties c.set and replays the operations b into it.
+func (c *liveCounter) replay(b []uint32) {
+	c.set.reset(len(b))
+	for _, e := range b {
+		if e&1 != 0 {
+			c.set.add(e)
+		} else {
+			c.set.remove(e | 1)
+		}
+	}
 }
 
 // count replays each bucket and returns the ids left.
 func (c *liveCounter) count() int {
-	var set hashSet
 	n := 0
 	for _, b := range c.buckets {
-		set.reset(len(b))
-		for _, e := range b {
-			if e&1 != 0 {
-				set.add(e)
-			} else {
-				set.remove(e | 1)
-			}
-		}
-		n += set.n
+		c.replay(b)
+		n += c.set.n
 	}
 	return n
 }
