@@ -1,8 +1,6 @@
 package filejournal
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -10,39 +8,7 @@ import (
 	"time"
 
 	"github.com/idemretry/idemretry/internal/procstat"
-	"github.com/idemretry/idemretry/journal"
 )
-
-// updatedJournal is recoveryJournal(n) followed by every record updated
-// times more (attempts 1, 2, ...), in frames of 64 operations.
-func updatedJournal(n, times int) []byte {
-	gen := uint32(12345)
-	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
-	seq := uint64(1)
-	ops := make([]op, 0, 64)
-	now := time.Now().UnixMilli()
-	for round := 0; round <= times; round++ {
-		for i := range n {
-			id := "order-" + pad8(i)
-			r := rec{id: id, created: now, state: journal.StatePending, seen: int64(i/64) * 10, attempts: uint32(round)}
-			sum := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))
-			copy(r.key[:], sum[:16])
-			r.key[6] = r.key[6]&0x0f | 0x40
-			r.key[8] = r.key[8]&0x3f | 0x80
-			copy(r.fp[:], id)
-			ops = append(ops, op{kind: opUpsert, r: r})
-			if len(ops) == 64 {
-				buf = appendFrame(buf, gen, seq, appendPayload(nil, ops))
-				seq++
-				ops = ops[:0]
-			}
-		}
-	}
-	if len(ops) > 0 {
-		buf = appendFrame(buf, gen, seq, appendPayload(nil, ops))
-	}
-	return buf
-}
 
 // BenchmarkHY3ColdRecoveryUpdated is BenchmarkColdRecovery1M for a journal
 // of 1M records each updated twice (3M operations).
