@@ -162,10 +162,6 @@ type hashSet struct {
 	used  int // slots not empty: members and removed ones
 }
 
-func newHashSet(hint int) *hashSet {
-	return &hashSet{slots: make([]uint32, max(16, hint+hint/3))}
-}
-
 // reset empties s and sizes it for hint members without a rehash (add
 // grows the table past three quarters full), reusing its table where it is
 // large enough.

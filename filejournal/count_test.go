@@ -45,7 +45,8 @@ func TestCountLiveIsTheRecordsLoaded(t *testing.T) {
 
 // hashSet counts members through growth, removals and re-additions.
 func TestHashSet(t *testing.T) {
-	s := newHashSet(0)
+	s := new(hashSet)
+	s.reset(0)
 	for i := range uint32(10_000) {
 		s.add(i * 2654435761)
 		s.add(i * 2654435761) // again: no change

@@ -34,7 +34,8 @@ func TestHW2CountLiveHintBounded(t *testing.T) {
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "allocated by countLive for a file of 4 GiB without a frame")
 
 	// The set still grows to whatever the records need.
-	s := newHashSet(0)
+	s := new(hashSet)
+	s.reset(0)
 	distinct := map[uint32]bool{}
 	for i := range 100000 {
 		h := uint32(i) * 2654435761

@@ -16,7 +16,8 @@ func TestHW4HashSetGrowsPastCountHint(t *testing.T) {
 	}
 	key := func(i uint32) uint32 { return (i * 0x2c1b3c6d & (1<<30 - 1)) << 2 } // a bijection on 30 bits
 	n := uint32(maxCountHint + maxCountHint/2)
-	s := newHashSet(maxCountHint)
+	s := new(hashSet)
+	s.reset(maxCountHint)
 	start := len(s.slots)
 	for i := range n {
 		s.add(key(i))
