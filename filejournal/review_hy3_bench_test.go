@@ -3,11 +3,7 @@ package filejournal
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
-	"time"
-
-	"github.com/idemretry/idemretry/internal/procstat"
 )
 
 // BenchmarkHY3ColdRecoveryUpdated is BenchmarkColdRecovery1M for a journal
@@ -20,36 +16,9 @@ func BenchmarkHY3ColdRecoveryUpdated(b *testing.B) {
 		b.Fatal(err)
 	}
 	data = nil
-	b.ReportAllocs()
-	var peak uint64
-	var cpu time.Duration
-	for b.Loop() {
-		b.StopTimer()
-		runtime.GC()
-		base := procstat.HeapObjects()
-		stop := procstat.SampleHeapPeak(200 * time.Microsecond)
-		c0 := procstat.CPUTime()
-		b.StartTimer()
-		o := testOpts()
-		o.compactMin = 1 << 40 // measure recovery, not a compaction
-		s, rep, err := openWith(dir, o)
-		b.StopTimer()
-		cpu += procstat.CPUTime() - c0
-		p := stop()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if rep.Records != n {
-			b.Fatalf("records %d", rep.Records)
-		}
-		if err := s.Close(); err != nil {
-			b.Fatal(err)
-		}
-		peak = max(peak, p-min(p, base))
-		b.StartTimer()
-	}
-	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
-	b.ReportMetric(float64(peak)/1e6, "peak-heap-MB")
+	o := testOpts()
+	o.compactMin = 1 << 40 // measure recovery, not a compaction
+	benchOpen(b, dir, o, n)
 }
 
 // BenchmarkHY3CountLiveUpdated times countLive alone on the same journal.
