@@ -1,4 +1,4 @@
-package otel_test
+package otelidemretry_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemretry/idemretry"
-	iotel "github.com/idemretry/idemretry/otel"
+	"github.com/idemretry/idemretry/otelidemretry"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -41,7 +41,7 @@ func Example() {
 	defer tp.Shutdown(context.Background())
 	defer mp.Shutdown(context.Background())
 
-	inst, err := iotel.New(iotel.WithTracerProvider(tp), iotel.WithMeterProvider(mp))
+	inst, err := otelidemretry.New(otelidemretry.WithTracerProvider(tp), otelidemretry.WithMeterProvider(mp))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func Example() {
 		for _, ev := range s.Events() {
 			fmt.Print("  ", ev.Name)
 			for _, kv := range ev.Attributes {
-				if kv.Key != iotel.AttemptDuration {
+				if kv.Key != otelidemretry.AttemptDuration {
 					fmt.Print(" ", kv.Key, "=", kv.Value.Emit())
 				}
 			}
@@ -79,7 +79,7 @@ func Example() {
 		}
 		for _, kv := range s.Attributes() {
 			switch kv.Key {
-			case "http.response.status_code", iotel.AttemptsKey, iotel.ReplayedKey:
+			case "http.response.status_code", otelidemretry.AttemptsKey, otelidemretry.ReplayedKey:
 				fmt.Println("  ", kv.Key, "=", kv.Value.Emit())
 			}
 		}

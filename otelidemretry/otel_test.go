@@ -1,10 +1,12 @@
-package otel_test
+package otelidemretry_test
 
 import (
 	"context"
 	"errors"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +16,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/journal"
-	iotel "github.com/idemretry/idemretry/otel"
+	"github.com/idemretry/idemretry/otelidemretry"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
@@ -61,9 +63,9 @@ func TestRetriedPaymentSpan(t *testing.T) {
 		semconv.HTTPRequestMethodKey.String("POST"),
 		semconv.URLFullKey.String(srv.URL+"/payments?token=REDACTED"),
 		semconv.ServerAddressKey.String("127.0.0.1"), semconv.ServerPortKey.Int(port),
-		semconv.HTTPResponseStatusCodeKey.Int(201), iotel.AttemptsKey.Int(2), iotel.ReplayedKey.Bool(false),
-		iotel.KeyHashKey.String(hash8(key)), iotel.ActionHashKey.String(hash8(action)))
-	noAttr(t, "span", attrs, iotel.ReasonKey)
+		semconv.HTTPResponseStatusCodeKey.Int(201), otelidemretry.AttemptsKey.Int(2), otelidemretry.ReplayedKey.Bool(false),
+		otelidemretry.KeyHashKey.String(hash8(key)), otelidemretry.ActionHashKey.String(hash8(action)))
+	noAttr(t, "span", attrs, otelidemretry.ReasonKey)
 	noAttr(t, "span", attrs, semconv.ErrorTypeKey)
 
 	evs := s.Events()
@@ -73,12 +75,12 @@ func TestRetriedPaymentSpan(t *testing.T) {
 	for i, want := range []int{503, 201} {
 		ev := evs[i]
 		what := "event " + strconv.Itoa(i+1)
-		if ev.Name != iotel.AttemptEvent {
-			t.Errorf("%s named %q, want %q", what, ev.Name, iotel.AttemptEvent)
+		if ev.Name != otelidemretry.AttemptEvent {
+			t.Errorf("%s named %q, want %q", what, ev.Name, otelidemretry.AttemptEvent)
 		}
 		wantAttrs(t, what, ev.Attributes,
-			iotel.AttemptKey.Int(i+1), semconv.HTTPResponseStatusCodeKey.Int(want))
-		if d := attrMap(ev.Attributes)[iotel.AttemptDuration].AsFloat64(); d <= 0 {
+			otelidemretry.AttemptKey.Int(i+1), semconv.HTTPResponseStatusCodeKey.Int(want))
+		if d := attrMap(ev.Attributes)[otelidemretry.AttemptDuration].AsFloat64(); d <= 0 {
 			t.Errorf("%s: duration %v s, want > 0", what, d)
 		}
 		if ev.Time.Before(s.StartTime()) || ev.Time.After(s.EndTime()) {
@@ -163,9 +165,9 @@ func TestGiveUpReason(t *testing.T) {
 			}
 			s := h.span()
 			wantAttrs(t, "span", s.Attributes(),
-				iotel.ReasonKey.String(c.name), semconv.HTTPResponseStatusCodeKey.Int(503),
-				semconv.ErrorTypeKey.String("503"), iotel.AttemptsKey.Int(c.attempts))
-			noAttr(t, "span", s.Attributes(), iotel.ReplayedKey)
+				otelidemretry.ReasonKey.String(c.name), semconv.HTTPResponseStatusCodeKey.Int(503),
+				semconv.ErrorTypeKey.String("503"), otelidemretry.AttemptsKey.Int(c.attempts))
+			noAttr(t, "span", s.Attributes(), otelidemretry.ReplayedKey)
 			if s.Status().Code != codes.Error || s.Status().Description != c.reason.Error() {
 				t.Errorf("span status %v, want Error %q", s.Status(), c.reason.Error())
 			}
@@ -175,7 +177,7 @@ func TestGiveUpReason(t *testing.T) {
 			}
 			rm := h.collect()
 			checkStats(t, rm, st)
-			if n := sum(t, rm, "idemretry.give_ups", iotel.ReasonKey.String(c.name)); n != 1 {
+			if n := sum(t, rm, "idemretry.give_ups", otelidemretry.ReasonKey.String(c.name)); n != 1 {
 				t.Errorf("give_ups{%s} = %d, want 1", c.name, n)
 			}
 			h.checkNoSecrets(srv.onlyKey(t), id)
@@ -197,14 +199,14 @@ func TestReplayFlag(t *testing.T) {
 	}
 	s := h.span()
 	wantAttrs(t, "span", s.Attributes(),
-		iotel.ReplayedKey.Bool(true), iotel.AttemptsKey.Int(1))
+		otelidemretry.ReplayedKey.Bool(true), otelidemretry.AttemptsKey.Int(1))
 	st := h.tr.Unwrap().Stats()
 	if st.Replays != 1 {
 		t.Fatalf("Stats.Replays %d, want 1", st.Replays)
 	}
 	rm := h.collect()
 	checkStats(t, rm, st)
-	if n := sum(t, rm, "idemretry.done", iotel.ReplayedKey.Bool(true)); n != 1 {
+	if n := sum(t, rm, "idemretry.done", otelidemretry.ReplayedKey.Bool(true)); n != 1 {
 		t.Errorf("done{replayed=true} = %d, want 1", n)
 	}
 	h.checkNoSecrets(srv.onlyKey(t), action)
@@ -228,10 +230,10 @@ func TestParkedAction(t *testing.T) {
 	s := h.span()
 	attrs := s.Attributes()
 	wantAttrs(t, "span", attrs,
-		iotel.ReasonKey.String("parked"), iotel.MaybeProcessedKey.Bool(true),
-		semconv.HTTPResponseStatusCodeKey.Int(503), iotel.AttemptsKey.Int(2),
+		otelidemretry.ReasonKey.String("parked"), otelidemretry.MaybeProcessedKey.Bool(true),
+		semconv.HTTPResponseStatusCodeKey.Int(503), otelidemretry.AttemptsKey.Int(2),
 		semconv.ErrorTypeKey.String("github.com/idemretry/idemretry.ActionError"),
-		iotel.KeyHashKey.String(hash8(key)))
+		otelidemretry.KeyHashKey.String(hash8(key)))
 	if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "parked by the retry budget") {
 		t.Errorf("span status %v, want Error saying parked", s.Status())
 	}
@@ -259,9 +261,9 @@ func TestTransportErrors(t *testing.T) {
 	s := h.span()
 	attrs := s.Attributes()
 	wantAttrs(t, "span", attrs,
-		iotel.ReasonKey.String("attempts_exhausted"), iotel.MaybeProcessedKey.Bool(false),
-		iotel.AttemptsKey.Int(3), iotel.KeyHashKey.String(hash8(ae.Key)),
-		iotel.ActionHashKey.String(hash8(action)))
+		otelidemretry.ReasonKey.String("attempts_exhausted"), otelidemretry.MaybeProcessedKey.Bool(false),
+		otelidemretry.AttemptsKey.Int(3), otelidemretry.KeyHashKey.String(hash8(ae.Key)),
+		otelidemretry.ActionHashKey.String(hash8(action)))
 	noAttr(t, "span", attrs, semconv.HTTPResponseStatusCodeKey)
 	if len(s.Events()) != 3 {
 		t.Fatalf("%d events, want 3", len(s.Events()))
@@ -298,14 +300,54 @@ func TestUnknownOutcome(t *testing.T) {
 		t.Fatalf("post: %v, want ErrKeyWindowExpired", err)
 	}
 	s := h.span()
-	wantAttrs(t, "span", s.Attributes(), iotel.ReasonKey.String("key_window_expired"))
+	wantAttrs(t, "span", s.Attributes(), otelidemretry.ReasonKey.String("key_window_expired"))
 	st := h.tr.Unwrap().Stats()
 	rm := h.collect()
 	checkStats(t, rm, st)
-	if n := sum(t, rm, "idemretry.unknown", iotel.ReasonKey.String("key_window_expired")); n != 1 || st.Unknown != 1 {
+	if n := sum(t, rm, "idemretry.unknown", otelidemretry.ReasonKey.String("key_window_expired")); n != 1 || st.Unknown != 1 {
 		t.Errorf("unknown{key_window_expired} = %d, Stats.Unknown %d; want 1", n, st.Unknown)
 	}
 	h.checkNoSecrets(srv.onlyKey(t), action)
+}
+
+// A large payment (keyed fingerprint) left pending; its journal's
+// fingerprint.key is deleted; the resend is refused with an *ActionError,
+// nothing sent. The span names why, as it does for a fingerprint
+// mismatch: idemretry.reason fingerprint_uncheckable. (Found in review hK2.)
+func TestUncheckableFingerprintReason(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusServiceUnavailable) })
+	h := newHarness(t, nil, idemretry.WithMaxRetries(0))
+	body := `{"amount":100,"note":"` + strings.Repeat("x", 80<<10) + `"}`
+	resp, _, err := h.post(context.Background(), srv.URL+"/payments", action, body)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first post: %v %v", resp, err)
+	}
+	if err := h.tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(h.dir, "fingerprint.key")); err != nil {
+		t.Fatal(err)
+	}
+	h.tr = h.transport(idemretry.WithMaxRetries(0))
+	_, _, err = h.post(context.Background(), srv.URL+"/payments", action, body)
+	if err == nil {
+		t.Skip("this CPU makes plain fingerprints: the resend is checked")
+	}
+	var ae *idemretry.ActionError
+	if !errors.As(err, &ae) || !strings.Contains(err.Error(), "cannot be checked") {
+		t.Fatalf("resend: %v, want an *ActionError (cannot be checked)", err)
+	}
+	ended := h.sr.Ended()
+	if len(ended) != 2 {
+		t.Fatalf("%d spans ended, want 2", len(ended))
+	}
+	wantAttrs(t, "span", ended[1].Attributes(), otelidemretry.ReasonKey.String("fingerprint_uncheckable"), otelidemretry.MaybeProcessedKey.Bool(true))
+	srv.mu.Lock()
+	sent := len(srv.keys)
+	srv.mu.Unlock()
+	if sent != 1 {
+		t.Fatalf("%d requests sent, want 1", sent)
+	}
 }
 
 // The caller's own key, under a header of its choosing, and in the URL's
@@ -313,7 +355,7 @@ func TestUnknownOutcome(t *testing.T) {
 func TestCallerKeyHashed(t *testing.T) {
 	const callerKey = "caller-key-4f1c-88aa"
 	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
-	h := newHarness(t, []iotel.Option{iotel.WithKeyHeader("X-Pay-Key")}, idemretry.WithKeyHeader("X-Pay-Key"))
+	h := newHarness(t, []otelidemretry.Option{otelidemretry.WithKeyHeader("X-Pay-Key")}, idemretry.WithKeyHeader("X-Pay-Key"))
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+callerKey, strings.NewReader("{}"))
 	req.Header.Set("X-Pay-Key", callerKey)
 	resp, err := h.tr.RoundTrip(req)
@@ -326,7 +368,7 @@ func TestCallerKeyHashed(t *testing.T) {
 	}
 	s := h.span()
 	wantAttrs(t, "span", s.Attributes(),
-		iotel.KeyHashKey.String(hash8(callerKey)),
+		otelidemretry.KeyHashKey.String(hash8(callerKey)),
 		semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(callerKey)))
 	h.checkNoSecrets(callerKey)
 }
@@ -336,17 +378,17 @@ func TestHashOptions(t *testing.T) {
 	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
 	for _, c := range []struct {
 		name string
-		opt  iotel.Option
-	}{{"hmac", iotel.WithHashSecret([]byte("k3y"))}, {"none", iotel.WithoutHashes()}} {
+		opt  otelidemretry.Option
+	}{{"hmac", otelidemretry.WithHashSecret([]byte("k3y"))}, {"none", otelidemretry.WithoutHashes()}} {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, []iotel.Option{c.opt})
+			h := newHarness(t, []otelidemretry.Option{c.opt})
 			id := action + "-" + c.name
 			if _, _, err := h.post(context.Background(), srv.URL+"/payments", id, "{}"); err != nil {
 				t.Fatal(err)
 			}
 			attrs := attrMap(h.span().Attributes())
-			kh, hasKey := attrs[iotel.KeyHashKey]
-			ah, hasAction := attrs[iotel.ActionHashKey]
+			kh, hasKey := attrs[otelidemretry.KeyHashKey]
+			ah, hasAction := attrs[otelidemretry.ActionHashKey]
 			switch c.name {
 			case "hmac":
 				if !hasKey || !hasAction || ah.AsString() == hash8(id) || len(ah.AsString()) != 16 || len(kh.AsString()) != 16 {
@@ -365,20 +407,20 @@ func TestHashOptions(t *testing.T) {
 // Options it cannot use: an error wrapping idemretry.ErrInvalidOption,
 // with the package prefix once.
 func TestInvalidOptions(t *testing.T) {
-	for name, opt := range map[string]iotel.Option{
-		"nil tracer provider": iotel.WithTracerProvider(nil),
-		"nil meter provider":  iotel.WithMeterProvider(nil),
-		"nil propagator":      iotel.WithPropagators(nil),
-		"empty key header":    iotel.WithKeyHeader(""),
-		"bad key header":      iotel.WithKeyHeader("Idempotency Key"),
-		"empty secret":        iotel.WithHashSecret(nil),
+	for name, opt := range map[string]otelidemretry.Option{
+		"nil tracer provider": otelidemretry.WithTracerProvider(nil),
+		"nil meter provider":  otelidemretry.WithMeterProvider(nil),
+		"nil propagator":      otelidemretry.WithPropagators(nil),
+		"empty key header":    otelidemretry.WithKeyHeader(""),
+		"bad key header":      otelidemretry.WithKeyHeader("Idempotency Key"),
+		"empty secret":        otelidemretry.WithHashSecret(nil),
 	} {
-		in, err := iotel.New(opt)
+		in, err := otelidemretry.New(opt)
 		if in != nil || !errors.Is(err, idemretry.ErrInvalidOption) || strings.Count(err.Error(), "idemretry: ") != 1 {
 			t.Errorf("%s: New = %v, %v; want ErrInvalidOption with one prefix", name, in, err)
 		}
 	}
-	_, err := iotel.New(iotel.WithHashSecret([]byte("k")), iotel.WithoutHashes())
+	_, err := otelidemretry.New(otelidemretry.WithHashSecret([]byte("k")), otelidemretry.WithoutHashes())
 	if !errors.Is(err, idemretry.ErrInvalidOption) {
 		t.Errorf("both hash options: %v, want ErrInvalidOption", err)
 	}
@@ -476,8 +518,8 @@ func TestResumeSpan(t *testing.T) {
 		}
 		resumed = append(resumed, sp.Name())
 		wantAttrs(t, "resumed span", sp.Attributes(),
-			iotel.ResumedKey.Bool(true), semconv.HTTPResponseStatusCodeKey.Int(201), iotel.AttemptsKey.Int(1),
-			iotel.ActionHashKey.String(hash8(action)), iotel.KeyHashKey.String(hash8(srv.onlyKey(t))))
+			otelidemretry.ResumedKey.Bool(true), semconv.HTTPResponseStatusCodeKey.Int(201), otelidemretry.AttemptsKey.Int(1),
+			otelidemretry.ActionHashKey.String(hash8(action)), otelidemretry.KeyHashKey.String(hash8(srv.onlyKey(t))))
 		if sp.Parent().SpanID() != parent.SpanContext().SpanID() {
 			t.Errorf("resumed span's parent %v, want Resume's span %v", sp.Parent().SpanID(), parent.SpanContext().SpanID())
 		}
@@ -515,7 +557,7 @@ func TestGlobalProviders(t *testing.T) {
 		_ = tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
 	})
-	tr, err := iotel.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
+	tr, err := otelidemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,9 +572,9 @@ func TestGlobalProviders(t *testing.T) {
 	}
 	attrs := ended[0].Attributes()
 	wantAttrs(t, "span", attrs,
-		semconv.HTTPResponseStatusCodeKey.Int(200), iotel.AttemptsKey.Int(1))
-	noAttr(t, "span", attrs, iotel.KeyHashKey)
-	noAttr(t, "span", attrs, iotel.ActionHashKey)
+		semconv.HTTPResponseStatusCodeKey.Int(200), otelidemretry.AttemptsKey.Int(1))
+	noAttr(t, "span", attrs, otelidemretry.KeyHashKey)
+	noAttr(t, "span", attrs, otelidemretry.ActionHashKey)
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package otel
+package otelidemretry
 
 import (
 	"crypto/hmac"
@@ -20,7 +20,7 @@ import (
 )
 
 // ScopeName is the instrumentation scope of the tracer and the meter.
-const ScopeName = "github.com/idemretry/idemretry/otel"
+const ScopeName = "github.com/idemretry/idemretry/otelidemretry"
 
 // DefaultKeyHeader is the header whose key is hashed unless WithKeyHeader
 // names another, as idemretry's default.
@@ -160,7 +160,7 @@ func New(opts ...Option) (*Instrumentation, error) {
 	}
 	reg, err := meter.RegisterCallback(in.observeStats, in.m.syncs, in.m.syncTime)
 	if err != nil {
-		return nil, fmt.Errorf("idemretry: otel: register the stats callback: %w", err)
+		return nil, fmt.Errorf("otelidemretry: register the stats callback: %w", err)
 	}
 	in.reg = reg
 	return in, nil

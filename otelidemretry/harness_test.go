@@ -1,4 +1,4 @@
-package otel_test
+package otelidemretry_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry"
-	iotel "github.com/idemretry/idemretry/otel"
+	"github.com/idemretry/idemretry/otelidemretry"
 	"go.uber.org/goleak"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -36,8 +36,8 @@ type harness struct {
 	tp     *sdktrace.TracerProvider
 	reader *sdkmetric.ManualReader
 	mp     *sdkmetric.MeterProvider
-	in     *iotel.Instrumentation
-	tr     *iotel.Transport
+	in     *otelidemretry.Instrumentation
+	tr     *otelidemretry.Transport
 	client *http.Client
 	dir    string
 }
@@ -49,7 +49,7 @@ func fastBackOff() idemretry.Option {
 	})
 }
 
-func newHarness(t *testing.T, oopts []iotel.Option, opts ...idemretry.Option) *harness {
+func newHarness(t *testing.T, oopts []otelidemretry.Option, opts ...idemretry.Option) *harness {
 	t.Helper()
 	h := &harness{t: t, sr: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader(), dir: t.TempDir()}
 	h.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.sr))
@@ -58,9 +58,9 @@ func newHarness(t *testing.T, oopts []iotel.Option, opts ...idemretry.Option) *h
 		_ = h.tp.Shutdown(context.Background())
 		_ = h.mp.Shutdown(context.Background())
 	})
-	all := append([]iotel.Option{iotel.WithTracerProvider(h.tp), iotel.WithMeterProvider(h.mp),
-		iotel.WithPropagators(propagation.TraceContext{})}, oopts...)
-	in, err := iotel.New(all...)
+	all := append([]otelidemretry.Option{otelidemretry.WithTracerProvider(h.tp), otelidemretry.WithMeterProvider(h.mp),
+		otelidemretry.WithPropagators(propagation.TraceContext{})}, oopts...)
+	in, err := otelidemretry.New(all...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -73,7 +73,7 @@ func newHarness(t *testing.T, oopts []iotel.Option, opts ...idemretry.Option) *h
 
 // transport makes another Transport of the harness's Instrumentation, on
 // its journal directory.
-func (h *harness) transport(opts ...idemretry.Option) *iotel.Transport {
+func (h *harness) transport(opts ...idemretry.Option) *otelidemretry.Transport {
 	h.t.Helper()
 	all := append([]idemretry.Option{idemretry.WithJournalDir(h.dir), fastBackOff()}, opts...)
 	tr, err := h.in.NewTransport(nil, all...)
@@ -268,11 +268,11 @@ func checkStats(t *testing.T, rm metricdata.ResourceMetrics, s idemretry.Stats) 
 		{"idemretry.attempts", nil, s.Attempts},
 		{"idemretry.retries", nil, s.Retries},
 		{"idemretry.done", nil, s.Done},
-		{"idemretry.done", []attribute.KeyValue{iotel.ReplayedKey.Bool(true)}, s.Replays},
-		{"idemretry.give_ups", []attribute.KeyValue{iotel.ReasonKey.String("attempts_exhausted")}, s.GiveUpsExhausted},
-		{"idemretry.give_ups", []attribute.KeyValue{iotel.ReasonKey.String("retry_after_too_long")}, s.GiveUpsRetryAfter},
-		{"idemretry.give_ups", []attribute.KeyValue{iotel.ReasonKey.String("wait_exceeds_deadline")}, s.GiveUpsDeadline},
-		{"idemretry.give_ups", []attribute.KeyValue{iotel.ReasonKey.String("other")}, s.GiveUpsOther},
+		{"idemretry.done", []attribute.KeyValue{otelidemretry.ReplayedKey.Bool(true)}, s.Replays},
+		{"idemretry.give_ups", []attribute.KeyValue{otelidemretry.ReasonKey.String("attempts_exhausted")}, s.GiveUpsExhausted},
+		{"idemretry.give_ups", []attribute.KeyValue{otelidemretry.ReasonKey.String("retry_after_too_long")}, s.GiveUpsRetryAfter},
+		{"idemretry.give_ups", []attribute.KeyValue{otelidemretry.ReasonKey.String("wait_exceeds_deadline")}, s.GiveUpsDeadline},
+		{"idemretry.give_ups", []attribute.KeyValue{otelidemretry.ReasonKey.String("other")}, s.GiveUpsOther},
 		{"idemretry.parked", nil, s.Parked},
 		{"idemretry.unknown", nil, s.Unknown},
 		{"idemretry.resumed", nil, s.Resumed},

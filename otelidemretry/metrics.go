@@ -1,4 +1,4 @@
-package otel
+package otelidemretry
 
 import (
 	"context"
@@ -62,7 +62,7 @@ func (m *instruments) init(meter metric.Meter) error {
 		metric.WithDescription("Time spent in journal syncs on the request path."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("idemretry: otel: create instruments: %w", err)
+		return fmt.Errorf("otelidemretry: create instruments: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-module github.com/idemretry/idemretry/otel
+module github.com/idemretry/idemretry/otelidemretry
 
 go 1.24.0
 

@@ -1,10 +1,12 @@
-// Package otel instruments an idemretry Transport with OpenTelemetry, the
-// way go.opentelemetry.io/contrib's otelhttp instruments an
-// http.RoundTripper: a client span per RoundTrip with an event per attempt,
-// and metrics from the Transport's events and counters. It is a module of
-// its own, so that idemretry itself depends on no OpenTelemetry package.
+// Package otelidemretry instruments an idemretry Transport with
+// OpenTelemetry, the way go.opentelemetry.io/contrib's otelhttp instruments
+// an http.RoundTripper: a client span per RoundTrip with an event per
+// attempt, and metrics from the Transport's events and counters. It is a
+// module of its own, so that idemretry itself depends on no OpenTelemetry
+// package. It is named as otelhttp is, so that it needs no alias beside
+// go.opentelemetry.io/otel.
 //
-//	inst, err := otel.New(otel.WithTracerProvider(tp), otel.WithMeterProvider(mp))
+//	inst, err := otelidemretry.New(otelidemretry.WithTracerProvider(tp), otelidemretry.WithMeterProvider(mp))
 //	if err != nil { ... }
 //	defer inst.Close()
 //	tr, err := inst.NewTransport(nil, idemretry.WithJournalDir(dir))
@@ -89,4 +91,4 @@
 // Transport.Resume is idemretry's Resume with a span per action sent again,
 // marked idemretry.resumed; Unwrap().Resume sends them without spans (their
 // metrics are recorded either way).
-package otel
+package otelidemretry
