@@ -300,7 +300,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		// none, no Event is made.
 		defer func() {
 			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
-				Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
+				Requests: n, Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
 		}()
 	}
 	if err == nil && resp == nil {

@@ -53,11 +53,16 @@ type Event struct {
 	Action  string // the action's id; empty for methods without a key
 	Key     string // the key its attempts carry; empty without one
 	Attempt int    // attempts of the action so far, in every run recorded
-	Status  int    // the last response's status, 0 if none
-	Err     error  // the last attempt's transport error, or nil
-	Reason  error  // why the attempts stopped (EventGiveUp, EventParked, EventUnknown)
-	Wait    time.Duration
-	Elapsed time.Duration // how long the attempt took (EventAttempt)
+	// Requests is how many requests the attempt wrote (EventAttempt), as
+	// Stats.Attempts counts them: one, or more when the base sent it
+	// again by itself (net/http on a reused connection, a base that
+	// retries).
+	Requests int
+	Status   int   // the last response's status, 0 if none
+	Err      error // the last attempt's transport error, or nil
+	Reason   error // why the attempts stopped (EventGiveUp, EventParked, EventUnknown)
+	Wait     time.Duration
+	Elapsed  time.Duration // how long the attempt took (EventAttempt)
 	// Replayed: the final answer was a replay of a stored one (EventDone).
 	Replayed bool
 }
@@ -82,7 +87,10 @@ func WithObserver(o Observer) Option {
 // Stats are the Transport's counters since it was made: a snapshot that
 // Transport.Stats takes with atomic loads, safe to read concurrently.
 type Stats struct {
-	Attempts int64 // attempts made: each request the base wrote (retries included), or one for an attempt that wrote nothing
+	// Attempts counts the requests the base wrote (retries included, and
+	// a base's own resends: what the server saw), and one for an attempt
+	// that wrote nothing (a refused dial).
+	Attempts int64
 	Retries  int64 // retries scheduled
 	Done     int64 // actions that got a final answer
 	Replays  int64 // final answers that were replays

@@ -81,6 +81,13 @@ func TestObserverEvents(t *testing.T) {
 	assert.Equal(t, int64(1), st.Unknown)
 	assert.Equal(t, int64(2), st.Retries)
 	assert.Positive(t, st.Reserves)
+	var requests int64 // the attempt events add up to Stats.Attempts
+	for _, e := range rec.events {
+		if e.Kind == idemretry.EventAttempt {
+			requests += int64(e.Requests)
+		}
+	}
+	assert.Equal(t, st.Attempts, requests, "Requests of the attempt events")
 }
 
 // A panicking observer cannot break a RoundTrip: it is recovered and logged.

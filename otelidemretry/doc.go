@@ -33,8 +33,10 @@
 //   - http.response.status_code of the response returned; error.type (the
 //     status for 4xx and 5xx, else the Go type of the error); the status is
 //     Error for an error, a 4xx or a 5xx.
-//   - idemretry.attempts: attempts this RoundTrip sent (0 for a request
-//     that joined an action in flight, or that was refused before sending).
+//   - idemretry.attempts: requests this RoundTrip wrote, as Stats.Attempts
+//     counts them (see Metrics): one per attempt event, more where the base
+//     sent an attempt again by itself; 0 for a request that joined an
+//     action in flight, or that was refused before sending.
 //   - idemretry.replayed: the response is the server's replay of a stored
 //     answer (set on every final answer, true or false).
 //   - idemretry.reason: why the attempts ended without a final answer:
@@ -48,7 +50,10 @@
 //     SHA-256 of the action's key and id, in hex (an HMAC-SHA-256 with
 //     WithHashSecret; neither with WithoutHashes). The key and the id are
 //     never recorded: not as attributes, nor in an error message, where
-//     each is replaced by its hash.
+//     each is replaced by its hash. A key is found under any spelling of
+//     its header's name (h["idempotency-key"], set directly, is sent as is
+//     and idemretry takes it), and every value is hidden, also those
+//     idemretry refuses.
 //
 // Each attempt is an event "idemretry.attempt" on the span, at the time it
 // ended, with idemretry.attempt (1, 2, ... in this RoundTrip),
@@ -58,7 +63,9 @@
 // propagator by default). For a span per attempt as well, give
 // otelhttp.NewTransport(...) as the base: its spans are children of this
 // one. The span ends when the response body is closed or read to its end,
-// or at once with an error.
+// or at once with an error. A 101 Switching Protocols' body stays the
+// io.ReadWriteCloser net/http makes it (the upgraded connection, for a
+// WebSocket or h2c upgrade); its span ends when it is closed.
 //
 // # Metrics
 //
@@ -66,8 +73,13 @@
 // the idemretry.Stats field named after it:
 //
 //   - idemretry.attempts {attempt} and idemretry.attempt.duration (s,
-//     histogram), by http.response.status_code or error.type. Stats.Attempts
-//     counts requests written, which is more if the base resends by itself.
+//     histogram), by http.response.status_code or error.type: one for each
+//     request written (and one for an attempt that wrote none, a refused
+//     dial), as Stats.Attempts counts them. Requests, not attempts: they
+//     are what the server saw and may have acted on, and a base that
+//     retries by itself, or net/http's resend of a request cut on a reused
+//     connection, writes more than one per attempt. Only the attempt is
+//     timed, so its requests share its time equally.
 //   - idemretry.retries {retry}, by the retried attempt's
 //     http.response.status_code or error.type.
 //   - idemretry.done {action}, by idemretry.replayed: the true ones are

@@ -416,3 +416,11 @@ func (s *server) onlyKey(t *testing.T) string {
 	}
 	return ""
 }
+
+// hijackAndClose drops the connection of the request w answers, with no
+// response: a real transport error (io.EOF) for the attempt that sent it.
+func hijackAndClose(w http.ResponseWriter) {
+	if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		c.Close()
+	}
+}

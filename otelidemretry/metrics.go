@@ -43,7 +43,7 @@ func (m *instruments) init(meter metric.Meter) error {
 		errs = append(errs, err)
 		return c
 	}
-	m.attempts = counter("idemretry.attempts", "{attempt}", "Attempts sent (each ended with a response or a transport error).")
+	m.attempts = counter("idemretry.attempts", "{attempt}", "Requests written (a base's own resends included), and attempts that wrote none.")
 	m.retries = counter("idemretry.retries", "{retry}", "Retries scheduled.")
 	m.done = counter("idemretry.done", "{action}", "Actions that got a final answer, by whether it was a replay.")
 	m.giveUps = counter("idemretry.give_ups", "{action}", "Actions whose attempts ended without a final answer, by reason; they stay pending with their keys.")
@@ -52,7 +52,7 @@ func (m *instruments) init(meter metric.Meter) error {
 	m.resumed = counter("idemretry.resumed", "{action}", "Pending actions that Resume sent again.")
 	var err error
 	m.attemptDuration, err = meter.Float64Histogram("idemretry.attempt.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each attempt took, to its response's headers or its error."),
+		metric.WithDescription("How long each request written took, to its response's headers or its error (an attempt's share, for a base's resends)."),
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	errs = append(errs, err)
 	m.syncs, err = meter.Int64ObservableCounter("idemretry.journal.syncs", metric.WithUnit("{sync}"),
@@ -74,9 +74,16 @@ func (in *Instrumentation) observe(ev idemretry.Event) {
 	m := &in.m
 	switch ev.Kind {
 	case idemretry.EventAttempt:
+		// Each request written is one, as Stats.Attempts counts them: the
+		// server saw them all. Only the attempt is timed, so the requests
+		// of one share its time.
+		n := max(1, ev.Requests)
 		set := metric.WithAttributeSet(outcomeSet(ev.Status, ev.Err))
-		m.attempts.Add(ctx, 1, set)
-		m.attemptDuration.Record(ctx, ev.Elapsed.Seconds(), set)
+		m.attempts.Add(ctx, int64(n), set)
+		share := ev.Elapsed.Seconds() / float64(n)
+		for range n {
+			m.attemptDuration.Record(ctx, share, set)
+		}
 	case idemretry.EventRetry:
 		m.retries.Add(ctx, 1, metric.WithAttributeSet(outcomeSet(ev.Status, ev.Err)))
 	case idemretry.EventDone:

@@ -1,9 +1,12 @@
 package otelidemretry_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -593,5 +596,211 @@ func TestGlobalProviders(t *testing.T) {
 	}
 	if _, ok := find(rm, "idemretry.journal.syncs"); ok {
 		t.Error("journal sync metric still reported after Close closed the Instrumentation")
+	}
+}
+
+// A 101 Switching Protocols: its body is the upgraded connection, an
+// io.ReadWriteCloser the caller writes to (a WebSocket or h2c upgrade), as
+// net/http, idemretry alone and otelhttp give it; through this Transport
+// too, for a GET and for a POST named by its action. The span ends when
+// the caller closes it. (Issue 26, item 16.)
+func TestUpgradeBodyWritable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = brw.Flush()
+		line, err := brw.ReadString('\n')
+		if err != nil {
+			return
+		}
+		_, _ = brw.WriteString("echo " + line)
+		_ = brw.Flush()
+	}))
+	t.Cleanup(srv.Close)
+	h := newHarness(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, method := range []string{http.MethodGet, http.MethodPost} {
+		req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, "upgrade:"+method), method, srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		resp, err := h.tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("%s: status %d, want 101", method, resp.StatusCode)
+		}
+		rwc, ok := resp.Body.(io.ReadWriteCloser)
+		if !ok {
+			resp.Body.Close()
+			t.Fatalf("%s: a 101's body is a %T, want an io.ReadWriteCloser", method, resp.Body)
+		}
+		if _, err := io.WriteString(rwc, "hi\n"); err != nil {
+			t.Fatalf("%s: write: %v", method, err)
+		}
+		got, err := bufio.NewReader(rwc).ReadString('\n')
+		if err != nil || got != "echo hi\n" {
+			t.Fatalf("%s: read %q, %v; want the echo", method, got, err)
+		}
+		if n := len(h.sr.Ended()); n != i {
+			t.Errorf("%s: %d spans ended before the body was closed, want %d", method, n, i)
+		}
+		rwc.Close()
+		ended := h.sr.Ended()
+		if len(ended) != i+1 {
+			t.Fatalf("%s: %d spans ended after the body was closed, want %d", method, len(ended), i+1)
+		}
+		wantAttrs(t, method+" span", ended[i].Attributes(), semconv.HTTPResponseStatusCodeKey.Int(101))
+		if ended[i].Status().Code != codes.Unset {
+			t.Errorf("%s: span status %v, want unset", method, ended[i].Status())
+		}
+	}
+}
+
+// stackedBase is a base that retries by itself: it sends a request
+// answered 503 once more (its own retry layer, under idemretry's).
+type stackedBase struct{ inner http.RoundTripper }
+
+func (b stackedBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.inner.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || req.GetBody == nil {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	again := req.Clone(req.Context())
+	if again.Body, err = req.GetBody(); err != nil {
+		return nil, err
+	}
+	return b.inner.RoundTrip(again)
+}
+
+// One attempt of idemretry's may write more than one request: a base that
+// retries by itself, or net/http's own resend of a request cut on a
+// reused connection. idemretry.attempts, the attempt.duration histogram's
+// count and the span's idemretry.attempts count requests written, as
+// Stats.Attempts does: what the server saw. (Issue 26, item 16.)
+func TestAttemptsCountRequestsWritten(t *testing.T) {
+	t.Run("stacked base", func(t *testing.T) {
+		srv := newServer(t, failOnce(http.StatusServiceUnavailable, ""))
+		h := newHarness(t, nil)
+		inner := &http.Transport{}
+		t.Cleanup(inner.CloseIdleConnections)
+		tr, err := h.in.NewTransport(stackedBase{inner: inner}, idemretry.WithJournalDir(t.TempDir()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close() })
+		h.tr = tr
+		resp, _, err := h.post(context.Background(), srv.URL+"/payments", action, `{"amount":100}`)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("post: %v %v, want 201", resp, err)
+		}
+		checkRequestsWritten(t, h, srv, 2)
+	})
+	t.Run("net/http resend", func(t *testing.T) {
+		var reqs atomic.Int32
+		srv := newServer(t, func(w http.ResponseWriter, n int) {
+			switch {
+			case reqs.Add(1) == 1: // the warm-up: its connection stays open
+				w.WriteHeader(http.StatusOK)
+			case n == 1:
+				hijackAndClose(w) // on the reused connection: net/http resends
+			default:
+				w.WriteHeader(http.StatusCreated)
+			}
+		})
+		h := newHarness(t, nil)
+		warm, err := h.client.Get(srv.URL + "/warm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, warm.Body)
+		warm.Body.Close()
+		h.sr.Reset()
+		before := h.tr.Unwrap().Stats()
+		resp, _, err := h.post(context.Background(), srv.URL+"/payments", action, `{"amount":100}`)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("post: %v %v, want 201", resp, err)
+		}
+		if got := h.tr.Unwrap().Stats().Attempts - before.Attempts; got != 2 {
+			t.Skipf("net/http wrote %d requests, not 2: it did not resend by itself here", got)
+		}
+		checkRequestsWritten(t, h, srv, 3)
+	})
+}
+
+// checkRequestsWritten checks that the payment's span and the metrics
+// count the requests srv saw for its key (want in all, with any before).
+func checkRequestsWritten(t *testing.T, h *harness, srv *server, want int) {
+	t.Helper()
+	srv.mu.Lock()
+	seen := len(srv.keys)
+	srv.mu.Unlock()
+	st := h.tr.Unwrap().Stats()
+	if seen != want || st.Attempts != int64(want) {
+		t.Fatalf("server saw %d requests, Stats.Attempts %d; want %d", seen, st.Attempts, want)
+	}
+	key := srv.keys[len(srv.keys)-1]
+	s := h.span()
+	wantAttrs(t, "span", s.Attributes(), otelidemretry.AttemptsKey.Int(2), semconv.HTTPResponseStatusCodeKey.Int(201))
+	if len(s.Events()) != 1 {
+		t.Errorf("%d attempt events, want 1 (one attempt of idemretry's)", len(s.Events()))
+	}
+	rm := h.collect()
+	checkStats(t, rm, st)
+	h.checkNoSecrets(key, action)
+}
+
+// A caller's key is hashed and never recorded under any spelling of its
+// header: h["idempotency-key"] set directly is sent as is, and idemretry
+// takes it as the key. Here the journal is closed, so the request fails
+// before any attempt, with the key in the error. (Issue 26, item 16.)
+func TestCallerKeyAnySpelling(t *testing.T) {
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
+	for _, spelling := range []string{"Idempotency-Key", "idempotency-key", "IDEMPOTENCY-KEY", "idempotency-KEY"} {
+		t.Run(spelling, func(t *testing.T) {
+			callerKey := "caller-key-" + strings.ToLower(spelling) + "-5e1d"
+			h := newHarness(t, nil)
+			j := journal.NewMemory()
+			tr, err := h.in.NewTransport(nil, idemretry.WithJournal(j))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tr.Close() })
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+callerKey, strings.NewReader("{}"))
+			req.Header[spelling] = []string{callerKey}
+			_, err = tr.RoundTrip(req)
+			if err == nil {
+				t.Fatal("RoundTrip over a closed journal: no error")
+			}
+			if !strings.Contains(err.Error(), callerKey) {
+				t.Fatalf("the error %q does not hold the key: the test would prove nothing", err)
+			}
+			s := h.span()
+			if s.Status().Code != codes.Error {
+				t.Errorf("span status %v, want Error", s.Status())
+			}
+			wantAttrs(t, "span", s.Attributes(), otelidemretry.KeyHashKey.String(hash8(callerKey)),
+				semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(callerKey)))
+			h.checkNoSecrets(callerKey)
+			srv.mu.Lock()
+			sent := len(srv.keys)
+			srv.mu.Unlock()
+			if sent != 0 {
+				t.Fatalf("%d requests sent over a closed journal", sent)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"reflect"
 	"strconv"
@@ -57,7 +58,8 @@ func (t *Transport) CloseIdleConnections() { t.t.CloseIdleConnections() }
 // roundTrip is what one span's attempts record, found in their context.
 type roundTrip struct {
 	span     trace.Span
-	attempts atomic.Int64
+	events   atomic.Int64 // attempts
+	attempts atomic.Int64 // requests written, as Stats.Attempts counts them
 	mu       sync.Mutex
 	key      string // the key the attempts carried
 }
@@ -81,7 +83,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.span.End()
 		return resp, nil
 	}
-	resp.Body = &endOnClose{ReadCloser: resp.Body, span: rt.span}
+	body := &endOnClose{ReadCloser: resp.Body, span: rt.span}
+	if w, ok := resp.Body.(io.Writer); ok {
+		// A 101's body is the upgraded connection, which the caller
+		// writes to (net/http makes it an io.ReadWriteCloser).
+		resp.Body = &endOnCloseWriter{endOnClose: body, w: w}
+	} else {
+		resp.Body = body
+	}
 	return resp, nil
 }
 
@@ -223,9 +232,32 @@ func errorType(err error) attribute.KeyValue {
 	return semconv.ErrorTypeKey.String(t.PkgPath() + "." + t.Name())
 }
 
-// keyOf returns the key in h, unquoted, or "".
+// keyOf returns the key in h, unquoted, or "" if h has none or more than
+// one (idemretry refuses those).
 func (in *Instrumentation) keyOf(h http.Header) string {
-	v := strings.TrimSpace(h.Get(in.keyHeader))
+	vs := in.keyValues(h)
+	if len(vs) != 1 {
+		return ""
+	}
+	return unquote(vs[0])
+}
+
+// keyValues returns every value of the key header in h, under any
+// spelling of its name: a caller may set h["idempotency-key"] directly,
+// which net/http sends as is and idemretry takes as the key.
+func (in *Instrumentation) keyValues(h http.Header) []string {
+	vs := h[in.keyHeader]
+	for k, v := range h {
+		if k != in.keyHeader && strings.EqualFold(k, in.keyHeader) {
+			vs = append(vs[:len(vs):len(vs)], v...)
+		}
+	}
+	return vs
+}
+
+// unquote is a key header's value without its spaces and quotes.
+func unquote(v string) string {
+	v = strings.TrimSpace(v)
 	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
 		v = v[1 : len(v)-1]
 	}
@@ -245,21 +277,31 @@ func (a *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if rt == nil {
 		return a.base.RoundTrip(req)
 	}
-	n := rt.attempts.Add(1)
+	n := rt.events.Add(1)
 	key := a.in.keyOf(req.Header)
 	if key != "" {
 		rt.mu.Lock()
 		rt.key = key
 		rt.mu.Unlock()
 	}
-	out := req
+	// The requests the base writes, counted as idemretry counts them
+	// (Stats.Attempts): a base that retries, or net/http's resend on a
+	// reused connection, writes more than one.
+	var writes atomic.Int64
+	ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { writes.Add(1) },
+	})
+	var out *http.Request
 	if len(a.in.prop.Fields()) > 0 {
-		out = req.Clone(req.Context()) // the headers are idemretry's
-		a.in.prop.Inject(req.Context(), propagation.HeaderCarrier(out.Header))
+		out = req.Clone(ctx) // the headers are idemretry's
+		a.in.prop.Inject(ctx, propagation.HeaderCarrier(out.Header))
+	} else {
+		out = req.WithContext(ctx)
 	}
 	start := time.Now()
 	resp, err := a.base.RoundTrip(out)
 	end := time.Now()
+	rt.attempts.Add(max(1, writes.Load()))
 	attrs := []attribute.KeyValue{AttemptKey.Int64(n), AttemptDuration.Float64(end.Sub(start).Seconds())}
 	switch {
 	case err != nil:
@@ -305,6 +347,15 @@ func (b *endOnClose) end() {
 		b.span.End()
 	}
 }
+
+// endOnCloseWriter is an endOnClose of a body that is also written to (a
+// 101's): it stays an io.ReadWriteCloser.
+type endOnCloseWriter struct {
+	*endOnClose
+	w io.Writer
+}
+
+func (b *endOnCloseWriter) Write(p []byte) (int, error) { return b.w.Write(p) }
 
 // methodAttrs are http.request.method, and http.request.method_original
 // for a method the conventions do not know.
@@ -388,8 +439,12 @@ func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrub
 		}
 		return in.hash(id)
 	}
-	if caller := in.keyOf(req.Header); caller != "" && caller != key {
-		add(caller, sub(caller))
+	// Every value of the key header, under any spelling: the one
+	// idemretry took, or those it refused.
+	for _, v := range in.keyValues(req.Header) {
+		if v = unquote(v); v != "" && v != key {
+			add(v, sub(v))
+		}
 	}
 	// The longer first: an action id may hold the key ("key:" + key).
 	if len(action) >= len(key) {
