@@ -34,9 +34,18 @@ const (
 	EventUnknown
 	// EventResumed: Resume sent a pending action again.
 	EventResumed
+	// EventReserve: the journal's Reserve of an action's key returned,
+	// after Elapsed (for a durable journal that created the record, its
+	// write and sync, before the first attempt leaves). Action and Key are
+	// empty.
+	EventReserve
+	// EventSync: a journal Sync the Transport asked for returned, after
+	// Elapsed (the done of an action named by its fingerprint). Action and
+	// Key are empty.
+	EventSync
 )
 
-var eventNames = [...]string{"", "attempt", "retry", "done", "give-up", "parked", "unknown", "resumed"}
+var eventNames = [...]string{"", "attempt", "retry", "done", "give-up", "parked", "unknown", "resumed", "reserve", "sync"}
 
 // String returns the kind's name: "attempt", "retry", "done", ...
 func (k EventKind) String() string {
@@ -46,8 +55,9 @@ func (k EventKind) String() string {
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
 
-// An Event is something that happened to an action, for an Observer. It
-// carries the action's id and key, never a request's body or headers.
+// An Event is something that happened to an action or its journal, for an
+// Observer. It carries the action's id and key, never a request's body or
+// headers.
 type Event struct {
 	Kind    EventKind
 	Action  string // the action's id; empty for methods without a key
@@ -62,7 +72,7 @@ type Event struct {
 	Err      error // the last attempt's transport error, or nil
 	Reason   error // why the attempts stopped (EventGiveUp, EventParked, EventUnknown)
 	Wait     time.Duration
-	Elapsed  time.Duration // how long the attempt took (EventAttempt)
+	Elapsed  time.Duration // how long the attempt, the Reserve or the Sync took
 	// Replayed: the final answer was a replay of a stored one (EventDone).
 	Replayed bool
 }
@@ -118,8 +128,30 @@ type Stats struct {
 type counters struct {
 	attempts, retries, done, replays                            atomic.Int64
 	giveUpsExhausted, giveUpsRetryAfter, giveUpsDeadline, other atomic.Int64
-	parked, unknown, resumed, syncs, syncNanos                  atomic.Int64
-	reserves, reserveNanos                                      atomic.Int64
+	parked, unknown, resumed, syncs, reserves                   atomic.Int64
+	syncNanos, reserveNanos                                     timer
+}
+
+// timer is a total of nanoseconds (SyncTime, ReserveTime) to which each Add
+// adds one operation's time: the Transport's observers hear of each
+// (EventSync, EventReserve), to keep its latency's distribution.
+type timer struct {
+	nanos atomic.Int64
+	kind  EventKind
+	t     *Transport // whose observers hear of it
+}
+
+func (c *timer) Add(d int64) {
+	c.nanos.Add(d)
+	if t := c.t; t != nil && len(t.cfg.observers) > 0 {
+		t.emit(context.Background(), Event{Kind: c.kind, Elapsed: time.Duration(d)})
+	}
+}
+
+// init makes the timers tell t's observers.
+func (c *counters) init(t *Transport) {
+	c.syncNanos.kind, c.syncNanos.t = EventSync, t
+	c.reserveNanos.kind, c.reserveNanos.t = EventReserve, t
 }
 
 // Stats returns a snapshot of the Transport's counters.
@@ -130,8 +162,8 @@ func (t *Transport) Stats() Stats {
 		GiveUpsExhausted: c.giveUpsExhausted.Load(), GiveUpsRetryAfter: c.giveUpsRetryAfter.Load(),
 		GiveUpsDeadline: c.giveUpsDeadline.Load(), GiveUpsOther: c.other.Load(),
 		Parked: c.parked.Load(), Unknown: c.unknown.Load(), Resumed: c.resumed.Load(),
-		Syncs: c.syncs.Load(), SyncTime: time.Duration(c.syncNanos.Load()),
-		Reserves: c.reserves.Load(), ReserveTime: time.Duration(c.reserveNanos.Load()),
+		Syncs: c.syncs.Load(), SyncTime: time.Duration(c.syncNanos.nanos.Load()),
+		Reserves: c.reserves.Load(), ReserveTime: time.Duration(c.reserveNanos.nanos.Load()),
 	}
 }
 

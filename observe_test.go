@@ -51,7 +51,7 @@ func TestObserverEvents(t *testing.T) {
 	tr, _, clk := newTestTransport(t, idemretry.WithObserver(rec.observe), idemretry.WithMaxRetries(1))
 	ctx := idemretry.WithAction(context.Background(), "pay:obs")
 	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
-	assert.Equal(t, []string{"attempt", "retry", "attempt", "done"}, rec.kinds())
+	assert.Equal(t, []string{"reserve", "attempt", "retry", "attempt", "done"}, rec.kinds())
 	last := rec.events[len(rec.events)-1]
 	assert.Equal(t, "pay:obs", last.Action)
 	assert.Equal(t, srv.seen()[0].Key, last.Key)
@@ -81,13 +81,27 @@ func TestObserverEvents(t *testing.T) {
 	assert.Equal(t, int64(1), st.Unknown)
 	assert.Equal(t, int64(2), st.Retries)
 	assert.Positive(t, st.Reserves)
-	var requests int64 // the attempt events add up to Stats.Attempts
+	// The events add up to the counters: requests written, and each
+	// reservation and sync with its time.
+	var requests, reserves, syncs int64
+	var reserveTime, syncTime time.Duration
 	for _, e := range rec.events {
-		if e.Kind == idemretry.EventAttempt {
+		switch e.Kind {
+		case idemretry.EventAttempt:
 			requests += int64(e.Requests)
+		case idemretry.EventReserve:
+			reserves++
+			reserveTime += e.Elapsed
+		case idemretry.EventSync:
+			syncs++
+			syncTime += e.Elapsed
 		}
 	}
 	assert.Equal(t, st.Attempts, requests, "Requests of the attempt events")
+	assert.Equal(t, st.Reserves, reserves, "reserve events")
+	assert.Equal(t, st.ReserveTime, reserveTime, "Elapsed of the reserve events")
+	assert.Equal(t, st.Syncs, syncs, "sync events")
+	assert.Equal(t, st.SyncTime, syncTime, "Elapsed of the sync events")
 }
 
 // A panicking observer cannot break a RoundTrip: it is recovered and logged.

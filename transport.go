@@ -85,6 +85,7 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		}
 	}
 	t := &Transport{base: base, cfg: cfg, journal: cfg.journal, budget: cfg.budget, journalHandedOut: new(atomic.Bool)}
+	t.counters.init(t)
 	if t.journal == nil {
 		if err := t.openJournal(); err != nil {
 			return nil, err

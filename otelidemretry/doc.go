@@ -90,10 +90,22 @@
 //   - idemretry.parked {action}, idemretry.unknown {action} (by
 //     idemretry.reason: key_window_expired or key_reused), idemretry.resumed
 //     {action}.
+//   - idemretry.journal.reserve.duration (s, histogram): each reservation
+//     of a key on the request path, before the first attempt leaves. For a
+//     durable journal that creates the record (a new action), it is the
+//     record's write and sync (an fdatasync for filejournal, which shares
+//     one among concurrent reservations); a repeat that finds its record
+//     writes nothing. Its count and sum are Stats.Reserves and ReserveTime.
+//   - idemretry.journal.sync.duration (s, histogram): each journal sync
+//     the Transport asks for (the done of an action named by its
+//     fingerprint): Stats.Syncs and SyncTime.
+//
+// Watching fsync latency on the request path is watching both histograms:
+// a new action's sync is inside its reservation, not a Sync.
 //
 // From Stats, summed over the Transports that the Instrumentation made:
-// idemretry.journal.syncs {sync} and idemretry.journal.sync.duration (s),
-// the journal syncs made on the request path and the time they took.
+// idemretry.journal.reserves {reservation} and idemretry.journal.syncs
+// {sync}, the same counts as the histograms'.
 //
 // An Observer runs on the RoundTrip's goroutine and gets no context, so the
 // metrics are recorded without one (no exemplars).

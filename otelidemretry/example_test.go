@@ -20,8 +20,10 @@ import (
 )
 
 // A payment answered 503, then 201: one span with an event per attempt,
-// and the metrics. An app would give its own providers (or none, for the
-// global ones) and export them.
+// and the metrics, among them the time of the payment's reservation in the
+// journal (its write and fdatasync, before the first attempt left). An app
+// would give its own providers (or none, for the global ones) and export
+// them.
 func Example() {
 	// A payment server that is busy once.
 	var calls atomic.Int32
@@ -89,12 +91,19 @@ func Example() {
 		log.Fatal(err)
 	}
 	for _, m := range rm.ScopeMetrics[0].Metrics {
-		if s, ok := m.Data.(metricdata.Sum[int64]); ok && !strings.HasPrefix(m.Name, "idemretry.journal") {
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
 			var n int64
-			for _, dp := range s.DataPoints {
+			for _, dp := range d.DataPoints {
 				n += dp.Value
 			}
 			fmt.Println(m.Name, n)
+		case metricdata.Histogram[float64]: // their counts; the values are times
+			var n uint64
+			for _, dp := range d.DataPoints {
+				n += dp.Count
+			}
+			fmt.Println(m.Name, n, "values")
 		}
 	}
 	// Output:
@@ -107,4 +116,8 @@ func Example() {
 	// idemretry.attempts 2
 	// idemretry.retries 1
 	// idemretry.done 1
+	// idemretry.attempt.duration 2 values
+	// idemretry.journal.reserve.duration 1 values
+	// idemretry.journal.reserves 1
+	// idemretry.journal.syncs 0
 }

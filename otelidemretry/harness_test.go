@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -231,18 +232,23 @@ func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, match .
 	return n
 }
 
-func floatSum(t *testing.T, rm metricdata.ResourceMetrics, name string) float64 {
+// histSum is the sum of the values a float64 histogram holds.
+func histSum(t *testing.T, rm metricdata.ResourceMetrics, name string) float64 {
 	t.Helper()
-	s, ok := dataOf[metricdata.Sum[float64]](t, rm, name, "a float64 sum")
+	hd, ok := dataOf[metricdata.Histogram[float64]](t, rm, name, "a float64 histogram")
 	if !ok {
-		t.Fatalf("no metric %s", name)
+		return 0
 	}
 	var f float64
-	for _, dp := range s.DataPoints {
-		f += dp.Value
+	for _, dp := range hd.DataPoints {
+		f += dp.Sum
 	}
 	return f
 }
+
+// near reports whether two sums of seconds are equal but for float
+// rounding.
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
 
 // sumStats adds up every counter of sts, field by field.
 func sumStats(sts ...idemretry.Stats) idemretry.Stats {
@@ -276,17 +282,28 @@ func checkStats(t *testing.T, rm metricdata.ResourceMetrics, s idemretry.Stats) 
 		{"idemretry.parked", nil, s.Parked},
 		{"idemretry.unknown", nil, s.Unknown},
 		{"idemretry.resumed", nil, s.Resumed},
+		{"idemretry.journal.reserves", nil, s.Reserves},
 		{"idemretry.journal.syncs", nil, s.Syncs},
 	} {
 		if got := sum(t, rm, c.name, c.match...); got != c.want {
 			t.Errorf("%s %v = %d, Stats say %d", c.name, c.match, got, c.want)
 		}
 	}
-	if got := histCount(t, rm, "idemretry.attempt.duration"); int64(got) != s.Attempts {
-		t.Errorf("idemretry.attempt.duration holds %d values, Stats say %d attempts", got, s.Attempts)
-	}
-	if got, want := floatSum(t, rm, "idemretry.journal.sync.duration"), s.SyncTime.Seconds(); got != want {
-		t.Errorf("idemretry.journal.sync.duration = %v s, Stats say %v", got, want)
+	for _, h := range []struct {
+		name  string
+		count int64
+		time  time.Duration // 0: not checked
+	}{
+		{"idemretry.attempt.duration", s.Attempts, 0},
+		{"idemretry.journal.reserve.duration", s.Reserves, s.ReserveTime},
+		{"idemretry.journal.sync.duration", s.Syncs, s.SyncTime},
+	} {
+		if got := histCount(t, rm, h.name); int64(got) != h.count {
+			t.Errorf("%s holds %d values, Stats say %d", h.name, got, h.count)
+		}
+		if got := histSum(t, rm, h.name); h.time != 0 && !near(got, h.time.Seconds()) {
+			t.Errorf("%s sums to %v s, Stats say %v", h.name, got, h.time.Seconds())
+		}
 	}
 }
 

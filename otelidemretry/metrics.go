@@ -31,9 +31,8 @@ const AttemptEvent = "idemretry.attempt"
 // instruments are the Instrumentation's metric instruments.
 type instruments struct {
 	attempts, retries, done, giveUps, parked, unknown, resumed metric.Int64Counter
-	attemptDuration                                            metric.Float64Histogram
-	syncs                                                      metric.Int64ObservableCounter
-	syncTime                                                   metric.Float64ObservableCounter
+	attemptDuration, reserveDuration, syncDuration             metric.Float64Histogram
+	reserves, syncs                                            metric.Int64ObservableCounter
 }
 
 func (m *instruments) init(meter metric.Meter) error {
@@ -50,16 +49,29 @@ func (m *instruments) init(meter metric.Meter) error {
 	m.parked = counter("idemretry.parked", "{action}", "Actions parked by the retry budget; they stay pending with their keys.")
 	m.unknown = counter("idemretry.unknown", "{action}", "Actions whose outcome became unknown (to reconcile), by reason.")
 	m.resumed = counter("idemretry.resumed", "{action}", "Pending actions that Resume sent again.")
+	histogram := func(name, desc string, bounds ...float64) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(bounds...))
+		errs = append(errs, err)
+		return h
+	}
+	m.attemptDuration = histogram("idemretry.attempt.duration",
+		"How long each request written took, to its response's headers or its error (an attempt's share, for a base's resends).",
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+	// A sync takes from tens of microseconds (a fast SSD, or nothing to
+	// write) to a second (a saturated disk, a network file system).
+	journalBounds := []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+	m.reserveDuration = histogram("idemretry.journal.reserve.duration",
+		"How long each reservation of a key took on the request path (for a durable journal that creates the record, its write and sync).",
+		journalBounds...)
+	m.syncDuration = histogram("idemretry.journal.sync.duration",
+		"How long each journal sync the Transport asked for took on the request path.", journalBounds...)
 	var err error
-	m.attemptDuration, err = meter.Float64Histogram("idemretry.attempt.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each request written took, to its response's headers or its error (an attempt's share, for a base's resends)."),
-		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
+	m.reserves, err = meter.Int64ObservableCounter("idemretry.journal.reserves", metric.WithUnit("{reservation}"),
+		metric.WithDescription("Reservations of a key on the request path (for a durable journal that creates the record, each a write and a sync)."))
 	errs = append(errs, err)
 	m.syncs, err = meter.Int64ObservableCounter("idemretry.journal.syncs", metric.WithUnit("{sync}"),
-		metric.WithDescription("Journal syncs made on the request path."))
-	errs = append(errs, err)
-	m.syncTime, err = meter.Float64ObservableCounter("idemretry.journal.sync.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time spent in journal syncs on the request path."))
+		metric.WithDescription("Journal syncs the Transport asked for on the request path (not those inside a reservation)."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("otelidemretry: create instruments: %w", err)
@@ -100,6 +112,10 @@ func (in *Instrumentation) observe(ev idemretry.Event) {
 		m.unknown.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(ReasonKey.String(reasonName(ev.Reason)))))
 	case idemretry.EventResumed:
 		m.resumed.Add(ctx, 1)
+	case idemretry.EventReserve:
+		m.reserveDuration.Record(ctx, ev.Elapsed.Seconds())
+	case idemretry.EventSync:
+		m.syncDuration.Record(ctx, ev.Elapsed.Seconds())
 	}
 }
 
@@ -159,18 +175,18 @@ func reasonName(reason error) string {
 	return "other"
 }
 
-// observeStats reports the journal sync counters, summed over the live
-// Transports and those retired.
+// observeStats reports the journal's reservation and sync counts, summed
+// over the live Transports and those retired.
 func (in *Instrumentation) observeStats(_ context.Context, o metric.Observer) error {
 	in.mu.Lock()
-	syncs, d := in.retired.Syncs, in.retired.SyncTime
+	reserves, syncs := in.retired.Reserves, in.retired.Syncs
 	for t := range in.live {
 		s := t.Stats()
+		reserves += s.Reserves
 		syncs += s.Syncs
-		d += s.SyncTime
 	}
 	in.mu.Unlock()
+	o.ObserveInt64(in.m.reserves, reserves)
 	o.ObserveInt64(in.m.syncs, syncs)
-	o.ObserveFloat64(in.m.syncTime, d.Seconds())
 	return nil
 }

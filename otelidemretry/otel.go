@@ -158,7 +158,7 @@ func New(opts ...Option) (*Instrumentation, error) {
 	if err := in.m.init(meter); err != nil {
 		return nil, err
 	}
-	reg, err := meter.RegisterCallback(in.observeStats, in.m.syncs, in.m.syncTime)
+	reg, err := meter.RegisterCallback(in.observeStats, in.m.reserves, in.m.syncs)
 	if err != nil {
 		return nil, fmt.Errorf("otelidemretry: register the stats callback: %w", err)
 	}
@@ -166,8 +166,8 @@ func New(opts ...Option) (*Instrumentation, error) {
 	return in, nil
 }
 
-// Close unregisters the Instrumentation's metric callback: the journal
-// sync metrics stop. Its Transports go on recording everything else.
+// Close unregisters the Instrumentation's metric callback: the counts of
+// journal reservations and syncs stop. Its Transports go on recording everything else.
 func (in *Instrumentation) Close() error {
 	in.mu.Lock()
 	if in.closed {
@@ -227,8 +227,8 @@ func (in *Instrumentation) retire(t *idemretry.Transport) {
 		return
 	}
 	delete(in.live, t)
+	in.retired.Reserves += s.Reserves
 	in.retired.Syncs += s.Syncs
-	in.retired.SyncTime += s.SyncTime
 }
 
 // hash returns the first 8 bytes of id's SHA-256 (or HMAC-SHA-256), in hex.
