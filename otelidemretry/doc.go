@@ -30,9 +30,8 @@
 //   - http.request.method (and http.request.method_original), url.full,
 //     server.address, server.port; url.full has no user name or password and
 //     every query value reads REDACTED.
-//   - http.response.status_code of the response returned; error.type (the
-//     status for 4xx and 5xx, else the Go type of the error); the status is
-//     Error for an error, a 4xx or a 5xx.
+//   - http.response.status_code of the response returned; error.type (see
+//     Errors); the status is Error for an error, a 4xx or a 5xx.
 //   - idemretry.attempts: requests this RoundTrip wrote, as Stats.Attempts
 //     counts them (see Metrics): one per attempt event, more where the base
 //     sent an attempt again by itself; 0 for a request that joined an
@@ -66,6 +65,30 @@
 // or at once with an error. A 101 Switching Protocols' body stays the
 // io.ReadWriteCloser net/http makes it (the upgraded connection, for a
 // WebSocket or h2c upgrade); its span ends when it is closed.
+//
+// # Errors
+//
+// error.type follows the semantic conventions' rule
+// (https://opentelemetry.io/docs/specs/semconv/registry/attributes/error/
+// and the HTTP client span's): predictable and of low cardinality. For a
+// 4xx or 5xx answer it is the status code ("503"). For an error it is the
+// first of these that applies, looking through the wrappers that classify
+// nothing (fmt.Errorf's %w, errors.Join, *url.Error):
+//
+//   - the answer of the error's ErrorType method, if it has one;
+//   - timeout, for context.DeadlineExceeded or an error whose Timeout
+//     method says so (a net.Error);
+//   - the name of a well-known error value: io.EOF (the connection closed
+//     before the answer), io.ErrUnexpectedEOF, context.Canceled,
+//     net.ErrClosed, net/http.ErrSchemeMismatch,
+//     net/http.ErrBodyReadAfterClose, and idemretry's and journal's
+//     exported errors by package path and name
+//     (github.com/idemretry/idemretry.ErrAttemptsExhausted,
+//     github.com/idemretry/idemretry/journal.ErrClosed);
+//   - the package path and name of its type, a pointer's element type for
+//     a pointer (net.OpError, crypto/tls.CertificateVerificationError,
+//     github.com/idemretry/idemretry.ActionError);
+//   - _OTHER, for an errors.New value of no known name.
 //
 // # Metrics
 //

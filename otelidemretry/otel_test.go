@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -832,5 +834,111 @@ func TestJournalLatency(t *testing.T) {
 	}
 	if n := histCount(t, rm, "idemretry.journal.sync.duration"); n != 1 {
 		t.Errorf("idemretry.journal.sync.duration holds %d values, want 1", n)
+	}
+}
+
+// error.type says what an attempt's error means, by the semantic
+// conventions' rule: a type's full name, else a documented low-cardinality
+// identifier; never errors.errorString. A dropped connection is io.EOF,
+// a timeout is timeout. (Issue 30, item 7.)
+func TestAttemptErrorType(t *testing.T) {
+	block := make(chan struct{})
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		if n == 1 {
+			hijackAndClose(w)
+			return
+		}
+		<-block // no answer until the client gives up
+	})
+	t.Cleanup(func() { close(block) })
+	h := newHarness(t, nil)
+	base := &http.Transport{DisableKeepAlives: true, ResponseHeaderTimeout: 50 * time.Millisecond}
+	tr, err := h.in.NewTransport(base, idemretry.WithJournalDir(t.TempDir()), fastBackOff(), idemretry.WithMaxRetries(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tr.Close() })
+	h.tr = tr
+	_, _, err = h.post(context.Background(), srv.URL+"/payments", action, "{}")
+	if !errors.Is(err, idemretry.ErrAttemptsExhausted) {
+		t.Fatalf("post: %v, want ErrAttemptsExhausted", err)
+	}
+	s := h.span()
+	evs := s.Events()
+	if len(evs) != 2 {
+		t.Fatalf("%d attempt events, want 2", len(evs))
+	}
+	for i, want := range []string{"io.EOF", "timeout"} {
+		wantAttrs(t, "attempt "+strconv.Itoa(i+1), evs[i].Attributes, semconv.ErrorTypeKey.String(want))
+	}
+	rm := h.collect()
+	checkStats(t, rm, tr.Unwrap().Stats())
+	for _, want := range []string{"io.EOF", "timeout"} {
+		if n := sum(t, rm, "idemretry.attempts", semconv.ErrorTypeKey.String(want)); n != 1 {
+			t.Errorf("idemretry.attempts{error.type=%s} = %d, want 1", want, n)
+		}
+	}
+	h.checkNoSecrets(srv.onlyKey(t), action)
+}
+
+// errBase is a base whose every attempt fails with err.
+type errBase struct{ err error }
+
+func (b errBase) RoundTrip(*http.Request) (*http.Response, error) { return nil, b.err }
+
+// typedError names its own error.type.
+type typedError struct{}
+
+func (typedError) Error() string     { return "typed" }
+func (typedError) ErrorType() string { return "payments_gateway_down" }
+
+// listError is an error of an uncomparable type.
+type listError []string
+
+func (e listError) Error() string { return strings.Join(e, "; ") }
+
+// timeoutError is a net.Error that timed out.
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+// error.type for the errors a base may return, through the wrappers that
+// classify nothing, as errorType documents.
+func TestErrorTypeNames(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{io.EOF, "io.EOF"},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "io.ErrUnexpectedEOF"},
+		{&url.Error{Op: "Post", URL: "http://x", Err: io.EOF}, "io.EOF"},
+		{errors.Join(errors.New("first"), context.Canceled), "context.Canceled"},
+		{fmt.Errorf("dial: %w", timeoutError{}), "timeout"},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, "net.OpError"},
+		{fmt.Errorf("journal: %w", journal.ErrUnavailable), "github.com/idemretry/idemretry/journal.ErrUnavailable"},
+		{typedError{}, "payments_gateway_down"},
+		{listError{"a", "b"}, "github.com/idemretry/idemretry/otelidemretry_test.listError"},
+		{errors.New("something"), "_OTHER"},
+		{fmt.Errorf("wrapped: %w", errors.New("something")), "_OTHER"},
+	} {
+		h := newHarness(t, nil)
+		tr, err := h.in.NewTransport(errBase{c.err}, idemretry.WithJournal(journal.NewMemory()), idemretry.WithMaxRetries(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.tr = tr
+		if _, _, err := h.post(context.Background(), "http://127.0.0.1:1/payments", action, "{}"); err == nil {
+			t.Fatalf("%v: no error", c.err)
+		}
+		evs := h.span().Events()
+		if len(evs) != 1 {
+			t.Fatalf("%v: %d attempt events, want 1", c.err, len(evs))
+		}
+		wantAttrs(t, fmt.Sprintf("%T %v", c.err, c.err), evs[0].Attributes, semconv.ErrorTypeKey.String(c.want))
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

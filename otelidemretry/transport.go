@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -209,27 +208,6 @@ func reasonOf(ae *idemretry.ActionError) error {
 		return ae.Err
 	}
 	return nil
-}
-
-// errorType is error.type for err, as otelhttp has it: the package path
-// and name of its type, a pointer's element type for a pointer
-// ("net.OpError", "github.com/idemretry/idemretry.ActionError"); an
-// ErrorType method's answer if it has one.
-func errorType(err error) attribute.KeyValue {
-	if err == nil {
-		return semconv.ErrorTypeOther
-	}
-	if et, ok := err.(interface{ ErrorType() string }); ok && et.ErrorType() != "" {
-		return semconv.ErrorTypeKey.String(et.ErrorType())
-	}
-	t := reflect.TypeOf(err)
-	if t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t.PkgPath() == "" || t.Name() == "" {
-		return semconv.ErrorTypeKey.String(t.String())
-	}
-	return semconv.ErrorTypeKey.String(t.PkgPath() + "." + t.Name())
 }
 
 // keyOf returns the key in h, unquoted, or "" if h has none or more than
