@@ -805,6 +805,20 @@ func TestCallerKeyAnySpelling(t *testing.T) {
 			}
 		})
 	}
+	// Two spellings at once: idemretry refuses the request (two keys);
+	// neither is recorded, nor hashed (there is no one key to name).
+	t.Run("two spellings", func(t *testing.T) {
+		const first, second = "caller-key-first-77ab", "caller-key-second-91cd"
+		h := newHarness(t, nil)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+first+"/"+second, strings.NewReader("{}"))
+		req.Header["Idempotency-Key"] = []string{first}
+		req.Header["idempotency-key"] = []string{`"` + second + `"`}
+		if _, err := h.tr.RoundTrip(req); !errors.Is(err, idemretry.ErrInvalidKey) {
+			t.Fatalf("RoundTrip: %v, want ErrInvalidKey", err)
+		}
+		noAttr(t, "span", h.span().Attributes(), otelidemretry.KeyHashKey)
+		h.checkNoSecrets(first, second)
+	})
 }
 
 // Each reservation of a key (for a file journal, a write and an
