@@ -956,3 +956,47 @@ func TestErrorTypeNames(t *testing.T) {
 		}
 	}
 }
+
+// A pending action named by the caller's key, its key in the URL's path,
+// resumed from a request rebuilt without the key header (idemretry sets it
+// from the record): the resumed span's url.full has the key's hash, not
+// the key.
+func TestResumeSpanHidesRecordKey(t *testing.T) {
+	const callerKey = "caller-key-resumed-3b7e"
+	var down atomic.Bool
+	down.Store(true)
+	srv := newServer(t, func(w http.ResponseWriter, n int) {
+		if down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := newHarness(t, nil, idemretry.WithMaxRetries(0))
+	url := srv.URL + "/payments/" + callerKey
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":100}`))
+	req.Header.Set("Idempotency-Key", callerKey)
+	resp, err := h.tr.RoundTrip(req)
+	if err != nil || idemretry.GiveUpReason(resp) == nil {
+		t.Fatalf("post: %v %v, want a give-up", resp, err)
+	}
+	resp.Body.Close()
+	if err := h.tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	down.Store(false)
+	h.sr.Reset()
+	tr := h.transport()
+	results, err := tr.Resume(context.Background(), resumer{url: url, body: `{"amount":100}`}, 1)
+	if err != nil || len(results) != 1 || !results[0].Sent || results[0].Status != http.StatusCreated {
+		t.Fatalf("Resume: %+v, %v; want one action sent and answered 201", results, err)
+	}
+	if got := srv.onlyKey(t); got != callerKey {
+		t.Fatalf("server saw key %q, want the caller's", got)
+	}
+	s := h.span()
+	wantAttrs(t, "resumed span", s.Attributes(), otelidemretry.ResumedKey.Bool(true),
+		otelidemretry.KeyHashKey.String(hash8(callerKey)),
+		semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(callerKey)))
+	h.checkNoSecrets(callerKey)
+}

@@ -61,14 +61,10 @@ func (tr *tracedResumer) Rebuild(ctx context.Context, rec journal.Record) (*http
 	if err != nil || req == nil || req.URL == nil {
 		return req, err
 	}
-	var extra []attribute.KeyValue
-	extra = append(extra, ResumedKey.Bool(true))
-	if !tr.in.noHashes {
-		extra = append(extra, ActionHashKey.String(tr.in.hash(rec.ActionID)), KeyHashKey.String(tr.in.hash(rec.Key)))
-	}
 	// The span is a child of Resume's context, whatever the rebuilt
-	// request's context carries otherwise.
-	_, rt := tr.in.start(req.WithContext(ctx), extra)
+	// request's context carries otherwise. The record names the action
+	// and its key, which the rebuilt request need not carry.
+	_, rt := tr.in.start(req.WithContext(ctx), rec.ActionID, rec.Key, []attribute.KeyValue{ResumedKey.Bool(true)})
 	out := req.WithContext(context.WithValue(trace.ContextWithSpan(req.Context(), rt.span), roundTripKey{}, rt))
 	tr.mu.Lock()
 	if old := tr.open[rec.ActionID]; old != nil { // cannot happen: one record per action

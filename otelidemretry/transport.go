@@ -71,7 +71,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil || req.URL == nil {
 		return t.t.RoundTrip(req) // its error, no span
 	}
-	ctx, rt := t.in.start(req, nil)
+	action, _ := idemretry.ActionFromContext(req.Context())
+	ctx, rt := t.in.start(req, action, t.in.keyOf(req.Header), nil)
 	resp, err := t.t.RoundTrip(req.WithContext(ctx))
 	t.in.finish(rt, req, resp, err)
 	if err != nil || resp == nil {
@@ -94,16 +95,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // start opens the span of a RoundTrip (or of a resumed action), with what
-// the request says before it is sent.
-func (in *Instrumentation) start(req *http.Request, extra []attribute.KeyValue) (context.Context, *roundTrip) {
+// the request says before it is sent: the action id and the key, if known
+// ("" if not), are hashed, and hidden in url.full.
+func (in *Instrumentation) start(req *http.Request, action, key string, extra []attribute.KeyValue) (context.Context, *roundTrip) {
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
 	}
 	attrs := make([]attribute.KeyValue, 0, 8+len(extra))
 	attrs = append(attrs, methodAttrs(method)...)
-	action, _ := idemretry.ActionFromContext(req.Context())
-	sc := in.scrubber(req, action, "")
+	sc := in.scrubber(req, action, key)
 	attrs = append(attrs, semconv.URLFull(sc.scrub(redactURL(req.URL))))
 	host, port := hostPort(req.URL)
 	if host != "" {
@@ -116,7 +117,7 @@ func (in *Instrumentation) start(req *http.Request, extra []attribute.KeyValue) 
 		if action != "" {
 			attrs = append(attrs, ActionHashKey.String(in.hash(action)))
 		}
-		if key := in.keyOf(req.Header); key != "" {
+		if key != "" {
 			attrs = append(attrs, KeyHashKey.String(in.hash(key)))
 		}
 	}
