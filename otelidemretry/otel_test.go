@@ -819,6 +819,20 @@ func TestCallerKeyAnySpelling(t *testing.T) {
 		noAttr(t, "span", h.span().Attributes(), otelidemretry.KeyHashKey)
 		h.checkNoSecrets(first, second)
 	})
+	// One key the start of the other: the longer is replaced whole, not
+	// left with its tail after the shorter's hash.
+	t.Run("one key the start of another", func(t *testing.T) {
+		const short, long = "caller-key-5c", "caller-key-5c-and-more-0f"
+		h := newHarness(t, nil)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+long, strings.NewReader("{}"))
+		req.Header["Idempotency-Key"] = []string{short}
+		req.Header["idempotency-key"] = []string{long}
+		if _, err := h.tr.RoundTrip(req); !errors.Is(err, idemretry.ErrInvalidKey) {
+			t.Fatalf("RoundTrip: %v, want ErrInvalidKey", err)
+		}
+		wantAttrs(t, "span", h.span().Attributes(), semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(long)))
+		h.checkNoSecrets(short, long, "-and-more-0f")
+	})
 }
 
 // Each reservation of a key (for a file journal, a write and an

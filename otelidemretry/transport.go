@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -395,8 +396,11 @@ func hostPort(u *url.URL) (string, int) {
 // scrubber replaces what must not be recorded in a message: the action's
 // key and id (by their hashes), the URL's query and user info.
 type scrubber struct {
-	pairs []string // old, new, ...
+	secrets []replacement
+	pairs   []string // old, new, ..., the longer first
 }
+
+type replacement struct{ old, new string }
 
 func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrubber {
 	var s scrubber
@@ -404,12 +408,12 @@ func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrub
 		if secret == "" {
 			return
 		}
-		s.pairs = append(s.pairs, secret, by)
+		s.secrets = append(s.secrets, replacement{secret, by})
 		if q := strconv.Quote(secret); q[1:len(q)-1] != secret {
-			s.pairs = append(s.pairs, q[1:len(q)-1], by)
+			s.secrets = append(s.secrets, replacement{q[1 : len(q)-1], by})
 		}
 		if e := url.QueryEscape(secret); e != secret {
-			s.pairs = append(s.pairs, e, by)
+			s.secrets = append(s.secrets, replacement{e, by})
 		}
 	}
 	sub := func(id string) string {
@@ -421,18 +425,12 @@ func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrub
 	// Every value of the key header, under any spelling: the one
 	// idemretry took, or those it refused.
 	for _, v := range in.keyValues(req.Header) {
-		if v = unquote(v); v != "" && v != key {
+		if v = unquote(v); v != key {
 			add(v, sub(v))
 		}
 	}
-	// The longer first: an action id may hold the key ("key:" + key).
-	if len(action) >= len(key) {
-		add(action, sub(action))
-		add(key, sub(key))
-	} else {
-		add(key, sub(key))
-		add(action, sub(action))
-	}
+	add(action, sub(action))
+	add(key, sub(key))
 	if req.URL != nil {
 		if req.URL.RawQuery != "" {
 			add(req.URL.RawQuery, "REDACTED")
@@ -440,6 +438,13 @@ func (in *Instrumentation) scrubber(req *http.Request, action, key string) scrub
 		if req.URL.User != nil {
 			add(req.URL.User.String(), "REDACTED")
 		}
+	}
+	// The longer first, whole: a secret may hold another (an action id
+	// holds its key, "key:" + key), and a Replacer tries its pairs in
+	// order at each position.
+	sort.SliceStable(s.secrets, func(i, j int) bool { return len(s.secrets[i].old) > len(s.secrets[j].old) })
+	for _, p := range s.secrets {
+		s.pairs = append(s.pairs, p.old, p.new)
 	}
 	return s
 }
