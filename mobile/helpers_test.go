@@ -6,9 +6,82 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	idemretry "github.com/idemretry/idemretry/mobile"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// open returns a Client on a new journal directory, closed at the end of
+// the test, and the directory.
+func open(t *testing.T, opts *idemretry.Options) (*idemretry.Client, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "idemretry")
+	c, err := idemretry.NewClient(dir, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, dir
+}
+
+// payment returns a POST of amount to srv's /charges, named actionID.
+func payment(srv *payServer, actionID, amount string) *idemretry.Request {
+	r := idemretry.NewRequest("POST", srv.URL+"/charges")
+	r.Headers.Set("Content-Type", "application/json")
+	r.Body = []byte(`{"amount":` + amount + `}`)
+	r.ActionID = actionID
+	return r
+}
+
+// kindOf returns err's kind, failing the test if err is nil.
+func kindOf(t *testing.T, err error) int32 {
+	t.Helper()
+	require.Error(t, err)
+	return idemretry.ErrorKind(err)
+}
+
+// rebuildWith adapts a function to Rebuilder.
+type rebuildWith func(actionID string) (*idemretry.Request, error)
+
+func (f rebuildWith) Rebuild(actionID string) (*idemretry.Request, error) { return f(actionID) }
+
+// maybePaid sends payment actionID (amount) while the server holds its
+// answer, so that it ends KindMaybeProcessed after the server charged it,
+// closes the Client (the app is gone) and returns the key charged.
+func maybePaid(t *testing.T, srv *payServer, dir string, req *idemretry.Request) string {
+	t.Helper()
+	srv.setAfterCommit(holdUntilGone)
+	c, err := idemretry.NewClient(dir, nil)
+	require.NoError(t, err)
+	req.TimeoutMillis = 1500
+	_, err = c.Send(req)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	key := <-srv.committed
+	require.NoError(t, c.Close())
+	srv.setAfterCommit(nil)
+	return key
+}
+
+// chargedAnswerLost pays action through c, the server charging it and then
+// holding the answer past the Send's timeout: KindMaybeProcessed. It
+// returns the payment's key, and leaves the server answering again.
+func chargedAnswerLost(t *testing.T, srv *payServer, c *idemretry.Client, action string) string {
+	t.Helper()
+	srv.setAfterCommit(holdUntilGone)
+	r := payment(srv, action, "100")
+	r.TimeoutMillis = 1500
+	_, err := c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	srv.setAfterCommit(nil)
+	return idemretry.FailureOf(err).Key
+}
 
 // payServer is a loopback payment server with Stripe's idempotency
 // semantics: a POST without an Idempotency-Key is refused (400); a new key
@@ -170,3 +243,22 @@ func (s *payServer) requestCount() int {
 	defer s.mu.Unlock()
 	return len(s.requests)
 }
+
+// aheadClock is the system clock moved forward by d.
+type aheadClock struct{ d time.Duration }
+
+func (c aheadClock) Now() time.Time { return time.Now().Add(c.d) }
+
+func (c aheadClock) NewTimer() backoff.Timer { return &realTimer{} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r *realTimer) Start(d time.Duration) { r.t = time.NewTimer(d) }
+
+func (r *realTimer) Stop() {
+	if r.t != nil {
+		r.t.Stop()
+	}
+}
+
+func (r *realTimer) C() <-chan time.Time { return r.t.C }
