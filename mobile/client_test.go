@@ -237,6 +237,74 @@ func TestSendChargedThenRedirectFails(t *testing.T) {
 	assert.Len(t, charges, 1)
 }
 
+// A header net/http never sends (a control character other than HTAB in a
+// value, anything but a token in a name) is refused before the action is
+// journaled, KindInvalidRequest, nothing sent: before, a value with \x01,
+// DEL or ESC was journaled and retried until the timeout, and reported
+// KindMaybeProcessed though no byte left the process. What net/http sends
+// (HTAB, UTF-8) is sent. Found in issue 26, item 15.
+func TestSendRefusesHeadersNetHTTPNeverSends(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	c, _ := open(t, nil)
+	// netHTTPSends reports whether net/http itself sends a request with
+	// the header name: value.
+	plain := &http.Transport{}
+	defer plain.CloseIdleConnections()
+	netHTTPSends := func(name, value string) bool {
+		req, err := http.NewRequest("GET", srv.URL+"/probe", nil)
+		require.NoError(t, err)
+		req.Header[name] = []string{value}
+		resp, err := plain.RoundTrip(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	}
+	for i, h := range []struct{ name, value string }{
+		{"Authorization", "Bearer sk_\x01b"},
+		{"Authorization", "Bearer sk_\x7fb"},
+		{"Authorization", "Bearer sk_\x1b[31m"},
+		{"Authorization", "Bearer sk_\x0bb"},
+		{"Authorization", "Bearer sk_\rb"},
+		{"Authorization", "Bearer sk_\x00b"},
+		{"X-No\x7fte", "sk_1"},
+		{"X-No\x01te", "sk_1"},
+		{"X-No\x1bte", "sk_1"},
+		{"X-Not\u00e9", "sk_1"},
+		{"X-Note:", "sk_1"},
+	} {
+		t.Run(fmt.Sprintf("%q: %q", h.name, h.value), func(t *testing.T) {
+			before := srv.requestCount()
+			require.False(t, netHTTPSends(h.name, h.value), "net/http sends it")
+			require.Equal(t, before, srv.requestCount())
+			r := payment(srv, fmt.Sprintf("pay:header-%d", i), "100")
+			r.Headers.Set(h.name, h.value)
+			r.TimeoutMillis = 2000
+			_, err := c.Send(r)
+			assert.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
+			f := idemretry.FailureOf(err)
+			assert.False(t, f.MaybeProcessed, f.Message)
+			assert.Zero(t, f.Attempts, f.Message)
+			assert.NotContains(t, f.Message, "sk_", "a header's value (a credential) in the message")
+			assert.Equal(t, before, srv.requestCount(), "sent")
+		})
+	}
+	l, err := c.Unfinished()
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, l.Len(), "a request that cannot be sent was journaled")
+
+	for i, v := range []string{"a\tb", "caf\u00e9", " padded "} {
+		require.True(t, netHTTPSends("X-Note", v))
+		r := payment(srv, fmt.Sprintf("pay:sent-%d", i), "100")
+		r.Headers.Set("X-Note", v)
+		resp, err := c.Send(r)
+		require.NoError(t, err, "%q", v)
+		assert.EqualValues(t, 200, resp.Status)
+	}
+}
+
 func TestHeadersLines(t *testing.T) {
 	t.Parallel()
 	h := idemretry.NewHeaders()

@@ -18,13 +18,14 @@ const (
 	// returned by the app's own Rebuilder. Read its message.
 	KindOther int32 = 1
 	// KindInvalidRequest: the request (or an argument) was refused before
-	// anything was sent: no method, a URL that is not absolute http or
-	// https, a header name or value that cannot be sent, a negative
-	// timeout, a POST or PATCH without an ActionID (or an Idempotency-Key
-	// header), a request with both, an ActionID that is too long or starts
-	// with "key:" or "fp:", a request Resume's Rebuilder built for
-	// another action.
-	// Fix the request; nothing happened on the server.
+	// anything was sent or journaled: no method, a URL that is not
+	// absolute http or https, a header that cannot be sent (a name that
+	// is not an HTTP token, a value with a control character other than
+	// HTAB: CR, LF, NUL, ESC, DEL...), a negative timeout, a POST or
+	// PATCH without an ActionID (or an Idempotency-Key header), a request
+	// with both, an ActionID that is too long or starts with "key:" or
+	// "fp:", a request Resume's Rebuilder built for another action.
+	// Fix the request; this send did nothing on the server.
 	KindInvalidRequest int32 = 2
 	// KindNetwork: the attempts ended (on the timeout, or after every
 	// retry) and none of them can have reached the server: every one

@@ -352,3 +352,40 @@ func TestResumeStopsAtClose(t *testing.T) {
 	assert.True(t, out.Get(1).Skipped)
 	assert.Equal(t, sent, srv.requestCount())
 }
+
+// A Rebuilder that sets a header net/http never sends (DEL in a value) has
+// its request refused, KindInvalidRequest, nothing sent, and the action
+// left pending under its key (MaybeProcessed: it was sent before), not
+// retried until the timeout and reported KindMaybeProcessed. Found in
+// issue 26, item 15.
+func TestResumeRebuiltWithControlCharacterHeader(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	dir := filepath.Join(t.TempDir(), "idemretry")
+	key := maybePaid(t, srv, dir, payment(srv, "pay:del", "100"))
+	c, err := idemretry.NewClient(dir, &idemretry.Options{TimeoutMillis: 2000})
+	require.NoError(t, err)
+	defer c.Close()
+	sent := srv.requestCount()
+	out, err := c.Resume(rebuildWith(func(id string) (*idemretry.Request, error) {
+		r := payment(srv, "", "100")
+		r.Headers.Set("X-Trace", "a\x7fb")
+		return r, nil
+	}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, out.Len())
+	o := out.Get(0)
+	assert.Nil(t, o.Response)
+	require.NotNil(t, o.Failure)
+	assert.Equal(t, idemretry.KindInvalidRequest, o.Failure.Kind, o.Failure.Message)
+	assert.True(t, o.Failure.MaybeProcessed)
+	assert.Equal(t, key, o.Failure.Key)
+	assert.EqualValues(t, 1, o.Failure.Attempts, "the attempt of the run before")
+	assert.Equal(t, sent, srv.requestCount(), "sent")
+	l, err := c.Unfinished()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, l.Len())
+	assert.Equal(t, key, l.Get(0).Key)
+	assert.False(t, l.Get(0).OutcomeUnknown)
+	assert.EqualValues(t, 1, l.Get(0).Attempts)
+}
