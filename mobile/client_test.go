@@ -379,6 +379,7 @@ func TestClientCloseEndsSendsInProgress(t *testing.T) {
 	err = <-done
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	assert.EqualValues(t, 1, idemretry.FailureOf(err).Attempts)
 
 	srv.setAfterCommit(nil)
 	c2, err := idemretry.NewClient(dir, nil)

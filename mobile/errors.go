@@ -121,7 +121,10 @@ type Failure struct {
 	// with it the app can ask the server what became of the action.
 	Key string
 	// Attempts counts the requests sent for the action, in this run and
-	// earlier ones, when known.
+	// earlier ones, as far as the journal recorded them (0 when it cannot
+	// say: a closed or failed journal); for a request without an action
+	// (a GET, say), the requests this Send sent, redirects included.
+	// Attempts that failed to connect count too.
 	Attempts int32
 	// Status is the last HTTP status the server answered, or 0.
 	Status int32
@@ -168,9 +171,14 @@ func ErrorKind(err error) int32 {
 // (msg may carry the prefix already, once or more: it is kept once) that
 // unwraps to cause.
 func newFailure(kind int32, cause error, msg string) *failure {
+	return &failure{f: Failure{Kind: kind, Message: message(msg)}, cause: cause}
+}
+
+// message returns "idemretry: msg", the prefix said once however often
+// msg carries it, in valid UTF-8 (a string on both sides of gobind).
+func message(msg string) string {
 	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
-	msg = strings.ToValidUTF8(msg, "\uFFFD") // a string on both sides of gobind
-	return &failure{f: Failure{Kind: kind, Message: msg}, cause: cause}
+	return strings.ToValidUTF8(msg, "\uFFFD")
 }
 
 // invalid returns a KindInvalidRequest failure wrapping root.ErrInvalidRequest.

@@ -180,6 +180,7 @@ func TestKindGaveUp(t *testing.T) {
 	reqs, _ := srv.snapshot()
 	require.Len(t, reqs, 1)
 	assert.Equal(t, reqs[0].Key, f.Key)
+	assert.EqualValues(t, 1, f.Attempts)
 
 	l, err := c.Unfinished()
 	require.NoError(t, err)
@@ -194,6 +195,71 @@ func TestKindGaveUp(t *testing.T) {
 	assert.Equal(t, map[string]int{f.Key: 1}, charges)
 }
 
+// Failure.Attempts counts the requests of the action sent, as the server
+// saw them, whatever the kind: it was 0 after KindGaveUp (4 attempts
+// sent) and after a body cut short, and counted a failed redirect's
+// attempts to reach its target instead of the payment's. Found in issue 26,
+// item 15.
+func TestFailureAttemptsCountWhatWasSent(t *testing.T) {
+	t.Parallel()
+	unavailable := func(w http.ResponseWriter, r *http.Request) bool {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return true
+	}
+	cutBody := func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"charge":`))
+		w.(http.Flusher).Flush()
+		return cutConnection(w, r)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gone := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	toGone := func(w http.ResponseWriter, r *http.Request) bool {
+		http.Redirect(w, r, "http://"+gone+"/receipts/1", http.StatusSeeOther)
+		return true
+	}
+	for name, tc := range map[string]struct {
+		method              string
+		before, afterCommit func(w http.ResponseWriter, r *http.Request) bool
+		kind                int32
+	}{
+		"POST, 503 until the timeout": {method: "POST", before: unavailable, kind: idemretry.KindGaveUp},
+		"GET, 503 until the timeout":  {method: "GET", before: unavailable, kind: idemretry.KindGaveUp},
+		"POST, body cut":              {method: "POST", afterCommit: cutBody, kind: idemretry.KindMaybeProcessed},
+		"POST, redirect fails":        {method: "POST", afterCommit: toGone, kind: idemretry.KindMaybeProcessed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := newPayServer(t)
+			srv.setBefore(tc.before)
+			srv.setAfterCommit(tc.afterCommit)
+			c, _ := open(t, nil)
+			r := payment(srv, "pay:counted", "100")
+			if tc.method == "GET" {
+				r = idemretry.NewRequest("GET", srv.URL+"/balance")
+			}
+			r.TimeoutMillis = 2500
+			_, err := c.Send(r)
+			require.Equal(t, tc.kind, kindOf(t, err), "%v", err)
+			f := idemretry.FailureOf(err)
+			reqs, _ := srv.snapshot()
+			require.NotEmpty(t, reqs)
+			assert.EqualValues(t, len(reqs), f.Attempts, "%d requests reached the server: %s", len(reqs), f.Message)
+			if tc.method == "POST" {
+				assert.Equal(t, reqs[0].Key, f.Key)
+				l, err := c.Unfinished()
+				require.NoError(t, err)
+				if l.Len() > 0 { // the cut body's action is done
+					assert.Equal(t, f.Attempts, l.Get(0).Attempts, "Unfinished and the Failure disagree")
+				}
+			}
+		})
+	}
+}
+
 func TestKindFingerprintMismatch(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)
@@ -204,6 +270,7 @@ func TestKindFingerprintMismatch(t *testing.T) {
 	assert.Equal(t, idemretry.KindFingerprintMismatch, kindOf(t, err), "%v", err)
 	// The action (its first payload) was performed.
 	assert.True(t, idemretry.FailureOf(err).MaybeProcessed)
+	assert.EqualValues(t, 1, idemretry.FailureOf(err).Attempts, "the first payload's")
 	assert.Equal(t, 1, srv.requestCount(), "the other payload was sent")
 }
 
@@ -231,6 +298,7 @@ func TestKindWindowExpired(t *testing.T) {
 	f := idemretry.FailureOf(err)
 	assert.True(t, f.MaybeProcessed)
 	assert.Equal(t, key, f.Key)
+	assert.EqualValues(t, sent, f.Attempts)
 	assert.Equal(t, sent, srv.requestCount(), "an expired key was sent")
 
 	l, err := c.Unfinished()
@@ -247,6 +315,7 @@ func TestKindWindowExpired(t *testing.T) {
 	require.EqualValues(t, 1, out.Len())
 	assert.True(t, out.Get(0).Skipped)
 	assert.Equal(t, idemretry.KindWindowExpired, out.Get(0).Failure.Kind)
+	assert.EqualValues(t, sent, out.Get(0).Failure.Attempts)
 	assert.Equal(t, sent, srv.requestCount())
 
 	// Reconciled: Forget it, and the next send is a new action.
@@ -285,6 +354,7 @@ func TestKindClockSkew(t *testing.T) {
 	_, err = c.Send(payment(srv, "pay:skewed", "5"))
 	assert.Equal(t, idemretry.KindClockSkew, kindOf(t, err), "%v", err)
 	assert.Equal(t, sent, srv.requestCount(), "a key from the future was sent")
+	assert.EqualValues(t, sent, idemretry.FailureOf(err).Attempts)
 	l, err := c.Unfinished()
 	require.NoError(t, err)
 	require.EqualValues(t, 1, l.Len(), "the action must be kept")
@@ -343,8 +413,10 @@ func TestKindOutcomeUnknown(t *testing.T) {
 	_, err := c.Send(payment(srv, "pay:reused", "300"))
 	assert.Equal(t, idemretry.KindOutcomeUnknown, kindOf(t, err), "%v", err)
 	assert.ErrorIs(t, err, root.ErrKeyReused)
+	assert.EqualValues(t, 1, idemretry.FailureOf(err).Attempts)
 	_, err = c.Send(payment(srv, "pay:reused", "300"))
 	assert.Equal(t, idemretry.KindOutcomeUnknown, kindOf(t, err), "%v", err)
+	assert.EqualValues(t, 1, idemretry.FailureOf(err).Attempts, "the one sent before")
 	reqs, _ := srv.snapshot()
 	assert.Len(t, reqs, 1, "nothing more is sent")
 }
@@ -395,6 +467,7 @@ func TestKindJournalUncheckableLargePayment(t *testing.T) {
 		t.Logf("send %d: kind %d: %s", i, f.Kind, f.Message)
 		assert.True(t, f.MaybeProcessed)
 		assert.Equal(t, key, f.Key)
+		assert.EqualValues(t, 1, f.Attempts)
 		assert.Equal(t, idemretry.KindJournal, f.Kind, "told to resend what is refused at every resend")
 	}
 	_, charges := srv.snapshot()
@@ -456,6 +529,7 @@ func TestRefusalKeepsMaybeProcessed(t *testing.T) {
 	assert.True(t, f.MaybeProcessed, f.Message)
 	assert.Equal(t, "pay:charged", f.ActionID)
 	assert.Equal(t, key, f.Key)
+	assert.EqualValues(t, 1, f.Attempts)
 
 	bad = payment(srv, "pay:never", "100")
 	bad.TimeoutMillis = -1
