@@ -96,9 +96,11 @@ const (
 	// a new one.
 	KindParked int32 = 11
 	// KindOutcomeUnknown: the action's outcome is unknown for another
-	// reason than its key window: the server refused its key as used for
-	// another payload. Nothing more is sent under it: reconcile the
-	// action (ask the server about Key), then Forget it.
+	// reason than its key window's end: the server refused its key as used
+	// for another payload, or the window ended by a clock more than a day
+	// ahead of the device's now (set back since). Nothing more is sent
+	// under it: reconcile the action (ask the server about Key), then
+	// Forget it.
 	KindOutcomeUnknown int32 = 12
 )
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -162,14 +163,16 @@ func (c *Client) Resume(rebuilder Rebuilder) (*OutcomeList, error) {
 func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	o := &Outcome{ActionID: a.ActionID}
 	if a.OutcomeUnknown {
-		// As Send would say it: the window's end, or, while the key
-		// window lasts, the other reason (the server refused the key as
-		// used for another payload).
+		// As Send would say it: the window's end, judged by the time the
+		// Transport judges it by (now), or, while the key window lasts
+		// by that time, the other reason (the server refused the key as
+		// used for another payload, or a clock set back by more than the
+		// journal's time is believed).
 		f := newFailure(KindWindowExpired, root.ErrKeyWindowExpired,
 			"action "+quote(a.ActionID)+": key window expired with no final answer: reconcile it with the server, then Forget it")
-		if time.Now().Before(time.UnixMilli(a.CreatedAtMillis).Add(c.window)) {
+		if c.now().Before(time.UnixMilli(a.CreatedAtMillis).Add(c.window)) {
 			f = newFailure(KindOutcomeUnknown, root.ErrOutcomeUnknown,
-				"action "+quote(a.ActionID)+": outcome unknown (the server refused its key): reconcile it with the server, then Forget it")
+				"action "+quote(a.ActionID)+": outcome unknown (the server refused its key, or the clock was set back more than a day): reconcile it with the server, then Forget it")
 		}
 		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
 		o.Failure, o.Skipped = &f.f, true
@@ -234,6 +237,23 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	o.Response = resp
 	return o
+}
+
+// now is the time the Transport judges key windows by, so that Resume
+// says of an action what Send would: the clock, or the journal's time
+// (journal.Timekeeper: the latest time it has seen, persisted) when the
+// clock is behind it (set back) by no more than filejournal.DefaultGrace.
+// It is the rule of Transport.now in the root module (clock.go), which
+// does not export it; TestResumeWindowExpiredAfterClockSetBack checks that
+// the two agree.
+func (c *Client) now() time.Time {
+	now := time.Now()
+	if tk, ok := c.transport.Journal().(journal.Timekeeper); ok {
+		if seen := tk.Now(); seen.After(now) && seen.Sub(now) <= filejournal.DefaultGrace {
+			return seen
+		}
+	}
+	return now
 }
 
 // stillListed reports whether the journal holds a under the key Unfinished

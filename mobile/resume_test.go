@@ -1,16 +1,20 @@
 package idemretry_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	root "github.com/idemretry/idemretry"
 	idemretry "github.com/idemretry/idemretry/mobile"
 )
 
@@ -388,4 +392,76 @@ func TestResumeRebuiltWithControlCharacterHeader(t *testing.T) {
 	assert.Equal(t, key, l.Get(0).Key)
 	assert.False(t, l.Get(0).OutcomeUnknown)
 	assert.EqualValues(t, 1, l.Get(0).Attempts)
+}
+
+// The device's clock is set back after an action's key window ended (by
+// the clock of the run that sent it): Send judges the window by the
+// journal's time, which never runs back, and says KindWindowExpired;
+// Resume said KindOutcomeUnknown ("the server refused its key"), judging
+// by the clock alone. Both judge by the same time now, on either side of
+// the bound past which the journal's time is not believed (its grace, 24
+// hours ahead of the clock). Found in issue 26, item 15.
+func TestResumeWindowExpiredAfterClockSetBack(t *testing.T) {
+	t.Parallel()
+	const window = 10 * time.Minute
+	for name, tc := range map[string]struct {
+		back time.Duration // how far the clock is set back
+		kind int32
+	}{
+		"an hour":      {time.Hour, idemretry.KindWindowExpired},
+		"beyond grace": {25 * time.Hour, idemretry.KindOutcomeUnknown},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := newPayServer(t)
+			srv.setBefore(func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Retry-After", "3600")
+				http.Error(w, "busy", http.StatusServiceUnavailable)
+				return true
+			})
+			dir := filepath.Join(t.TempDir(), "idemretry")
+			// send sends the payment through a Transport whose clock is
+			// ahead of this device's by ahead, as the device's was before
+			// it was set back.
+			send := func(ahead time.Duration) error {
+				tr, err := root.NewTransport(nil, root.WithJournalDir(dir), root.WithKeyWindow(window), root.WithClock(aheadClock{ahead}))
+				require.NoError(t, err)
+				defer func() { require.NoError(t, tr.Close()) }()
+				ctx, cancel := context.WithTimeout(root.WithAction(context.Background(), "pay:set-back"), 5*time.Second)
+				defer cancel()
+				hreq, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/charges", strings.NewReader(`{"amount":100}`))
+				require.NoError(t, err)
+				hreq.Header.Set("Content-Type", "application/json")
+				resp, err := (&http.Client{Transport: tr}).Do(hreq)
+				if err == nil {
+					resp.Body.Close()
+				}
+				return err
+			}
+			require.NoError(t, send(tc.back-window-time.Minute)) // the 503, given up at once
+			require.Equal(t, 1, srv.requestCount())
+			err := send(tc.back) // its window is over
+			require.ErrorIs(t, err, root.ErrKeyWindowExpired)
+			require.Equal(t, 1, srv.requestCount())
+
+			c, err := idemretry.NewClient(dir, &idemretry.Options{KeyWindowMillis: window.Milliseconds()})
+			require.NoError(t, err)
+			defer c.Close()
+			_, err = c.Send(payment(srv, "pay:set-back", "100"))
+			require.Equal(t, tc.kind, kindOf(t, err), "%v", err)
+			out, err := c.Resume(rebuildWith(func(id string) (*idemretry.Request, error) {
+				t.Errorf("Rebuild(%q) called for an action whose outcome is unknown", id)
+				return nil, nil
+			}))
+			require.NoError(t, err)
+			require.EqualValues(t, 1, out.Len())
+			o := out.Get(0)
+			require.NotNil(t, o.Failure)
+			assert.True(t, o.Skipped)
+			assert.Equal(t, tc.kind, o.Failure.Kind, "Send and Resume disagree: %s", o.Failure.Message)
+			assert.True(t, o.Failure.MaybeProcessed)
+			assert.EqualValues(t, 1, o.Failure.Attempts)
+			assert.Equal(t, 1, srv.requestCount())
+		})
+	}
 }
