@@ -15,6 +15,7 @@ import (
 	"time"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 )
@@ -115,11 +116,16 @@ func NewClient(dir string, opts *Options) (*Client, error) {
 		root.WithRequireAction(),
 	)
 	if err != nil {
-		kind := KindJournal
-		if errors.Is(err, root.ErrInvalidOption) {
+		kind, msg := KindJournal, err.Error()
+		switch {
+		case errors.Is(err, root.ErrInvalidOption):
 			kind = KindInvalidRequest
+		case errors.Is(err, filejournal.ErrLocked):
+			// The journal's message tells a Go program to wait with
+			// filejournal.WithLockWait.
+			msg = "journal locked: " + dir + " is held by another Client, in this process or another: Close it first, or use another directory"
 		}
-		return nil, newFailure(kind, err, err.Error())
+		return nil, newFailure(kind, err, msg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{
@@ -478,6 +484,12 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 	}
 	if msg := req.Headers.check(); msg != "" {
 		return nil, nil, invalid(msg)
+	}
+	keyed := method == http.MethodPost || method == http.MethodPatch
+	if keyed && req.ActionID == "" && !req.Headers.Has(root.DefaultKeyHeader) {
+		// The Transport refuses it too (WithRequireAction), in Go's words.
+		return nil, nil, newFailure(KindInvalidRequest, root.ErrActionRequired, "request names no action: "+
+			method+" "+u.Redacted()+" has neither an ActionID nor an "+root.DefaultKeyHeader+" header")
 	}
 	if req.ActionID != "" && req.Headers.Has(root.DefaultKeyHeader) {
 		// The header would name the action and the ActionID be ignored:

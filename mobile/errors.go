@@ -1,6 +1,7 @@
 package idemretry
 
 import (
+	"context"
 	"errors"
 	"net/url"
 	"strings"
@@ -177,11 +178,24 @@ func newFailure(kind int32, cause error, msg string) *failure {
 }
 
 // message returns "idemretry: msg", the prefix said once however often
-// msg carries it, in valid UTF-8 (a string on both sides of gobind).
+// msg carries it, in the mobile API's words (mobileWords), in valid UTF-8
+// (a string on both sides of gobind).
 func message(msg string) string {
 	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
-	return strings.ToValidUTF8(msg, "\uFFFD")
+	return strings.ToValidUTF8(mobileWords.Replace(msg), "\uFFFD")
 }
+
+// mobileWords rewrites the messages of the Go errors that a failure's
+// message may quote and that name what a Kotlin or Swift app does not have
+// (Go's context, the Transport), in the words of this package's API.
+var mobileWords = strings.NewReplacer(
+	trimPrefix(root.ErrWaitExceedsDeadline.Error()), "the next retry would come after the timeout (TimeoutMillis)",
+	context.DeadlineExceeded.Error(), "timed out",
+	// Sends and journal calls end early only at Close.
+	context.Canceled.Error(), "cut short by Close",
+	trimPrefix(root.ErrFingerprintUncheckable.Error()), "the journal cannot check this payment against its first send: "+
+		"fingerprint.key in the journal directory was deleted or damaged, or the record came from another journal directory",
+)
 
 // invalid returns a KindInvalidRequest failure wrapping root.ErrInvalidRequest.
 func invalid(msg string) *failure {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	idemretry "github.com/idemretry/idemretry/mobile"
 )
 
@@ -465,6 +466,7 @@ func TestKindJournalUncheckableLargePayment(t *testing.T) {
 		require.Error(t, err)
 		f := idemretry.FailureOf(err)
 		t.Logf("send %d: kind %d: %s", i, f.Kind, f.Message)
+		mobileWordsOnly(t, f.Message)
 		assert.True(t, f.MaybeProcessed)
 		assert.Equal(t, key, f.Key)
 		assert.EqualValues(t, 1, f.Attempts)
@@ -577,6 +579,70 @@ func TestFailureMessagesAreUTF8(t *testing.T) {
 	_, err = c.Send(r)
 	require.Error(t, err)
 	assert.True(t, utf8.ValidString(idemretry.FailureOf(err).Message), "%q", idemretry.FailureOf(err).Message)
+}
+
+// Messages name what a Kotlin or Swift developer has (ActionID, Close,
+// TimeoutMillis), never what only Go's API has: a payment without an
+// ActionID was refused naming WithAction, a held directory told the app to
+// wait with WithLockWait, and timeouts and Close said "context". (Every
+// test's kindOf checks its message the same way.) Found in issue 30,
+// item 5.
+func TestFailureMessagesNameOnlyTheMobileAPI(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	c, dir := open(t, nil)
+	messages := map[string]string{}
+
+	r := payment(srv, "", "100")
+	_, err := c.Send(r)
+	require.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, root.ErrActionRequired)
+	assert.Equal(t, "idemretry: request names no action: POST "+srv.URL+"/charges has neither an ActionID nor an Idempotency-Key header", err.Error())
+	messages["no action"] = err.Error()
+
+	_, err = idemretry.NewClient(dir, nil)
+	require.Equal(t, idemretry.KindJournal, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, filejournal.ErrLocked)
+	assert.Equal(t, "idemretry: journal locked: "+dir+" is held by another Client, in this process or another: Close it first, or use another directory", err.Error())
+	messages["locked"] = err.Error()
+
+	srv.setAfterCommit(holdUntilGone)
+	r = payment(srv, "pay:timeout", "100")
+	r.TimeoutMillis = 1000
+	_, err = c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	messages["timeout"] = err.Error()
+
+	srv.setAfterCommit(nil)
+	srv.setBefore(func(w http.ResponseWriter, r *http.Request) bool {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return true
+	})
+	r = payment(srv, "pay:503", "100")
+	r.TimeoutMillis = 1500
+	_, err = c.Send(r)
+	require.Equal(t, idemretry.KindGaveUp, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, root.ErrWaitExceedsDeadline)
+	messages["gave up"] = err.Error()
+
+	srv.setBefore(nil)
+	srv.setAfterCommit(holdUntilGone)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Send(payment(srv, "pay:closed", "100"))
+		done <- err
+	}()
+	<-srv.committed
+	<-srv.committed // pay:timeout's, then pay:closed's
+	require.NoError(t, c.Close())
+	err = <-done
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	assert.ErrorIs(t, err, context.Canceled)
+	messages["closed"] = err.Error()
+	for what, msg := range messages {
+		t.Logf("%s: %s", what, msg)
+	}
 }
 
 // A journal's own error already says what failed ("idemretry: journal

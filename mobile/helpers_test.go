@@ -3,10 +3,17 @@ package idemretry_test
 import (
 	"crypto/sha256"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,11 +47,101 @@ func payment(srv *payServer, actionID, amount string) *idemretry.Request {
 	return r
 }
 
-// kindOf returns err's kind, failing the test if err is nil.
+// kindOf returns err's kind, failing the test if err is nil or its message
+// names what a Kotlin or Swift developer does not have (mobileWordsOnly).
 func kindOf(t *testing.T, err error) int32 {
 	t.Helper()
 	require.Error(t, err)
+	mobileWordsOnly(t, idemretry.FailureOf(err).Message)
 	return idemretry.ErrorKind(err)
+}
+
+// mobileWordsOnly fails the test if msg names an identifier of the Go API
+// that the mobile API does not have (WithAction, WithLockWait, Transport,
+// ...: every exported name of the packages mobile wraps, but its own), or
+// Go's context (a "context deadline exceeded" is the app's TimeoutMillis).
+func mobileWordsOnly(t *testing.T, msg string) {
+	t.Helper()
+	goWordsOnce.Do(func() { goWords, goWordsErr = loadGoWords() })
+	require.NoError(t, goWordsErr)
+	if ws := goWords.FindAllString(msg, -1); ws != nil {
+		t.Errorf("the message names %q, which the mobile API does not have: %s", ws, msg)
+	}
+}
+
+var (
+	goWordsOnce sync.Once
+	goWords     *regexp.Regexp
+	goWordsErr  error
+)
+
+// loadGoWords returns a pattern matching, as words, every exported
+// top-level identifier of the root, journal and filejournal packages that
+// is not one of this package's, and a few Go names besides.
+func loadGoWords() (*regexp.Regexp, error) {
+	exported := func(dirs ...string) (map[string]bool, error) {
+		names := map[string]bool{}
+		for _, dir := range dirs {
+			pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi fs.FileInfo) bool {
+				return !strings.HasSuffix(fi.Name(), "_test.go")
+			}, 0)
+			if err != nil {
+				return nil, err
+			}
+			for _, pkg := range pkgs {
+				for _, f := range pkg.Files {
+					for _, d := range f.Decls {
+						for _, name := range declNames(d) {
+							if ast.IsExported(name) {
+								names[name] = true
+							}
+						}
+					}
+				}
+			}
+		}
+		return names, nil
+	}
+	mobile, err := exported(".")
+	if err != nil {
+		return nil, err
+	}
+	wrapped, err := exported("..", "../journal", "../filejournal")
+	if err != nil {
+		return nil, err
+	}
+	words := []string{"context", "RoundTrip", "RoundTripper", "GetBody", "GODEBUG", "ctx"}
+	for name := range wrapped {
+		if !mobile[name] {
+			words = append(words, name)
+		}
+	}
+	sort.Strings(words)
+	return regexp.Compile(`\b(` + strings.Join(words, "|") + `)\b`)
+}
+
+// declNames returns the names a top-level declaration declares (none for
+// a method).
+func declNames(d ast.Decl) []string {
+	var names []string
+	switch d := d.(type) {
+	case *ast.FuncDecl:
+		if d.Recv == nil {
+			names = append(names, d.Name.Name)
+		}
+	case *ast.GenDecl:
+		for _, spec := range d.Specs {
+			switch spec := spec.(type) {
+			case *ast.TypeSpec:
+				names = append(names, spec.Name.Name)
+			case *ast.ValueSpec:
+				for _, n := range spec.Names {
+					names = append(names, n.Name)
+				}
+			}
+		}
+	}
+	return names
 }
 
 // rebuildWith adapts a function to Rebuilder.
