@@ -589,12 +589,19 @@ func TestFailureMessagesAreUTF8(t *testing.T) {
 // item 5.
 func TestFailureMessagesNameOnlyTheMobileAPI(t *testing.T) {
 	t.Parallel()
+	// The check knows the Go API's names, and the mobile API's.
+	words, err := loadGoWords()
+	require.NoError(t, err)
+	for _, w := range []string{"WithAction", "WithLockWait", "WithJournalDir", "Transport", "ErrLocked", "context"} {
+		assert.True(t, words.MatchString("a "+w+" b"), w)
+	}
+	assert.False(t, words.MatchString("Client Close ActionID TimeoutMillis KindJournal Idempotency-Key Retry-After"))
 	srv := newPayServer(t)
 	c, dir := open(t, nil)
 	messages := map[string]string{}
 
 	r := payment(srv, "", "100")
-	_, err := c.Send(r)
+	_, err = c.Send(r)
 	require.Equal(t, idemretry.KindInvalidRequest, kindOf(t, err), "%v", err)
 	assert.ErrorIs(t, err, root.ErrActionRequired)
 	assert.Equal(t, "idemretry: request names no action: POST "+srv.URL+"/charges has neither an ActionID nor an Idempotency-Key header", err.Error())

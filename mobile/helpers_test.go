@@ -7,7 +7,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -79,26 +78,34 @@ var (
 // top-level identifier of the root, journal and filejournal packages that
 // is not one of this package's, and a few Go names besides.
 func loadGoWords() (*regexp.Regexp, error) {
+	// exported returns the exported top-level names of the Go files
+	// (tests aside) in dirs, whatever their build tags.
 	exported := func(dirs ...string) (map[string]bool, error) {
 		names := map[string]bool{}
 		for _, dir := range dirs {
-			pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi fs.FileInfo) bool {
-				return !strings.HasSuffix(fi.Name(), "_test.go")
-			}, 0)
+			files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 			if err != nil {
 				return nil, err
 			}
-			for _, pkg := range pkgs {
-				for _, f := range pkg.Files {
-					for _, d := range f.Decls {
-						for _, name := range declNames(d) {
-							if ast.IsExported(name) {
-								names[name] = true
-							}
+			for _, file := range files {
+				if strings.HasSuffix(file, "_test.go") {
+					continue
+				}
+				f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
+				if err != nil {
+					return nil, err
+				}
+				for _, d := range f.Decls {
+					for _, name := range declNames(d) {
+						if ast.IsExported(name) {
+							names[name] = true
 						}
 					}
 				}
 			}
+		}
+		if len(names) == 0 {
+			return nil, fmt.Errorf("no exported names in %s", dirs)
 		}
 		return names, nil
 	}
