@@ -386,8 +386,11 @@ func (tr *sendTrace) explain(f *failure) {
 		head = "action " + quote(f.f.ActionID) + ": " + head
 	}
 	f.f.Message = message(head + trimPrefix(f.f.Message))
-	f.f.MaybeProcessed, f.f.Key, f.f.Status = true, key, clampInt32(status)
+	f.f.MaybeProcessed, f.f.Key = true, key
 	f.f.Attempts = 1 // at least the one answered; count finds the rest
+	if f.f.Status == 0 {
+		f.f.Status = clampInt32(status)
+	}
 }
 
 // heldAction is what the journal held of an action before a Send.
