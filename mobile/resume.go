@@ -184,8 +184,7 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	if closed {
 		// The app is exiting: its Rebuilder is not called any more.
 		f := newFailure(KindClosed, journal.ErrClosed, "client closed")
-		f.f.ActionID = a.ActionID
-		o.Failure, o.Skipped = &f.f, true
+		o.Failure, o.Skipped = listed(&f.f, a), true
 		return o
 	}
 	defer c.mark(a.ActionID)() // Forget refuses it from now on
@@ -229,14 +228,29 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	resp, err := c.Send(&r)
 	if err != nil {
-		o.Failure = FailureOf(err)
-		if o.Failure.ActionID == "" {
-			o.Failure.ActionID = a.ActionID
-		}
+		o.Failure = listed(FailureOf(err), a)
 		return o
 	}
 	o.Response = resp
 	return o
+}
+
+// listed completes f, a failure of Resume about a, with what Unfinished
+// listed of a where f does not know better (a closed journal cannot say):
+// its id and key, its attempts, and that it may have been processed (the
+// journal held it). It returns f.
+func listed(f *Failure, a *Action) *Failure {
+	if f.ActionID == "" {
+		f.ActionID = a.ActionID
+	}
+	if f.Key == "" {
+		f.Key = a.Key
+	}
+	if f.Key == a.Key {
+		f.Attempts = max(f.Attempts, a.Attempts)
+		f.MaybeProcessed = true
+	}
+	return f
 }
 
 // now is the time the Transport judges key windows by, so that Resume

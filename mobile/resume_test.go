@@ -330,11 +330,13 @@ func TestResumeStopsAtClose(t *testing.T) {
 	c, err := idemretry.NewClient(filepath.Join(t.TempDir(), "idemretry"), nil)
 	require.NoError(t, err)
 	defer c.Close()
+	keys := map[string]string{}
 	for _, id := range []string{"pay:1", "pay:2", "pay:3"} {
 		r := payment(srv, id, "1")
 		r.TimeoutMillis = 1000
 		_, err := c.Send(r)
 		require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+		keys[id] = idemretry.FailureOf(err).Key
 	}
 	srv.setAfterCommit(nil)
 	sent := srv.requestCount()
@@ -352,6 +354,10 @@ func TestResumeStopsAtClose(t *testing.T) {
 		require.NotNil(t, o.Failure)
 		assert.Equal(t, idemretry.KindClosed, o.Failure.Kind, o.Failure.Message)
 		assert.Equal(t, o.ActionID, o.Failure.ActionID)
+		// Listed, so sent before: what the listing said of it.
+		assert.True(t, o.Failure.MaybeProcessed, o.ActionID)
+		assert.Equal(t, keys[o.ActionID], o.Failure.Key, o.ActionID)
+		assert.EqualValues(t, 1, o.Failure.Attempts, o.ActionID)
 	}
 	assert.True(t, out.Get(1).Skipped)
 	assert.Equal(t, sent, srv.requestCount())
