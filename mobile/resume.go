@@ -113,7 +113,10 @@ type Outcome struct {
 	// that left it unfinished.
 	Response *Response
 	// Failure says why there is no Response, or is null: what Send would
-	// have thrown, or, when Skipped, the error Rebuild threw.
+	// have thrown, or, when Skipped, the error Rebuild threw (KindOther,
+	// its message). Either way its ActionID, Key, Attempts and
+	// MaybeProcessed are the action's, as Unfinished listed it when the
+	// error does not say more.
 	Failure *Failure
 	// Skipped is true when nothing was sent: Rebuild returned null or
 	// threw, the action was forgotten (Forget) since Resume listed it
@@ -196,11 +199,7 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	req, err := rebuilder.Rebuild(a.ActionID)
 	if err != nil {
-		f := FailureOf(err)
-		if f.ActionID == "" {
-			f.ActionID = a.ActionID
-		}
-		o.Failure, o.Skipped = f, true
+		o.Failure, o.Skipped = listed(FailureOf(err), a), true
 		return o
 	}
 	if req == nil {
