@@ -2,6 +2,7 @@ package idemretry_test
 
 import (
 	"crypto/sha256"
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -11,7 +12,9 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +27,21 @@ import (
 	idemretry "github.com/idemretry/idemretry/mobile"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines, and runs 4 tests per CPU at once
+// unless -test.parallel says otherwise: the tests mostly wait (for
+// timeouts, held answers, child processes), so the default of one per CPU
+// leaves the CPUs idle.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))); err != nil {
+			panic(err)
+		}
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // open returns a Client on a new journal directory, closed at the end of
 // the test, and the directory.
