@@ -11,9 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 )
@@ -108,17 +110,22 @@ func NewClient(dir string, opts *Options) (*Client, error) {
 	if opts.TimeoutMillis > 0 {
 		timeout = millis(opts.TimeoutMillis)
 	}
-	t, err := root.NewTransport(nil,
+	t, err := root.NewTransport(newBase(),
 		root.WithJournalDir(dir),
 		root.WithKeyWindow(window),
 		root.WithRequireAction(),
 	)
 	if err != nil {
-		kind := KindJournal
-		if errors.Is(err, root.ErrInvalidOption) {
+		kind, msg := KindJournal, err.Error()
+		switch {
+		case errors.Is(err, root.ErrInvalidOption):
 			kind = KindInvalidRequest
+		case errors.Is(err, filejournal.ErrLocked):
+			// The journal's message tells a Go program to wait with
+			// filejournal.WithLockWait.
+			msg = "journal locked: " + dir + " is held by another Client, in this process or another: Close it first, or use another directory"
 		}
-		return nil, newFailure(kind, err, err.Error())
+		return nil, newFailure(kind, err, msg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{
@@ -211,12 +218,12 @@ func (c *Client) send(req *Request) (*Response, error) {
 	id := keyedAction(hreq, req)
 	defer c.mark(id)()
 	held := c.held(hreq.Context(), id)
-	hops := &redirects{}
-	hreq = hreq.WithContext(context.WithValue(hreq.Context(), redirectsKey{}, hops))
+	tr := &sendTrace{}
+	hreq = hreq.WithContext(context.WithValue(hreq.Context(), sendTraceKey{}, tr))
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		f := classify(err, req.ActionID)
-		hops.explain(f)
+		tr.explain(f)
 		if (f.f.Kind == KindJournal || f.f.Kind == KindOther || f.f.Kind == KindInvalidRequest) && held.maybe && !f.f.MaybeProcessed {
 			// Refused before sending (a journal that failed, say), but
 			// the action was in the journal, or the journal could not
@@ -226,6 +233,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 				f.f.Key, f.f.Attempts = held.key, held.attempts
 			}
 		}
+		c.count(f, id, tr)
 		return nil, f
 	}
 	defer resp.Body.Close()
@@ -236,10 +244,9 @@ func (c *Client) send(req *Request) (*Response, error) {
 		}
 		f := newFailure(KindGaveUp, reason, msg)
 		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
-		if resp.Request != nil {
-			f.f.Key = resp.Request.Header.Get(root.DefaultKeyHeader)
-		}
-		hops.explain(f)
+		f.f.Key = sentKey(resp)
+		tr.explain(f)
+		c.count(f, id, tr)
 		return nil, f
 	}
 	body, err := io.ReadAll(resp.Body)
@@ -252,7 +259,9 @@ func (c *Client) send(req *Request) (*Response, error) {
 		}
 		f := newFailure(KindMaybeProcessed, err, msg)
 		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
-		hops.explain(f)
+		f.f.Key = sentKey(resp)
+		tr.explain(f)
+		c.count(f, id, tr)
 		return nil, f
 	}
 	return &Response{
@@ -263,30 +272,91 @@ func (c *Client) send(req *Request) (*Response, error) {
 	}, nil
 }
 
-// redirects records, for one Send, the redirect that the server answered
-// a keyed request (POST or PATCH) with, which http.Client follows.
-type redirects struct {
-	mu     sync.Mutex
-	status int
-	key    string
+// sentKey returns the Idempotency-Key the request answered by resp carried,
+// or "".
+func sentKey(resp *http.Response) string {
+	if resp.Request == nil {
+		return ""
+	}
+	return resp.Request.Header.Get(root.DefaultKeyHeader)
 }
 
-type redirectsKey struct{}
+// sendTrace is what one Send learns on the way, through its request's
+// context: how many requests it handed to net/http (attempts and redirect
+// hops: see countingBase), and the redirect, if any, that the server
+// answered its keyed request (POST or PATCH) with, which http.Client
+// follows.
+type sendTrace struct {
+	written atomic.Int32
+
+	mu     sync.Mutex
+	status int    // the redirect's status, or 0
+	key    string // the key of the request it answered
+}
+
+type sendTraceKey struct{}
+
+// countingBase is the Transport's base: net/http's Transport, counting in
+// each Send's sendTrace the requests handed to it.
+type countingBase struct{ base http.RoundTripper }
+
+func (b countingBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	if tr, ok := req.Context().Value(sendTraceKey{}).(*sendTrace); ok {
+		tr.written.Add(1)
+	}
+	return b.base.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the base's idle connections (Transport.Close
+// calls it).
+func (b countingBase) CloseIdleConnections() {
+	if c, ok := b.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// newBase returns the Transport's base: a clone of http.DefaultTransport
+// (so that Close affects no one else), counting.
+func newBase() countingBase {
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		return countingBase{dt.Clone()}
+	}
+	return countingBase{http.DefaultTransport}
+}
+
+// count completes the Attempts of f, a Send's failure, with what is known
+// of the requests sent for its action: for a keyed action (id), the
+// journal's count, of every run, when the journal holds the action under
+// f's key (its Key, if f has none); for another request, at least those
+// this Send handed to net/http.
+func (c *Client) count(f *failure, id string, tr *sendTrace) {
+	if id == "" {
+		f.f.Attempts = max(f.f.Attempts, tr.written.Load())
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, journalCallTimeout)
+	defer cancel()
+	h := c.held(ctx, id)
+	if h.key == "" || (f.f.Key != "" && f.f.Key != h.key) {
+		return
+	}
+	f.f.Key, f.f.Attempts = h.key, max(f.f.Attempts, h.attempts)
+}
 
 // maxRedirects is http.Client's default limit.
 const maxRedirects = 10
 
 // checkRedirect is http.Client's default policy (at most maxRedirects),
 // and notes a redirect answered to a keyed request in the Send's
-// redirects.
+// sendTrace.
 func checkRedirect(req *http.Request, via []*http.Request) error {
 	if r := req.Response; r != nil && r.Request != nil && (r.Request.Method == http.MethodPost || r.Request.Method == http.MethodPatch) {
-		if hops, ok := req.Context().Value(redirectsKey{}).(*redirects); ok {
-			hops.mu.Lock()
-			if hops.status == 0 {
-				hops.status, hops.key = r.StatusCode, r.Request.Header.Get(root.DefaultKeyHeader)
+		if tr, ok := req.Context().Value(sendTraceKey{}).(*sendTrace); ok {
+			tr.mu.Lock()
+			if tr.status == 0 {
+				tr.status, tr.key = r.StatusCode, r.Request.Header.Get(root.DefaultKeyHeader)
 			}
-			hops.mu.Unlock()
+			tr.mu.Unlock()
 		}
 	}
 	if len(via) >= maxRedirects {
@@ -298,11 +368,12 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 // explain completes f, the failure of a Send, when the server answered
 // its keyed request with a redirect and what followed failed: the server
 // has acted on the request (a 303 after a charge, say), so the failure is
-// KindMaybeProcessed, whatever became of the redirect's target.
-func (h *redirects) explain(f *failure) {
-	h.mu.Lock()
-	status, key := h.status, h.key
-	h.mu.Unlock()
+// KindMaybeProcessed, whatever became of the redirect's target. Its key,
+// status and attempts are the keyed request's, not the redirect target's.
+func (tr *sendTrace) explain(f *failure) {
+	tr.mu.Lock()
+	status, key := tr.status, tr.key
+	tr.mu.Unlock()
 	if status == 0 {
 		return
 	}
@@ -310,10 +381,13 @@ func (h *redirects) explain(f *failure) {
 	case KindNetwork, KindOther, KindInvalidRequest:
 		f.f.Kind = KindMaybeProcessed
 	}
-	f.f.MaybeProcessed = true
-	if f.f.Key == "" {
-		f.f.Key = key
+	head := "answered " + strconv.Itoa(status) + ", then following the redirect: "
+	if f.f.ActionID != "" {
+		head = "action " + quote(f.f.ActionID) + ": " + head
 	}
+	f.f.Message = message(head + trimPrefix(f.f.Message))
+	f.f.MaybeProcessed, f.f.Key = true, key
+	f.f.Attempts = 1 // at least the one answered; count finds the rest
 	if f.f.Status == 0 {
 		f.f.Status = clampInt32(status)
 	}
@@ -413,6 +487,12 @@ func (c *Client) prepare(req *Request) (*http.Request, context.CancelFunc, *fail
 	}
 	if msg := req.Headers.check(); msg != "" {
 		return nil, nil, invalid(msg)
+	}
+	keyed := method == http.MethodPost || method == http.MethodPatch
+	if keyed && req.ActionID == "" && !req.Headers.Has(root.DefaultKeyHeader) {
+		// The Transport refuses it too (WithRequireAction), in Go's words.
+		return nil, nil, newFailure(KindInvalidRequest, root.ErrActionRequired, "request names no action: "+
+			method+" "+u.Redacted()+" has neither an ActionID nor an "+root.DefaultKeyHeader+" header")
 	}
 	if req.ActionID != "" && req.Headers.Has(root.DefaultKeyHeader) {
 		// The header would name the action and the ActionID be ignored:

@@ -1,6 +1,7 @@
 package idemretry
 
 import (
+	"context"
 	"errors"
 	"net/url"
 	"strings"
@@ -18,13 +19,14 @@ const (
 	// returned by the app's own Rebuilder. Read its message.
 	KindOther int32 = 1
 	// KindInvalidRequest: the request (or an argument) was refused before
-	// anything was sent: no method, a URL that is not absolute http or
-	// https, a header name or value that cannot be sent, a negative
-	// timeout, a POST or PATCH without an ActionID (or an Idempotency-Key
-	// header), a request with both, an ActionID that is too long or starts
-	// with "key:" or "fp:", a request Resume's Rebuilder built for
-	// another action.
-	// Fix the request; nothing happened on the server.
+	// anything was sent or journaled: no method, a URL that is not
+	// absolute http or https, a header that cannot be sent (a name that
+	// is not an HTTP token, a value with a control character other than
+	// HTAB: CR, LF, NUL, ESC, DEL...), a negative timeout, a POST or
+	// PATCH without an ActionID (or an Idempotency-Key header), a request
+	// with both, an ActionID that is too long or starts with "key:" or
+	// "fp:", a request Resume's Rebuilder built for another action.
+	// Fix the request; this send did nothing on the server.
 	KindInvalidRequest int32 = 2
 	// KindNetwork: the attempts ended (on the timeout, or after every
 	// retry) and none of them can have reached the server: every one
@@ -95,9 +97,11 @@ const (
 	// a new one.
 	KindParked int32 = 11
 	// KindOutcomeUnknown: the action's outcome is unknown for another
-	// reason than its key window: the server refused its key as used for
-	// another payload. Nothing more is sent under it: reconcile the
-	// action (ask the server about Key), then Forget it.
+	// reason than its key window's end: the server refused its key as used
+	// for another payload, or the window ended by a clock more than a day
+	// ahead of the device's now (set back since). Nothing more is sent
+	// under it: reconcile the action (ask the server about Key), then
+	// Forget it.
 	KindOutcomeUnknown int32 = 12
 )
 
@@ -120,7 +124,10 @@ type Failure struct {
 	// with it the app can ask the server what became of the action.
 	Key string
 	// Attempts counts the requests sent for the action, in this run and
-	// earlier ones, when known.
+	// earlier ones, as far as the journal recorded them (0 when it cannot
+	// say: a closed or failed journal); for a request without an action
+	// (a GET, say), the requests this Send sent, redirects included.
+	// Attempts that failed to connect count too.
 	Attempts int32
 	// Status is the last HTTP status the server answered, or 0.
 	Status int32
@@ -167,10 +174,28 @@ func ErrorKind(err error) int32 {
 // (msg may carry the prefix already, once or more: it is kept once) that
 // unwraps to cause.
 func newFailure(kind int32, cause error, msg string) *failure {
-	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
-	msg = strings.ToValidUTF8(msg, "\uFFFD") // a string on both sides of gobind
-	return &failure{f: Failure{Kind: kind, Message: msg}, cause: cause}
+	return &failure{f: Failure{Kind: kind, Message: message(msg)}, cause: cause}
 }
+
+// message returns "idemretry: msg", the prefix said once however often
+// msg carries it, in the mobile API's words (mobileWords), in valid UTF-8
+// (a string on both sides of gobind).
+func message(msg string) string {
+	msg = "idemretry: " + strings.ReplaceAll(strings.TrimPrefix(msg, "idemretry: "), ": idemretry: ", ": ")
+	return strings.ToValidUTF8(mobileWords.Replace(msg), "\uFFFD")
+}
+
+// mobileWords rewrites the messages of the Go errors that a failure's
+// message may quote and that name what a Kotlin or Swift app does not have
+// (Go's context, the Transport), in the words of this package's API.
+var mobileWords = strings.NewReplacer(
+	trimPrefix(root.ErrWaitExceedsDeadline.Error()), "the next retry would come after the timeout (TimeoutMillis)",
+	context.DeadlineExceeded.Error(), "timed out",
+	// Sends and journal calls end early only at Close.
+	context.Canceled.Error(), "cut short by Close",
+	trimPrefix(root.ErrFingerprintUncheckable.Error()), "the journal cannot check this payment against its first send: "+
+		"fingerprint.key in the journal directory was deleted or damaged, or the record came from another journal directory",
+)
 
 // invalid returns a KindInvalidRequest failure wrapping root.ErrInvalidRequest.
 func invalid(msg string) *failure {

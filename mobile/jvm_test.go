@@ -28,6 +28,7 @@ import (
 // It needs javac, java (with the JDK's include/jni.h) and a C compiler;
 // without them it is skipped, or fails when CI is set.
 func TestJVMPaymentSurvivesKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the bindings (about a minute)")
 	}

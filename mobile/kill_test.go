@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +27,8 @@ const (
 	envDir   = "IDEMRETRY_MOBILE_DIR"
 	envURL   = "IDEMRETRY_MOBILE_URL"
 	envN     = "IDEMRETRY_MOBILE_N"
+
+	envDoubleTapChild = "IDEMRETRY_MOBILE_DOUBLE_TAP_CHILD" // set for TestMobileDoubleTapChild
 )
 
 // TestMobileChild is the app that the kill tests kill. It does nothing in a
@@ -149,7 +153,8 @@ func lines(sc *bufio.Scanner) []string {
 // the payment and before the answer came back. The restarted app lists the
 // payment as unfinished, resumes it with the same key, and is told that it
 // was made (a replay): one charge.
-func TestPaymentSurvivesKill(t *testing.T) {
+func TestKillPaymentSurvives(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.setAfterCommit(holdUntilGone)
 	dir := t.TempDir() + "/idemretry"
@@ -190,7 +195,8 @@ func TestPaymentSurvivesKill(t *testing.T) {
 // Issue 11, item 3: Sync, then a kill, loses no done record: the next run
 // has nothing unfinished. (Without Sync, "done" is written lazily, within
 // a second, and a kill right after the answers leaves the actions pending.)
-func TestSyncThenKillLosesNoDoneRecord(t *testing.T) {
+func TestKillAfterSyncLosesNoDoneRecord(t *testing.T) {
+	t.Parallel()
 	const n = 20
 	srv := newPayServer(t)
 	dir := t.TempDir() + "/idemretry"
@@ -213,4 +219,89 @@ func TestSyncThenKillLosesNoDoneRecord(t *testing.T) {
 
 	_, charges := srv.snapshot()
 	require.Len(t, charges, n)
+}
+
+// TestMobileDoubleTapChild is the app TestKillDoubleTapThenResumeAndTap
+// kills: the user taps Pay twice, from two threads, and the app is killed
+// before the answer. It does nothing in a normal run.
+func TestMobileDoubleTapChild(t *testing.T) {
+	if os.Getenv(envDoubleTapChild) == "" {
+		t.Skip("child process of TestKillDoubleTapThenResumeAndTap")
+	}
+	c, err := idemretry.NewClient(os.Getenv(envDir), nil)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(3)
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := idemretry.NewRequest("POST", os.Getenv(envURL)+"/charges")
+			r.Body, r.ActionID = []byte(`{"amount":4200}`), "pay:checkout-7"
+			_, err := c.Send(r)
+			fmt.Println("answered", err)
+		}()
+	}
+	wg.Wait()
+	os.Exit(4) // never: the answer is held until the kill
+}
+
+// A double tap (two threads) in flight when the app is
+// killed with SIGKILL after the server charged. At the next start the app
+// resumes on a background thread while the restored checkout screen sends
+// the same action at once. One charge, one key, and both are told it was
+// paid.
+//
+// Found in review hX2.
+func TestKillDoubleTapThenResumeAndTap(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	srv.setAfterCommit(holdUntilGone)
+	dir := filepath.Join(t.TempDir(), "idemretry")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMobileDoubleTapChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envDoubleTapChild+"=1", envDir+"="+dir, envURL+"="+srv.URL)
+	app, _ := startApp(t, cmd)
+	key := killAfterCommit(t, srv, app)
+	require.Equal(t, 1, srv.requestCount(), "the double tap sent two requests")
+
+	c, err := idemretry.NewClient(dir, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	pay := func() *idemretry.Request {
+		r := idemretry.NewRequest("POST", srv.URL+"/charges")
+		r.Body, r.ActionID = []byte(`{"amount":4200}`), "pay:checkout-7"
+		return r
+	}
+	var wg sync.WaitGroup
+	var out *idemretry.OutcomeList
+	var resumeErr, tapErr error
+	var tap *idemretry.Response
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		out, resumeErr = c.Resume(rebuildWith(func(string) (*idemretry.Request, error) { return pay(), nil }))
+	}()
+	go func() {
+		defer wg.Done()
+		tap, tapErr = c.Send(pay())
+	}()
+	wg.Wait()
+	require.NoError(t, resumeErr)
+	require.NoError(t, tapErr)
+	assert.EqualValues(t, 200, tap.Status)
+	for i := int32(0); i < out.Len(); i++ { // the tap may have finished it first
+		o := out.Get(i)
+		require.NotNil(t, o.Response, "%+v", o.Failure)
+		assert.True(t, o.Response.Replayed)
+	}
+	reqs, charges := srv.snapshot()
+	assert.Equal(t, map[string]int{key: 1}, charges)
+	for _, r := range reqs {
+		assert.Equal(t, key, r.Key)
+	}
+	l, err := c.Unfinished()
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, l.Len())
 }

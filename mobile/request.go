@@ -1,9 +1,11 @@
 package idemretry
 
 import (
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -98,7 +100,8 @@ func (h *Headers) Value(i int32) string {
 	return h.lines[i].value
 }
 
-// check returns why the lines cannot be sent, or "".
+// check returns why the lines cannot be sent, or "": net/http sends none
+// of them then, so the Send is refused before its action is journaled.
 func (h *Headers) check() string {
 	if h == nil {
 		return ""
@@ -107,13 +110,27 @@ func (h *Headers) check() string {
 		if !httptoken.Valid(l.name) {
 			return "header name " + quote(l.name) + " is not an HTTP token"
 		}
-		for i := 0; i < len(l.value); i++ {
-			if c := l.value[i]; c == '\r' || c == '\n' || c == 0 {
-				return "header " + l.name + " has a CR, LF or NUL in its value"
-			}
+		if i := invalidValueByte(l.value); i >= 0 {
+			// Not the value itself: it may be a credential.
+			return fmt.Sprintf("header %s has a control character (0x%02x) at byte %d of its value", quote(l.name), l.value[i], i)
 		}
 	}
 	return ""
+}
+
+// invalidValueByte returns the index of the first byte of v for which
+// net/http refuses to send v as a header value, or -1: a control character
+// other than HTAB (CR, LF, NUL, ESC, DEL...). It is the rule of
+// golang.org/x/net/http/httpguts.ValidHeaderFieldValue, which net/http's
+// Transport checks every value against; names are checked by
+// httptoken.Valid, which is httpguts.ValidHeaderFieldName's rule.
+func invalidValueByte(v string) int {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return i
+		}
+	}
+	return -1
 }
 
 // toHTTP returns the lines as an http.Header.
@@ -195,7 +212,8 @@ type Response struct {
 	Replayed bool
 }
 
-// quote returns s quoted, cut to 64 bytes (at a character's start).
+// quote returns s quoted as Go does (control characters and bytes that
+// are not UTF-8 escaped), cut to 64 bytes (at a character's start).
 func quote(s string) string {
 	if len(s) > 64 {
 		n := 64
@@ -204,5 +222,5 @@ func quote(s string) string {
 		}
 		s = s[:n] + "..."
 	}
-	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
+	return strconv.Quote(s) // control characters escaped: a message is for logs
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	root "github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -112,7 +113,10 @@ type Outcome struct {
 	// that left it unfinished.
 	Response *Response
 	// Failure says why there is no Response, or is null: what Send would
-	// have thrown, or, when Skipped, the error Rebuild threw.
+	// have thrown, or, when Skipped, the error Rebuild threw (KindOther,
+	// its message). Either way its ActionID, Key, Attempts and
+	// MaybeProcessed are the action's, as Unfinished listed it when the
+	// error does not say more.
 	Failure *Failure
 	// Skipped is true when nothing was sent: Rebuild returned null or
 	// threw, the action was forgotten (Forget) since Resume listed it
@@ -162,14 +166,16 @@ func (c *Client) Resume(rebuilder Rebuilder) (*OutcomeList, error) {
 func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	o := &Outcome{ActionID: a.ActionID}
 	if a.OutcomeUnknown {
-		// As Send would say it: the window's end, or, while the key
-		// window lasts, the other reason (the server refused the key as
-		// used for another payload).
+		// As Send would say it: the window's end, judged by the time the
+		// Transport judges it by (now), or, while the key window lasts
+		// by that time, the other reason (the server refused the key as
+		// used for another payload, or a clock set back by more than the
+		// journal's time is believed).
 		f := newFailure(KindWindowExpired, root.ErrKeyWindowExpired,
 			"action "+quote(a.ActionID)+": key window expired with no final answer: reconcile it with the server, then Forget it")
-		if time.Now().Before(time.UnixMilli(a.CreatedAtMillis).Add(c.window)) {
+		if c.now().Before(time.UnixMilli(a.CreatedAtMillis).Add(c.window)) {
 			f = newFailure(KindOutcomeUnknown, root.ErrOutcomeUnknown,
-				"action "+quote(a.ActionID)+": outcome unknown (the server refused its key): reconcile it with the server, then Forget it")
+				"action "+quote(a.ActionID)+": outcome unknown (the server refused its key, or the clock was set back more than a day): reconcile it with the server, then Forget it")
 		}
 		f.f.ActionID, f.f.Key, f.f.Attempts, f.f.MaybeProcessed = a.ActionID, a.Key, a.Attempts, true
 		o.Failure, o.Skipped = &f.f, true
@@ -181,8 +187,7 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	if closed {
 		// The app is exiting: its Rebuilder is not called any more.
 		f := newFailure(KindClosed, journal.ErrClosed, "client closed")
-		f.f.ActionID = a.ActionID
-		o.Failure, o.Skipped = &f.f, true
+		o.Failure, o.Skipped = listed(&f.f, a), true
 		return o
 	}
 	defer c.mark(a.ActionID)() // Forget refuses it from now on
@@ -194,11 +199,7 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	req, err := rebuilder.Rebuild(a.ActionID)
 	if err != nil {
-		f := FailureOf(err)
-		if f.ActionID == "" {
-			f.ActionID = a.ActionID
-		}
-		o.Failure, o.Skipped = f, true
+		o.Failure, o.Skipped = listed(FailureOf(err), a), true
 		return o
 	}
 	if req == nil {
@@ -226,14 +227,46 @@ func (c *Client) resumeOne(rebuilder Rebuilder, a *Action) *Outcome {
 	}
 	resp, err := c.Send(&r)
 	if err != nil {
-		o.Failure = FailureOf(err)
-		if o.Failure.ActionID == "" {
-			o.Failure.ActionID = a.ActionID
-		}
+		o.Failure = listed(FailureOf(err), a)
 		return o
 	}
 	o.Response = resp
 	return o
+}
+
+// listed completes f, a failure of Resume about a, with what Unfinished
+// listed of a where f does not know better (a closed journal cannot say):
+// its id and key, its attempts, and that it may have been processed (the
+// journal held it). It returns f.
+func listed(f *Failure, a *Action) *Failure {
+	if f.ActionID == "" {
+		f.ActionID = a.ActionID
+	}
+	if f.Key == "" {
+		f.Key = a.Key
+	}
+	if f.Key == a.Key {
+		f.Attempts = max(f.Attempts, a.Attempts)
+		f.MaybeProcessed = true
+	}
+	return f
+}
+
+// now is the time the Transport judges key windows by, so that Resume
+// says of an action what Send would: the clock, or the journal's time
+// (journal.Timekeeper: the latest time it has seen, persisted) when the
+// clock is behind it (set back) by no more than filejournal.DefaultGrace.
+// It is the rule of Transport.now in the root module (clock.go), which
+// does not export it; TestResumeWindowExpiredAfterClockSetBack checks that
+// the two agree.
+func (c *Client) now() time.Time {
+	now := time.Now()
+	if tk, ok := c.transport.Journal().(journal.Timekeeper); ok {
+		if seen := tk.Now(); seen.After(now) && seen.Sub(now) <= filejournal.DefaultGrace {
+			return seen
+		}
+	}
+	return now
 }
 
 // stillListed reports whether the journal holds a under the key Unfinished
