@@ -184,5 +184,13 @@ func hijackAndClose(w http.ResponseWriter, reset bool) {
 	conn.Close()
 }
 
+// post is a POST of body to url with ctx.
+func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	return req
+}
+
 // bg is a context for calls that need none of their own.
 var bg = context.Background()
