@@ -194,3 +194,60 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 
 // bg is a context for calls that need none of their own.
 var bg = context.Background()
+
+// ledgerServer is a loopback server with Stripe's idempotency semantics
+// over a ledger: a new key is charged once and its answer stored; a known
+// key gets the stored answer with Idempotent-Replayed: true; a request
+// without a key is charged every time.
+type ledgerServer struct {
+	*wire
+	mu      sync.Mutex
+	charges int
+	stored  map[string]string
+	// created is the body of the answer to charge number c.
+	created func(c int) string
+	// before, if set, may answer request n itself, before the ledger
+	// sees it: a fault before the charge.
+	before func(n int, w http.ResponseWriter, r *http.Request) bool
+	// after, if set, may replace the answer to request n once it was
+	// charged: a fault after the charge.
+	after func(n int, w http.ResponseWriter, r *http.Request) bool
+}
+
+func newLedgerServer(t *testing.T, created func(c int) string) *ledgerServer {
+	t.Helper()
+	s := &ledgerServer{stored: map[string]string{}, created: created}
+	s.wire = newWire(t, s.serve)
+	return s
+}
+
+func (s *ledgerServer) serve(n int, w http.ResponseWriter, r *http.Request) {
+	if s.before != nil && s.before(n, w, r) {
+		return
+	}
+	key := r.Header.Get(s.header)
+	w.Header().Set("Content-Type", "application/json")
+	s.mu.Lock()
+	if body, ok := s.stored[key]; ok && key != "" {
+		s.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		write(w, http.StatusOK, body)
+		return
+	}
+	s.charges++
+	body := s.created(s.charges)
+	if key != "" {
+		s.stored[key] = body
+	}
+	s.mu.Unlock()
+	if s.after != nil && s.after(n, w, r) {
+		return
+	}
+	write(w, http.StatusOK, body)
+}
+
+func (s *ledgerServer) chargeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.charges
+}
