@@ -86,11 +86,11 @@ const (
 // what plan says.
 type faultProxy struct {
 	*httptest.Server
-	mu    sync.Mutex
-	n     int
-	plan  func(n int) fault
-	held  chan struct{}
-	fwd   *http.Client
+	mu     sync.Mutex
+	n      int
+	plan   func(n int) fault
+	held   chan struct{}
+	fwd    *http.Client
 	status []int // the server's status for each forwarded request
 }
 
