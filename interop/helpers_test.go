@@ -206,8 +206,8 @@ type ledgerServer struct {
 	stored  map[string]string
 	// created is the body of the answer to charge number c.
 	created func(c int) string
-	// before, if set, may answer request n itself, before the ledger
-	// sees it: a fault before the charge.
+	// before, if set (faults), may answer request n itself, before the
+	// ledger sees it: a fault before the charge.
 	before func(n int, w http.ResponseWriter, r *http.Request) bool
 	// after, if set, may replace the answer to request n once it was
 	// charged: a fault after the charge.
@@ -221,8 +221,18 @@ func newLedgerServer(t *testing.T, created func(c int) string) *ledgerServer {
 	return s
 }
 
+// faults sets before and after (either may be nil).
+func (s *ledgerServer) faults(before, after func(n int, w http.ResponseWriter, r *http.Request) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.before, s.after = before, after
+}
+
 func (s *ledgerServer) serve(n int, w http.ResponseWriter, r *http.Request) {
-	if s.before != nil && s.before(n, w, r) {
+	s.mu.Lock()
+	before, after := s.before, s.after
+	s.mu.Unlock()
+	if before != nil && before(n, w, r) {
 		return
 	}
 	key := r.Header.Get(s.header)
@@ -240,7 +250,7 @@ func (s *ledgerServer) serve(n int, w http.ResponseWriter, r *http.Request) {
 		s.stored[key] = body
 	}
 	s.mu.Unlock()
-	if s.after != nil && s.after(n, w, r) {
+	if after != nil && after(n, w, r) {
 		return
 	}
 	write(w, http.StatusOK, body)

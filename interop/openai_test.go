@@ -29,21 +29,20 @@ func chatCompletion(c int) string {
 // 503 is final: one request.
 func TestOpenAIOverIdemretry(t *testing.T) {
 	srv := newLedgerServer(t, chatCompletion)
-	srv.before = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	srv.faults(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
 			write(w, http.StatusServiceUnavailable, `{"error":{"message":"The server is overloaded.","type":"server_error","param":null,"code":null}}`,
 				"Content-Type", "application/json")
 			return true
 		}
 		return false
-	}
-	srv.after = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	}, func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 2 {
 			hijackAndClose(w, false)
 			return true
 		}
 		return false
-	}
+	})
 	tr, _ := newTransport(t, nil, idemretry.WithBackOff(noWait), idemretry.WithRequireAction())
 	c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("sk-interop"),
 		option.WithHTTPClient(&http.Client{Transport: tr}), option.WithMaxRetries(0))

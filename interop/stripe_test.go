@@ -33,20 +33,19 @@ var paymentParams = func() *stripe.PaymentIntentCreateParams {
 // charge, and stripe-go returns the charged PaymentIntent.
 func TestStripeOverIdemretry(t *testing.T) {
 	srv := newLedgerServer(t, paymentIntent)
-	srv.before = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	srv.faults(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
 			write(w, http.StatusServiceUnavailable, "Service Unavailable\n", "Content-Type", "text/plain")
 			return true
 		}
 		return false
-	}
-	srv.after = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	}, func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 2 {
 			hijackAndClose(w, false)
 			return true
 		}
 		return false
-	}
+	})
 	tr, _ := newTransport(t, nil, idemretry.WithBackOff(noWait), idemretry.WithRequireAction())
 	sc := stripeClient(srv.URL, &http.Client{Transport: tr}, 0)
 	pi, err := sc.V1PaymentIntents.Create(idemretry.WithAction(bg, "pay:order-A-1"), paymentParams())
@@ -118,14 +117,14 @@ func TestStripeKeyAcrossRestartChild(t *testing.T) {
 func TestStripeKeyAcrossRestart(t *testing.T) {
 	charged := make(chan struct{})
 	srv := newLedgerServer(t, paymentIntent)
-	srv.after = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	srv.faults(nil, func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
 			close(charged)
 			<-r.Context().Done() // the answer never leaves: the client dies first
 			return true
 		}
 		return false
-	}
+	})
 	dir := t.TempDir()
 	cmd, out := startChild(t, "TestStripeKeyAcrossRestartChild", srv.URL, dir)
 	select {
