@@ -125,7 +125,7 @@ var sdks = []sdk{
 }
 
 var chatParams = openai.ChatCompletionNewParams{
-	Model:    openai.ChatModelGPT4oMini,
+	Model:    openai.ChatModel("gpt-interop"),
 	Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
 }
 
