@@ -90,11 +90,14 @@ func FuzzRetryAfter(f *testing.F) {
 		if !ok && d != 0 {
 			t.Fatalf("RetryAfter(%q) = %v, false: a wait with ok=false", v, d)
 		}
-		// A 503 reads the header as a 429 does; any other status asks nothing.
-		if d2, ok2 := RetryAfter(fuzzRetryAfterResp(http.StatusServiceUnavailable, v), now); d2 != d || ok2 != ok {
-			t.Fatalf("503 with %q: %v, %v; 429: %v, %v", v, d2, ok2, d, ok)
+		// Every error status reads the header as a 429 does; a status below
+		// 400 asks nothing.
+		for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict, http.StatusInternalServerError, http.StatusBadGateway} {
+			if d2, ok2 := RetryAfter(fuzzRetryAfterResp(status, v), now); d2 != d || ok2 != ok {
+				t.Fatalf("%d with %q: %v, %v; 429: %v, %v", status, v, d2, ok2, d, ok)
+			}
 		}
-		for _, status := range []int{http.StatusOK, http.StatusInternalServerError, http.StatusBadGateway} {
+		for _, status := range []int{http.StatusOK, http.StatusTemporaryRedirect} {
 			if d2, ok2 := RetryAfter(fuzzRetryAfterResp(status, v), now); d2 != 0 || ok2 {
 				t.Fatalf("status %d with %q: %v, %v; want 0, false", status, v, d2, ok2)
 			}

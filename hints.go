@@ -185,7 +185,18 @@ const maxPeek = 8 << 10
 //     PAYPAL_REQUEST_ID_PREVIOUSLY_USED;
 //   - the codes idempotency_key_reused and idempotency_key_mismatch, in
 //     the problem type or title or in an error code, in any case and with
-//     '-', '_' or ' ' between the words.
+//     '-', '_' or ' ' between the words;
+//   - the draft's title at the start of a free-text field of the common
+//     JSON error shapes (message, error.message, detail, and JSON:API's
+//     errors[].title and errors[].detail), more words allowed after it:
+//     NestJS's {"statusCode":422,"message":"Idempotency-Key is already
+//     used"} (@node-idempotency/nestjs). Free text that has the words
+//     elsewhere is not a refusal: a validation message may quote input;
+//   - express-idempotency: a 417 Expectation Failed to a request that sent
+//     no Expect header (so not 417's own meaning), whose answer carries the
+//     request's key back under the same header (a name ending in
+//     Idempotency-Key), as that middleware sets it on every answer to a
+//     keyed request. Its body, an HTML page, is not read.
 //
 // A bare 422 is not enough: many APIs (Adyen among them) answer 422 to any
 // request they cannot validate. A 409 that says a request with the key is
@@ -208,6 +219,8 @@ func KeyReuseRejected(resp *http.Response) bool {
 	}
 	switch resp.StatusCode {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
+	case http.StatusExpectationFailed:
+		return keyEchoed(resp)
 	default:
 		return false
 	}
@@ -260,7 +273,7 @@ func keyReuseBody(status int, f map[string][]string) bool {
 	for _, v := range named {
 		w := words(v)
 		switch {
-		case strings.Contains(w, "idempotency_key_is_already_used"), // the draft's title
+		case strings.Contains(w, reusedTitle), // the draft's title
 			strings.Contains(w, "idempotency_key_reused"),
 			strings.Contains(w, "idempotency_key_mismatch"),
 			w == "duplicate_request_id", w == "paypal_request_id_previously_used":
@@ -283,9 +296,43 @@ func keyReuseBody(status int, f map[string][]string) bool {
 			}
 		}
 	}
+	for _, k := range [...]string{"message", "error.message", "detail", "errors.title", "errors.detail"} {
+		for _, v := range f[k] {
+			if w := words(v); w == reusedTitle || strings.HasPrefix(w, reusedTitle+"_") {
+				return true
+			}
+		}
+	}
 	if status == http.StatusBadRequest {
 		for _, v := range f["error.type"] {
 			if strings.EqualFold(v, "idempotency_error") && !hasFold(f["error.code"], "idempotency_key_in_use") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reusedTitle is the IETF draft's title for a key reused with another
+// payload, "Idempotency-Key is already used", as words gives it.
+const reusedTitle = "idempotency_key_is_already_used"
+
+// keyEchoed reports whether resp carries its request's idempotency key
+// back (a request header whose name ends in Idempotency-Key, with one
+// value, found among the answer's values of that header) to a request
+// that sent no Expect header: express-idempotency's 417.
+func keyEchoed(resp *http.Response) bool {
+	req := resp.Request
+	if req == nil || len(headerValues(req.Header, "Expect")) > 0 {
+		return false
+	}
+	for k, vv := range req.Header {
+		ck := http.CanonicalHeaderKey(k)
+		if len(vv) != 1 || vv[0] == "" || !strings.HasSuffix(ck, "Idempotency-Key") {
+			continue
+		}
+		for _, v := range resp.Header.Values(ck) {
+			if v == vv[0] {
 				return true
 			}
 		}

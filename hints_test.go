@@ -446,3 +446,130 @@ func TestKeyReusedResendRefused(t *testing.T) {
 	require.Len(t, srv.seen(), 1)
 	require.True(t, errors.Is(err, idemretry.ErrOutcomeUnknown), "resend refused with %v", err)
 }
+
+// The IETF draft's title for a key reused with another payload,
+// "Idempotency-Key is already used", is recognised as the start of the
+// free-text fields of the common JSON error shapes too (message, error,
+// error.message, detail, JSON:API's errors[].title and errors[].detail),
+// not only in a problem's title: NestJS sends its HttpException's
+// {"statusCode":422,"message":"Idempotency-Key is already used"}
+// (@node-idempotency/nestjs), and servers add words after it. Free text
+// that merely mentions the words, or a field the server echoes, is not a
+// refusal.
+func TestKeyReuseRejectedInCommonErrorShapes(t *testing.T) {
+	const ctype = "application/json; charset=utf-8"
+	yes := []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"NestJS 422 message", 422, `{"statusCode":422,"message":"Idempotency-Key is already used"}`},
+		{"NestJS 422 message list", 422, `{"statusCode":422,"message":["Idempotency-Key is already used"],"error":"Unprocessable Entity"}`},
+		{"409 message with more words", 409, `{"message":"Idempotency-Key is already used for a different request","code":"idempotency_key_conflict"}`},
+		{"400 error string", 400, `{"error":"Idempotency key is already used."}`},
+		{"error.message", 409, `{"error":{"message":"Idempotency-Key is already used with another payload"}}`},
+		{"detail on a 400", 400, `{"detail":"Idempotency-Key is already used"}`},
+		{"JSON:API errors title", 422, `{"errors":[{"status":"422","title":"Idempotency-Key is already used"}]}`},
+		{"JSON:API errors detail", 409, `{"errors":[{"detail":"Idempotency-Key is already used for another order"}]}`},
+	}
+	for _, c := range yes {
+		t.Run("yes/"+c.name, func(t *testing.T) {
+			resp, _ := response(c.status, ctype, c.body)
+			assert.True(t, idemretry.KeyReuseRejected(resp))
+			assert.Equal(t, c.body, readAll(t, resp))
+		})
+	}
+	no := []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"validation message quoting the words", 422, `{"statusCode":422,"message":"description must not be 'Idempotency-Key is already used'"}`},
+		{"the words in an echoed field", 422, `{"statusCode":422,"message":"amount must be positive","input":{"message":"Idempotency-Key is already used"}}`},
+		{"a DTO field named for the key", 422, `{"statusCode":422,"message":["idempotencyKey must be a UUID"],"error":"Unprocessable Entity"}`},
+		{"the draft's 409 outstanding as a message", 409, `{"statusCode":409,"message":"A request is outstanding for this Idempotency-Key"}`},
+		{"the draft's 400 missing as a message", 400, `{"statusCode":400,"message":"Idempotency-Key is missing"}`},
+		{"the words past the first 8 KiB", 422, `{"statusCode":422,"pad":"` + strings.Repeat("p", 9000) + `","message":"Idempotency-Key is already used"}`},
+		{"malformed JSON", 422, `{"statusCode":422,"message" "Idempotency-Key is already used"}`},
+		{"the words on a 500", 500, `{"statusCode":500,"message":"Idempotency-Key is already used"}`},
+	}
+	for _, c := range no {
+		t.Run("no/"+c.name, func(t *testing.T) {
+			resp, _ := response(c.status, ctype, c.body)
+			assert.False(t, idemretry.KeyReuseRejected(resp))
+			assert.Equal(t, c.body, readAll(t, resp))
+		})
+	}
+}
+
+// NestJS's refusal over real HTTP: one request, ErrKeyReused, and the
+// action is outcome-unknown (not done with a final 422), so a resend sends
+// nothing.
+func TestKeyReuseNestJSRefusalIsOutcomeUnknown(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		answer(422, `{"statusCode":422,"message":"Idempotency-Key is already used"}`, "Content-Type", "application/json; charset=utf-8")(w)
+		return true
+	}
+	tr, j, _ := newTestTransport(t, idemretry.WithBackOff(constant(time.Millisecond)))
+	ctx := idemretry.WithAction(context.Background(), "pay:nest")
+	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":100}`))
+	require.ErrorIs(t, err, idemretry.ErrKeyReused)
+	left, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, left, 1, "outcome-unknown, left for reconciliation")
+	err = sendErr(tr, post(t, ctx, srv.URL, `{"amount":100}`))
+	require.ErrorIs(t, err, idemretry.ErrOutcomeUnknown)
+	assert.Len(t, srv.seen(), 1)
+}
+
+// express-idempotency (VilledeMontreal) refuses another payload under a key
+// with 417 Expectation Failed through Express's HTML error page, having set
+// the request's key on the answer. A 417 is recognised when the request
+// sent no Expect header (417's own meaning) and the answer carries the
+// request's key back under the same header; a 417 without the echo, or to
+// a request that sent Expect, is an ordinary final answer.
+func TestKeyReuseExpressIdempotency417(t *testing.T) {
+	const page = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Error</title>\n</head>\n<body>\n<pre>Expectation Failed</pre>\n</body>\n</html>\n"
+	express := func(echo bool) func(w http.ResponseWriter, r *http.Request) {
+		return func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			if k := r.Header.Get("Idempotency-Key"); echo && k != "" {
+				w.Header().Set("Idempotency-Key", k)
+			}
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusExpectationFailed)
+			io.WriteString(w, page)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		echo   bool
+		expect bool
+		reused bool
+	}{
+		{"express-idempotency", true, false, true},
+		{"417 without the key echoed", false, false, false},
+		{"417 to a request that sent Expect", true, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var n atomic.Int32
+			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { n.Add(1); express(c.echo)(w, r) })
+			tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(time.Millisecond)))
+			req := post(t, idemretry.WithAction(context.Background(), "pay:417"), srv.URL, `{"amount":1}`)
+			if c.expect {
+				req.Header.Set("Expect", "100-continue")
+			}
+			resp, err := tr.RoundTrip(req)
+			assert.EqualValues(t, 1, n.Load(), "a 417 is final")
+			if c.reused {
+				require.ErrorIs(t, err, idemretry.ErrKeyReused)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusExpectationFailed, resp.StatusCode)
+			assert.Equal(t, page, readAll(t, resp))
+		})
+	}
+}

@@ -99,12 +99,16 @@ func retryableError(err error) bool {
 	return true
 }
 
-// RetryAfter returns the wait a 429 or 503 response asks for with its
-// Retry-After header, in delta-seconds or as an HTTP-date relative to now,
-// and whether it asked. A date in the past asks for no wait; a malformed or
-// negative value, or another status, asks for nothing.
+// RetryAfter returns the wait an error response (status 400 to 599) asks
+// for with its Retry-After header, in delta-seconds or as an HTTP-date
+// relative to now, and whether it asked. A date in the past asks for no
+// wait; a malformed or negative value, or a status below 400, asks for
+// nothing (on a redirect, Retry-After is the wait before following it).
+// The Transport reads it on every answer it retries, whatever its status: a
+// 429 or 503, NestJS's 409 for a key still being processed, a 502 from a
+// gateway, a 400 a retry hint makes retryable.
 func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
-	if resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
+	if resp == nil || resp.StatusCode < 400 || resp.StatusCode > 599 {
 		return 0, false
 	}
 	v := strings.TrimSpace(resp.Header.Get("Retry-After"))

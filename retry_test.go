@@ -389,7 +389,11 @@ func TestRetryAfterParsing(t *testing.T) {
 		{429, "3.5", 0, false},
 		{429, "soon", 0, false},
 		{429, "", 0, false},
-		{500, "5", 0, false},
+		{409, "5", 5 * time.Second, true}, // every error status: the Transport reads it on each answer it retries
+		{500, "5", 5 * time.Second, true},
+		{502, now.Add(time.Minute).Format(http.TimeFormat), time.Minute, true},
+		{200, "5", 0, false},
+		{307, "5", 0, false}, // on a redirect it is the wait before following it, not a retry's
 	}
 	for _, c := range cases {
 		resp := &http.Response{StatusCode: c.status, Header: http.Header{"Retry-After": {c.value}}}
@@ -491,4 +495,56 @@ func TestNilBackOffIsRefusedBeforeSending(t *testing.T) {
 			require.Empty(t, srv.requests, "a request was sent with no BackOff to retry it")
 		})
 	}
+}
+
+// Retry-After is a floor on every answer that is retried, not only on 429
+// and 503: NestJS's idempotency interceptor answers a request whose key is
+// still being processed with 409 and Retry-After: 1, a gateway may send it
+// with a 502, and a hint may retry a 400 that carries it. The drawn wait
+// (here the constant 1 s) comes on top, and the cap still applies.
+func TestRetryAfterOnEveryRetriedStatus(t *testing.T) {
+	nest409 := answer(409, `{"statusCode":409,"message":"A request is outstanding for this Idempotency-Key"}`,
+		"Content-Type", "application/json; charset=utf-8", "Retry-After", "1")
+	cases := []struct {
+		name string
+		a    func(http.ResponseWriter)
+	}{
+		{"NestJS 409 in flight", nest409},
+		{"409", status(409, "Retry-After", "1")},
+		{"500", status(500, "Retry-After", "1")},
+		{"502", status(502, "Retry-After", "1")},
+		{"504", status(504, "Retry-After", "1")},
+		{"400 a hint retries", status(400, "Retry-After", "1", "Stripe-Should-Retry", "true")},
+		{"429", status(429, "Retry-After", "1")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = scriptFirst(c.a, c.a)
+			tr, _, clk := newTestTransport(t, idemretry.WithBackOff(constant(time.Second)))
+			resp := roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:ra"), srv.URL, "x"))
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			srv.requireOnePayment(t, 3)
+			assert.Equal(t, []time.Duration{2 * time.Second, 2 * time.Second}, clk.Waits(), "Retry-After 1 s + the drawn 1 s, each time")
+		})
+	}
+}
+
+// A Retry-After beyond the cap ends the retries at once on a 409 too: the
+// caller gets the answer, and the action stays pending under its key.
+func TestRetryAfterBeyondCapOnConflict(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(409, "Retry-After", "3600"))
+	tr, j, clk := newTestTransport(t, idemretry.WithMaxRetryAfter(time.Minute))
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:ra-cap"), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 409, resp.StatusCode)
+	assert.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrRetryAfterTooLong)
+	readAll(t, resp)
+	assert.Len(t, srv.seen(), 1)
+	assert.Empty(t, clk.Waits())
+	left, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, left, 1, "the action is pending, its key kept")
+	assert.Equal(t, srv.seen()[0].Key, left[0].Key)
 }
