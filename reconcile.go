@@ -29,15 +29,16 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	}
 	confirmed := false
 	defer func() {
-		n := t.flights.land(f)
+		t.flights.land(f)
 		if confirmed {
 			// Outcome-unknown, as found: whoever joined is refused.
 			f.fail(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 				Reason: ErrOutcomeUnknown})
 			return
 		}
-		// Whoever joined carries the action on by itself.
-		_, _ = f.share(listed.ActionID, n, 0, nil, nil, true)
+		// Whoever joined goes again, as a request of its own.
+		f.again = true
+		f.release()
 	}()
 	if err := t.stillUnknown(ctx, listed); err != nil {
 		res.leave(err)

@@ -1,0 +1,200 @@
+package idemretry_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// awaitJoiners waits until n callers have joined flights of tr (bounded by
+// 10 s), so that what a test does next happens while they wait.
+func awaitJoiners(t *testing.T, tr *idemretry.Transport, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) >= n }, 10*time.Second, time.Millisecond,
+		"%d caller(s) joined a flight", n)
+}
+
+// holdRequest makes srv hold its request number n, once it has arrived
+// (told on the channel returned), until release is called (or the test
+// ends); then the idempotency layer answers it as usual.
+func holdRequest(t *testing.T, srv *payServer, n int) (arrived <-chan struct{}, release func()) {
+	in, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	srv.script = func(m int, _ http.ResponseWriter, _ *http.Request) bool {
+		if m == n {
+			close(in)
+			<-gate
+		}
+		return false
+	}
+	return in, release
+}
+
+// payAsync sends req through tr on its own goroutine; the channel gives
+// its status, body and whether it was a replay.
+func payAsync(tr http.RoundTripper, req *http.Request) <-chan paid {
+	out := make(chan paid, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			out <- paid{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- paid{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
+	}()
+	return out
+}
+
+type paid struct {
+	status int
+	body   string
+	replay bool
+	err    error
+}
+
+// Issue 26, item 1: an unnamed payment is charged and its answer lost;
+// while Resume rebuilds it the user taps again (the tap gets the replay,
+// the action is done); Resume then resends it under its old key, and while
+// that resend is at the server the user pays the same amount deliberately.
+// The new payment is a new action (its own reservation finds the first one
+// done): it must not join Resume's flight and be handed the first payment's
+// replay.
+func TestFlightResumeResendOfADonePaymentIsNotJoinedByANewOne(t *testing.T) {
+	const body = `{"amount":1200}`
+	srv := newPayServer(t)
+	j := journal.NewMemory()
+	srv.commitThenDrop = map[int]bool{1: true}
+	leftPending(t, j, post(t, context.Background(), srv.URL, body))
+	tr := transportOver(t, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
+	done := resumeAsync(ctx, tr, g, 1)
+	<-g.rebuilding
+	tap := roundTrip(t, tr, post(t, ctx, srv.URL, body)) // request 2: the tap, under the pending key
+	require.True(t, idemretry.IsReplay(tap), "the tap goes out under the pending key")
+
+	atServer, release := holdRequest(t, srv, 3) // Resume's resend
+	close(g.gate)
+	<-atServer
+	again := payAsync(tr, post(t, ctx, srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	release()
+
+	p := <-again
+	require.NoError(t, p.err)
+	assert.False(t, p.replay, "a payment made after the first finished was handed the first one's replay")
+	assert.Equal(t, 2, srv.chargeCount(), "the deliberate payment was not charged")
+	r := <-done
+	require.NoError(t, r.err)
+	require.Len(t, r.res, 1)
+	assert.Equal(t, http.StatusCreated, r.res[0].Status)
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 4)
+	assert.Equal(t, []string{keys[0], keys[0], keys[0]}, keys[:3], "the tap and Resume's resend carry the first key")
+	assert.NotEqual(t, keys[0], keys[3], "the new payment has a key of its own")
+}
+
+// Issue 26, item 2: with WithDuplicateWindow(30s), a tap 5 s after a
+// payment reuses its key (right); while the server holds that replay, the
+// same payment made deliberately 65 s after the first is a new action: it
+// must not join the tap's flight.
+func TestFlightPaymentAfterTheDuplicateWindowIsNotJoinedToATapWithinIt(t *testing.T) {
+	const body = `{"amount":3000}`
+	srv := newPayServer(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, body))
+
+	clk.Advance(5 * time.Second)
+	atServer, release := holdRequest(t, srv, 2)
+	tap := payAsync(tr, post(t, context.Background(), srv.URL, body))
+	<-atServer
+	clk.Advance(60 * time.Second)
+	later := payAsync(tr, post(t, context.Background(), srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	release()
+
+	tp, lp := <-tap, <-later
+	require.NoError(t, tp.err)
+	require.NoError(t, lp.err)
+	assert.True(t, tp.replay, "a tap within the window is the same payment")
+	assert.False(t, lp.replay, "a payment after the window was handed the tap's replay")
+	assert.Equal(t, 2, srv.chargeCount())
+}
+
+// The pairs of item 1 and 2 that must still join. Within the duplicate
+// window, a tap that arrives while Resume resends the done payment joins
+// Resume's flight and gets the replay; a named action (WithAction) and a
+// caller-keyed one join a resend of their done action, whenever they come.
+func TestFlightRepeatsThatJoinADoneActionsResend(t *testing.T) {
+	const body = `{"amount":77}`
+	t.Run("a tap within the window joins Resume's resend", func(t *testing.T) {
+		srv := newPayServer(t)
+		j := journal.NewMemory()
+		srv.commitThenDrop = map[int]bool{1: true}
+		leftPending(t, j, post(t, context.Background(), srv.URL, body))
+		tr := transportOver(t, j, idemretry.WithDuplicateWindow(time.Hour))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
+		done := resumeAsync(ctx, tr, g, 1)
+		<-g.rebuilding
+		require.True(t, idemretry.IsReplay(roundTrip(t, tr, post(t, ctx, srv.URL, body))))
+		atServer, release := holdRequest(t, srv, 3)
+		close(g.gate)
+		<-atServer
+		tap := payAsync(tr, post(t, ctx, srv.URL, body))
+		awaitJoiners(t, tr, 1)
+		release()
+		p := <-tap
+		require.NoError(t, p.err)
+		assert.True(t, p.replay, "a tap within the window is the first payment")
+		assert.Equal(t, `{"charge":"ch_1"}`, p.body)
+		<-done
+		assert.Equal(t, 1, srv.chargeCount())
+		assert.Len(t, srv.seen(), 3, "the tap sent nothing of its own")
+	})
+	for _, named := range []struct {
+		name string
+		set  func(*http.Request) *http.Request
+	}{
+		{"WithAction", func(r *http.Request) *http.Request {
+			return r.WithContext(idemretry.WithAction(r.Context(), "pay:order-joins"))
+		}},
+		{"caller key", func(r *http.Request) *http.Request { r.Header.Set("Idempotency-Key", "order-joins-key"); return r }},
+	} {
+		t.Run(named.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, _, clk := newTestTransport(t)
+			roundTrip(t, tr, named.set(post(t, context.Background(), srv.URL, body)))
+			clk.Advance(time.Hour) // long after: a named action is the same action all its key window
+			atServer, release := holdRequest(t, srv, 2)
+			resend := payAsync(tr, named.set(post(t, context.Background(), srv.URL, body)))
+			<-atServer
+			joiner := payAsync(tr, named.set(post(t, context.Background(), srv.URL, body)))
+			awaitJoiners(t, tr, 1)
+			release()
+			for _, p := range []paid{<-resend, <-joiner} {
+				require.NoError(t, p.err)
+				assert.True(t, p.replay)
+				assert.Equal(t, `{"charge":"ch_1"}`, p.body)
+			}
+			assert.Len(t, srv.seen(), 2, "the joiner sent nothing of its own")
+			assert.Equal(t, 1, srv.chargeCount())
+		})
+	}
+}
