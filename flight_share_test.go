@@ -81,8 +81,9 @@ func TestFlightJoinerGetsTheAnswerThatOutlivesTheLeadersDeadline(t *testing.T) {
 // at once, writable, and the joiner ErrResponseNotShared with status 101;
 // nothing copies the connection (it would hang past every deadline).
 func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
-	joined := make(chan struct{})
+	joined, arrived := make(chan struct{}), make(chan struct{}, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
 		io.Copy(io.Discard, r.Body)
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -119,6 +120,7 @@ func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
 		resp, err := tr.RoundTrip(upgrade(leaderCtx))
 		leader <- answer{resp, err}
 	}()
+	<-arrived
 	joinerCtx, cancelJoiner := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancelJoiner()
 	joiner := make(chan error, 1)

@@ -182,45 +182,6 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 	return who, nil
 }
 
-// reserve reserves the key of the action named by who, durably, and
-// returns dst set to it. It sends nothing. Only the leader of the action's
-// flight calls it, so calls for one action never overlap within a
-// Transport. The steps are the work (mintWant, reserveRecord,
-// reserveRepeat); what a record found means for the request (new or
-// repeat, bound or not, sent or refused) is the lifecycle's to say
-// (lifecycle.go: repeatOf, boundTo, judge).
-func (t *Transport) reserve(ctx context.Context, who identity, p payload, window time.Duration, dst *action) (*action, error) {
-	jctx, cancel := t.journalContext(ctx)
-	defer cancel()
-	if err := t.landOutcome(ctx, jctx, who.id); err != nil {
-		return nil, err
-	}
-	want, err := t.mintWant(&who)
-	if err != nil {
-		return nil, err
-	}
-	rec, created, err := t.reserveRecord(ctx, jctx, &who, want)
-	if err != nil {
-		return nil, err
-	}
-	if f := who.flight; f != nil && !f.reserved {
-		// What the flight's first reservation found: whom it may take
-		// in (landed).
-		f.found, f.reserved = rec, true
-	}
-	if err := t.boundTo(ctx, &who, rec, created); err != nil {
-		return nil, err
-	}
-	if created && who.exact() == "" {
-		// A key minted just now: its age is measured from its creation
-		// (on the system clock, monotonically), never inferred, so no
-		// clock disagreement can refuse it.
-		*dst = action{rec: rec, fresh: true, createdAt: want.CreatedAt, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
-		return dst, nil
-	}
-	return t.reserveRepeat(ctx, &who, p, rec, window, dst)
-}
-
 // mintWant returns the record to reserve for who: a new key (the caller's,
 // or a UUIDv4 minted now) created now, pending; or, for a request bound to
 // one action (see identity.exact), that action's key and creation time.
@@ -249,62 +210,41 @@ func (t *Transport) mintWant(who *identity) (journal.Record, error) {
 	return want, nil
 }
 
-// reserveRecord reserves want in the journal and returns the action's
-// record: the existing one if it is who's action (repeatOf), else a new
-// one. A listed action forgotten since it was listed (someone reconciled
-// it) is not created again when the journal can tell (a journal.Getter):
-// it is not Resume's to bring back.
-func (t *Transport) reserveRecord(ctx, jctx context.Context, who *identity, want journal.Record) (journal.Record, bool, error) {
-	id := who.id
-	if who.resumed != nil {
-		if g, ok := t.journal.(journal.Getter); ok {
-			if _, found, err := g.Get(jctx, id); err != nil {
-				return journal.Record{}, false, wrapf(journalError(ctx, err), "read action %q", id)
-			} else if !found {
-				return journal.Record{}, false, notResumableError(id, &who.resumed.rec, errors.New("it was forgotten meanwhile"))
-			}
-		}
+// stillListed returns ErrNotResumable if listed, the record Resume listed
+// for action id, has been forgotten since (someone reconciled it), when
+// the journal can tell without creating it (a journal.Getter): it is not
+// Resume's to bring back.
+func (t *Transport) stillListed(ctx, jctx context.Context, id string, listed *journal.Record) error {
+	g, ok := t.journal.(journal.Getter)
+	if !ok {
+		return nil
 	}
-	start := want.CreatedAt // a reading of the system clock, with its monotonic part
-	if _, system := t.cfg.clock.(systemClock); !system || who.exact() != "" {
-		start = time.Now()
+	if _, found, err := g.Get(jctx, id); err != nil {
+		return wrapf(journalError(ctx, err), "read action %q", id)
+	} else if !found {
+		return notResumableError(id, listed, errors.New("it was forgotten meanwhile"))
 	}
-	rec, created, err := t.journalReserve(jctx, want, journal.ReuseAny, start)
-	if err == nil && !created {
-		var same bool
-		if same, err = t.repeatOf(jctx, who, rec); err == nil && !same {
-			rec, created, err = t.journalReserve(jctx, want, journal.ReusePending, time.Now())
-		}
-	}
-	if err != nil {
-		return journal.Record{}, false, wrapf(journalError(ctx, err), "reserve key for action %q", id)
-	}
-	if who.syncDone && !who.byFingerprint && who.resumed == nil {
-		t.hops.add(id) // a live 307/308 hop of an unnamed payment
-	}
-	return rec, created, nil
+	return nil
 }
 
-// journalReserve is the one call of journal.Journal.Reserve on the request
-// path, counted in Stats from start; what it returns is checked here, once.
-func (t *Transport) journalReserve(jctx context.Context, want journal.Record, mode journal.ReserveMode, start time.Time) (journal.Record, bool, error) {
+// reserveRecord is the one call of journal.Journal.Reserve on the request
+// path, counted in Stats: the place to check what it returns.
+func (t *Transport) reserveRecord(jctx context.Context, want journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	start := time.Now()
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
 	return rec, created, err
 }
 
-// reserveRepeat returns dst set to the existing record rec of who's
-// action, once the request is found to be its payload and the lifecycle's
-// verdict (judge) lets it be sent; a pending action whose key window has
-// ended is recorded outcome-unknown as it is refused.
-func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload, rec journal.Record, window time.Duration, dst *action) (*action, error) {
-	id := who.id
-	fail := func(reason error) (*action, error) {
-		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
-			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
-	}
-	now := t.now()
+// checkPayload returns nil if the request p, who names, is the payload of
+// its action's record rec; else why it cannot be sent under rec's key:
+// ErrFingerprintMismatch, or the body's error or ErrFingerprintUncheckable
+// (the action exists, and an earlier run may have sent it). An
+// uncheckable payload is not refused as such once rec's key window has
+// ended at now: whatever its payload, nothing of it may be sent then, and
+// it goes the way of any action past its window (judge).
+func (t *Transport) checkPayload(p payload, who *identity, rec journal.Record, now time.Time, window time.Duration) error {
 	var same bool
 	err := ErrFingerprintUncheckable
 	if !who.uncheckable {
@@ -312,30 +252,31 @@ func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload,
 	}
 	switch {
 	case errors.Is(err, ErrFingerprintUncheckable) && windowEnds(rec, now, 0, window):
-		// Whatever its payload, nothing of it may be sent now: it goes
-		// the way of any action past its key window (judge), not refused
-		// as uncheckable for ever.
+		return nil
 	case err != nil:
-		// The body read again, or a keyed fingerprint that cannot be
-		// checked: the action exists, and an earlier run may have sent it.
-		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
+		return &ActionError{Action: who.id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
 	case !same:
-		return fail(ErrFingerprintMismatch)
+		return refusal(who.id, rec, ErrFingerprintMismatch)
 	}
-	if reason := judge(rec, now, window); reason != nil {
-		if reason == ErrKeyWindowExpired && rec.State == journal.StatePending {
-			rec.State = journal.StateUnknown
-			if who.resumed != nil {
-				who.resumed.unknown.Store(true)
-			}
-			t.record(ctx, rec, false)
-			t.logUnknown(ctx, rec, ErrKeyWindowExpired)
-			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
-		}
-		return fail(reason)
+	return nil
+}
+
+// expire records rec, the pending record of who's action whose key window
+// has ended, outcome-unknown (pending -> unknown), and says so.
+func (t *Transport) expire(ctx context.Context, who *identity, rec journal.Record) {
+	rec.State = journal.StateUnknown
+	if who.resumed != nil {
+		who.resumed.unknown.Store(true)
 	}
-	*dst = action{rec: rec, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
-	return dst, nil
+	t.record(ctx, rec, false)
+	t.logUnknown(ctx, rec, ErrKeyWindowExpired)
+	t.emit(ctx, Event{Kind: EventUnknown, Action: who.id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
+}
+
+// refusal is the error of a request of action id refused for reason
+// before sending, its record rec existing: an earlier run may have sent it.
+func refusal(id string, rec journal.Record, reason error) error {
+	return &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Reason: reason}
 }
 
 // actionID names req's action: a key the caller set names it (the server
