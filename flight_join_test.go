@@ -198,3 +198,39 @@ func TestFlightRepeatsThatJoinADoneActionsResend(t *testing.T) {
 		})
 	}
 }
+
+// As above, but Resume's own context ends while its resend is at the
+// server: its flight is handed over, and a waiting request carries the
+// action on only if it is one: the deliberate payment is still a new one.
+// (Found reviewing the fix of items 1-2: a handed-over flight's joiners
+// carried its done action on, whoever they were.)
+func TestFlightResumeCutShortDoesNotHandItsDonePaymentToANewOne(t *testing.T) {
+	const body = `{"amount":1300}`
+	srv := newPayServer(t)
+	j := journal.NewMemory()
+	srv.commitThenDrop = map[int]bool{1: true}
+	leftPending(t, j, post(t, context.Background(), srv.URL, body))
+	tr := transportOver(t, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resumeCtx, cancelResume := context.WithCancel(ctx)
+	defer cancelResume()
+
+	g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
+	done := resumeAsync(resumeCtx, tr, g, 1)
+	<-g.rebuilding
+	require.True(t, idemretry.IsReplay(roundTrip(t, tr, post(t, ctx, srv.URL, body))), "the tap goes out under the pending key")
+	atServer, release := holdRequest(t, srv, 3) // Resume's resend, held until the test ends
+	defer release()
+	close(g.gate)
+	<-atServer
+	again := payAsync(tr, post(t, ctx, srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	cancelResume()
+
+	p := <-again
+	require.NoError(t, p.err)
+	assert.False(t, p.replay, "the new payment carried the first one on and got its replay")
+	assert.Equal(t, 2, srv.chargeCount())
+	<-done
+}

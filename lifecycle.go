@@ -245,6 +245,18 @@ func repeats(rec journal.Record, now time.Time, duplicateWindow time.Duration) b
 	return rec.State != journal.StateDone || (duplicateWindow > 0 && now.Before(rec.CreatedAt.Add(duplicateWindow)))
 }
 
+// exact returns the key of the one action who is bound to (Resume's listed
+// record, or the action of a flight it joined and carries on), or "".
+func (who *identity) exact() string {
+	switch {
+	case who.resumed != nil:
+		return who.resumed.rec.Key
+	case who.bound != nil:
+		return who.bound.Key
+	}
+	return ""
+}
+
 // boundTo checks that a request bound to one action reserved that action:
 // Resume's request is sent under its listed key or not at all
 // (ErrNotResumable; a record created just now, as the listed one was
@@ -361,30 +373,31 @@ const (
 )
 
 // landed decides what a request named by who, which joined flight f at
-// arrived, does now that f has landed: it takes f's result only if f's
-// action is one its own reservation would have taken (repeatOf), judged by
-// what f's reservation found (f.found), not by what came of it since. The
-// one thing it cannot judge here, whether a done 307/308's hop is
-// unfinished, it leaves to the reservation it then makes itself (goAgain
-// costs a resend under the key, never a payment).
+// arrived, does now that f has landed: it takes f's result, or carries
+// f's action on when f was handed over, only if f's action is one its own
+// reservation would have taken (repeatOf), judged by what f's reservation
+// found (f.found), not by what came of it since; else it goes again, as a
+// request of its own. The one thing it cannot judge here, whether a done
+// 307/308's hop is unfinished, it leaves to the reservation it then makes
+// itself.
 func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Duration) joinVerdict {
-	switch {
-	case f.again && f.bound:
-		return carryOn
-	case f.again:
-		return goAgain
-	case !f.reserved:
-		// Refused before any record was found (the journal failed, the
-		// leader panicked): the request would have been too.
-		return takeResult
-	}
-	if k := who.exact(); k != "" {
-		if k != f.found.Key {
-			return goAgain // another action under the id: its own reservation refuses it
+	if !f.reserved {
+		// Handed over, or refused, before any record was found (the
+		// journal failed, Resume held the flight): the request would have
+		// been refused too, or carries on by itself.
+		if f.again {
+			return goAgain
 		}
 		return takeResult
 	}
-	if who.byFingerprint && !repeats(f.found, arrived, duplicateWindow) {
+	switch k := who.exact(); {
+	case k != "" && k != f.found.Key:
+		return goAgain // another action under the id: its own reservation refuses it
+	case k == "" && who.byFingerprint && !repeats(f.found, arrived, duplicateWindow):
+		return goAgain // an unnamed payment made after f's action was done
+	case f.again && f.bound:
+		return carryOn
+	case f.again:
 		return goAgain
 	}
 	return takeResult

@@ -160,8 +160,12 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 		window  time.Duration
 		want    joinVerdict
 	}{
-		{"handed over, its action reserved: carry it on", unnamed, &flight{again: true, bound: true, reserved: true, found: done}, 0, 0, carryOn},
+		{"handed over, its action reserved: carry it on", unnamed, &flight{again: true, bound: true, reserved: true, found: pending}, 0, 0, carryOn},
 		{"handed over before reserving: go again", unnamed, &flight{again: true, reserved: false}, 0, 0, goAgain},
+		{"handed over unbound (Resume refused): go again", unnamed, &flight{again: true, reserved: true, found: pending}, 0, 0, goAgain},
+		{"handed over, a done action, a payment after the window: a new payment", unnamed, &flight{again: true, bound: true, reserved: true, found: done}, 65 * time.Second, dup, goAgain},
+		{"handed over, a done action, a tap within the window: carry it on", unnamed, &flight{again: true, bound: true, reserved: true, found: done}, 5 * time.Second, dup, carryOn},
+		{"handed over, Resume of another key", resumedK2, &flight{again: true, bound: true, reserved: true, found: pending}, 0, 0, goAgain},
 		{"refused before any record: take the refusal", unnamed, &flight{reserved: false}, 0, 0, takeResult},
 		{"a tap of a pending action", unnamed, &flight{reserved: true, found: pending}, time.Hour, 0, takeResult},
 		{"a tap of a done action within the window", unnamed, &flight{reserved: true, found: done}, 5 * time.Second, dup, takeResult},

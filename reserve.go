@@ -66,18 +66,6 @@ type identity struct {
 	uncheckable bool
 }
 
-// exact returns the key of the one action who is bound to (Resume's listed
-// record, or the action of a flight it joined and carries on), or "".
-func (who *identity) exact() string {
-	switch {
-	case who.resumed != nil:
-		return who.resumed.rec.Key
-	case who.bound != nil:
-		return who.bound.Key
-	}
-	return ""
-}
-
 // payload is a keyed request's method, URL and body, for checking it
 // against a fingerprint of another form or salt (samePayload). It is
 // passed apart from identity, which leaks: the body stays on RoundTrip's
