@@ -187,8 +187,8 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	if who.syncDone && !who.byFingerprint && who.resumed == nil {
 		t.hops.add(who.id) // a live 307/308 hop of an unnamed payment (redirecthop.go)
 	}
-	if f := who.flight; f != nil && !f.reserved {
-		f.found, f.reserved = rec, true // whom the flight may take in (landed)
+	if who.flight != nil {
+		t.flights.noteFound(who.flight, rec) // whom the flight may take in (landed)
 	}
 	if err := t.boundTo(ctx, &who, rec, created); err != nil {
 		return nil, err
@@ -376,7 +376,7 @@ const (
 // arrived, does now that f has landed: it takes f's result, or carries
 // f's action on when f was handed over, only if f's action is one its own
 // reservation would have taken (repeatOf), judged by what f's reservation
-// found (f.found), not by what came of it since; else it goes again, as a
+// found (flight.found), not by what came of it since; else it goes again, as a
 // request of its own. The one thing it cannot judge here, whether a done
 // 307/308's hop is unfinished, it leaves to the reservation it then makes
 // itself.
@@ -390,10 +390,11 @@ func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Du
 		}
 		return takeResult
 	}
+	found := f.found()
 	switch k := who.exact(); {
-	case k != "" && k != f.found.Key:
+	case k != "" && k != found.Key:
 		return goAgain // another action under the id: its own reservation refuses it
-	case k == "" && who.byFingerprint && !repeats(f.found, arrived, duplicateWindow):
+	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow):
 		return goAgain // an unnamed payment made after f's action was done
 	case f.again && f.bound:
 		return carryOn

@@ -139,6 +139,15 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 	}
 }
 
+// reservedFlight is a landed flight whose first reservation found rec,
+// handed over (again), bound to its action or not.
+func reservedFlight(rec journal.Record, again, bound bool) *flight {
+	f := &flight{again: again, bound: bound}
+	var fs flights
+	fs.noteFound(f, rec)
+	return f
+}
+
 // What a request that joined a flight does once it has landed (landed):
 // it takes the result only if the flight's action is one it would itself
 // have reserved, judged by what the flight's reservation found.
@@ -160,23 +169,23 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 		window  time.Duration
 		want    joinVerdict
 	}{
-		{"handed over, its action reserved: carry it on", unnamed, &flight{again: true, bound: true, reserved: true, found: pending}, 0, 0, carryOn},
-		{"handed over before reserving: go again", unnamed, &flight{again: true, reserved: false}, 0, 0, goAgain},
-		{"handed over unbound (Resume refused): go again", unnamed, &flight{again: true, reserved: true, found: pending}, 0, 0, goAgain},
-		{"handed over, a done action, a payment after the window: a new payment", unnamed, &flight{again: true, bound: true, reserved: true, found: done}, 65 * time.Second, dup, goAgain},
-		{"handed over, a done action, a tap within the window: carry it on", unnamed, &flight{again: true, bound: true, reserved: true, found: done}, 5 * time.Second, dup, carryOn},
-		{"handed over, Resume of another key", resumedK2, &flight{again: true, bound: true, reserved: true, found: pending}, 0, 0, goAgain},
-		{"refused before any record: take the refusal", unnamed, &flight{reserved: false}, 0, 0, takeResult},
-		{"a tap of a pending action", unnamed, &flight{reserved: true, found: pending}, time.Hour, 0, takeResult},
-		{"a tap of a done action within the window", unnamed, &flight{reserved: true, found: done}, 5 * time.Second, dup, takeResult},
-		{"a payment after the window", unnamed, &flight{reserved: true, found: done}, 65 * time.Second, dup, goAgain},
-		{"a payment after a done action, no window", unnamed, &flight{reserved: true, found: done}, time.Second, 0, goAgain},
-		{"a named action's resend of a done action", named, &flight{reserved: true, found: done}, time.Hour, 0, takeResult},
-		{"an outcome-unknown action: take its refusal", unnamed, &flight{reserved: true, found: unknown}, time.Hour, 0, takeResult},
-		{"Resume of the flight's action", resumedK1, &flight{reserved: true, found: done}, time.Hour, 0, takeResult},
-		{"Resume of another key", resumedK2, &flight{reserved: true, found: pending}, 0, 0, goAgain},
-		{"a joiner carrying on the flight's action", boundK1, &flight{reserved: true, found: done}, time.Hour, 0, takeResult},
-		{"a joiner carrying on another action", boundK1, &flight{reserved: true, found: journal.Record{Key: "k3", State: journal.StatePending}}, 0, 0, goAgain},
+		{"handed over, its action reserved: carry it on", unnamed, reservedFlight(pending, true, true), 0, 0, carryOn},
+		{"handed over before reserving: go again", unnamed, &flight{again: true}, 0, 0, goAgain},
+		{"handed over unbound (Resume refused): go again", unnamed, reservedFlight(pending, true, false), 0, 0, goAgain},
+		{"handed over, a done action, a payment after the window: a new payment", unnamed, reservedFlight(done, true, true), 65 * time.Second, dup, goAgain},
+		{"handed over, a done action, a tap within the window: carry it on", unnamed, reservedFlight(done, true, true), 5 * time.Second, dup, carryOn},
+		{"handed over, Resume of another key", resumedK2, reservedFlight(pending, true, true), 0, 0, goAgain},
+		{"refused before any record: take the refusal", unnamed, &flight{}, 0, 0, takeResult},
+		{"a tap of a pending action", unnamed, reservedFlight(pending, false, false), time.Hour, 0, takeResult},
+		{"a tap of a done action within the window", unnamed, reservedFlight(done, false, false), 5 * time.Second, dup, takeResult},
+		{"a payment after the window", unnamed, reservedFlight(done, false, false), 65 * time.Second, dup, goAgain},
+		{"a payment after a done action, no window", unnamed, reservedFlight(done, false, false), time.Second, 0, goAgain},
+		{"a named action's resend of a done action", named, reservedFlight(done, false, false), time.Hour, 0, takeResult},
+		{"an outcome-unknown action: take its refusal", unnamed, reservedFlight(unknown, false, false), time.Hour, 0, takeResult},
+		{"Resume of the flight's action", resumedK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
+		{"Resume of another key", resumedK2, reservedFlight(pending, false, false), 0, 0, goAgain},
+		{"a joiner carrying on the flight's action", boundK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
+		{"a joiner carrying on another action", boundK1, reservedFlight(journal.Record{Key: "k3", State: journal.StatePending}, false, false), 0, 0, goAgain},
 	}
 	for _, tc := range cases {
 		if got := landed(&tc.who, tc.f, lifeT0.Add(tc.arrived), tc.window); got != tc.want {
