@@ -48,19 +48,21 @@ type flight struct {
 	// Set by the leader before done is closed, read by the joiners after.
 	// reserved: the leader's first reservation found the action's record
 	// (before any attempt), under key; doneAt is its creation time in Unix
-	// nanoseconds if it was done, else 0 (see found: no time.Time, which
-	// would take a flight from 896 to 1024 bytes). acting: the leader
+	// nanoseconds if it was done, else 0 (see found: a time.Time would
+	// take a flight to the 1024-byte size class). acting: the leader
 	// reserved the action, act, and sent it.
 	reserved bool
 	acting   bool
-	doneAt   int64
-	body     []byte // the response's body, read for the joiners
-	resp     *http.Response
-	err      error
 	// again: the leader stopped before its joiners had the result, for a
 	// reason of its own (handsOver): they go again, one of them leading;
-	// bound: as requests of act, under its key.
+	// bound: as requests of act, under its key. (The flags sit together,
+	// so that a flight stays within 888 bytes: with the heap's 8-byte
+	// header, the 896-byte size class.)
 	again, bound bool
+	doneAt       int64
+	body         []byte // the response's body, read for the joiners
+	resp         *http.Response
+	err          error
 }
 
 // flights are the actions in the air in one Transport.
