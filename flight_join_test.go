@@ -234,3 +234,69 @@ func TestFlightResumeCutShortDoesNotHandItsDonePaymentToANewOne(t *testing.T) {
 	assert.Equal(t, 2, srv.chargeCount())
 	<-done
 }
+
+// heldElsewhere is a Leaser over Memory whose leases another machine holds
+// until free is called; lease tells of each Lease call.
+type heldElsewhere struct {
+	*journal.Memory
+	mu    sync.Mutex
+	freed bool
+	lease chan struct{}
+}
+
+func (j *heldElsewhere) Lease(_ context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
+	select {
+	case j.lease <- struct{}{}:
+	default:
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.freed {
+		return false, time.Now().Add(20 * time.Millisecond), nil
+	}
+	return true, time.Now().Add(ttl), nil
+}
+
+func (j *heldElsewhere) Release(context.Context, string, string) error { return nil }
+
+func (j *heldElsewhere) free() {
+	j.mu.Lock()
+	j.freed = true
+	j.mu.Unlock()
+}
+
+// A flight and a lease: a tap of an unfinished unnamed payment leads its
+// flight and waits for the lease another machine holds while it finishes
+// the payment; a second tap joins. The other machine records it done, the
+// leader reads the record again and resends under its key (the replay).
+// The second tap came while the payment was unfinished: it is that
+// payment, and takes the replay, though the record is done by the time
+// the flight lands (what a flight's reservation found first decides, not
+// what came of it since).
+func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
+	const body = `{"amount":4400}`
+	srv := newPayServer(t)
+	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
+	srv.commitThenDrop = map[int]bool{1: true}
+	leftPending(t, j.Memory, post(t, context.Background(), srv.URL, body))
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	tr := transportOver(t, j)
+
+	first := payAsync(tr, post(t, context.Background(), srv.URL, body))
+	<-j.lease // the first tap found the payment pending, and waits for the lease
+	second := payAsync(tr, post(t, context.Background(), srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	done := recs[0]
+	done.State, done.Status = journal.StateDone, http.StatusCreated
+	require.NoError(t, j.Update(context.Background(), done)) // the other machine got its answer
+	j.free()
+
+	for _, p := range []paid{<-first, <-second} {
+		require.NoError(t, p.err)
+		assert.True(t, p.replay, "a tap of the unfinished payment was made a new one")
+	}
+	assert.Equal(t, 1, srv.chargeCount())
+	assert.Len(t, srv.seen(), 2, "the second tap sent nothing of its own")
+}
