@@ -248,3 +248,25 @@ func TestLifecycleRepeats(t *testing.T) {
 		}
 	}
 }
+
+// When Resume may resolve an outcome-unknown action (settled): from the
+// settle time after its key window, not before.
+func TestLifecycleSettled(t *testing.T) {
+	const window, settle = 24 * time.Hour, time.Minute
+	listed := journal.Record{ActionID: "pay:settle", Key: "k1", State: journal.StateUnknown, CreatedAt: lifeT0}
+	cases := []struct {
+		name string
+		at   time.Duration
+		want error
+	}{
+		{"within its key window", time.Hour, ErrOutcomeUnknown},
+		{"its window just ended, the settle time not", window + time.Second, ErrOutcomeUnknown},
+		{"at the settle time's end", window + settle, nil},
+		{"long after", window + time.Hour, nil},
+	}
+	for _, tc := range cases {
+		if got := settled(listed, lifeT0.Add(tc.at), window, settle); !errors.Is(got, tc.want) || (tc.want == nil) != (got == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
