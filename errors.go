@@ -73,7 +73,8 @@ var (
 	ErrActionRequired = errors.New("idemretry: request names no action")
 	// ErrResponseNotShared: the request joined an action already in flight,
 	// which ended with a response too large to copy for it (see
-	// WithMaxSharedResponse) or whose body failed to read. The action
+	// WithMaxSharedResponse), whose body failed to read, or a 101 Switching
+	// Protocols (its connection is the first caller's). The action
 	// completed; the first caller has the response; ActionError.Status
 	// holds its status.
 	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")

@@ -14,11 +14,13 @@ import (
 )
 
 // A flight is one action's attempts in progress in this process. The first
-// RoundTrip of an action leads it; an identical request (same action id,
-// and so, for an unnamed request, the same method, URL and body) that
-// arrives while the flight is in the air joins it: it sends nothing and
-// gets its own copy of the flight's result. This is what makes a double tap
-// one payment even when the app names no action.
+// RoundTrip of an action leads it; a request of the same action (the same
+// action id, and so, for an unnamed request, the same method, URL and body)
+// that arrives while the flight is in the air joins it: it sends nothing
+// and gets its own copy of the flight's result, if the flight's action is
+// one it would itself have reserved (lifecycle.go decides who joins, and
+// what each gets). This is what makes a double tap one payment even when
+// the app names no action.
 type flight struct {
 	fp journal.Fingerprint
 	// done is closed when the result below is set. It is made (under
@@ -43,11 +45,24 @@ type flight struct {
 	// action (reconcile.go); whoever joins is refused at once.
 	resolving bool
 
-	// Set by the leader before done is closed.
-	body  []byte // the response's body, read for the joiners
-	resp  *http.Response
-	err   error
-	again bool // the leader stopped for its own context: a joiner leads next
+	// Set by the leader before done is closed, read by the joiners after.
+	// reserved: the leader's first reservation found the action's record
+	// (before any attempt), under key; doneAt is its creation time in Unix
+	// nanoseconds if it was done, else 0 (see found: a time.Time would
+	// take a flight to the 1024-byte size class). acting: the leader
+	// reserved the action, act, and sent it.
+	reserved bool
+	acting   bool
+	// again: the leader stopped before its joiners had the result, for a
+	// reason of its own (handsOver): they go again, one of them leading;
+	// bound: as requests of act, under its key. (The flags sit together,
+	// so that a flight stays within 888 bytes: with the heap's 8-byte
+	// header, the 896-byte size class.)
+	again, bound bool
+	doneAt       int64
+	body         []byte // the response's body, read for the joiners
+	resp         *http.Response
+	err          error
 }
 
 // flights are the actions in the air in one Transport.
@@ -141,6 +156,29 @@ func (fs *flights) setKey(f *flight, key string) {
 	fs.mu.Unlock()
 }
 
+// noteFound records on f, once, what its first reservation found: rec.
+func (fs *flights) noteFound(f *flight, rec journal.Record) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f.reserved {
+		return
+	}
+	f.key, f.reserved = rec.Key, true
+	if rec.State == journal.StateDone {
+		f.doneAt = rec.CreatedAt.UnixNano()
+	}
+}
+
+// found returns what f's first reservation found, as far as its joiners
+// judge by it (landed): its key, and whether it was done, created when.
+// f has landed.
+func (f *flight) found() journal.Record {
+	if f.doneAt == 0 {
+		return journal.Record{Key: f.key, State: journal.StatePending}
+	}
+	return journal.Record{Key: f.key, State: journal.StateDone, CreatedAt: time.Unix(0, f.doneAt)}
+}
+
 // reconciling reports whether f is held by Resume while the app resolves
 // its action.
 func (fs *flights) reconciling(f *flight) bool {
@@ -193,41 +231,27 @@ func (f *flight) release() {
 	}
 }
 
-// share publishes the leader's result to n joiners and returns what the
-// leader itself returns. A response body is read into memory for them, up
-// to maxShared bytes and for at most DefaultMaxShareTime; a larger body stays the leader's alone (streamed, as
-// read so far followed by the rest), and each joiner gets
-// ErrResponseNotShared. again says the leader stopped for its own context
-// with the action unfinished, so a joiner should carry on with it.
-func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, err error, again bool) (*http.Response, error) {
-	defer f.release()
-	f.again = again
-	if n == 0 || again {
-		return resp, err
-	}
-	if resp == nil {
-		f.err = err
-		return resp, err
-	}
+// copyBody reads resp's body into memory for the joiners, up to maxShared
+// bytes and for at most DefaultMaxShareTime (a bound of its own, within
+// RoundTrip, even under a context that never ends), and keeps a snapshot
+// of resp for them. It returns why the body could not be copied whole, or
+// nil; resp stays the leader's to read either way: from memory, or, not
+// copied, as read so far followed by the rest (or the read's error).
+func (f *flight) copyBody(resp *http.Response, maxShared int64) error {
 	var buf []byte
 	if resp.Body != nil && resp.Body != http.NoBody {
-		var rerr error
-		// Read on the joiners' behalf, within RoundTrip: bounded, even
-		// under a context that never ends.
 		var cut *time.Timer
 		if ab, ok := resp.Body.(*attemptBody); ok {
 			cut = time.AfterFunc(DefaultMaxShareTime, (*attemptTrace)(ab).end)
 		}
+		var rerr error
 		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, maxShared+1))
 		if cut != nil {
 			cut.Stop()
 		}
-		switch {
-		case rerr != nil || int64(len(buf)) > maxShared:
-			f.err = &ActionError{Action: id, Key: f.key, Status: resp.StatusCode, MaybeProcessed: true,
-				Reason: ErrResponseNotShared, Err: errNotShared(rerr, maxShared)}
+		if rerr != nil || int64(len(buf)) > maxShared {
 			resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), errReader(rerr, resp.Body)), c: resp.Body}
-			return resp, nil
+			return errNotShared(rerr, maxShared)
 		}
 		resp.Body.Close()
 		resp.Body = io.NopCloser(bytes.NewReader(buf))
@@ -237,7 +261,14 @@ func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, e
 	snap := *resp
 	snap.Header, snap.Trailer = resp.Header.Clone(), resp.Trailer.Clone()
 	f.resp, f.body = &snap, buf
-	return resp, nil
+	return nil
+}
+
+// notShared is the joiners' error when resp, the flight's answer to
+// action id, is not shared with them, for cause.
+func (f *flight) notShared(id string, resp *http.Response, cause error) error {
+	return &ActionError{Action: id, Key: f.act.rec.Key, Status: resp.StatusCode, MaybeProcessed: true,
+		Reason: ErrResponseNotShared, Err: cause}
 }
 
 // result returns a joiner's copy of the flight's result.

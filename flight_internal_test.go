@@ -25,3 +25,15 @@ func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
 		t.Fatalf("wait returned the context's error %d times in 200 with the flight landed", wrong)
 	}
 }
+
+// FlightJoiners is how many callers wait in the flights of t's actions in
+// the air: a test knows from it that a request has joined a flight.
+func FlightJoiners(t *Transport) int {
+	t.flights.mu.Lock()
+	defer t.flights.mu.Unlock()
+	n := 0
+	for _, f := range t.flights.m {
+		n += f.joiners
+	}
+	return n
+}

@@ -3,7 +3,6 @@ package idemretry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
@@ -28,17 +27,7 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 		return
 	}
 	confirmed := false
-	defer func() {
-		n := t.flights.land(f)
-		if confirmed {
-			// Outcome-unknown, as found: whoever joined is refused.
-			f.fail(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
-				Reason: ErrOutcomeUnknown})
-			return
-		}
-		// Whoever joined carries the action on by itself.
-		_, _ = f.share(listed.ActionID, n, 0, nil, nil, true)
-	}()
+	defer func() { t.unhold(f, listed, confirmed) }()
 	if err := t.stillUnknown(ctx, listed); err != nil {
 		res.leave(err)
 		return
@@ -46,9 +35,8 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	// From here, a request of the action is refused at once.
 	t.flights.holdForResolve(f, listed.Key)
 	confirmed = true
-	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.earlierNow().Before(until) {
-		res.leave(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
-			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))})
+	if err := settled(listed, t.earlierNow(), t.cfg.keyWindow, t.cfg.settle); err != nil {
+		res.leave(err)
 		return
 	}
 	if t.leasing {
@@ -89,70 +77,35 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	res.Forgotten, res.Err = true, nil
 }
 
-// holdFlight makes Resume the leader of listed's flight in this Transport,
-// waiting for a flight of it in the air to land first.
-func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*flight, error) {
-	for {
-		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint)
-		switch {
-		case lead:
-			return f, nil
-		case mismatch && !isKeyed(f.fp) && !isKeyed(listed.Fingerprint):
-			// In flight with another payload: the id names another
-			// action now.
-			return nil, notResumableError(listed.ActionID, &listed, fmt.Errorf("a request of another payload is in flight"))
-		}
-		// In flight: with a keyed fingerprint, perhaps of the same payload
-		// with another salt, which only the flight's request can tell.
-		// Either way it lands first.
-		if err := f.wait(ctx); err != nil {
-			return nil, &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true, Err: err}
-		}
-	}
-}
-
-// stillUnknown reads listed's record again, and returns nil if it is
-// outcome-unknown under listed's key; a record that is gone (someone else
-// reconciled it) is ErrNotResumable. A journal.Getter reads it without
-// creating anything. Another journal is read with a Reserve, which creates
-// a record that is gone: outcome-unknown, so that nothing is sent under its
-// key, and forgotten again at once (a Forget that a crash, or another
-// process's new record of the action in between, can defeat).
-func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) error {
+// readListed reads listed's record again: found false if it is gone
+// (someone reconciled it). A journal.Getter reads it without creating
+// anything. Another journal is read with a Reserve, which creates a record
+// that is gone: outcome-unknown, so that nothing is sent under its key,
+// and forgotten again at once (a Forget that a crash, or another process's
+// new record of the action in between, can defeat; one that fails is
+// ErrNotResumable's cause).
+func (t *Transport) readListed(ctx context.Context, listed journal.Record) (cur journal.Record, found bool, err error) {
 	jctx, cancel := t.journalContext(ctx)
 	defer cancel()
-	var cur journal.Record
-	var created bool
-	var err error
 	if g, ok := t.journal.(journal.Getter); ok {
-		var found bool
 		cur, found, err = g.Get(jctx, listed.ActionID)
-		if err == nil && !found {
-			return notResumableError(listed.ActionID, &listed, fmt.Errorf("it was forgotten meanwhile"))
-		}
 	} else {
 		want := listed
 		want.State = journal.StateUnknown
+		var created bool
 		cur, created, err = t.journal.Reserve(jctx, want, journal.ReuseAny)
-	}
-	switch {
-	case err != nil:
-		return wrapf(journalError(ctx, err), "read action %q", listed.ActionID)
-	case created:
-		if err := t.journal.Forget(jctx, listed.ActionID); err != nil {
-			err = wrapf(journalError(ctx, err), "forget action %q again", listed.ActionID)
-			return notResumableError(listed.ActionID, &listed, err)
+		found = !created
+		if err == nil && created {
+			if err := t.journal.Forget(jctx, listed.ActionID); err != nil {
+				err = wrapf(journalError(ctx, err), "forget action %q again", listed.ActionID)
+				return cur, false, notResumableError(listed.ActionID, &listed, err)
+			}
 		}
-		return notResumableError(listed.ActionID, &listed, fmt.Errorf("it was forgotten meanwhile"))
-	case cur.Key != listed.Key:
-		return notResumableError(listed.ActionID, &listed, nil)
-	case cur.State != journal.StateUnknown:
-		// Done (a request of it in the air got its answer): known, so
-		// there is nothing to reconcile.
-		return &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: cur.Attempts, Status: cur.Status,
-			MaybeProcessed: true, Reason: ErrNotResumable, Err: fmt.Errorf("its record is %s", cur.State)}
 	}
-	return nil
+	if err != nil {
+		return cur, false, wrapf(journalError(ctx, err), "read action %q", listed.ActionID)
+	}
+	return cur, found, nil
 }
 
 // leaseToResolve takes a's lease, kept renewed until releaseLease, or

@@ -52,6 +52,13 @@ type identity struct {
 	// it listed, or is nil: its action is resumed under its key, or not at
 	// all (see reserve).
 	resumed *resumeMark
+	// bound is the action a request that joined a flight carries on when
+	// the flight's leader handed it over (see landed): that action, under
+	// its key, whatever the journal says of it since, or nil.
+	bound *journal.Record
+	// flight is the flight the request leads, which its first reservation
+	// tells what it found (see landed), or nil.
+	flight *flight
 	// uncheckable: a resumed action whose record's keyed fingerprint
 	// cannot be checked here (resumedIdentity): never sent, and refused
 	// as uncheckable until its key window ends, then recorded
@@ -163,138 +170,101 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 	return who, nil
 }
 
-// reserve reserves the key of the action named by who, durably, and
-// returns dst set to it. It sends nothing. Only the leader of the action's
-// flight calls it, so calls for one action never overlap within a
-// Transport.
-func (t *Transport) reserve(ctx context.Context, who identity, p payload, window time.Duration, dst *action) (*action, error) {
-	id := who.id
-	jctx, cancel := t.journalContext(ctx)
-	defer cancel()
-	if err := t.landOutcome(ctx, jctx, id); err != nil {
-		return nil, err
-	}
-	key := who.callerKey
-	if key == "" {
-		var err error
-		if key, err = t.cfg.newKey(); err != nil {
-			return nil, fmt.Errorf("idemretry: new key: %w", err)
-		}
-	}
-	createdAt := t.cfg.clock.Now()
-	want := journal.Record{ActionID: id, Key: key, Fingerprint: who.fp, CreatedAt: createdAt, State: journal.StatePending}
-	mode := journal.ReuseAny
-	if who.resumed != nil {
-		// Exactly the listed action: never a new key. Its record is
-		// created only if it was forgotten since it was listed, and then
-		// as it was listed, but outcome-unknown: never sent, and handed to
-		// Resolve (see below). Created pending, it would be sent (a
-		// payment the app had cancelled), also by another process that
-		// shares the journal; forgotten again at once, a crash or another
-		// process could come in between.
+// mintWant returns the record to reserve for who: a new key (the caller's,
+// or a UUIDv4 minted now) created now, pending; or, for a request bound to
+// one action (see identity.exact), that action's key and creation time.
+// Resume's is created outcome-unknown: its record is created only if it
+// was forgotten since it was listed, and then never sent and handed to
+// Resolve (see boundTo). Created pending, it would be sent (a payment the
+// app had cancelled), also by another process that shares the journal;
+// forgotten again at once, a crash or another process could come in
+// between.
+func (t *Transport) mintWant(who *identity) (journal.Record, error) {
+	want := journal.Record{ActionID: who.id, Key: who.callerKey, Fingerprint: who.fp, CreatedAt: t.cfg.clock.Now(), State: journal.StatePending}
+	switch {
+	case who.resumed != nil:
 		l := &who.resumed.rec
 		want.Key, want.CreatedAt, want.Attempts, want.Status = l.Key, l.CreatedAt, l.Attempts, l.Status
 		want.State = journal.StateUnknown
-	}
-	if who.resumed != nil {
-		if g, ok := t.journal.(journal.Getter); ok {
-			// A listed action forgotten since (someone reconciled it) is
-			// not created again: it is not Resume's to bring back.
-			if _, found, err := g.Get(jctx, id); err != nil {
-				return nil, wrapf(journalError(ctx, err), "read action %q", id)
-			} else if !found {
-				return nil, notResumableError(id, &who.resumed.rec, errors.New("it was forgotten meanwhile"))
-			}
+	case who.bound != nil:
+		want.Key, want.CreatedAt = who.bound.Key, who.bound.CreatedAt
+	case want.Key == "":
+		key, err := t.cfg.newKey()
+		if err != nil {
+			return journal.Record{}, fmt.Errorf("idemretry: new key: %w", err)
 		}
+		want.Key = key
 	}
-	start := createdAt // a reading of the system clock, with its monotonic part
-	if _, system := t.cfg.clock.(systemClock); !system {
-		start = time.Now()
+	return want, nil
+}
+
+// stillListed returns ErrNotResumable if listed, the record Resume listed
+// for action id, has been forgotten since (someone reconciled it), when
+// the journal can tell without creating it (a journal.Getter): it is not
+// Resume's to bring back.
+func (t *Transport) stillListed(ctx, jctx context.Context, id string, listed *journal.Record) error {
+	g, ok := t.journal.(journal.Getter)
+	if !ok {
+		return nil
 	}
+	if _, found, err := g.Get(jctx, id); err != nil {
+		return wrapf(journalError(ctx, err), "read action %q", id)
+	} else if !found {
+		return notResumableError(id, listed, errors.New("it was forgotten meanwhile"))
+	}
+	return nil
+}
+
+// reserveRecord is the one call of journal.Journal.Reserve on the request
+// path, counted in Stats: the place to check what it returns.
+func (t *Transport) reserveRecord(jctx context.Context, want journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	start := time.Now()
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
-	if err == nil && !created && who.resumed == nil && who.byFingerprint && mode == journal.ReuseAny && rec.State == journal.StateDone &&
-		(t.cfg.duplicateWindow <= 0 || !t.earlierNow().Before(rec.CreatedAt.Add(t.cfg.duplicateWindow))) {
-		// A repeat after the duplicate window (none by default): a new
-		// action, unless the done answer was a 307/308 whose hop is still
-		// unfinished, in flight here or pending in the journal: the
-		// action is then not finished, and the repeat is a tap of it,
-		// which goes out under its key and joins its hop.
-		var unfinished bool
-		if unfinished, err = t.hopUnfinished(jctx, rec); err == nil && !unfinished {
-			rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
-		}
-	}
-	if err != nil {
-		return nil, wrapf(journalError(ctx, err), "reserve key for action %q", id)
-	}
-	if who.syncDone && !who.byFingerprint && who.resumed == nil {
-		t.hops.add(id) // a live 307/308 hop of an unnamed payment
-	}
-	fail := func(reason error) (*action, error) {
-		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status,
-			MaybeProcessed: true, Reason: reason} // the record existed: an earlier run may have sent it
-	}
-	if who.resumed != nil && (created || rec.Key != who.resumed.rec.Key) {
-		if created {
-			who.resumed.unknown.Store(true)
-			t.logUnknown(ctx, rec, ErrNotResumable)
-			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrNotResumable})
-		}
-		return nil, notResumableError(id, &who.resumed.rec, nil)
-	}
-	if created {
-		// A key minted just now: its age is measured from createdAt (on the
-		// system clock, monotonically), never inferred, so no clock
-		// disagreement can refuse it.
-		*dst = action{rec: rec, fresh: true, createdAt: createdAt, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
-		return dst, nil
-	}
-	now := t.now()
+	return rec, created, err
+}
+
+// checkPayload returns nil if the request p, who names, is the payload of
+// its action's record rec; else why it cannot be sent under rec's key:
+// ErrFingerprintMismatch, or the body's error or ErrFingerprintUncheckable
+// (the action exists, and an earlier run may have sent it). An
+// uncheckable payload is not refused as such once rec's key window has
+// ended at now: whatever its payload, nothing of it may be sent then, and
+// it goes the way of any action past its window (judge).
+func (t *Transport) checkPayload(p payload, who *identity, rec journal.Record, now time.Time, window time.Duration) error {
 	var same bool
-	err = ErrFingerprintUncheckable
+	err := ErrFingerprintUncheckable
 	if !who.uncheckable {
-		_, same, err = t.samePayload(p, &who, rec.Fingerprint)
+		_, same, err = t.samePayload(p, who, rec.Fingerprint)
 	}
 	switch {
 	case errors.Is(err, ErrFingerprintUncheckable) && windowEnds(rec, now, 0, window):
-		// Whatever its payload, nothing of it may be sent now: it goes
-		// the way of any action past its key window (below), not refused
-		// as uncheckable for ever.
+		return nil
 	case err != nil:
-		// The body read again, or a keyed fingerprint that cannot be
-		// checked: the action exists, and an earlier run may have sent it.
-		return nil, &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
+		return &ActionError{Action: who.id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Err: err}
 	case !same:
-		return fail(ErrFingerprintMismatch)
+		return refusal(who.id, rec, ErrFingerprintMismatch)
 	}
-	switch {
-	case rec.State == journal.StateUnknown && windowEnds(rec, now, 0, window):
-		return fail(ErrKeyWindowExpired)
-	case rec.State == journal.StateUnknown:
-		// Recorded unknown for another reason (the server refused the key
-		// as reused), or by a clock that disagrees: the journal does not
-		// say which, so the refusal does not guess.
-		return fail(ErrOutcomeUnknown)
-	case now.Before(rec.CreatedAt.Add(-maxClockSkew)):
-		// Created in the clock's future: its age cannot be known now.
-		// Refuse, and leave it as it is for when the clocks agree again.
-		return fail(ErrClockSkew)
-	case windowEnds(rec, now, 0, window):
-		if rec.State == journal.StatePending {
-			rec.State = journal.StateUnknown
-			if who.resumed != nil {
-				who.resumed.unknown.Store(true)
-			}
-			t.record(ctx, rec, false)
-			t.logUnknown(ctx, rec, ErrKeyWindowExpired)
-			t.emit(ctx, Event{Kind: EventUnknown, Action: id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
-		}
-		return fail(ErrKeyWindowExpired)
+	return nil
+}
+
+// expire records rec, the pending record of who's action whose key window
+// has ended, outcome-unknown (pending -> unknown), and says so.
+func (t *Transport) expire(ctx context.Context, who *identity, rec journal.Record) {
+	rec.State = journal.StateUnknown
+	if who.resumed != nil {
+		who.resumed.unknown.Store(true)
 	}
-	*dst = action{rec: rec, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
-	return dst, nil
+	t.record(ctx, rec, false)
+	t.logUnknown(ctx, rec, ErrKeyWindowExpired)
+	t.emit(ctx, Event{Kind: EventUnknown, Action: who.id, Key: rec.Key, Attempt: rec.Attempts, Reason: ErrKeyWindowExpired})
+}
+
+// refusal is the error of a request of action id refused for reason
+// before sending, its record rec existing: an earlier run may have sent it.
+func refusal(id string, rec journal.Record, reason error) error {
+	return &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Reason: reason}
 }
 
 // actionID names req's action: a key the caller set names it (the server

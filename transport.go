@@ -1,7 +1,6 @@
 package idemretry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -169,11 +168,17 @@ func (t *Transport) CloseIdleConnections() {
 // unnamed request, the same method, URL and body) sends nothing: it waits
 // for that flight, bounded by its own context, and gets its own copy of the
 // result, its body read into memory up to the sharing limit
-// (WithMaxSharedResponse; a larger body stays the first caller's, and the
-// others get ErrResponseNotShared). If the first caller's context ends with
-// the action unfinished, one of the waiting callers carries it on, with the
-// same key. A flight runs with its leader's settings: the WithRequestOptions
-// of a caller that joins it do not apply to it.
+// (WithMaxSharedResponse; a larger body, and a 101 Switching Protocols,
+// stay the first caller's, and the others get ErrResponseNotShared). It
+// takes the copy only if the flight's action is one it would itself have
+// reserved: an unnamed request that finds the flight resending an action
+// already done (a tap within the duplicate window, or Resume) past the
+// duplicate window is a new payment, sent once that flight has landed. If
+// the first caller's context ends before the waiting callers have the
+// answer (the action unfinished, or its body still being read for them),
+// one of them carries the action on, with the same key. A flight runs
+// with its leader's settings: the WithRequestOptions of a caller that
+// joins it do not apply to it.
 //
 // Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
 // ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
@@ -233,80 +238,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx := req.Context()
-	for {
-		f, lead, mismatch := t.flights.join(who.id, who.fp)
-		switch {
-		case mismatch:
-			// The leader's fingerprint may be keyed, with a salt of
-			// its own: computed so, the two may be one payload.
-			fp, same, err := t.samePayload(payload{req, b}, &who, f.fp)
-			if err != nil { // the body read again, or a keyed fingerprint that cannot be checked
-				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
-			}
-			if !same {
-				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrFingerprintMismatch}
-			}
-			who.fp = fp
-			continue
-		case lead:
-			return t.lead(req, b, who, f, s)
-		case t.flights.reconciling(f):
-			// Resume is asking the app about this action's outcome:
-			// it is outcome-unknown, and nothing of it is sent.
-			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrOutcomeUnknown}
-		}
-		if err := f.wait(ctx); err != nil {
-			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
-		}
-		if !f.again {
-			if m := who.resumed; m != nil {
-				if k := t.flights.keyOf(f); k != "" && k != m.rec.Key {
-					// Resume's action is not this flight's: a new one
-					// with the same payload replaced it.
-					return nil, notResumableError(who.id, &m.rec, nil)
-				}
-			}
-			return f.result()
-		}
-	}
-}
-
-// lead makes the flight's attempts and shares their result with the
-// callers that joined. If the leader's own context ended (or its deadline
-// cut the retries short) with the action unfinished, a waiting caller
-// carries it on instead. A panic (in a policy, a hook, the journal) still
-// lands the flight, so that its joiners and later requests are not stranded.
-func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s settings) (resp *http.Response, err error) {
-	shared := false
-	defer func() {
-		if !shared {
-			t.flights.land(f)
-			f.fail(fmt.Errorf("idemretry: the request leading action %q panicked", who.id))
-		}
-	}()
-	var pending bool
-	a, err := t.reserveLeased(req.Context(), who, payload{req, b}, s.keyWindow, &f.act) // lease.go: one machine in flight per action
-	defer t.releaseLease(a)
-	if err == nil {
-		t.flights.setKey(f, a.rec.Key)
-		resp, pending, err = t.attempts(req, b, a, s, &f.trace)
-	}
-	n := t.flights.land(f)
-	shared = true
-	// A refusal that is Resume's alone (its listed key is not the
-	// action's any more) is not the joiners': one of them carries on.
-	again := cutShort(req.Context(), resp, err, pending) || (who.resumed != nil && errors.Is(err, ErrNotResumable))
-	return f.share(who.id, n, t.cfg.maxShared, resp, err, again)
-}
-
-// cutShort reports whether a flight ended unfinished because of its
-// leader's own context, which its joiners do not share.
-func cutShort(ctx context.Context, resp *http.Response, err error, pending bool) bool {
-	if !pending && resp != nil {
-		return false
-	}
-	return callerEnded(ctx) || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+	return t.fly(req, b, who, s) // lifecycle.go
 }
 
 // idempotentMethods may be retried without a key (RFC 9110, 9.2.2).

@@ -1,0 +1,160 @@
+package idemretry_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// Issue 26, item 3: the first caller of an unnamed payment has a 1 s
+// deadline, a double tap 10 s. The server charges, sends the 201's headers
+// at once and its body 300 ms after the first caller's deadline. The
+// action is done; the first caller's context ends while its body is read
+// for the joiner. The joiner, with 9 s left, must get the answer, not
+// ErrResponseNotShared: for an unnamed payment it would be lost for good.
+func TestFlightJoinerGetsTheAnswerThatOutlivesTheLeadersDeadline(t *testing.T) {
+	const body = `{"amount":5100}`
+	srv := newPayServer(t)
+	leaderCtx, cancelLeader := context.WithTimeout(context.Background(), time.Second)
+	defer cancelLeader()
+	deadline, _ := leaderCtx.Deadline()
+	joined := make(chan struct{})
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n != 1 {
+			return false // the idempotency layer replays the stored answer
+		}
+		<-joined
+		key := r.Header.Get("Idempotency-Key")
+		srv.mu.Lock()
+		srv.charges++
+		srv.stored[key] = storedAnswer{status: http.StatusCreated, body: `{"charge":"ch_1"}`}
+		srv.mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Until(deadline) + 300*time.Millisecond)
+		io.WriteString(w, `{"charge":"ch_1"}`)
+		return true
+	}
+	tr := transportOver(t, journal.NewMemory())
+	leader := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(post(t, leaderCtx, srv.URL, body))
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		leader <- err
+	}()
+	require.Eventually(t, func() bool { return len(srv.seen()) == 1 }, 10*time.Second, time.Millisecond)
+	joinerCtx, cancelJoiner := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelJoiner()
+	joiner := payAsync(tr, post(t, joinerCtx, srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	close(joined)
+
+	p := <-joiner
+	require.NoError(t, p.err, "the joiner, with 9 s left, lost the answer to the first caller's deadline")
+	assert.Equal(t, http.StatusCreated, p.status)
+	assert.Equal(t, `{"charge":"ch_1"}`, p.body)
+	assert.ErrorIs(t, <-leader, context.DeadlineExceeded, "the first caller's own deadline cut its read")
+	assert.Equal(t, 1, srv.chargeCount())
+	keys := keysOf(srv.seen())
+	for _, k := range keys {
+		assert.Equal(t, keys[0], k, "every request of the payment carries its key")
+	}
+}
+
+// Issue 26, item 4: two callers of one action send a POST upgrade; the
+// answer is a 101 Switching Protocols, whose body is the upgraded
+// connection. It is never shared: the first caller gets the connection
+// at once, writable, and the joiner ErrResponseNotShared with status 101;
+// nothing copies the connection (it would hang past every deadline).
+func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
+	joined, arrived := make(chan struct{}), make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		io.Copy(io.Discard, r.Body)
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		<-joined
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		line, err := brw.ReadString('\n')
+		if err != nil {
+			return
+		}
+		brw.WriteString("echo " + line)
+		brw.Flush()
+		brw.ReadString('\n') // held open until the caller closes it
+	}))
+	defer srv.Close()
+	tr := transportOver(t, journal.NewMemory())
+	upgrade := func(ctx context.Context) *http.Request {
+		req := post(t, idemretry.WithAction(ctx, "pay:upgrade-shared"), srv.URL, "hello")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		return req
+	}
+	leaderCtx, cancelLeader := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelLeader()
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	leader := make(chan answer, 1)
+	go func() {
+		resp, err := tr.RoundTrip(upgrade(leaderCtx))
+		leader <- answer{resp, err}
+	}()
+	<-arrived
+	joinerCtx, cancelJoiner := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancelJoiner()
+	joiner := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(upgrade(joinerCtx))
+		if err == nil {
+			resp.Body.Close()
+			err = errors.New("the joiner was given a copy of an upgraded connection")
+		}
+		joiner <- err
+	}()
+	awaitJoiners(t, tr, 1)
+	close(joined)
+
+	var a answer
+	select {
+	case a = <-leader:
+	case <-time.After(idemretry.DefaultMaxShareTime + 5*time.Second):
+		t.Fatal("the first caller's RoundTrip is still copying the upgraded connection for its joiner")
+	}
+	require.NoError(t, a.err)
+	require.Equal(t, http.StatusSwitchingProtocols, a.resp.StatusCode)
+	rwc, ok := a.resp.Body.(io.ReadWriteCloser)
+	require.True(t, ok, "the first caller's 101 body is the connection, got %T", a.resp.Body)
+	defer rwc.Close()
+	_, err := io.WriteString(rwc, "hi\n")
+	require.NoError(t, err)
+	got, err := bufio.NewReader(rwc).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "echo hi\n", got)
+
+	err = <-joiner
+	require.ErrorIs(t, err, idemretry.ErrResponseNotShared)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, http.StatusSwitchingProtocols, ae.Status)
+}
