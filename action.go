@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -101,79 +100,18 @@ func checkActionID(id string) error {
 	return nil
 }
 
-// newUUIDKey returns a random UUIDv4 in its canonical form (google/uuid's
-// String), its bytes from crypto/rand.Reader (uuid.SetRand does not apply
-// to it; WithKeyGenerator replaces it). From crypto/rand's own Reader they
-// are read here, on the stack, with the version and variant bits set as
-// uuid.NewRandom sets them: uuid.NewRandom reads through an io.Reader,
-// which moves each UUID to the heap (one allocation per action). That
-// Reader returns no error: since Go 1.24 it ends the process if the
-// system's random source fails, under uuid.NewRandom as here. A Reader the
-// program set in its place is read by uuid.NewRandomFromReader, and its
-// error returned (crypto/rand.Read would end the process on it).
+// newUUIDKey returns a random UUIDv4 in its canonical form, its bytes
+// read from crypto/rand.Reader when it is called (uuid.SetRand does not
+// apply to it; WithKeyGenerator replaces it). crypto/rand's own Reader
+// returns no error: since Go 1.24 it ends the process if the system's
+// random source fails. A Reader the program set in its place is read
+// until it gives all 16 bytes, and its error returned.
 func newUUIDKey() (string, error) {
-	if r := rand.Reader; !isCryptoRandReader(r) {
-		u, err := uuid.NewRandomFromReader(r)
-		if err != nil {
-			return "", err
-		}
-		return u.String(), nil
+	u, err := uuid.NewRandomFromReader(rand.Reader)
+	if err != nil {
+		return "", err
 	}
-	var u uuid.UUID
-	rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40 // version 4
-	u[8] = u[8]&0x3f | 0x80 // variant 10 (RFC 9562)
-	return formatUUID(&u), nil
-}
-
-// formatUUID is uuid.UUID.String, in one pass over the bytes (String
-// hex-encodes the five groups in five calls).
-func formatUUID(u *uuid.UUID) string {
-	const digits = "0123456789abcdef"
-	var buf [36]byte
-	buf[8], buf[13], buf[18], buf[23] = '-', '-', '-', '-'
-	for i, c := range u {
-		p := uuidDigitAt[i]
-		buf[p], buf[p+1] = digits[c>>4], digits[c&0x0f]
-	}
-	return string(buf[:])
-}
-
-// uuidDigitAt is where each byte's two digits go in a UUID's text.
-var uuidDigitAt = [16]uint8{0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34}
-
-// isCryptoRandReader reports whether r is crypto/rand's own Reader, known
-// by its type (an unexported reader, in crypto/internal/rand since Go 1.24,
-// in crypto/rand before), as crypto/rand.Read itself knows it: not by a copy
-// of rand.Reader taken at init, which a package initialised earlier may
-// already have replaced. A type moved or renamed by a later Go is taken for
-// a replacement, which only costs the allocation (and fails
-// TestNewUUIDKeyIsCanonicalV4).
-func isCryptoRandReader(r io.Reader) bool {
-	t := reflect.TypeOf(r)
-	if t != nil && t == cryptoRandReaderType {
-		return true
-	}
-	return isCryptoRandReaderType(t)
-}
-
-// cryptoRandReaderType is the type of crypto/rand's own Reader when
-// rand.Reader still held it as this package was initialised (else nil):
-// a type, which no program can change, compared where its name would
-// otherwise be read on every key (about 350 instructions). A Reader
-// replaced before or after is told apart by its type all the same.
-var cryptoRandReaderType = func() reflect.Type {
-	if t := reflect.TypeOf(rand.Reader); isCryptoRandReaderType(t) {
-		return t
-	}
-	return nil
-}()
-
-func isCryptoRandReaderType(t reflect.Type) bool {
-	if t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t != nil && t.Name() == "reader" && (t.PkgPath() == "crypto/internal/rand" || t.PkgPath() == "crypto/rand")
+	return u.String(), nil
 }
 
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted

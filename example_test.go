@@ -2,6 +2,7 @@ package idemretry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
@@ -82,20 +84,6 @@ func ExampleNewFullJitter() {
 	// worst case in all: 15.5s
 }
 
-// At start-up, list the actions a previous run left unfinished, to resume
-// them (same key) or reconcile them with the server.
-func ExampleJournal_unfinished() {
-	j := journal.NewMemory()
-	ctx := context.Background()
-	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
-	unfinished, _ := j.Unfinished(ctx)
-	for _, r := range unfinished {
-		fmt.Println(r.ActionID, r.State, "attempts:", r.Attempts)
-	}
-	// Output:
-	// pay:order-9 pending attempts: 2
-}
-
 // A restart: the first process loses the answer and stops; the second,
 // over the same journal directory, finds the action unfinished and resends
 // it with the same key, and the server replays its stored answer.
@@ -155,4 +143,89 @@ func ExampleNewTransport() {
 	// first run: answer lost
 	// unfinished at start-up: pay:order-A-1001
 	// second run: 201 replayed: true charges: 1
+}
+
+// A payment app refuses to send a payment that names no action: the
+// request fails with ErrActionRequired and the server receives nothing.
+// Named, it goes out.
+func ExampleWithRequireAction() {
+	var received atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		received.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+
+	client, err := idemretry.NewClient(idemretry.WithJournal(journal.NewMemory()), idemretry.WithRequireAction())
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":129900}`))
+	_, err = client.Do(req)
+	fmt.Println("unnamed: ErrActionRequired:", errors.Is(err, idemretry.ErrActionRequired))
+	fmt.Println("requests the server received:", received.Load())
+
+	ctx := idemretry.WithAction(context.Background(), "pay:order-A-1001")
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":129900}`))
+	resp, err := client.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	resp.Body.Close()
+	fmt.Println("named:", resp.StatusCode)
+	fmt.Println("requests the server received:", received.Load())
+	// Output:
+	// unnamed: ErrActionRequired: true
+	// requests the server received: 0
+	// named: 201
+	// requests the server received: 1
+}
+
+// A double tap: the same unnamed payment twice within the duplicate
+// window. The second is sent with the first's key, and the server, which
+// stores each key's answer as Stripe does, replays it: one charge.
+func ExampleWithDuplicateWindow() {
+	var mu sync.Mutex
+	answers := map[string]string{} // key: the charge made under it
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		defer mu.Unlock()
+		charge, replay := answers[key]
+		if !replay {
+			charge = fmt.Sprintf(`{"charge":"ch_%d"}`, len(answers)+1)
+			answers[key] = charge
+		} else {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, charge)
+	}))
+	defer srv.Close()
+
+	client, err := idemretry.NewClient(idemretry.WithJournal(journal.NewMemory()), idemretry.WithDuplicateWindow(30*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+
+	for tap := 1; tap <= 2; tap++ {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":129900}`))
+		resp, err := client.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Println("tap", tap, resp.StatusCode, string(body), "replayed:", idemretry.IsReplay(resp))
+	}
+	mu.Lock()
+	fmt.Println("charges:", len(answers))
+	mu.Unlock()
+	// Output:
+	// tap 1 201 {"charge":"ch_1"} replayed: false
+	// tap 2 201 {"charge":"ch_1"} replayed: true
+	// charges: 1
 }

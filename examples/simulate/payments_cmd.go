@@ -75,16 +75,25 @@ func runPayments(ctx context.Context, c common) error {
 	if payOpts.journals == "" {
 		defer os.RemoveAll(journals)
 	}
-
-	size := func(cfg payments.Config) payments.Config {
-		cfg.Clients, cfg.Intents, cfg.Scale = payOpts.clients, payOpts.intents, payOpts.scale
-		cfg.WrapJournal = payOpts.wrapJournal
-		if cfg.Crashers > 0 { // the restart phase kills a fifth of the clients
-			cfg.Crashers = max(1, cfg.Clients/5)
-		}
-		return cfg
+	p := planPayments(c.Seed, journals, flavours, strategies)
+	if err := p.play(ctx, c, journals); err != nil {
+		return err
 	}
-	var storm, restart []payments.Config
+	return p.report(c)
+}
+
+// paymentsPlan is the payments scenario's runs, and their results once
+// played.
+type paymentsPlan struct {
+	storm, restart       []payments.Config
+	stormRes, restartRes []*payments.Result
+	ov                   *overload
+}
+
+// planPayments sizes the storm and restart phases' runs from the flags,
+// each with a file journal of its own under journals.
+func planPayments(seed int64, journals string, flavours []payments.Flavour, strategies []payments.Strategy) *paymentsPlan {
+	p := &paymentsPlan{}
 	for _, f := range flavours {
 		// The key handling, not the backoff, is what sets flavours 1-3 apart:
 		// one strategy each is enough unless asked for the full matrix.
@@ -93,76 +102,84 @@ func runPayments(ctx context.Context, c common) error {
 			ss = strategies[:1]
 		}
 		for _, s := range ss {
-			cfg := size(payments.StormConfig(c.Seed))
+			cfg := sizedConfig(payments.StormConfig(seed))
 			cfg.Flavour, cfg.Strategy = f, s
 			cfg.JournalDir = filepath.Join(journals, fmt.Sprintf("storm-%d-%s", f, s.Name))
-			storm = append(storm, cfg)
+			p.storm = append(p.storm, cfg)
 		}
-		cfg := size(payments.RestartConfig(c.Seed))
+		cfg := sizedConfig(payments.RestartConfig(seed))
 		cfg.Flavour, cfg.Strategy = f, strategies[0]
 		cfg.JournalDir = filepath.Join(journals, fmt.Sprintf("restart-%d", f))
-		restart = append(restart, cfg)
+		p.restart = append(p.restart, cfg)
 	}
+	return p
+}
 
+// sizedConfig returns cfg sized by the flags.
+func sizedConfig(cfg payments.Config) payments.Config {
+	cfg.Clients, cfg.Intents, cfg.Scale = payOpts.clients, payOpts.intents, payOpts.scale
+	cfg.WrapJournal = payOpts.wrapJournal
+	if cfg.Crashers > 0 { // the restart phase kills a fifth of the clients
+		cfg.Crashers = max(1, cfg.Clients/5)
+	}
+	return cfg
+}
+
+// play plays the storm, restart and overload phases in turn, under one
+// progress bar, and stops at the first error.
+func (p *paymentsPlan) play(ctx context.Context, c common, journals string) error {
 	start := time.Now()
-	runs := len(storm) + len(restart) + overloadRuns(payOpts.overload)
+	runs := len(p.storm) + len(p.restart) + overloadRuns(payOpts.overload)
 	prog := newProgress(c, "payments", runs, fmt.Sprintf("playing %d runs...", runs))
-	run := func(cfgs []payments.Config) ([]*payments.Result, error) {
-		var out []*payments.Result
-		for _, cfg := range cfgs {
-			prog.describe(fmt.Sprintf("payments %s / %s", cfg.Flavour, cfg.Strategy.Name))
-			res, err := payments.Play(ctx, cfg)
-			if err != nil {
-				return nil, fmt.Errorf("payments %s / %s: %w", cfg.Flavour, cfg.Strategy.Name, err)
-			}
-			prog.add(1)
-			if res.Plays > 1 || res.Disturbed() {
-				fmt.Fprintf(c.Stderr, "payments %s / %s: the machine froze a play for more than %v of virtual time; played %d times (last play's longest freeze: %v)\n",
-					cfg.Flavour, cfg.Strategy.Name, res.StallLimit, res.Plays, res.Stall.Round(time.Millisecond))
-			}
-			out = append(out, res)
-		}
-		return out, nil
-	}
-	stormRes, err := run(storm)
-	var restartRes []*payments.Result
+	var err error
+	p.stormRes, err = playPaymentRuns(ctx, c, prog, p.storm)
 	if err == nil {
-		restartRes, err = run(restart)
+		p.restartRes, err = playPaymentRuns(ctx, c, prog, p.restart)
 	}
-	ov := &overload{}
+	p.ov = &overload{}
 	if err == nil {
-		ov, err = runOverload(ctx, c, journals, prog)
+		p.ov, err = runOverload(ctx, c, journals, prog)
 	}
 	prog.finish(time.Since(start), err)
-	if err != nil {
-		return err
-	}
+	return err
+}
 
-	def := storm[0]
-	title := fmt.Sprintf("payments, storm: %d clients x %d payments; answers lost after commit (%.0f%%), charges slower than the client's %v timeout (%.0f%%), outage %v-%v (fast 503s) then %v warm-up, capacity %d (429 + Retry-After: 1)",
-		def.Clients, def.Intents, 100*def.DropRate, def.AttemptTimeout, 100*def.SlowRate,
-		def.Outage.Start, def.Outage.End, def.Outage.WarmUp, def.Capacity)
-	if err := payments.WriteTable(c.Stdout, title, stormRes); err != nil {
+// playPaymentRuns plays each of cfgs and returns their results, noting on
+// c.Stderr a run the machine disturbed.
+func playPaymentRuns(ctx context.Context, c common, prog *progress, cfgs []payments.Config) ([]*payments.Result, error) {
+	var out []*payments.Result
+	for _, cfg := range cfgs {
+		prog.describe(fmt.Sprintf("payments %s / %s", cfg.Flavour, cfg.Strategy.Name))
+		res, err := payments.Play(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("payments %s / %s: %w", cfg.Flavour, cfg.Strategy.Name, err)
+		}
+		prog.add(1)
+		if res.Plays > 1 || res.Disturbed() {
+			fmt.Fprintf(c.Stderr, "payments %s / %s: the machine froze a play for more than %v of virtual time; played %d times (last play's longest freeze: %v)\n",
+				cfg.Flavour, cfg.Strategy.Name, res.StallLimit, res.Plays, res.Stall.Round(time.Millisecond))
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// report prints the played phases' tables and checks, and writes the plot
+// and the overload files. It returns errPaymentChecksFailed if a check
+// failed.
+func (p *paymentsPlan) report(c common) error {
+	if err := p.writeTables(c.Stdout); err != nil {
 		return err
 	}
-	rdef := restart[0]
-	fmt.Fprintln(c.Stdout)
-	title = fmt.Sprintf("payments, restart: no faults; %d clients killed once right after the server committed one of their payments, restarted %v later, re-issue what is unconfirmed (%s)",
-		rdef.Crashers, rdef.RestartDelay, rdef.Strategy.Name)
-	if err := payments.WriteTable(c.Stdout, title, restartRes); err != nil {
-		return err
-	}
-	if err := printOverload(c.Stdout, ov); err != nil {
-		return err
-	}
-	fmt.Fprintf(c.Stdout, "All times are virtual (the clock runs %gx faster than the wall clock%s).\n\n", def.Scale, overloadScales(ov, def.Scale))
-	checks := append(payments.StormChecks(stormRes), payments.RestartChecks(restartRes)...)
-	checks = append(checks, payments.OverloadChecks(ov.curve, ov.herds)...)
+	def := p.storm[0]
+	fmt.Fprintf(c.Stdout, "All times are virtual (the clock runs %gx faster than the wall clock%s).\n\n", def.Scale, overloadScales(p.ov, def.Scale))
+	checks := append(payments.StormChecks(p.stormRes), payments.RestartChecks(p.restartRes)...)
+	checks = append(checks, payments.OverloadChecks(p.ov.curve, p.ov.herds)...)
 	printPaymentChecks(c.Stdout, checks)
-	if err := writePaymentsPlot(c, def, stormRes); err != nil {
+	if err := writePaymentsPlot(c, def, p.stormRes); err != nil {
 		return err
 	}
-	written, err := writeOverloadFiles(c, ov)
+	written, err := writeOverloadFiles(c, p.ov)
 	if err != nil {
 		return fmt.Errorf("payments: %w", err)
 	}
@@ -173,6 +190,25 @@ func runPayments(ctx context.Context, c common) error {
 		return errPaymentChecksFailed
 	}
 	return nil
+}
+
+// writeTables prints the storm, restart and overload phases' tables.
+func (p *paymentsPlan) writeTables(w io.Writer) error {
+	def := p.storm[0]
+	title := fmt.Sprintf("payments, storm: %d clients x %d payments; answers lost after commit (%.0f%%), charges slower than the client's %v timeout (%.0f%%), outage %v-%v (fast 503s) then %v warm-up, capacity %d (429 + Retry-After: 1)",
+		def.Clients, def.Intents, 100*def.DropRate, def.AttemptTimeout, 100*def.SlowRate,
+		def.Outage.Start, def.Outage.End, def.Outage.WarmUp, def.Capacity)
+	if err := payments.WriteTable(w, title, p.stormRes); err != nil {
+		return err
+	}
+	rdef := p.restart[0]
+	fmt.Fprintln(w)
+	title = fmt.Sprintf("payments, restart: no faults; %d clients killed once right after the server committed one of their payments, restarted %v later, re-issue what is unconfirmed (%s)",
+		rdef.Crashers, rdef.RestartDelay, rdef.Strategy.Name)
+	if err := payments.WriteTable(w, title, p.restartRes); err != nil {
+		return err
+	}
+	return printOverload(w, p.ov)
 }
 
 // printPaymentChecks prints each claim of the scenario with its outcome and
