@@ -87,7 +87,7 @@ func ExampleNewFullJitter() {
 func ExampleJournal_unfinished() {
 	j := journal.NewMemory()
 	ctx := context.Background()
-	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
+	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", CreatedAt: time.Now(), State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
 	unfinished, _ := j.Unfinished(ctx)
 	for _, r := range unfinished {
 		fmt.Println(r.ActionID, r.State, "attempts:", r.Attempts)
