@@ -226,6 +226,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 			rec, created, err = t.journal.Reserve(jctx, want, journal.ReusePending)
 		}
 	}
+	err = checkReserved(rec, err) // keyjournal.go: never a record unchecked
 	if err != nil {
 		return nil, wrapf(journalError(ctx, err), "reserve key for action %q", id)
 	}

@@ -176,7 +176,8 @@ func (t *Transport) CloseIdleConnections() {
 //
 // Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
 // ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
-// journal.ErrUnavailable, ...); for an action, an *ActionError that names it,
+// journal.ErrUnavailable, journal.ErrCorruptRecord for a stored record that
+// journal.CheckRecord refuses, ...); for an action, an *ActionError that names it,
 // its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
 // ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
 // ErrParked, ErrKeyReused, ErrResponseNotShared, ErrLeaseHeld,

@@ -117,3 +117,33 @@ func TestCraftedRowIsNeverSent(t *testing.T) {
 		})
 	}
 }
+
+// A pending row whose attempts are at the journal's bound (2^31-1, by
+// hand): the resend goes out and its outcome is recorded, the attempts
+// kept at the bound. It could never be recorded (the count went past the
+// bound, and every Update was refused), and every later request of the
+// action was refused, nothing sent, until the process ended.
+func TestRowAtTheAttemptsBoundRecordsItsOutcome(t *testing.T) {
+	const action, body = "pay:many-attempts", `{"amount":1}`
+	srv, keys, tr, table := seededServer(t, action, body)
+	probe := testDB(t)
+	if _, err := probe.Exec(`UPDATE "`+table+`" SET attempts = 2147483647 WHERE action_id = $1`, action); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, want := range []bool{false, true} {
+		p := post(ctx, tr, srv.URL, action, body)
+		t.Logf("request %d: %d replay=%v %v; rows %+v", i+1, p.status, p.replay, p.err, rowsOf(t, probe, table))
+		if p.err != nil || p.status != http.StatusOK || p.replay != want {
+			t.Errorf("request %d: %d replay=%v %v, want 200, replay %v", i+1, p.status, p.replay, p.err, want)
+		}
+	}
+	rows := rowsOf(t, probe, table)
+	if len(rows) != 1 || rows[0].state != journal.StateDone || rows[0].attempts != 2147483647 {
+		t.Errorf("rows %+v, want the action done, 2147483647 attempts", rows)
+	}
+	if n := srv.chargeCount(); n != 1 || len(keys.seen()) != 3 {
+		t.Errorf("%d charges, requests under keys %q", n, keys.seen())
+	}
+}
