@@ -94,10 +94,11 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// child is a running fleet child.
+// child is a running child process of a test.
 type child struct {
 	cmd  *exec.Cmd
 	out  *bufio.Reader
+	in   io.WriteCloser // its standard input
 	name string
 }
 
@@ -106,10 +107,22 @@ type child struct {
 // running.
 func startChild(t *testing.T, name, table, url, lease, ttl string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFleetChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envFleetChild+"="+name, envFleetTable+"="+table,
+	return startTestChild(t, name, "TestFleetChild", envFleetChild+"="+name, envFleetTable+"="+table,
 		envFleetURL+"="+url, envFleetLease+"="+lease, envFleetTTL+"="+ttl)
+}
+
+// startTestChild runs this test binary's test run (a TestXChild) as a
+// child process named name, with env added to this one's. It is killed
+// when t ends if still running.
+func startTestChild(t *testing.T, name, run string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...)
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +130,7 @@ func startChild(t *testing.T, name, table, url, lease, ttl string) *child {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, out: bufio.NewReader(out), name: name}
+	c := &child{cmd: cmd, out: bufio.NewReader(out), in: in, name: name}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -138,14 +137,60 @@ func TestReview4ResumeResolvesWhenTheLeaseCallFails(t *testing.T) {
 
 // pgProxy forwards loopback connections to the test server, until cut:
 // then every connection through it is closed and new ones are refused, as
-// a network partition between one machine and the database does.
+// a network partition between one machine and the database does. While
+// frozen it holds every byte in both directions, connections open, as a
+// database that stopped answering (a paused server, a dropped route).
 type pgProxy struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	conns  []net.Conn
 	cut    bool
+	frozen chan struct{} // closed by thaw; nil when not frozen
 	wg     sync.WaitGroup
+}
+
+// freeze holds every byte through p until thaw (or partition).
+func (p *pgProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen == nil && !p.cut {
+		p.frozen = make(chan struct{})
+	}
+}
+
+// thaw lets the bytes held since freeze through.
+func (p *pgProxy) thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
+}
+
+// pipe copies src to dst, holding each read while p is frozen.
+func (p *pgProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			frozen := p.frozen
+			p.mu.Unlock()
+			if frozen != nil {
+				<-frozen
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func newPGProxy(t *testing.T, target string) *pgProxy {
@@ -158,6 +203,25 @@ func newPGProxy(t *testing.T, target string) *pgProxy {
 	go p.serve()
 	t.Cleanup(func() { p.partition(); p.wg.Wait() })
 	return p
+}
+
+// proxiedDB returns a pool on the test server through a pgProxy of its
+// own, both closed when t ends.
+func proxiedDB(t *testing.T) (*sql.DB, *pgProxy) {
+	t.Helper()
+	testDB(t) // skip or fail as every PostgreSQL test does
+	u, err := url.Parse(os.Getenv(dsnEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newPGProxy(t, u.Host)
+	u.Host = proxy.l.Addr().String()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, proxy
 }
 
 func (p *pgProxy) serve() {
@@ -180,8 +244,8 @@ func (p *pgProxy) serve() {
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go func() { defer p.wg.Done(); _, _ = io.Copy(s, c); s.Close() }()
-		go func() { defer p.wg.Done(); _, _ = io.Copy(c, s); c.Close() }()
+		go p.pipe(s, c)
+		go p.pipe(c, s)
 	}
 }
 
@@ -192,6 +256,10 @@ func (p *pgProxy) partition() {
 		return
 	}
 	p.cut = true
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
 	p.l.Close()
 	for _, c := range p.conns {
 		c.Close()
@@ -215,17 +283,7 @@ func TestReview4ResumeResolvesAfterTheHoldersLeaseLapsed(t *testing.T) {
 	const body = `{"order":"A"}`
 	probe := testDB(t)
 	table := newTable(t, probe)
-	u, err := url.Parse(os.Getenv(dsnEnv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newPGProxy(t, u.Host)
-	u.Host = proxy.l.Addr().String()
-	dbA, err := sql.Open("pgx", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dbA.Close() })
+	dbA, proxy := proxiedDB(t)
 
 	srv, arrived, unblock := holdingMachineA(t)
 	a := transportOn(t, openOn(t, dbA, table), idemretry.WithKeyWindow(window),
