@@ -138,3 +138,25 @@ func dbClockNow(t testing.TB, db *sql.DB) time.Time {
 	}
 	return time.UnixMicro(us)
 }
+
+// noLockWaiter returns once no statement on table waits for a lock (within
+// 30 s).
+func noLockWaiter(t testing.TB, db *sql.DB, table string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()
+			AND strpos(query, $1) > 0`, `"`+table+`"`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d statements on %s still wait for a lock", n, table)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
