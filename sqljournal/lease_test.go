@@ -490,3 +490,141 @@ func TestLeaseReentryAfterTheDatabaseReturns(t *testing.T) {
 		t.Errorf("after the resend: lease held by %q, want released", holder)
 	}
 }
+
+// A payment cancelled by its caller while on the wire, while the
+// action's row is locked for 500 ms (a concurrent transaction: real
+// database load): the Release after the RoundTrip waits for the
+// lock, for up to its own second (5a75ef1 cut it at OutcomeGrace, 250 ms,
+// and the lease then stayed held by that finished RoundTrip). The app's
+// resend of the same action through the same Transport must not wait for
+// it as for another machine's, for the whole TTL (30 s), nor fail with
+// ErrLeaseHeld: it is answered within its 5 s deadline, one charge.
+//
+// Found in the review of 5a75ef1 (was TestReviewResendAfterCancelWaitsForOwnLeaseWhenReleaseIsCut).
+func TestLeaseResendAfterCancelWaitsForOwnRelease(t *testing.T) {
+	probe := testDB(t)
+	j, table := openJournal(t, probe)
+	srv := newUnstartedChargeServer(t)
+	inCharge := make(chan struct{}, 1)
+	finish := make(chan struct{})
+	srv.process = func(n int, _ *http.Request) {
+		if n == 1 {
+			inCharge <- struct{}{}
+			<-finish
+		}
+	}
+	srv.Start()
+	defer func() {
+		select {
+		case <-finish:
+		default:
+			close(finish)
+		}
+	}()
+	tr := transportOn(t, j)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan payment, 1)
+	go func() { first <- post(ctx, tr, srv.URL, "pay:r3-resend", `{"amount":1}`) }()
+	select {
+	case <-inCharge:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first request never reached the server")
+	}
+	tx, err := holdLock(testDB(t), lockRows(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	unlocked := make(chan error, 1)
+	go func() {
+		time.Sleep(700 * time.Millisecond)
+		unlocked <- tx.Rollback()
+	}()
+	p1 := <-first
+	if !errors.Is(p1.err, context.Canceled) {
+		t.Fatalf("first: %+v, want context.Canceled", p1)
+	}
+	if err := <-unlocked; err != nil {
+		t.Fatal(err)
+	}
+	close(finish)
+	h, left := leaseOf(t, probe, table, "pay:r3-resend")
+	t.Logf("after the first RoundTrip returned and the lock ended: lease holder %q, %v left", h, left)
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	start := time.Now()
+	p2 := post(rctx, tr, srv.URL, "pay:r3-resend", `{"amount":1}`)
+	t.Logf("resend: %+v after %v; journal: %+v", p2, time.Since(start), rowsOf(t, probe, table))
+	if errors.Is(p2.err, idemretry.ErrLeaseHeld) {
+		t.Fatalf("the resend through the same Transport waited for the lease of its own finished RoundTrip: %v", p2.err)
+	}
+	if p2.err != nil || p2.status != http.StatusOK {
+		t.Fatalf("the resend through the same Transport: %v; want the charge's answer (the first RoundTrip is over, no other machine holds the action)", p2.err)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges", n)
+	}
+}
+
+// A large named payment (a plain fingerprint: sqljournal keeps no secret)
+// sent by two machines sharing one table, while the first one's
+// charge is in progress: the second waits for the first's lease, reads the
+// record again and sends under the first's key (one charge, one key), and
+// a third request of the action with another body is refused with
+// ErrFingerprintMismatch, with nothing sent.
+//
+// Found in review hf1 (was TestReviewLargeNamedPaymentTwoMachinesLeased).
+func TestLeaseLargeNamedPaymentTwoMachines(t *testing.T) {
+	srv := newUnstartedChargeServer(t)
+	inProgress, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv.process = func(n int, _ *http.Request) {
+		if n == 1 {
+			once.Do(func() { close(inProgress) })
+			<-release
+		}
+	}
+	srv.Start()
+	probe := testDB(t)
+	table := newTable(t, probe)
+	a, b := machine(t, table), machine(t, table)
+	line := `{"order":"big-1","amount":1000}` + "\n"
+	body := strings.Repeat(line, (4<<16+999)/len(line))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	first := make(chan payment, 1)
+	go func() { first <- post(ctx, a, srv.URL, "pay:big-1", body) }()
+	<-inProgress
+	second := make(chan payment, 1)
+	go func() { second <- post(ctx, b, srv.URL, "pay:big-1", body) }()
+	// The other body on a third machine: on B it could reach B's flight of
+	// the action before B's own request does (the goroutine above is not
+	// ordered with it), and B's request would then be refused against it, as
+	// guarantee 9 has a request refused against the one in flight first.
+	other := post(ctx, machine(t, table), srv.URL, "pay:big-1", body[:len(body)-1]+"X")
+	if !errors.Is(other.err, idemretry.ErrFingerprintMismatch) {
+		t.Errorf("another body under the action: %d %v, want ErrFingerprintMismatch", other.status, other.err)
+	}
+	time.Sleep(200 * time.Millisecond) // machine B waits for A's lease
+	close(release)
+	p1, p2 := <-first, <-second
+	if p1.err != nil || p2.err != nil || p1.body != p2.body {
+		t.Errorf("machine A: %d %q %v; machine B: %d %q %v: want one answer", p1.status, p1.body, p1.err, p2.status, p2.body, p2.err)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges", n)
+	}
+	keys := srv.keysOf(body)
+	for _, k := range keys {
+		if k != keys[0] {
+			t.Errorf("the payment arrived under keys %v, want one", keys)
+			break
+		}
+	}
+	if n := len(srv.keysOf(body[:len(body)-1] + "X")); n != 0 {
+		t.Errorf("the other body was sent %d times", n)
+	}
+}
