@@ -369,6 +369,9 @@ func (r *run) discard(resp *http.Response) {
 // newAttempt clones req for one attempt, with a fresh body and the key;
 // the header's values go in vals if they fit.
 func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []string) (*http.Request, error) {
+	if err := t.keyless(req, key); err != nil { // keyjournal.go
+		return nil, err
+	}
 	r, err := b.next()
 	if err != nil {
 		return nil, fmt.Errorf("idemretry: rewind request body: %w", err)

@@ -7,7 +7,9 @@ package idemretry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"runtime"
 
 	"github.com/idemretry/idemretry/filejournal"
@@ -113,4 +115,32 @@ func (t *Transport) logRecovery(j *filejournal.Journal) {
 			"actions recorded with keyed fingerprints are refused (nothing sent) until their key windows end",
 			slog.String("dir", j.Dir()), slog.Int("records", r.Records))
 	}
+}
+
+// checkReserved returns err, or, when err is nil, an error wrapping
+// journal.ErrCorruptRecord if rec, a record the journal's Reserve
+// returned, is one that journal.CheckRecord refuses. The journals of this
+// module check what they read back, but a journal of someone else's may
+// return what its storage holds as it is: an empty key would go out as no
+// Idempotency-Key at all, attempts at their bound could never be recorded.
+// Nothing of such an action is sent.
+func checkReserved(rec journal.Record, err error) error {
+	if err != nil {
+		return err
+	}
+	return journal.CheckStored(rec)
+}
+
+// keyless returns an error wrapping ErrInvalidKey if req's method is keyed
+// and key is empty: such a request is never sent (without a key, each
+// retry could be performed as a new action).
+func (t *Transport) keyless(req *http.Request, key string) error {
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	if key == "" && t.cfg.keyed[method] {
+		return fmt.Errorf("%w: a %s request without a key", ErrInvalidKey, method)
+	}
+	return nil
 }

@@ -411,7 +411,7 @@ func TestLowerCaseCallerKeyHeader(t *testing.T) {
 	resp.Body.Close()
 	require.Len(t, got, 1)
 	assert.Equal(t, []string{"order-77-pay"}, got[0], "the request left with these Idempotency-Key values")
-	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x"}, journal.ReuseAny)
+	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x", CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
 	require.NoError(t, err)
 	assert.False(t, created, "the caller's key did not name the action")
 	assert.Equal(t, "order-77-pay", rec.Key)

@@ -20,9 +20,9 @@ import (
 // still waits for the journal to record the outcome it is about to return
 // (a final answer that arrived just as the deadline passed must be recorded
 // as done, or a deliberate repeat would be answered with its replay). Every
-// other journal wait on the request path ends with the caller's context,
-// but for the release of the action's lease (journal.Leaser), which takes
-// at most a second, and none lasts longer than the journal timeout
+// other journal wait on the request path ends with the caller's context
+// (the action's lease, journal.Leaser, is released after RoundTrip
+// returns), and none lasts longer than the journal timeout
 // (WithJournalTimeout).
 const OutcomeGrace = 250 * time.Millisecond
 

@@ -55,7 +55,8 @@ var (
 // With such a journal, the leader of an action's flight takes the action's
 // lease after reserving its key and before its first attempt, renews it
 // every third of the TTL while it runs (and before an attempt, if the last
-// renewal is older than that), and releases it when RoundTrip ends. A
+// renewal is older than that), and releases it once RoundTrip has
+// returned, in the background (see Transport.Close). A
 // RoundTrip that finds the lease held by another machine waits for it,
 // polling with jitter and bounded by its context (else ErrLeaseHeld), then
 // reads the action's record again and goes on with its key: the other
@@ -82,8 +83,10 @@ func (c *config) leaseTTLOrDefault() time.Duration {
 }
 
 const (
-	// leaseReleaseTimeout bounds a Release at the end of a RoundTrip: one
-	// that fails costs the other machines at most the TTL.
+	// leaseReleaseTimeout bounds a Release after a RoundTrip, and Close's
+	// wait for the Releases under way: one that fails costs the other
+	// machines at most the TTL, and this Transport nothing (see
+	// leases.holderFor).
 	leaseReleaseTimeout = time.Second
 	// leasePollMin and leasePollMax bound the wait between two looks at a
 	// lease held elsewhere; it doubles from the first to the second.
@@ -91,13 +94,158 @@ const (
 	leasePollMax = time.Second
 )
 
-// leases are the leases a Transport holds, by the action they lease.
+// leases are the leases a Transport holds, by the action they lease, and
+// the leases its RoundTrips have let go of that may still be held in the
+// journal.
+//
+// A lease is released after its RoundTrip has returned, so that the
+// caller's wait ends with its context (plus OutcomeGrace, for the outcome),
+// whatever the journal does. A release that fails (the database was down
+// when the RoundTrip ended) leaves the lease held in the journal until its
+// TTL. This Transport then re-enters it: the lease names its holder, Lease
+// renews a holder's own lease, and the next lease of the action from this
+// Transport is taken under the name the release failed for (holderFor).
+// The same process's resend therefore holds the lease at its first call
+// that reaches the journal, with no wait. Retrying the release once the
+// database is back would need a goroutine and a timer per failed release,
+// stopped by Close, and would still lose the race to a resend that comes
+// first; re-entering needs neither. Other machines wait for such a lease as
+// for that of a machine that died holding one: until its TTL.
 type leases struct {
 	once sync.Once
 	id   string // random, per Transport
 	seq  atomic.Uint64
 	mu   sync.Mutex
 	held map[*action]*lease
+	// left holds the leases whose RoundTrip has ended, by the digest form
+	// of their action's id, while their release is under way and, once
+	// it has failed, until they end by themselves (leftLease.until).
+	left   map[string]*leftLease
+	swept  time.Time // when left was last swept of leases that ended
+	closed bool      // Close has begun: a release runs on the caller's path
+	// releasing counts the releases under way, for Close.
+	releasing sync.WaitGroup
+}
+
+// leftLease is a lease whose RoundTrip has ended. Its release is under way
+// until done is closed; failed and until are set before that: the release
+// failed, and the lease may be held in the journal under holder until, at
+// the latest, until (on this machine's clock: twice the TTL after its last
+// renewal, a margin for the journal's clock).
+type leftLease struct {
+	holder string
+	done   chan struct{}
+	failed bool
+	until  time.Time
+}
+
+// holderFor returns the holder to lease action id under: the holder of a
+// lease of this Transport's that it could not release, which re-enters
+// that lease (see leases), or a new one. A release of the action under
+// way is waited for first, bounded by ctx (and by the release's own
+// bound, leaseReleaseTimeout).
+func (ls *leases) holderFor(ctx context.Context, id string) string {
+	key := journal.Digest(id)
+	ls.mu.Lock()
+	ll := ls.left[key]
+	ls.mu.Unlock()
+	if ll == nil {
+		return ls.newHolder()
+	}
+	var deadline <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil { // nothing else would end the wait at it
+		timer := time.NewTimer(time.Until(dl))
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	select {
+	case <-ll.done:
+	case <-ctx.Done():
+		return ls.newHolder() // the Lease call that follows fails with ctx's error
+	case <-deadline:
+		return ls.newHolder()
+	}
+	if h, ok := ls.reenter(id); ok {
+		return h
+	}
+	return ls.newHolder()
+}
+
+// reenter returns the holder of a lease of action id that this Transport
+// could not release, if there is one that may still be held.
+func (ls *leases) reenter(id string) (holder string, ok bool) {
+	ls.mu.Lock()
+	ll := ls.left[journal.Digest(id)]
+	ls.mu.Unlock()
+	if ll == nil {
+		return "", false
+	}
+	select {
+	case <-ll.done:
+		return ll.holder, ll.failed && time.Now().Before(ll.until)
+	default:
+		return "", false // its release is under way
+	}
+}
+
+// claim records that action id's lease is held under holder again: a lease
+// left under that holder is this RoundTrip's now, not one to re-enter.
+func (ls *leases) claim(id, holder string) {
+	key := journal.Digest(id)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ll := ls.left[key]; ll != nil && ll.holder == holder {
+		delete(ls.left, key)
+	}
+}
+
+// leave records l, whose RoundTrip has ended, as left until its release
+// has ended, and reports whether that release may run in the background
+// (Close has not begun; it then counts in releasing).
+func (ls *leases) leave(l *lease, ll *leftLease) (background bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.left == nil {
+		ls.left = make(map[string]*leftLease)
+	}
+	if now := time.Now(); now.Sub(ls.swept) >= time.Second {
+		ls.swept = now
+		for key, old := range ls.left {
+			select {
+			case <-old.done:
+				if !now.Before(old.until) {
+					delete(ls.left, key)
+				}
+			default:
+			}
+		}
+	}
+	ls.left[journal.Digest(l.id)] = ll
+	if !ls.closed {
+		ls.releasing.Add(1)
+	}
+	return !ls.closed
+}
+
+// released records how ll's release went.
+func (ls *leases) released(id string, ll *leftLease, failed bool, until time.Time) {
+	key := journal.Digest(id)
+	ls.mu.Lock()
+	ll.failed, ll.until = failed, until
+	if !failed && ls.left[key] == ll {
+		delete(ls.left, key)
+	}
+	ls.mu.Unlock()
+	close(ll.done)
+}
+
+// close makes later releases run on their caller's path, and waits for
+// those under way in the background, each bounded by leaseReleaseTimeout.
+func (ls *leases) close() {
+	ls.mu.Lock()
+	ls.closed = true
+	ls.mu.Unlock()
+	ls.releasing.Wait()
 }
 
 // newHolder returns a holder name for one lease: the Transport's random id
@@ -140,12 +288,13 @@ func (ls *leases) take(a *action) *lease {
 
 // lease is one RoundTrip's lease on its action.
 type lease struct {
-	lr         journal.Leaser
-	id, holder string
-	ttl        time.Duration
-	ctx        context.Context // the RoundTrip's values, cancelled at release
-	stop       context.CancelFunc
-	done       chan struct{} // closed when keep returns
+	lr              journal.Leaser
+	id, key, holder string
+	ttl             time.Duration
+	ctx             context.Context // the RoundTrip's values, cancelled at release
+	caller          context.Context // the RoundTrip's, for a release after Close
+	stop            context.CancelFunc
+	done            chan struct{} // closed when keep returns
 
 	mu      sync.Mutex
 	renewed time.Time // when the last take or renewal that held began
@@ -162,7 +311,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 	}
 	lr := t.journal.(journal.Leaser) // t.leasing says it is one
 	ttl := t.cfg.leaseTTLOrDefault()
-	holder := t.leases.newHolder()
+	holder := t.leases.holderFor(ctx, a.rec.ActionID)
 	poll := leasePollMin
 	waited := false // for another machine's lease to end
 	for {
@@ -181,7 +330,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 			return nil, &ActionError{Action: a.rec.ActionID, Key: a.rec.Key, Attempts: a.rec.Attempts, Status: a.rec.Status,
 				MaybeProcessed: true, Reason: reason, Err: err}
 		case err != nil:
-			t.logLease(ctx, "idemretry: the journal did not lease the action; it is sent without a lease", a, err)
+			t.logLease(ctx, "idemretry: the journal did not lease the action; it is sent without a lease", a.rec.ActionID, a.rec.Key, err)
 			return a, nil
 		case held:
 			t.startLease(ctx, lr, a, holder, ttl, start)
@@ -203,6 +352,12 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 			return nil, heldElsewhere(err)
 		}
 		waited = true
+		if h, ok := t.leases.reenter(a.rec.ActionID); ok {
+			// Held by this Transport after all: a RoundTrip of the action
+			// (whose flight this one joined) ended meanwhile, and its
+			// release failed.
+			holder = h
+		}
 		// Read the action again: the other machine may have finished it,
 		// or its key window may have ended. An action named by its
 		// fingerprint keeps its key even if done (ReuseAny): it arrived
@@ -227,8 +382,9 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 // releaseLease.
 func (t *Transport) startLease(ctx context.Context, lr journal.Leaser, a *action, holder string, ttl time.Duration, start time.Time) {
 	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	l := &lease{lr: lr, id: a.rec.ActionID, holder: holder, ttl: ttl, ctx: lctx, stop: stop,
+	l := &lease{lr: lr, id: a.rec.ActionID, key: a.rec.Key, holder: holder, ttl: ttl, ctx: lctx, caller: ctx, stop: stop,
 		done: make(chan struct{}), renewed: start}
+	t.leases.claim(l.id, holder)
 	t.leases.put(a, l)
 	go t.keepLease(l)
 }
@@ -297,11 +453,14 @@ func (t *Transport) checkLease(ctx context.Context, a *action) error {
 	return nil
 }
 
-// releaseLease stops renewing a's lease and releases it, bounded by a short
-// timeout (leaseReleaseTimeout, and the journal timeout) whatever the
-// caller's context: a release cut short would leave the lease held, and
-// the next request of the action, on this machine too, waiting for its
-// TTL. An error is logged only.
+// releaseLease stops renewing a's lease and releases it, after the
+// RoundTrip has returned: in the background, bounded by
+// leaseReleaseTimeout (and the journal timeout) whatever the caller's
+// context, since a release cut short would leave the lease held for its
+// TTL. Close waits for the releases under way; after Close a release runs
+// on the caller's path, bounded by the caller's context as well. An error
+// is logged only, and the lease is left for this Transport to
+// re-enter (see leases).
 func (t *Transport) releaseLease(a *action) {
 	if a == nil || !t.leasing {
 		return
@@ -311,25 +470,45 @@ func (t *Transport) releaseLease(a *action) {
 		return
 	}
 	l.stop()
-	<-l.done
-	l.mu.Lock()
-	lost := l.lost
-	l.mu.Unlock()
-	if lost {
-		return // not ours any more
+	ll := &leftLease{holder: l.holder, done: make(chan struct{})}
+	if !t.leases.leave(l, ll) {
+		// After Close: bounded by the caller's context too, which may
+		// leave the lease to its TTL.
+		jctx, cancel := t.journalContext(l.caller)
+		defer cancel()
+		t.release(jctx, l, ll)
+		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), min(t.cfg.journalTimeout, leaseReleaseTimeout))
-	defer cancel()
-	if err := l.lr.Release(rctx, l.id, l.holder); err != nil {
-		t.logLease(rctx, "idemretry: the journal did not release the action's lease; it ends by itself", a, err)
-	}
+	go func() {
+		defer t.leases.releasing.Done()
+		t.release(context.WithoutCancel(l.ctx), l, ll)
+	}()
 }
 
-// logLease says at Warn that a lease call failed.
-func (t *Transport) logLease(ctx context.Context, msg string, a *action, err error) {
+// release waits for l's renewals to end and releases l, unless another
+// holder has taken it over, bounded by ctx, leaseReleaseTimeout and the
+// journal timeout; it records how that went in ll.
+func (t *Transport) release(ctx context.Context, l *lease, ll *leftLease) {
+	<-l.done // its renewal under way, if any, ends with l.ctx
+	l.mu.Lock()
+	lost, renewed := l.lost, l.renewed
+	l.mu.Unlock()
+	var err error
+	if !lost { // else not ours any more
+		rctx, cancel := context.WithTimeout(ctx, min(t.cfg.journalTimeout, leaseReleaseTimeout))
+		if err = l.lr.Release(rctx, l.id, l.holder); err != nil {
+			t.logLease(rctx, "idemretry: the journal did not release the action's lease; it ends by itself, or is taken again by this Transport", l.id, l.key, err)
+		}
+		cancel()
+	}
+	t.leases.released(l.id, ll, err != nil, renewed.Add(l.ttl).Add(l.ttl)) // Add saturates
+}
+
+// logLease says at Warn that a lease call about action id, of key key,
+// failed.
+func (t *Transport) logLease(ctx context.Context, msg, id, key string, err error) {
 	if t.cfg.logger != nil {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("action", a.rec.ActionID), slog.String("key", a.rec.Key),
-			slog.Any("error", err))
+		t.cfg.logger.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("action", id), slog.String("key", key), slog.Any("error", err))
 	}
 }
 

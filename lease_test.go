@@ -83,3 +83,23 @@ func TestNoLeaserSendsAsBefore(t *testing.T) {
 	b.Close()
 	checkNoPackageGoroutines(t)
 }
+
+// A RoundTrip still in flight when Close is called releases its lease on
+// its own path once it ends (bounded by its context and a second): Close
+// has stopped waiting for releases, and none runs in a goroutine that
+// outlives the Transport.
+func TestLeaseReleaseAfterCloseLeavesNoGoroutine(t *testing.T) {
+	srv := newSlowPayServer(t, 300*time.Millisecond)
+	j := &rlHangingRelease{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res := sendAsync(tr, post(t, idemretry.WithAction(ctx, "pay:after-close"), srv.URL, `{"amount":1}`))
+	<-srv.arrived
+	require.NoError(t, tr.Close())
+	require.NoError(t, <-res)
+	require.Equal(t, int32(1), j.ended.Load(), "RoundTrip returned after Close before its release ended")
+	tr.CloseIdleConnections()
+	checkNoPackageGoroutines(t)
+}

@@ -147,7 +147,7 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 // record returns the action's record as it stands after this run.
 func (r *run) record(state journal.State, status int) journal.Record {
 	rec := r.a.rec
-	rec.State, rec.Attempts, rec.Status = state, r.prior()+r.sent, status
+	rec.State, rec.Attempts, rec.Status = state, min(r.prior()+r.sent, journal.MaxAttempts), status // no further: the journals' bound
 	return rec
 }
 

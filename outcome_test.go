@@ -121,7 +121,7 @@ func fpOf(t *testing.T, url, body string) journal.Fingerprint {
 	require.NoError(t, err)
 	req, _ := http.NewRequestWithContext(idemretry.WithAction(context.Background(), "a"), http.MethodPost, url, strings.NewReader(body))
 	roundTrip(t, tr, req)
-	rec, _, err := j.Reserve(context.Background(), journal.Record{ActionID: "a"}, journal.ReuseAny)
+	rec, _, err := j.Reserve(context.Background(), journal.Record{ActionID: "a", Key: "probe", CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
 	require.NoError(t, err)
 	return rec.Fingerprint
 }

@@ -115,7 +115,7 @@ func (t *Transport) readListed(ctx context.Context, listed journal.Record) (cur 
 func (t *Transport) leaseToResolve(ctx context.Context, a *action) (bool, error) {
 	lr := t.journal.(journal.Leaser) // t.leasing says it is one
 	ttl := t.cfg.leaseTTLOrDefault()
-	holder := t.leases.newHolder()
+	holder := t.leases.holderFor(ctx, a.rec.ActionID) // lease.go: this Transport's own lease, re-entered
 	jctx, cancel := t.journalContext(ctx)
 	start := time.Now()
 	held, _, err := lr.Lease(jctx, a.rec.ActionID, holder, ttl)

@@ -222,7 +222,7 @@ func (t *Transport) reserveRecord(jctx context.Context, want journal.Record, mod
 	rec, created, err := t.journal.Reserve(jctx, want, mode)
 	t.counters.reserves.Add(1)
 	t.counters.reserveNanos.Add(int64(time.Since(start)))
-	return rec, created, err
+	return rec, created, checkReserved(rec, err) // keyjournal.go: never a record unchecked
 }
 
 // checkPayload returns nil if the request p, who names, is the payload of

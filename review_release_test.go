@@ -69,8 +69,24 @@ func (j *r3SlowReleaseLeaser) Release(ctx context.Context, id, holder string) er
 // completes, so the joiner is not left waiting for its own Transport's
 // lease to end (the TTL, 30 s by default) as if another machine held it.
 func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
+	joinerCarriesOn(t, 400*time.Millisecond)
+}
+
+// The same when the leader's Release never completes (its second runs out:
+// a database that is down): the lease stays held in the journal, by the
+// leader's holder, for its TTL (30 s). The joiner, in the same Transport,
+// re-enters it instead of waiting for it as for another machine's (issue
+// 26, item 13).
+func TestLeaseJoinerReentersALeaseWhoseReleaseFailed(t *testing.T) {
+	joinerCarriesOn(t, time.Hour)
+}
+
+// joinerCarriesOn: a leader cancelled while its attempt is on the wire,
+// whose Release takes slow, and a joiner of its flight that carries the
+// action on (see TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace).
+func joinerCarriesOn(t *testing.T, slow time.Duration) {
 	srv := newSlowPayServer(t, 2*time.Second)
-	j := &r3SlowReleaseLeaser{Memory: journal.NewMemory(), slow: 400 * time.Millisecond,
+	j := &r3SlowReleaseLeaser{Memory: journal.NewMemory(), slow: slow,
 		holder: map[string]string{}, until: map[string]time.Time{}}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 	require.NoError(t, err)
@@ -110,7 +126,8 @@ func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing
 
 // The release is still bounded while the caller's context is fine (no
 // deadline, a far one, or a far one without Done): the journal timeout and
-// 1 s, not the caller's deadline.
+// 1 s, not the caller's deadline. It runs after RoundTrip has returned,
+// and Close waits for it.
 func TestReviewReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
 	for _, tc := range healthyContexts(time.Hour) {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,8 +143,13 @@ func TestReviewReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
 			took := time.Since(start)
 			require.NoError(t, err)
 			resp.Body.Close()
+			require.Zero(t, j.ended.Load(), "RoundTrip returned (after %v) once the release had ended", took)
+			closeStart := time.Now()
+			require.NoError(t, tr.Close())
+			closed := time.Since(closeStart)
 			require.Equal(t, int32(1), j.releases.Load())
-			require.Less(t, took, 4*time.Second, "the release held RoundTrip")
+			require.Equal(t, int32(1), j.ended.Load(), "Close returned before the release under way ended")
+			require.Less(t, closed, 4*time.Second, "the release outlived its second")
 		})
 	}
 }

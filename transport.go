@@ -135,14 +135,16 @@ func (t *Transport) Journal() journal.Journal {
 }
 
 // Close writes the outcomes that the journal could not record when they
-// came (see WithJournalTimeout), closes the journal if the Transport opened
-// it, and closes the base transport's idle connections. Requests in flight
-// may fail afterwards. An outcome that still cannot be written is reported
+// came (see WithJournalTimeout), waits for the releases of actions' leases
+// still under way (at most a second; see WithLeaseTTL), closes the journal
+// if the Transport opened it, and closes the base transport's idle
+// connections. Requests in flight may fail afterwards. An outcome that still cannot be written is reported
 // in the error (and lost with the process: its action is then resent with
 // its old key, or, if it was named by its fingerprint and done, reconciled).
 func (t *Transport) Close() error {
 	t.CloseIdleConnections()
 	err := t.landAll()
+	t.leases.close() // lease.go: the releases under way end first, within leaseReleaseTimeout
 	if t.ownsJournal {
 		err = errors.Join(err, t.journal.Close())
 	}
@@ -182,15 +184,16 @@ func (t *Transport) CloseIdleConnections() {
 //
 // Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
 // ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
-// journal.ErrUnavailable, ...); for an action, an *ActionError that names it,
+// journal.ErrUnavailable, journal.ErrCorruptRecord for a stored record that
+// journal.CheckRecord refuses, ...); for an action, an *ActionError that names it,
 // its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
 // ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
 // ErrParked, ErrKeyReused, ErrResponseNotShared, ErrLeaseHeld,
 // ErrLeaseLost) and the last cause.
 //
 // Waits: every wait ends with the caller's context, except that recording
-// the outcome in the journal may take up to OutcomeGrace longer, and
-// releasing the action's lease (journal.Leaser) up to a second more; no
+// the outcome in the journal may take up to OutcomeGrace longer (the
+// action's lease, journal.Leaser, is released after RoundTrip returns); no
 // journal call lasts longer than the journal timeout (WithJournalTimeout);
 // a discarded response body is drained for at most DefaultMaxDrainTime.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // Errors of the file journal, wrapped; test them with errors.Is. It returns
@@ -44,7 +46,8 @@ var (
 // CorruptionError describes damage to acknowledged data or to a file
 // header, found by Open: the Path and Offset of the damaged range, its
 // Length, the sequence numbers of the frames lost in it, and a Reason. It
-// matches ErrCorrupt with errors.Is. Open returns it, and
+// matches ErrCorrupt (and journal.ErrCorruptRecord) with errors.Is. Open
+// returns it, and
 // Recovery.Salvaged lists the ranges a salvage skipped.
 type CorruptionError struct {
 	// Path of the damaged file.
@@ -71,8 +74,11 @@ func (e *CorruptionError) Error() string {
 		e.Path, e.Offset, e.Length, e.FirstLostSeq, e.LastLostSeq, e.Reason)
 }
 
-// Is reports whether target is ErrCorrupt.
-func (e *CorruptionError) Is(target error) bool { return target == ErrCorrupt }
+// Is reports whether target is ErrCorrupt or journal.ErrCorruptRecord: a
+// damaged frame's records are damaged.
+func (e *CorruptionError) Is(target error) bool {
+	return target == ErrCorrupt || target == journal.ErrCorruptRecord
+}
 
 // lockedError is ErrLocked with the directory, and the holder's process id
 // when its lock file says (0 if not).

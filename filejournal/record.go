@@ -243,6 +243,9 @@ func decodeOpsInto(p []byte, o *op, fn func(o *op, id []byte) error) error {
 			}
 			copy(o.r.fp[:], d.bytes(32))
 			o.r.created = unzigzag(d.uvarint(math.MaxUint64))
+			if o.r.created < journal.MinCreatedAtUnixMilli || o.r.created > journal.MaxCreatedAtUnixMilli {
+				d.bad = true // no Reserve stores it (journal.CheckRecord): crafted, or damaged
+			}
 			o.r.state = journal.State(d.byte())
 			if o.r.state < journal.StatePending || o.r.state > journal.StateUnknown {
 				d.bad = true

@@ -15,6 +15,12 @@ var (
 	ErrUnavailable = errors.New("idemretry: journal unavailable")
 	// ErrInvalidRecord: a record cannot be stored: see CheckRecord.
 	ErrInvalidRecord = errors.New("idemretry: invalid journal record")
+	// ErrCorruptRecord: a record the journal holds is one CheckRecord
+	// refuses (an empty key, attempts out of range, ...), or its storage
+	// is damaged: written by something else, or damaged where it lies.
+	// Nothing of the action is sent; the record is left as it is for a
+	// person to see.
+	ErrCorruptRecord = errors.New("idemretry: corrupt journal record")
 	// ErrIncompatible: the journal's storage was written by an unknown
 	// version of its format, or with other settings (hashed action ids or
 	// not), or has a shape the journal cannot use.

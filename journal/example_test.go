@@ -3,6 +3,7 @@ package journal_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -12,7 +13,7 @@ import (
 func ExampleMemory_Unfinished() {
 	j := journal.NewMemory()
 	ctx := context.Background()
-	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
+	_, _, _ = j.Reserve(ctx, journal.Record{ActionID: "pay:order-9", Key: "k-9", CreatedAt: time.Now(), State: journal.StatePending, Attempts: 2}, journal.ReuseAny)
 	unfinished, _ := j.Unfinished(ctx)
 	for _, r := range unfinished {
 		fmt.Println(r.ActionID, r.State, "attempts:", r.Attempts)

@@ -29,6 +29,10 @@ import (
 // earlier time, never a later one (sqljournal stores the earlier of the
 // given time and the database's clock: see journaltest.EarlierCreatedAt),
 // action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
+// They refuse to store a record that CheckRecord refuses
+// (ErrInvalidRecord), and never return one: a stored record it refuses
+// (damaged, or written by something else) is reported with an error
+// wrapping ErrCorruptRecord (see CheckStored).
 type Journal interface {
 	// Reserve returns the record of rec.ActionID, creating it from rec when
 	// there is none, or when mode is ReusePending and the existing record is

@@ -303,13 +303,17 @@ func (j *Memory) sweep(now time.Duration) {
 	j.compact()
 }
 
-// Reserve implements Journal.
+// Reserve implements Journal. It refuses a record that CheckRecord
+// refuses, with ErrInvalidRecord, and returns no stored record that it
+// refuses (ErrCorruptRecord instead): Memory keeps only what it was given,
+// checked, but what it returns is checked again all the same, as every
+// journal's read path is.
 func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
-	if len(rec.ActionID) > math.MaxUint32/2 || len(rec.Key) > math.MaxUint32/2 {
-		return Record{}, false, fmt.Errorf("%w: action id of %d bytes, key of %d", ErrInvalidRecord, len(rec.ActionID), len(rec.Key))
+	if err := CheckRecord(rec); err != nil {
+		return Record{}, false, fmt.Errorf("reserve: %w", err)
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -322,7 +326,7 @@ func (j *Memory) Reserve(ctx context.Context, rec Record, mode ReserveMode) (Rec
 	if i := j.findHashed(rec.ActionID, h); i >= 0 {
 		old, _ := j.at(uint32(i))
 		if (mode == ReuseAny || old.state != StateDone) && (old.state != StateDone || now-old.added < j.retention) {
-			return j.record(i, rec.ActionID), false, nil
+			return j.checked(i, rec.ActionID)
 		}
 		j.remove(i)
 	}
@@ -347,11 +351,26 @@ func (j *Memory) Get(ctx context.Context, actionID string) (Record, bool, error)
 	if e, _ := j.at(uint32(i)); e.state == StateDone && j.now().Sub(j.start)-e.added >= j.retention {
 		return Record{}, false, nil // let go of, as Reserve would replace it
 	}
-	return j.record(i, actionID), true, nil
+	r, _, err := j.checked(i, actionID)
+	return r, err == nil, err
 }
 
-// Update implements Journal.
+// checked returns entry i as a Record (see record), or an error wrapping
+// ErrCorruptRecord if CheckRecord refuses it.
+func (j *Memory) checked(i int, actionID string) (Record, bool, error) {
+	r := j.record(i, actionID)
+	if err := CheckStored(r); err != nil {
+		return Record{}, false, err
+	}
+	return r, false, nil
+}
+
+// Update implements Journal. It refuses, changing nothing, progress that
+// CheckProgress refuses (ErrInvalidRecord).
 func (j *Memory) Update(ctx context.Context, rec Record) error {
+	if err := CheckProgress(rec); err != nil {
+		return fmt.Errorf("update %q: %w", rec.ActionID, err)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -384,7 +403,11 @@ func (j *Memory) Unfinished(ctx context.Context) ([]Record, error) {
 	var out []Record
 	for i := 0; i < j.n; i++ {
 		if e, _ := j.at(uint32(i)); e.used && (e.state == StatePending || e.state == StateUnknown) {
-			out = append(out, j.record(i, ""))
+			r := j.record(i, "")
+			if err := CheckStored(r); err != nil {
+				return nil, err
+			}
+			out = append(out, r)
 		}
 	}
 	sort.Slice(out, func(a, b int) bool {

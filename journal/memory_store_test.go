@@ -31,7 +31,7 @@ func TestMemoryExpiresDoneRecords(t *testing.T) {
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	j := NewMemory(MemoryClock(clk.Now))
 	reserve := func(id string, mode ReserveMode) (Record, bool) {
-		r, created, err := j.Reserve(ctx, Record{ActionID: id, Key: "k-" + id + clk.Now().String(), CreatedAt: clk.Now(), State: StatePending}, mode)
+		r, created, err := j.Reserve(ctx, Record{ActionID: id, Key: fmt.Sprintf("k-%s-%d", id, clk.Now().UnixNano()), CreatedAt: clk.Now(), State: StatePending}, mode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -305,7 +305,7 @@ func shrinksAfterExpiry(t *testing.T, mask uint64) {
 
 // Review of the paged Memory: a model run long enough, over enough ids, for
 // both compactions (text at half unused, entries at the sweep when three
-// quarters are unused) to run many times, with ids longer than a text chunk,
+// quarters are unused) to run many times, with ids of the longest length,
 // colliding hashes, and the records handed out earlier checked at the end
 // against copies taken when they were returned (a Record aliasing chunk
 // memory that a compaction reuses would have changed).
@@ -322,10 +322,10 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 			ids := make([]string, 2000)
 			for i := range ids {
 				n := rng.IntN(40)
-				if i%500 == 0 {
-					n = textChunk + 100 // an id that needs a chunk of its own
-				}
 				ids[i] = fmt.Sprintf("id-%d-%s", i, strings.Repeat("y", n))
+				if i%500 == 0 { // the longest id a journal keeps
+					ids[i] = fmt.Sprintf("id-%d-%s", i, strings.Repeat("y", MaxActionID))[:MaxActionID]
+				}
 			}
 			type handed struct {
 				got  Record
@@ -451,7 +451,7 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 				if m.rec.State == StateDone && clk.Now().Sub(m.added) >= ret {
 					continue // expired: replaced by the probe
 				}
-				got, created, err := j.Reserve(ctx, Record{ActionID: id, Key: "probe", State: StatePending}, ReuseAny)
+				got, created, err := j.Reserve(ctx, Record{ActionID: id, Key: "probe", CreatedAt: clk.Now(), State: StatePending}, ReuseAny)
 				if err != nil || created || got != m.rec {
 					t.Fatalf("%.20q: %+v created %v %v, want %+v", id, got, created, err, m.rec)
 				}
@@ -539,12 +539,12 @@ func TestReviewMemoryRetentionBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(time.Hour - time.Nanosecond)
-	got, created, err := j.Reserve(ctx, Record{ActionID: "a", Key: "k2", State: StatePending}, ReuseAny)
+	got, created, err := j.Reserve(ctx, Record{ActionID: "a", Key: "k2", CreatedAt: clk.Now(), State: StatePending}, ReuseAny)
 	if err != nil || created || got.Key != "k1" || got.State != StateDone {
 		t.Fatalf("within retention: %+v %v %v", got, created, err)
 	}
 	clk.Add(time.Nanosecond)
-	got, created, err = j.Reserve(ctx, Record{ActionID: "a", Key: "k3", State: StatePending}, ReuseAny)
+	got, created, err = j.Reserve(ctx, Record{ActionID: "a", Key: "k3", CreatedAt: clk.Now(), State: StatePending}, ReuseAny)
 	if err != nil || !created || got.Key != "k3" {
 		t.Fatalf("at retention: %+v %v %v", got, created, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 )
 
 const (
@@ -15,6 +16,10 @@ const (
 	// MaxKeyLength is the longest key, in characters, that every journal
 	// stores (Stripe's limit).
 	MaxKeyLength = 255
+	// MaxAttempts is the most Attempts a record holds (a PostgreSQL
+	// integer's). The Transport counts no further: an action sent more
+	// often is recorded with MaxAttempts.
+	MaxAttempts = math.MaxInt32
 	// DigestPrefix starts the digest form of an action id ("sha256:" and 64
 	// lowercase hex digits) that journals hashing their ids return from
 	// Unfinished and accept everywhere in place of the id.
@@ -36,16 +41,39 @@ func ValidKey(key string) bool {
 	return true
 }
 
+// MinCreatedAtUnixMilli and MaxCreatedAtUnixMilli bound a record's
+// CreatedAt, in Unix milliseconds (see CheckRecord): from 1677-09-21
+// 00:12:43.146 to 2262-04-11 23:47:16.854 UTC, the times whose Unix
+// nanoseconds fit in an int64, to the millisecond.
+const (
+	MinCreatedAtUnixMilli = math.MinInt64 / int64(time.Millisecond)
+	MaxCreatedAtUnixMilli = math.MaxInt64 / int64(time.Millisecond)
+)
+
+var (
+	minCreatedAt = time.UnixMilli(MinCreatedAtUnixMilli)
+	maxCreatedAt = time.UnixMilli(MaxCreatedAtUnixMilli)
+)
+
 // CheckRecord returns an error wrapping ErrInvalidRecord if a journal must
 // refuse rec: an empty action id or one over MaxActionID bytes, a key that
-// ValidKey refuses, a state other than the three States, or a negative or
-// out-of-range (over 2^31-1) Attempts or Status.
+// ValidKey refuses, a CreatedAt outside MinCreatedAtUnixMilli to
+// MaxCreatedAtUnixMilli (1677 to 2262), a state other than the three
+// States, a negative Attempts or Status, or one over MaxAttempts. The
+// difference of any two creation times in bounds fits in an int64 of
+// milliseconds, so that no journal's expiry and no key window overflows.
+//
+// Every journal checks what it stores with it, and what it reads back: a
+// stored record it refuses is reported as ErrCorruptRecord (see
+// CheckStored), never returned.
 func CheckRecord(rec Record) error {
 	switch {
 	case rec.ActionID == "" || len(rec.ActionID) > MaxActionID:
 		return fmt.Errorf("%w: action id of %d bytes (1-%d allowed)", ErrInvalidRecord, len(rec.ActionID), MaxActionID)
 	case !ValidKey(rec.Key):
 		return fmt.Errorf("%w: key must be 1-%d visible ASCII characters", ErrInvalidRecord, MaxKeyLength)
+	case rec.CreatedAt.Before(minCreatedAt) || rec.CreatedAt.After(maxCreatedAt):
+		return fmt.Errorf("%w: created at %v, outside %v to %v", ErrInvalidRecord, rec.CreatedAt.UTC(), minCreatedAt.UTC(), maxCreatedAt.UTC())
 	}
 	return CheckProgress(rec)
 }
@@ -56,13 +84,39 @@ func CheckProgress(rec Record) error {
 	switch {
 	case rec.State < StatePending || rec.State > StateUnknown:
 		return fmt.Errorf("%w: state %d", ErrInvalidRecord, rec.State)
-	case rec.Attempts < 0 || rec.Attempts > math.MaxInt32:
+	case rec.Attempts < 0 || rec.Attempts > MaxAttempts:
 		return fmt.Errorf("%w: attempts %d", ErrInvalidRecord, rec.Attempts)
 	case rec.Status < 0 || rec.Status > math.MaxInt32:
 		return fmt.Errorf("%w: status %d", ErrInvalidRecord, rec.Status)
 	}
 	return nil
 }
+
+// CheckStored is CheckRecord for a record a journal read back from its
+// storage: nil if CheckRecord accepts rec, else an error wrapping
+// ErrCorruptRecord (and not ErrInvalidRecord: the caller passed nothing
+// wrong) that names the action and what is wrong. A journal returns it
+// instead of the record.
+func CheckStored(rec Record) error {
+	if err := CheckRecord(rec); err != nil {
+		return &corruptError{id: rec.ActionID, err: err}
+	}
+	return nil
+}
+
+// corruptError is a stored record that CheckRecord refuses: it says why,
+// and matches ErrCorruptRecord alone.
+type corruptError struct {
+	id  string
+	err error // CheckRecord's
+}
+
+func (e *corruptError) Error() string {
+	why := strings.TrimPrefix(strings.TrimPrefix(e.err.Error(), ErrInvalidRecord.Error()), ": ")
+	return fmt.Sprintf("%v: action %q: %s", ErrCorruptRecord, e.id, why)
+}
+
+func (e *corruptError) Is(target error) bool { return target == ErrCorruptRecord }
 
 // Digest returns the digest form of an action id: DigestPrefix and the hex
 // SHA-256 of id. An id already in digest form is returned as it is, so that

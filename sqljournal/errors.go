@@ -23,16 +23,24 @@ var (
 	// replaced by a default: the error says which value is wrong.
 	ErrInvalidOption = errors.New("idemretry: invalid sqljournal option")
 	// ErrMalformedRecord: a row holds values no Journal writes (a
-	// fingerprint that is not 32 bytes, a state other than the three). It
-	// was written by something else and is left as it is for a person to
-	// see. Records a caller passes in are refused with
-	// journal.ErrInvalidRecord instead.
-	ErrMalformedRecord = errors.New("idemretry: malformed record in the journal's table")
+	// fingerprint that is not 32 bytes, a state other than the three, a
+	// record that journal.CheckRecord refuses: an empty key, attempts out of
+	// range, ...). It was written by something else and is left as it is
+	// for a person to see; errors.Is matches journal.ErrCorruptRecord too.
+	// Records a caller passes in are refused with journal.ErrInvalidRecord
+	// instead.
+	ErrMalformedRecord error = malformedRecord{}
 	// ErrContended: Reserve found the action's record changing under it
 	// (forgotten, or finished and replaced) on every one of its tries, or
 	// Lease found the action's lease changing hands on every one of its.
 	ErrContended = errors.New("idemretry: action record changed concurrently on every try")
 )
+
+// malformedRecord is ErrMalformedRecord, a journal.ErrCorruptRecord.
+type malformedRecord struct{}
+
+func (malformedRecord) Error() string        { return "idemretry: malformed record in the journal's table" }
+func (malformedRecord) Is(target error) bool { return target == journal.ErrCorruptRecord }
 
 // dbError wraps err, from the statements of op, for the caller. When the
 // database did not answer (see unavailable) it also wraps

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -214,7 +215,8 @@ func (j *Journal) usable(ctx context.Context, op string) error {
 	return nil
 }
 
-// scanRecord reads one row in the order of columns.
+// scanRecord reads one row in the order of columns, and refuses one that
+// holds a record no Journal writes (ErrMalformedRecord).
 func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	var (
 		r         journal.Record
@@ -237,5 +239,11 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	copy(r.Fingerprint[:], fp)
 	r.CreatedAt = time.UnixMilli(createdMs)
 	r.State, r.Attempts, r.Status = journal.State(state), int(att), int(stat)
+	// Nor is a record that no Reserve or Update would have stored: the
+	// Transport would send it as it is (an empty key as no key at all).
+	if err := journal.CheckRecord(r); err != nil {
+		why := strings.TrimPrefix(err.Error(), journal.ErrInvalidRecord.Error()+": ")
+		return journal.Record{}, fmt.Errorf("action %q: %s: %w", r.ActionID, why, ErrMalformedRecord)
+	}
 	return r, nil
 }

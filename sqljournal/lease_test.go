@@ -1,15 +1,21 @@
 package sqljournal_test
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -306,5 +312,319 @@ func TestLeaseColumnsOnOlderTable(t *testing.T) {
 		if !errors.Is(err, journal.ErrIncompatible) {
 			t.Errorf("Open of a table whose lease_until is a bigint: %v, want journal.ErrIncompatible", err)
 		}
+	}
+}
+
+// logLines is a slog.Handler that keeps each record's message, in order.
+type logLines struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLines) WithGroup(string) slog.Handler            { return l }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+
+// count returns how many messages so far contain s.
+func (l *logLines) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.Contains(m, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// releaseFailed is what the Transport logs when a Release fails.
+const releaseFailed = "did not release the action's lease"
+
+// Issue 26, item 12: a payment with a 500 ms deadline whose database
+// freezes while the charge is on the wire returned after 1.75 s: the
+// outcome's write waits until OutcomeGrace past the deadline, and then the
+// release of the action's lease waited its own second more. The caller's
+// wait ends with its context plus OutcomeGrace: the release runs after
+// RoundTrip has returned (its failure is logged later), and Close waits
+// for it.
+func TestLeaseReleaseAfterTheCallersDeadline(t *testing.T) {
+	db, proxy := proxiedDB(t)
+	j := openOn(t, db, newTable(t, testDB(t)))
+	srv := newUnstartedChargeServer(t)
+	srv.process = func(int, *http.Request) { proxy.freeze() }
+	srv.Start()
+	logs := &logLines{}
+	// A journal timeout of a second, so that Close's landing of the
+	// outcome on the frozen database ends soon.
+	tr := transportOn(t, j, idemretry.WithLogger(slog.New(logs)), idemretry.WithJournalTimeout(time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	p := post(ctx, tr, srv.URL, "pay:frozen", `{"amount":1}`)
+	took := time.Since(start)
+	released := logs.count(releaseFailed)
+	t.Logf("RoundTrip: %d %v after %v; releases logged failed by then: %d", p.status, p.err, took, released)
+	if p.status != http.StatusOK {
+		t.Fatalf("the charge's answer: %+v, want 200", p)
+	}
+	if released != 0 {
+		t.Errorf("RoundTrip returned after %v, once the lease's release had failed: the release held the caller past its deadline plus OutcomeGrace", took)
+	}
+	closed := within(t, 10*time.Second, "Close", func() { tr.Close() })
+	if n := logs.count(releaseFailed); n != 1 {
+		t.Errorf("after Close (%v): %d failed releases logged, want 1: Close did not wait for the release", closed, n)
+	}
+	proxy.thaw()
+}
+
+// Environment of TestLeaseReentryChild.
+const (
+	envReentryDSN   = "IDEMRETRY_REENTRY_DSN" // set in the child only
+	envReentryTable = "IDEMRETRY_REENTRY_TABLE"
+	envReentryURL   = "IDEMRETRY_REENTRY_URL"
+	reentryAction   = "pay:reentry"
+	reentryBody     = `{"order":"reentry","amount":1}`
+)
+
+// TestLeaseReentryChild is the process of
+// TestLeaseReentryAfterTheDatabaseReturns: it pays once and prints how it
+// went ("first ..."), waits for a line on its standard input, pays the
+// same action again, with a 10 s deadline, and prints that ("second ...").
+func TestLeaseReentryChild(t *testing.T) {
+	dsn := os.Getenv(envReentryDSN)
+	if dsn == "" {
+		t.Skip("a child of TestLeaseReentryAfterTheDatabaseReturns")
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	j, err := sqljournal.Open(ctx, db, sqljournal.WithTable(os.Getenv(envReentryTable)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p := post(cctx, tr, os.Getenv(envReentryURL), reentryAction, reentryBody)
+	fmt.Printf("first status=%d err=%v\n", p.status, p.err)
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	p = post(cctx, tr, os.Getenv(envReentryURL), reentryAction, reentryBody)
+	fmt.Printf("second status=%d replay=%v took=%v err=%v\n", p.status, p.replay, time.Since(start).Round(time.Millisecond), p.err)
+}
+
+// Issue 26, item 13: a process whose database stops while its payment is
+// on the wire cannot release the action's lease (nor record the outcome).
+// Once the database is back, the same process's resend of the action
+// waited for that lease, its own, until its TTL (30 s) ended, as for
+// another machine's: with a 10 s deadline it failed with ErrLeaseHeld. A
+// Transport re-enters a lease of its own whose release failed: the resend
+// is answered at once (the stored answer, one charge), and releases the
+// lease when it ends. Another machine still waits for that lease.
+func TestLeaseReentryAfterTheDatabaseReturns(t *testing.T) {
+	c := ownCluster(t)
+	table := newTable(t, c.db())
+	srv := newUnstartedChargeServer(t)
+	srv.process = func(n int, _ *http.Request) {
+		if n == 1 { // the charge is made; the database stops before it is answered
+			if err := c.pgCtl("-m", "immediate", "-w", "stop"); err != nil {
+				t.Errorf("stop the cluster: %v", err)
+			}
+		}
+	}
+	srv.Start()
+	ch := startTestChild(t, "reentry", "TestLeaseReentryChild", envReentryDSN+"="+c.dsn,
+		envReentryTable+"="+table, envReentryURL+"="+srv.URL)
+	first := ch.line(t, "first ")
+	t.Logf("child: %s", first)
+	if first != "first status=200 err=<nil>" {
+		t.Fatalf("the first payment: %s, want the charge's answer", first)
+	}
+	c.start()
+	db := c.db() // a pool made after the restart
+	holder, left := leaseOf(t, db, table, reentryAction)
+	t.Logf("after the restart: lease held by %q, %v left", holder, left)
+	if holder == "" || left < 10*time.Second {
+		t.Fatalf("lease held by %q, %v left: the release did not fail, or the test is too slow to prove anything", holder, left)
+	}
+	// Another machine waits for that lease, as for one whose holder died.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if p := post(ctx, transportOn(t, openOn(t, db, table)), srv.URL, reentryAction, reentryBody); !errors.Is(p.err, idemretry.ErrLeaseHeld) {
+		t.Errorf("another machine's request while the lease is held: %+v, want ErrLeaseHeld", p)
+	}
+	if _, err := io.WriteString(ch.in, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	second := ch.line(t, "second ")
+	if err := ch.cmd.Wait(); err != nil {
+		t.Errorf("child: %v", err)
+	}
+	t.Logf("child: %s", second)
+	if !strings.HasPrefix(second, "second status=200 replay=true ") || !strings.HasSuffix(second, "err=<nil>") {
+		t.Errorf("the resend from the same process: %s, want the stored answer at once", second)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges", n)
+	}
+	if holder, _ := leaseOf(t, db, table, reentryAction); holder != "" {
+		t.Errorf("after the resend: lease held by %q, want released", holder)
+	}
+}
+
+// A payment cancelled by its caller while on the wire, while the
+// action's row is locked for 500 ms (a concurrent transaction: real
+// database load): the Release after the RoundTrip waits for the
+// lock, for up to its own second (5a75ef1 cut it at OutcomeGrace, 250 ms,
+// and the lease then stayed held by that finished RoundTrip). The app's
+// resend of the same action through the same Transport must not wait for
+// it as for another machine's, for the whole TTL (30 s), nor fail with
+// ErrLeaseHeld: it is answered within its 5 s deadline, one charge.
+//
+// Found in the review of 5a75ef1 (was TestReviewResendAfterCancelWaitsForOwnLeaseWhenReleaseIsCut).
+func TestLeaseResendAfterCancelWaitsForOwnRelease(t *testing.T) {
+	probe := testDB(t)
+	j, table := openJournal(t, probe)
+	srv := newUnstartedChargeServer(t)
+	inCharge := make(chan struct{}, 1)
+	finish := make(chan struct{})
+	srv.process = func(n int, _ *http.Request) {
+		if n == 1 {
+			inCharge <- struct{}{}
+			<-finish
+		}
+	}
+	srv.Start()
+	defer func() {
+		select {
+		case <-finish:
+		default:
+			close(finish)
+		}
+	}()
+	tr := transportOn(t, j)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan payment, 1)
+	go func() { first <- post(ctx, tr, srv.URL, "pay:r3-resend", `{"amount":1}`) }()
+	select {
+	case <-inCharge:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first request never reached the server")
+	}
+	tx, err := holdLock(testDB(t), lockRows(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	unlocked := make(chan error, 1)
+	go func() {
+		time.Sleep(700 * time.Millisecond)
+		unlocked <- tx.Rollback()
+	}()
+	p1 := <-first
+	if !errors.Is(p1.err, context.Canceled) {
+		t.Fatalf("first: %+v, want context.Canceled", p1)
+	}
+	if err := <-unlocked; err != nil {
+		t.Fatal(err)
+	}
+	close(finish)
+	h, left := leaseOf(t, probe, table, "pay:r3-resend")
+	t.Logf("after the first RoundTrip returned and the lock ended: lease holder %q, %v left", h, left)
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	start := time.Now()
+	p2 := post(rctx, tr, srv.URL, "pay:r3-resend", `{"amount":1}`)
+	t.Logf("resend: %+v after %v; journal: %+v", p2, time.Since(start), rowsOf(t, probe, table))
+	if errors.Is(p2.err, idemretry.ErrLeaseHeld) {
+		t.Fatalf("the resend through the same Transport waited for the lease of its own finished RoundTrip: %v", p2.err)
+	}
+	if p2.err != nil || p2.status != http.StatusOK {
+		t.Fatalf("the resend through the same Transport: %v; want the charge's answer (the first RoundTrip is over, no other machine holds the action)", p2.err)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges", n)
+	}
+}
+
+// A large named payment (a plain fingerprint: sqljournal keeps no secret)
+// sent by two machines sharing one table, while the first one's
+// charge is in progress: the second waits for the first's lease, reads the
+// record again and sends under the first's key (one charge, one key), and
+// a third request of the action with another body is refused with
+// ErrFingerprintMismatch, with nothing sent.
+//
+// Found in review hf1 (was TestReviewLargeNamedPaymentTwoMachinesLeased).
+func TestLeaseLargeNamedPaymentTwoMachines(t *testing.T) {
+	srv := newUnstartedChargeServer(t)
+	inProgress, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv.process = func(n int, _ *http.Request) {
+		if n == 1 {
+			once.Do(func() { close(inProgress) })
+			<-release
+		}
+	}
+	srv.Start()
+	probe := testDB(t)
+	table := newTable(t, probe)
+	a, b := machine(t, table), machine(t, table)
+	line := `{"order":"big-1","amount":1000}` + "\n"
+	body := strings.Repeat(line, (4<<16+999)/len(line))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	first := make(chan payment, 1)
+	go func() { first <- post(ctx, a, srv.URL, "pay:big-1", body) }()
+	<-inProgress
+	second := make(chan payment, 1)
+	go func() { second <- post(ctx, b, srv.URL, "pay:big-1", body) }()
+	// The other body on a third machine: on B it could reach B's flight of
+	// the action before B's own request does (the goroutine above is not
+	// ordered with it), and B's request would then be refused against it, as
+	// guarantee 9 has a request refused against the one in flight first.
+	other := post(ctx, machine(t, table), srv.URL, "pay:big-1", body[:len(body)-1]+"X")
+	if !errors.Is(other.err, idemretry.ErrFingerprintMismatch) {
+		t.Errorf("another body under the action: %d %v, want ErrFingerprintMismatch", other.status, other.err)
+	}
+	time.Sleep(200 * time.Millisecond) // machine B waits for A's lease
+	close(release)
+	p1, p2 := <-first, <-second
+	if p1.err != nil || p2.err != nil || p1.body != p2.body {
+		t.Errorf("machine A: %d %q %v; machine B: %d %q %v: want one answer", p1.status, p1.body, p1.err, p2.status, p2.body, p2.err)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges", n)
+	}
+	keys := srv.keysOf(body)
+	for _, k := range keys {
+		if k != keys[0] {
+			t.Errorf("the payment arrived under keys %v, want one", keys)
+			break
+		}
+	}
+	if n := len(srv.keysOf(body[:len(body)-1] + "X")); n != 0 {
+		t.Errorf("the other body was sent %d times", n)
 	}
 }

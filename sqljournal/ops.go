@@ -53,7 +53,8 @@ func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
 // Get implements [journal.Getter]: the action's record as committed, or
 // false if there is none. actionID may be the id as given or, with
 // [WithHashedActionIDs], the digest form. It fails with
-// [journal.ErrClosed] after Close.
+// [ErrMalformedRecord] (a [journal.ErrCorruptRecord]) when the row holds a
+// record that no Journal writes, and with [journal.ErrClosed] after Close.
 func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, bool, error) {
 	if err := j.usable(ctx, "get"); err != nil {
 		return journal.Record{}, false, err
@@ -75,7 +76,10 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 // Unfinished implements [journal.Journal.Unfinished]: the pending and
 // unknown records of every process sharing the table, oldest first, ties in
 // byte order of action id. With [WithHashedActionIDs] their ActionID is the
-// stored digest form. It fails with [journal.ErrClosed] after Close.
+// stored digest form. It fails, listing nothing, with [ErrMalformedRecord]
+// (a [journal.ErrCorruptRecord]) when one of those rows holds a record that
+// no Journal writes (the error names it: repair the row, or Forget the
+// action once reconciled), and with [journal.ErrClosed] after Close.
 func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	if err := j.usable(ctx, "unfinished"); err != nil {
 		return nil, err

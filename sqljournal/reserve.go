@@ -37,7 +37,9 @@ const reserveTries = 8
 // hashed. Reserve fails with [journal.ErrInvalidRecord] for a record no
 // Transport makes: one that [journal.CheckRecord] refuses (the id judged as
 // stored), or whose id PostgreSQL text cannot hold (a NUL byte, invalid
-// UTF-8); and with [journal.ErrClosed] after Close.
+// UTF-8); with [ErrMalformedRecord] (a [journal.ErrCorruptRecord]) when the
+// action's row holds a record that no Journal writes, which it neither
+// returns nor replaces; and with [journal.ErrClosed] after Close.
 //
 // Each try runs in a transaction begun at READ COMMITTED, whatever the
 // database's or the role's default_transaction_isolation: at REPEATABLE READ

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +46,23 @@ type suite struct {
 	// earlier is how much earlier than given a created record's CreatedAt
 	// may be stored (EarlierCreatedAt).
 	earlier time.Duration
+	// open makes the journals of the run.
+	open Factory
+	// corrupt, if set, puts a record in j's storage as it is (Corrupt).
+	corrupt func(t *testing.T, j journal.Journal, rec journal.Record) (journal.Journal, error)
+}
+
+// Corrupt lets the suite check that the journal never returns a record
+// that journal.CheckRecord refuses, whatever its storage holds. corrupt
+// must put rec in j's storage as it is, in place of the valid record of
+// rec.ActionID that j holds, bypassing the journal's checks (an UPDATE of
+// a SQL table, a record written into a journal file by the format's own
+// encoder), and return the journal to read it through: j, or j reopened.
+// If reopening refuses the storage, corrupt returns that error, which must
+// wrap journal.ErrCorruptRecord. A value the storage cannot hold at all (a
+// column or field too narrow for it) makes corrupt call t.Skip.
+func Corrupt(corrupt func(t *testing.T, j journal.Journal, rec journal.Record) (journal.Journal, error)) Option {
+	return func(s *suite) { s.corrupt = corrupt }
 }
 
 // EarlierCreatedAt says that the journal may store a record it creates
@@ -86,7 +104,7 @@ func ReportedIDs(id func(string) string) Option {
 
 // Run runs the conformance suite against journals made by open.
 func Run(t *testing.T, open Factory, opts ...Option) {
-	s := &suite{id: func(id string) string { return id }}
+	s := &suite{id: func(id string) string { return id }, open: open}
 	for _, o := range opts {
 		o(s)
 	}
@@ -118,6 +136,9 @@ var cases = []struct {
 	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
 	{"CanceledContext", canceledContext},
 	{"Closed", closed},
+	{"RefusesInvalidRecords", refusesInvalidRecords},
+	{"CreatedAtBounds", createdAtBounds},
+	{"NeverReturnsCorrupt", neverReturnsCorrupt},
 }
 
 var ctx = context.Background()
@@ -147,6 +168,7 @@ func reserve(t *testing.T, j journal.Journal, r journal.Record, mode journal.Res
 	t.Helper()
 	got, created, err := j.Reserve(ctx, r, mode)
 	require.NoError(t, err)
+	require.NoError(t, journal.CheckRecord(got), "Reserve returned a record CheckRecord refuses")
 	return got, created
 }
 
@@ -538,4 +560,143 @@ func closed(t *testing.T, _ *suite, j journal.Journal) {
 	assert.ErrorIs(t, err, journal.ErrClosed)
 	assert.ErrorIs(t, j.Forget(ctx, "a"), journal.ErrClosed)
 	assert.False(t, errors.Is(err, journal.ErrNotFound))
+}
+
+// invalid returns records that journal.CheckRecord refuses, each a valid
+// pending record of id with one thing wrong, by what is wrong.
+func invalid(id string) []struct {
+	name string
+	rec  journal.Record
+} {
+	base := rec(id, now())
+	with := func(f func(*journal.Record)) journal.Record {
+		r := base
+		f(&r)
+		return r
+	}
+	return []struct {
+		name string
+		rec  journal.Record
+	}{
+		{"EmptyKey", with(func(r *journal.Record) { r.Key = "" })},
+		{"KeyWithSpace", with(func(r *journal.Record) { r.Key = "a b" })},
+		{"KeyWithControlByte", with(func(r *journal.Record) { r.Key = "k\x01" })},
+		{"KeyTooLong", with(func(r *journal.Record) { r.Key = string(make255()) + "!" })},
+		{"NegativeAttempts", with(func(r *journal.Record) { r.Attempts = -1 })},
+		{"AttemptsOverMax", with(func(r *journal.Record) { r.Attempts = journal.MaxAttempts + 1 })},
+		{"NegativeStatus", with(func(r *journal.Record) { r.Status = -1 })},
+		{"StateZero", with(func(r *journal.Record) { r.State = 0 })},
+		{"StateFour", with(func(r *journal.Record) { r.State = 4 })},
+		{"CreatedAtZero", with(func(r *journal.Record) { r.CreatedAt = time.Time{} })},
+		{"CreatedAtMinInt64", with(func(r *journal.Record) { r.CreatedAt = time.UnixMilli(math.MinInt64) })},
+		{"CreatedAtBeforeMin", with(func(r *journal.Record) { r.CreatedAt = time.UnixMilli(journal.MinCreatedAtUnixMilli - 1) })},
+		{"CreatedAtAfterMax", with(func(r *journal.Record) { r.CreatedAt = time.UnixMilli(journal.MaxCreatedAtUnixMilli + 1) })},
+	}
+}
+
+// refusesInvalidRecords: Reserve refuses, with journal.ErrInvalidRecord,
+// a record that journal.CheckRecord refuses, and stores nothing of it;
+// Update refuses progress that journal.CheckProgress refuses, and changes
+// nothing. (A record stored with an empty key was sent without an
+// Idempotency-Key; one whose attempts could not grow could never record its
+// outcome.)
+func refusesInvalidRecords(t *testing.T, s *suite, j journal.Journal) {
+	for _, c := range invalid("bad") {
+		require.Error(t, journal.CheckRecord(c.rec), "%s: the suite's own record is valid", c.name)
+		_, _, err := j.Reserve(ctx, c.rec, journal.ReuseAny)
+		assert.ErrorIs(t, err, journal.ErrInvalidRecord, "Reserve of a record with %s", c.name)
+	}
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, un, "a refused record was stored")
+	if g, ok := j.(journal.Getter); ok {
+		_, found, err := g.Get(ctx, "bad")
+		require.NoError(t, err)
+		assert.False(t, found, "a refused record was stored")
+	}
+	r := rec("good", now())
+	reserve(t, j, r, journal.ReuseAny)
+	for _, c := range invalid("good") {
+		if journal.CheckProgress(c.rec) == nil {
+			continue // what Update does not store
+		}
+		upd := r
+		upd.State, upd.Attempts, upd.Status = c.rec.State, c.rec.Attempts, c.rec.Status
+		assert.ErrorIs(t, j.Update(ctx, upd), journal.ErrInvalidRecord, "Update with %s", c.name)
+	}
+	got, _ := reserve(t, j, rec("good", now()), journal.ReuseAny)
+	s.same(t, r, got, "after refused updates")
+}
+
+// createdAtBounds: a CreatedAt at either bound (journal.MinCreatedAtUnixMilli,
+// journal.MaxCreatedAtUnixMilli) is stored (at the upper one, or earlier,
+// with EarlierCreatedAt); attempts at journal.MaxAttempts are stored, and
+// read back so.
+func createdAtBounds(t *testing.T, s *suite, j journal.Journal) {
+	for _, at := range []int64{journal.MinCreatedAtUnixMilli, journal.MaxCreatedAtUnixMilli} {
+		r := rec(fmt.Sprint("at", at), time.UnixMilli(at))
+		got, created := reserve(t, j, r, journal.ReuseAny)
+		require.True(t, created)
+		if s.earlier == 0 || at == journal.MinCreatedAtUnixMilli {
+			assert.True(t, r.CreatedAt.Equal(got.CreatedAt), "created %v, read back %v", r.CreatedAt, got.CreatedAt)
+		}
+		r.Attempts = journal.MaxAttempts
+		require.NoError(t, j.Update(ctx, r))
+		got, _ = reserve(t, j, rec(r.ActionID, now()), journal.ReuseAny)
+		assert.Equal(t, journal.MaxAttempts, got.Attempts)
+	}
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Len(t, un, 2)
+}
+
+// neverReturnsCorrupt (with Corrupt): a stored record that
+// journal.CheckRecord refuses is never returned. Reserve and Get of its
+// action fail with journal.ErrCorruptRecord (Reserve creates nothing in its
+// place: the action may have been sent under its key), Unfinished fails so
+// too or leaves it out (only if its state is none of the unfinished ones),
+// and Forget removes it: the action's next Reserve creates a new record.
+// Each record is put in a journal of its own.
+func neverReturnsCorrupt(t *testing.T, s *suite, _ journal.Journal) {
+	if s.corrupt == nil {
+		t.Skip("no Corrupt option: the suite cannot put a record in the journal's storage")
+	}
+	for _, c := range invalid("corrupt") {
+		t.Run(c.name, func(t *testing.T) {
+			j := s.open(t)
+			defer func() { j.Close() }()
+			id := "corrupt-" + c.name
+			reserve(t, j, rec(id, now()), journal.ReuseAny)
+			bad := c.rec
+			bad.ActionID = id
+			j2, err := s.corrupt(t, j, bad)
+			if err != nil {
+				assert.ErrorIs(t, err, journal.ErrCorruptRecord, "reopening refused the storage holding a record with %s", c.name)
+				return
+			}
+			j = j2
+			for _, mode := range []journal.ReserveMode{journal.ReuseAny, journal.ReusePending} {
+				got, created, err := j.Reserve(ctx, rec(id, now()), mode)
+				assert.ErrorIs(t, err, journal.ErrCorruptRecord, "Reserve (mode %d) of a stored record with %s: %+v, created %v", mode, c.name, got, created)
+				assert.False(t, created, "Reserve replaced a stored record with %s", c.name)
+			}
+			if g, ok := j.(journal.Getter); ok {
+				got, found, err := g.Get(ctx, id)
+				assert.ErrorIs(t, err, journal.ErrCorruptRecord, "Get of a stored record with %s: %+v, found %v", c.name, got, found)
+			}
+			un, err := j.Unfinished(ctx)
+			if err == nil && (bad.State == journal.StatePending || bad.State == journal.StateUnknown) {
+				t.Errorf("Unfinished with a stored pending record with %s: %d records, no error; want journal.ErrCorruptRecord", c.name, len(un))
+			}
+			if err != nil {
+				assert.ErrorIs(t, err, journal.ErrCorruptRecord, "Unfinished with a stored record with %s", c.name)
+			}
+			for _, r := range un {
+				assert.NoError(t, journal.CheckRecord(r), "Unfinished returned a record CheckRecord refuses")
+			}
+			require.NoError(t, j.Forget(ctx, id), "Forget of a stored record with %s", c.name)
+			got, created := reserve(t, j, rec(id, now()), journal.ReuseAny)
+			assert.True(t, created, "after Forget: %+v", got)
+		})
+	}
 }

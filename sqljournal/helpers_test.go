@@ -7,12 +7,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/sqljournal"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/idemretry/idemretry/sqljournal"
 )
 
 // dsnEnv names the variable that points the tests at a PostgreSQL server;
@@ -137,4 +141,157 @@ func dbClockNow(t testing.TB, db *sql.DB) time.Time {
 		t.Fatal(err)
 	}
 	return time.UnixMicro(us)
+}
+
+// noLockWaiter returns once no statement on table waits for a lock (within
+// 30 s).
+func noLockWaiter(t testing.TB, db *sql.DB, table string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()
+			AND strpos(query, $1) > 0`, `"`+table+`"`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d statements on %s still wait for a lock", n, table)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pgProxy forwards loopback connections to the test server, until cut:
+// then every connection through it is closed and new ones are refused, as
+// a network partition between one machine and the database does. While
+// frozen it holds every byte in both directions, connections open, as a
+// database that stopped answering (a paused server, a dropped route).
+type pgProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	cut    bool
+	frozen chan struct{} // closed by thaw; nil when not frozen
+	wg     sync.WaitGroup
+}
+
+// freeze holds every byte through p until thaw (or partition).
+func (p *pgProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen == nil && !p.cut {
+		p.frozen = make(chan struct{})
+	}
+}
+
+// thaw lets the bytes held since freeze through.
+func (p *pgProxy) thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
+}
+
+// pipe copies src to dst, holding each read while p is frozen.
+func (p *pgProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			frozen := p.frozen
+			p.mu.Unlock()
+			if frozen != nil {
+				<-frozen
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func newPGProxy(t *testing.T, target string) *pgProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{l: l, target: target}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() { p.partition(); p.wg.Wait() })
+	return p
+}
+
+// proxiedDB returns a pool on the test server through a pgProxy of its
+// own, both closed when t ends.
+func proxiedDB(t *testing.T) (*sql.DB, *pgProxy) {
+	t.Helper()
+	testDB(t) // skip or fail as every PostgreSQL test does
+	u, err := url.Parse(os.Getenv(dsnEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newPGProxy(t, u.Host)
+	u.Host = proxy.l.Addr().String()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, proxy
+}
+
+func (p *pgProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		if err != nil || p.cut {
+			p.mu.Unlock()
+			c.Close()
+			if s != nil {
+				s.Close()
+			}
+			continue
+		}
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(s, c)
+		go p.pipe(c, s)
+	}
+}
+
+func (p *pgProxy) partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return
+	}
+	p.cut = true
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
+	p.l.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
 }

@@ -1,6 +1,8 @@
 package sqljournal
 
-import "time"
+import (
+	"time"
+)
 
 // SuspendedFor makes j's reading of the database's clock what it would be
 // after this machine had been suspended for d since the reading: the
