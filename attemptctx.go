@@ -98,12 +98,20 @@ func (p *keyProbe) Value(key any) any {
 }
 
 // attemptBody is the body of a response returned to the caller: the
-// attempt's own, read through the attemptTrace that holds it, whose Close
-// ends the attempt's context.
+// attempt's own, read through the attemptTrace that holds it. Its Close,
+// or a Read that reaches its end (io.EOF or an error), ends the attempt's
+// context, as net/http lets go of a request at its answer's end: a caller
+// that reads an answer to its end and never closes it holds nothing of the
+// attempt (its request, its body, a goroutine of the context package
+// watching the caller's context) for as long as its context lives.
 type attemptBody attemptTrace
 
 func (b *attemptBody) Read(p []byte) (int, error) {
-	return b.resp.Read(p)
+	n, err := b.resp.Read(p)
+	if err != nil {
+		(*attemptTrace)(b).end()
+	}
+	return n, err
 }
 
 func (b *attemptBody) Close() error {
