@@ -228,7 +228,7 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 		// Retry-After is a floor; the drawn wait spreads the clients that
 		// were all told the same time above it, instead of bringing them
 		// back at once.
-		wait += ra
+		wait = addDuration(wait, ra)
 	}
 	if missesDeadline(ctx, wait) {
 		return 0, ErrWaitExceedsDeadline

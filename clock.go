@@ -108,9 +108,15 @@ const (
 // the system clock); any other by the best time known (see now).
 func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
 	if a.fresh {
-		return t.cfg.clock.Now().Sub(a.createdAt)+d >= a.window
+		return sincePlus(t.cfg.clock.Now(), a.createdAt, d) >= a.window
 	}
 	return windowEnds(a.rec, t.now(), d, a.window)
+}
+
+// settledAt is when the settle time (WithSettleTime) after rec's key
+// window ends: from then on Resume may hand rec to Resolve.
+func (t *Transport) settledAt(rec journal.Record) time.Time {
+	return rec.CreatedAt.Add(addDuration(t.cfg.keyWindow, t.cfg.settle))
 }
 
 // windowEnds reports whether the key window of rec is over at now+d.

@@ -218,7 +218,7 @@ func (f *flight) share(id string, n int, maxShared int64, resp *http.Response, e
 		if ab, ok := resp.Body.(*attemptBody); ok {
 			cut = time.AfterFunc(DefaultMaxShareTime, (*attemptTrace)(ab).end)
 		}
-		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, maxShared+1))
+		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, addSize(maxShared, 1)))
 		if cut != nil {
 			cut.Stop()
 		}

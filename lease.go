@@ -187,7 +187,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 			t.startLease(ctx, lr, a, holder, ttl, start)
 			return a, nil
 		}
-		wait := min(time.Until(until)+time.Millisecond, poll/2+randv2.N(poll/2+1))
+		wait := min(untilPlus(until, time.Millisecond), poll/2+randv2.N(poll/2+1))
 		poll = min(2*poll, leasePollMax)
 		if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil {
 			wait = min(wait, time.Until(dl)) // nothing else would end the sleep at it

@@ -46,7 +46,7 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 	// From here, a request of the action is refused at once.
 	t.flights.holdForResolve(f, listed.Key)
 	confirmed = true
-	if until := listed.CreatedAt.Add(t.cfg.keyWindow + t.cfg.settle); t.earlierNow().Before(until) {
+	if until := t.settledAt(listed); t.earlierNow().Before(until) {
 		res.leave(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))})
 		return
