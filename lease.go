@@ -12,7 +12,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	randv2 "math/rand/v2"
 	"strconv"
@@ -65,14 +64,6 @@ var (
 // the action is sent without one. Lease waits are real time, whatever
 // WithClock says.
 func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.leaseTTL = d } }
-
-// validateLease checks WithLeaseTTL's value.
-func (c *config) validateLease() error {
-	if c.leaseTTL < 0 || (c.leaseTTL > 0 && c.leaseTTL < time.Millisecond) {
-		return fmt.Errorf("%w: lease TTL %v, want 0 (the default) or at least 1ms", ErrInvalidOption, c.leaseTTL)
-	}
-	return nil
-}
 
 func (c *config) leaseTTLOrDefault() time.Duration {
 	if c.leaseTTL == 0 {
