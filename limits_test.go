@@ -220,6 +220,59 @@ func TestNoLimitRetryAfterIsWaitedOrNotAtAll(t *testing.T) {
 	}
 }
 
+// Every option that takes a count, a size or a duration, at its "no
+// limit" (math.MaxInt64, math.MaxInt, +Inf tokens), with the other
+// options at their defaults: a payment answered 503 then 201 is sent
+// whole under one key, retried once, answered whole, and recorded done;
+// and an unnamed repeat within the longest duplicate window is the same
+// payment.
+func TestNoLimitForEveryOption(t *testing.T) {
+	for name, opts := range map[string][]idemretry.Option{
+		"WithMaxRetries":        {idemretry.WithMaxRetries(math.MaxInt)},
+		"WithMaxRetryAfter":     {idemretry.WithMaxRetryAfter(math.MaxInt64)},
+		"WithKeyWindow":         {idemretry.WithKeyWindow(math.MaxInt64)},
+		"WithMaxBufferedBody":   {idemretry.WithMaxBufferedBody(math.MaxInt64)},
+		"WithRetryBudget":       {idemretry.WithRetryBudget(math.Inf(1), 1)},
+		"WithDuplicateWindow":   {idemretry.WithKeyWindow(math.MaxInt64), idemretry.WithDuplicateWindow(math.MaxInt64 - 1)},
+		"WithJournalTimeout":    {idemretry.WithJournalTimeout(math.MaxInt64)},
+		"WithSettleTime":        {idemretry.WithSettleTime(math.MaxInt64)},
+		"WithMaxSharedResponse": {idemretry.WithMaxSharedResponse(math.MaxInt64)},
+		"WithLeaseTTL":          {idemretry.WithLeaseTTL(math.MaxInt64)},
+		"all":                   {idemretry.WithMaxRetries(math.MaxInt), idemretry.WithMaxRetryAfter(math.MaxInt64), idemretry.WithKeyWindow(math.MaxInt64), idemretry.WithMaxBufferedBody(math.MaxInt64), idemretry.WithRetryBudget(math.Inf(1), 1), idemretry.WithJournalTimeout(math.MaxInt64), idemretry.WithSettleTime(math.MaxInt64), idemretry.WithMaxSharedResponse(math.MaxInt64), idemretry.WithLeaseTTL(math.MaxInt64)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = scriptFirst(status(http.StatusServiceUnavailable, "Retry-After", "1"))
+			j := &ctxJournal{Memory: journal.NewMemory()}
+			clk := newFakeClock()
+			tr := transportOver(t, j, append([]idemretry.Option{idemretry.WithClock(clk), idemretry.WithBackOff(constant(0))}, opts...)...)
+			const body = `{"amount":7}`
+			send := func() (*http.Response, string) {
+				req := post(t, context.Background(), srv.URL, "")
+				req.Body, req.GetBody, req.ContentLength = noGetBody(body), nil, int64(len(body))
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				return resp, readAll(t, resp)
+			}
+			resp, got := send()
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Equal(t, `{"charge":"ch_1"}`, got)
+			reqs := srv.requireOnePayment(t, 2)
+			for _, r := range reqs {
+				require.Equal(t, sha256.Sum256([]byte(body)), r.BodyHash)
+			}
+			require.Equal(t, []time.Duration{time.Second}, clk.Waits(), "Retry-After waited, as asked")
+			left, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Empty(t, left, "recorded done")
+			if name == "WithDuplicateWindow" {
+				send() // a repeat within the window: the same payment, replayed
+				require.Equal(t, 1, srv.chargeCount())
+			}
+		})
+	}
+}
+
 // fuzzServer is one loopback server for a whole fuzz run. Each input is a
 // run of its own, under /run/<n>: the server keeps what that run's
 // requests carried, answers its first request 503 with a Retry-After
