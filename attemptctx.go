@@ -130,6 +130,14 @@ func (b *upgradedBody) Read(p []byte) (int, error)  { return b.resp.Read(p) }
 func (b *upgradedBody) Write(p []byte) (int, error) { return b.resp.(io.Writer).Write(p) }
 func (b *upgradedBody) Close() error                { return (*attemptBody)(b).Close() }
 
+// cancelChannel returns req's Cancel channel, or nil (also for a nil req).
+func cancelChannel(req *http.Request) <-chan struct{} {
+	if req == nil {
+		return nil
+	}
+	return req.Cancel //lint:ignore SA1019 honoured as net/http honours it
+}
+
 // errRequestCanceled is why the context of a request whose Cancel channel
 // closed ended (context.Cause); it unwraps to context.Canceled.
 var errRequestCanceled = fmt.Errorf("idemretry: the request's Cancel channel closed: %w", context.Canceled)
@@ -145,15 +153,15 @@ var errRequestCanceled = fmt.Errorf("idemretry: the request's Cancel channel clo
 // and no channel. The watch on the channel ends when RoundTrip returns
 // nothing to read, or when the answer's body is read to its end or
 // closed.
-func (t *Transport) roundTripCancel(req *http.Request) (*http.Response, error) {
+func (t *Transport) roundTripCancel(req *http.Request, ch <-chan struct{}) (*http.Response, error) {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	r := req.WithContext(ctx)
-	r.Cancel = nil
+	r.Cancel = nil //lint:ignore SA1019 the channel is honoured through the context
 	select {
-	case <-req.Cancel:
+	case <-ch:
 		cancel(errRequestCanceled)
 	default:
-		go watchCancel(ctx, cancel, req.Cancel)
+		go watchCancel(ctx, cancel, ch)
 	}
 	resp, err := t.RoundTrip(r)
 	if err != nil || resp.Body == nil || resp.Body == http.NoBody {

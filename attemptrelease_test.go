@@ -119,7 +119,7 @@ func TestAnswerEndThenCloseTwiceAndFromAnotherGoroutine(t *testing.T) {
 		req := post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:close-%d", i)), srv.URL, `{"amount":1}`)
 		if i%2 == 1 {
 			ch := make(chan struct{})
-			req.Cancel = ch // and through the Cancel watch's body
+			req.Cancel = ch //lint:ignore SA1019 and through the Cancel watch's body
 			defer close(ch)
 		}
 		resp, err := tr.RoundTrip(req)

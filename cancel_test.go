@@ -29,7 +29,7 @@ func postCancel(t *testing.T, ctx context.Context, url, body string) (*http.Requ
 	t.Helper()
 	req := post(t, ctx, url, body)
 	ch := make(chan struct{})
-	req.Cancel = ch
+	req.Cancel = ch //lint:ignore SA1019 what is tested
 	var once sync.Once
 	return req, func() { once.Do(func() { close(ch) }) }
 }

@@ -157,8 +157,8 @@ func (t *Transport) CloseIdleConnections() {
 // journal call lasts longer than the journal timeout (WithJournalTimeout);
 // a discarded response body is drained for at most DefaultMaxDrainTime.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req != nil && req.Cancel != nil {
-		return t.roundTripCancel(req) // attemptctx.go: the channel ends the context
+	if ch := cancelChannel(req); ch != nil {
+		return t.roundTripCancel(req, ch) // attemptctx.go: the channel ends the context
 	}
 	if req == nil || req.URL == nil || req.URL.Host == "" {
 		if req != nil && req.Body != nil {
