@@ -99,23 +99,40 @@ func (p *keyProbe) Value(key any) any {
 
 // attemptBody is the body of a response returned to the caller: the
 // attempt's own, read through the attemptTrace that holds it. Its Close,
-// or a Read that reaches its end (io.EOF or an error), ends the attempt's
-// context, as net/http lets go of a request at its answer's end: a caller
-// that reads an answer to its end and never closes it holds nothing of the
-// attempt (its request, its body, a goroutine of the context package
-// watching the caller's context) for as long as its context lives.
+// or a Read that reaches its end, ends the attempt's context, as net/http
+// lets go of a request at its answer's end: a caller that reads an answer
+// to its end and never closes it holds nothing of the attempt (its
+// request, its body, a goroutine of the context package watching the
+// caller's context) for as long as its context lives. At io.EOF the base's
+// body is closed first, then the context ended (an HTTP/2 body's Close
+// under an ended context returns before its stream is let go, and its
+// connection is not idle yet when the caller closes idle connections);
+// Reads after it give io.EOF again, and Close nil. A Read that fails ends
+// the context and leaves the body to the caller's Close.
 type attemptBody attemptTrace
 
 func (b *attemptBody) Read(p []byte) (int, error) {
+	if b.read.Load() {
+		return 0, io.EOF
+	}
 	n, err := b.resp.Read(p)
-	if err != nil {
+	switch {
+	case err == io.EOF:
+		if b.read.CompareAndSwap(false, true) {
+			b.resp.Close()
+		}
+		(*attemptTrace)(b).end()
+	case err != nil:
 		(*attemptTrace)(b).end()
 	}
 	return n, err
 }
 
 func (b *attemptBody) Close() error {
-	err := b.resp.Close()
+	var err error
+	if !b.read.Load() { // else closed at its end
+		err = b.resp.Close()
+	}
 	(*attemptTrace)(b).end()
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -99,7 +100,7 @@ func TestAnswerReadToItsEndReleasesItsAttempt(t *testing.T) {
 		n, ended, freed, len(watched), float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), g0, g)
 	require.Equal(t, n, ended, "every attempt ends with its answer's end")
 	require.Equal(t, len(watched), freed, "every request body is freed once its answer was read to its end")
-	require.Equal(t, g0, g, "no goroutine watches the caller's context for a finished attempt")
+	require.LessOrEqual(t, g, g0, "no goroutine watches the caller's context for a finished attempt")
 }
 
 // countGoroutines counts the goroutines whose stack holds s.
@@ -148,5 +149,34 @@ func TestAnswerEndThenCloseTwiceAndFromAnotherGoroutine(t *testing.T) {
 		}()
 		wg.Wait()
 		require.NoError(t, resp.Body.Close())
+	}
+}
+
+// Over HTTP/2, an answer read to its end and closed leaves its connection
+// idle, so that closing the idle connections right after leaves none: the
+// end of the body lets go of its stream before its attempt's context ends
+// (an HTTP/2 body closed under an ended context does not wait for that).
+// Before (the context ended at io.EOF, then Close): a connection left open
+// in 11 of 20 HTTP/2 runs of TestReview2NothingOfACutAttemptOutlivesIt.
+func TestAnswerReadToItsEndLeavesAnHTTP2ConnectionIdle(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"charge":"ch_1"}`)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	base := srv.Client().Transport.(*http.Transport)
+	tr, err := idemretry.NewTransport(base, inMemory())
+	require.NoError(t, err)
+	defer tr.Close()
+	before := persistConnGoroutines()
+	for i := range 30 {
+		resp := roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:h2-%d", i)), srv.URL, `{"amount":1}`))
+		require.Equal(t, 2, resp.ProtoMajor)
+		base.CloseIdleConnections()
+		require.Eventually(t, func() bool { return persistConnGoroutines() <= before }, 5*time.Second, 5*time.Millisecond,
+			"request %d: its connection was not idle when its body was closed", i)
 	}
 }
