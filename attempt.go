@@ -228,7 +228,7 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 		// Retry-After is a floor; the drawn wait spreads the clients that
 		// were all told the same time above it, instead of bringing them
 		// back at once.
-		wait += ra
+		wait = addDuration(wait, ra)
 	}
 	if missesDeadline(ctx, wait) {
 		return 0, ErrWaitExceedsDeadline
@@ -328,7 +328,10 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 type attemptTrace struct {
 	trace  httptrace.ClientTrace
 	writes atomic.Int32
-	req    http.Request
+	// read: the body of the response returned to the caller was read to
+	// its end, and so closed (attemptBody).
+	read atomic.Bool
+	req  http.Request
 	// resp is the body of the response returned to the caller, which
 	// the caller reads through the attemptTrace itself (attemptBody), so
 	// that closing it ends the attempt's context.

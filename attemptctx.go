@@ -5,7 +5,9 @@ package idemretry
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptrace"
 	"time"
 )
@@ -96,23 +98,144 @@ func (p *keyProbe) Value(key any) any {
 }
 
 // attemptBody is the body of a response returned to the caller: the
-// attempt's own, read through the attemptTrace that holds it, whose Close
-// ends the attempt's context.
+// attempt's own, read through the attemptTrace that holds it. Its Close,
+// or a Read that reaches its end, ends the attempt's context, as net/http
+// lets go of a request at its answer's end: a caller that reads an answer
+// to its end and never closes it holds nothing of the attempt (its
+// request, its body, a goroutine of the context package watching the
+// caller's context) for as long as its context lives. At io.EOF the base's
+// body is closed first, then the context ended (an HTTP/2 body's Close
+// under an ended context returns before its stream is let go, and its
+// connection is not idle yet when the caller closes idle connections);
+// Reads after it give io.EOF again, and Close nil. A Read that fails ends
+// the context and leaves the body to the caller's Close.
 type attemptBody attemptTrace
 
-func (b *attemptBody) Read(p []byte) (int, error) { return b.resp.Read(p) }
+func (b *attemptBody) Read(p []byte) (int, error) {
+	if b.read.Load() {
+		return 0, io.EOF
+	}
+	n, err := b.resp.Read(p)
+	switch {
+	case err == io.EOF:
+		if b.read.CompareAndSwap(false, true) {
+			b.resp.Close()
+		}
+		(*attemptTrace)(b).end()
+	case err != nil:
+		(*attemptTrace)(b).end()
+	}
+	return n, err
+}
 
 func (b *attemptBody) Close() error {
-	err := b.resp.Close()
+	var err error
+	if !b.read.Load() { // else closed at its end
+		err = b.resp.Close()
+	}
 	(*attemptTrace)(b).end()
 	return err
 }
 
 // upgradedBody is attemptBody for a 101 Switching Protocols answer, whose
 // body net/http makes the upgraded connection, an io.ReadWriteCloser: the
-// caller writes to it too.
+// caller writes to it too, after the other side has stopped sending, so
+// only Close ends the attempt.
 type upgradedBody attemptTrace
 
 func (b *upgradedBody) Read(p []byte) (int, error)  { return b.resp.Read(p) }
 func (b *upgradedBody) Write(p []byte) (int, error) { return b.resp.(io.Writer).Write(p) }
 func (b *upgradedBody) Close() error                { return (*attemptBody)(b).Close() }
+
+// cancelChannel returns req's Cancel channel, or nil (also for a nil req).
+func cancelChannel(req *http.Request) <-chan struct{} {
+	if req == nil {
+		return nil
+	}
+	return req.Cancel //lint:ignore SA1019 honoured as net/http honours it
+}
+
+// errRequestCanceled is why the context of a request whose Cancel channel
+// closed ended (context.Cause); it unwraps to context.Canceled.
+var errRequestCanceled = fmt.Errorf("idemretry: the request's Cancel channel closed: %w", context.Canceled)
+
+// roundTripCancel is RoundTrip for a request with a Cancel channel
+// (deprecated, still honoured by net/http, and set by every http.Client
+// with a Timeout on a RoundTripper of its own, such as a Transport). The
+// channel becomes the end of the request's context, as net/http makes it,
+// so that everything bounded by the caller's context ends with it: each
+// attempt (whose failure is then the caller's own end, not a retried
+// error), the waits between attempts, the wait in another caller's
+// flight, the read of an answer. The request goes on with that context
+// and no channel. The watch on the channel ends when RoundTrip returns
+// nothing to read, or when the answer's body is read to its end or
+// closed.
+func (t *Transport) roundTripCancel(req *http.Request, ch <-chan struct{}) (*http.Response, error) {
+	ctx, cancel := context.WithCancelCause(req.Context())
+	r := req.WithContext(ctx)
+	r.Cancel = nil //lint:ignore SA1019 the channel is honoured through the context
+	select {
+	case <-ch:
+		cancel(errRequestCanceled)
+	default:
+		go watchCancel(ctx, cancel, ch)
+	}
+	resp, err := t.RoundTrip(r)
+	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
+		cancel(nil)
+		return resp, err
+	}
+	if w, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body = &watchedUpgrade{w, cancel}
+	} else {
+		resp.Body = &watchedBody{resp.Body, cancel}
+	}
+	return resp, nil
+}
+
+// watchCancel ends ctx with errRequestCanceled when ch closes, unless ctx
+// ends first.
+func watchCancel(ctx context.Context, cancel context.CancelCauseFunc, ch <-chan struct{}) {
+	select {
+	case <-ch:
+		cancel(errRequestCanceled)
+	case <-ctx.Done():
+	}
+}
+
+// watchedBody is the body of an answer to a request with a Cancel
+// channel: once read to its end, or closed, it ends the watch (and the
+// context it watched for, which nothing reads under any more).
+type watchedBody struct {
+	rc  io.ReadCloser
+	end context.CancelCauseFunc
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		b.end(nil)
+	}
+	return n, err
+}
+
+func (b *watchedBody) Close() error {
+	err := b.rc.Close()
+	b.end(nil)
+	return err
+}
+
+// watchedUpgrade is watchedBody for a 101's upgraded connection, which
+// the caller writes to as well: only Close ends the watch.
+type watchedUpgrade struct {
+	rwc io.ReadWriteCloser
+	end context.CancelCauseFunc
+}
+
+func (b *watchedUpgrade) Read(p []byte) (int, error)  { return b.rwc.Read(p) }
+func (b *watchedUpgrade) Write(p []byte) (int, error) { return b.rwc.Write(p) }
+func (b *watchedUpgrade) Close() error {
+	err := b.rwc.Close()
+	b.end(nil)
+	return err
+}

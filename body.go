@@ -27,7 +27,7 @@ func newBody(req *http.Request, limit int64) (body, error) {
 		return body{orig: req.Body, getBody: req.GetBody}, nil
 	}
 	defer req.Body.Close()
-	buf, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
+	buf, err := io.ReadAll(io.LimitReader(req.Body, addSize(limit, 1)))
 	if err != nil {
 		return body{}, fmt.Errorf("idemretry: read request body: %w", err)
 	}

@@ -1,9 +1,6 @@
 package idemretry
 
-import (
-	"fmt"
-	"sync"
-)
+import "sync"
 
 // Defaults of the retry budget (WithRetryBudget), after gRPC's retry
 // throttling (10 tokens, ratio 0.1) and the SRE book's per-client budget of
@@ -58,16 +55,4 @@ func (b *budget) withdraw() bool {
 	}
 	b.tokens--
 	return true
-}
-
-func (b *budget) validate() error {
-	switch {
-	case b.capacity < 0 || b.capacity != b.capacity:
-		return fmt.Errorf("%w: retry budget of %v tokens, want >= 0", ErrInvalidOption, b.capacity)
-	case b.ratio < 0 || b.ratio > 1 || b.ratio != b.ratio:
-		return fmt.Errorf("%w: retry budget ratio %v, want 0 to 1", ErrInvalidOption, b.ratio)
-	case b.capacity > 0 && b.capacity < 1:
-		return fmt.Errorf("%w: retry budget of %v tokens allows no retry; use 0 to turn it off", ErrInvalidOption, b.capacity)
-	}
-	return nil
 }

@@ -108,7 +108,7 @@ const (
 // the system clock); any other by the best time known (see now).
 func (t *Transport) windowEndsFor(a *action, d time.Duration) bool {
 	if a.fresh {
-		return t.cfg.clock.Now().Sub(a.createdAt)+d >= a.window
+		return sincePlus(t.cfg.clock.Now(), a.createdAt, d) >= a.window
 	}
 	return windowEnds(a.rec, t.now(), d, a.window)
 }

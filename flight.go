@@ -245,7 +245,7 @@ func (f *flight) copyBody(resp *http.Response, maxShared int64) error {
 			cut = time.AfterFunc(DefaultMaxShareTime, (*attemptTrace)(ab).end)
 		}
 		var rerr error
-		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, maxShared+1))
+		buf, rerr = io.ReadAll(io.LimitReader(resp.Body, addSize(maxShared, 1)))
 		if cut != nil {
 			cut.Stop()
 		}

@@ -72,7 +72,7 @@ func graceAfter(ctx context.Context, d time.Duration) time.Duration {
 		return min(d, OutcomeGrace)
 	}
 	if dl, ok := ctx.Deadline(); ok {
-		return min(d, time.Until(dl)+OutcomeGrace)
+		return min(d, untilPlus(dl, OutcomeGrace))
 	}
 	return d
 }

@@ -12,7 +12,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	randv2 "math/rand/v2"
 	"strconv"
@@ -66,14 +65,6 @@ var (
 // the action is sent without one. Lease waits are real time, whatever
 // WithClock says.
 func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.leaseTTL = d } }
-
-// validateLease checks WithLeaseTTL's value.
-func (c *config) validateLease() error {
-	if c.leaseTTL < 0 || (c.leaseTTL > 0 && c.leaseTTL < time.Millisecond) {
-		return fmt.Errorf("%w: lease TTL %v, want 0 (the default) or at least 1ms", ErrInvalidOption, c.leaseTTL)
-	}
-	return nil
-}
 
 func (c *config) leaseTTLOrDefault() time.Duration {
 	if c.leaseTTL == 0 {
@@ -336,7 +327,7 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 			t.startLease(ctx, lr, a, holder, ttl, start)
 			return a, nil
 		}
-		wait := min(time.Until(until)+time.Millisecond, poll/2+randv2.N(poll/2+1))
+		wait := min(untilPlus(until, time.Millisecond), poll/2+randv2.N(poll/2+1))
 		poll = min(2*poll, leasePollMax)
 		if dl, ok := ctx.Deadline(); ok && ctx.Done() == nil {
 			wait = min(wait, time.Until(dl)) // nothing else would end the sleep at it

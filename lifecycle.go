@@ -466,7 +466,7 @@ func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) err
 // after the window, and one sent just before may still be processed until
 // then); ErrOutcomeUnknown before.
 func settled(listed journal.Record, now time.Time, window, settle time.Duration) error {
-	if until := listed.CreatedAt.Add(window + settle); now.Before(until) {
+	if until := listed.CreatedAt.Add(addDuration(window, settle)); now.Before(until) {
 		return &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
 			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))}
 	}

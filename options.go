@@ -1,12 +1,14 @@
 package idemretry
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 
 	"github.com/cenkalti/backoff/v4"
@@ -62,7 +64,9 @@ const (
 // a later one overrides an earlier one. NewTransport validates them all in
 // one place: a value an option cannot use (a negative count or duration, a
 // header name that is not a token...) makes it fail with an error wrapping
-// ErrInvalidOption; a nil function restores the option's default.
+// ErrInvalidOption; a nil function restores the option's default. A size
+// or duration limit may be as large as math.MaxInt64, the usual way to say
+// "no limit": the Transport's sums of limits saturate, never wrap.
 
 type Option func(*config)
 
@@ -286,4 +290,47 @@ func WithMaxSharedResponse(n int64) Option { return func(c *config) { c.maxShare
 
 func defaultBackOff() backoff.BackOff {
 	return NewFullJitter(DefaultBaseDelay, DefaultMaxDelay, nil)
+}
+
+// validate checks every option's value, in one place: a value an option
+// cannot use fails NewTransport with an error wrapping ErrInvalidOption.
+// Limits are checked for their sign alone: any size or duration from zero
+// (or one) up to math.MaxInt64, the usual way to say "no limit", is used
+// as given (the sums of limits saturate: limits.go).
+func (c *config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+	b := c.budget
+	switch {
+	case b.capacity < 0 || b.capacity != b.capacity:
+		return bad("retry budget of %v tokens, want >= 0", b.capacity)
+	case b.ratio < 0 || b.ratio > 1 || b.ratio != b.ratio:
+		return bad("retry budget ratio %v, want 0 to 1", b.ratio)
+	case b.capacity > 0 && b.capacity < 1:
+		return bad("retry budget of %v tokens allows no retry; use 0 to turn it off", b.capacity)
+	case c.leaseTTL < 0 || (c.leaseTTL > 0 && c.leaseTTL < time.Millisecond):
+		return bad("lease TTL %v, want 0 (the default) or at least 1ms", c.leaseTTL)
+	case c.maxRetries < 0:
+		return bad("max retries %d, want >= 0", c.maxRetries)
+	case c.keyWindow <= 0:
+		return bad("key window %v, want > 0", c.keyWindow)
+	case c.maxRetryAfter < 0:
+		return bad("max Retry-After %v, want >= 0", c.maxRetryAfter)
+	case !httptoken.Valid(c.header):
+		return bad("key header name %q is not an HTTP token", c.header)
+	case c.journal != nil && c.journalDir != "":
+		return bad("both WithJournal and WithJournalDir")
+	case c.maxBuffered < 0:
+		return bad("body buffer limit %d, want >= 0", c.maxBuffered)
+	case c.maxShared < 0:
+		return bad("shared response limit %d, want >= 0", c.maxShared)
+	case c.settle < 0:
+		return bad("settle time %v, want >= 0", c.settle)
+	case c.journalTimeout <= 0:
+		return bad("journal timeout %v, want > 0", c.journalTimeout)
+	case c.duplicateWindow < 0 || c.duplicateWindow >= c.keyWindow:
+		return bad("duplicate window %v, want 0 (off) up to the key window %v", c.duplicateWindow, c.keyWindow)
+	}
+	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/idemretry/idemretry/internal/httptoken"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -97,36 +96,6 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	return t, nil
 }
 
-func (c *config) validate() error {
-	switch {
-	case c.budget.validate() != nil:
-		return c.budget.validate()
-	case c.validateLease() != nil:
-		return c.validateLease()
-	case c.maxRetries < 0:
-		return fmt.Errorf("%w: max retries %d, want >= 0", ErrInvalidOption, c.maxRetries)
-	case c.keyWindow <= 0:
-		return fmt.Errorf("%w: key window %v, want > 0", ErrInvalidOption, c.keyWindow)
-	case c.maxRetryAfter < 0:
-		return fmt.Errorf("%w: max Retry-After %v, want >= 0", ErrInvalidOption, c.maxRetryAfter)
-	case !httptoken.Valid(c.header):
-		return fmt.Errorf("%w: key header name %q is not an HTTP token", ErrInvalidOption, c.header)
-	case c.journal != nil && c.journalDir != "":
-		return fmt.Errorf("%w: both WithJournal and WithJournalDir", ErrInvalidOption)
-	case c.maxBuffered < 0:
-		return fmt.Errorf("%w: body buffer limit %d, want >= 0", ErrInvalidOption, c.maxBuffered)
-	case c.maxShared < 0:
-		return fmt.Errorf("%w: shared response limit %d, want >= 0", ErrInvalidOption, c.maxShared)
-	case c.settle < 0:
-		return fmt.Errorf("%w: settle time %v, want >= 0", ErrInvalidOption, c.settle)
-	case c.journalTimeout <= 0:
-		return fmt.Errorf("%w: journal timeout %v, want > 0", ErrInvalidOption, c.journalTimeout)
-	case c.duplicateWindow < 0 || c.duplicateWindow >= c.keyWindow:
-		return fmt.Errorf("%w: duplicate window %v, want 0 (off) up to the key window %v", ErrInvalidOption, c.duplicateWindow, c.keyWindow)
-	}
-	return nil
-}
-
 // Journal returns the journal the Transport keeps keys in, for
 // reconciliation at start-up (journal.Journal.Unfinished, journal.Journal.Forget).
 func (t *Transport) Journal() journal.Journal {
@@ -197,6 +166,9 @@ func (t *Transport) CloseIdleConnections() {
 // journal call lasts longer than the journal timeout (WithJournalTimeout);
 // a discarded response body is drained for at most DefaultMaxDrainTime.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if ch := cancelChannel(req); ch != nil {
+		return t.roundTripCancel(req, ch) // attemptctx.go: the channel ends the context
+	}
 	if req == nil || req.URL == nil || req.URL.Host == "" {
 		if req != nil && req.Body != nil {
 			req.Body.Close()
