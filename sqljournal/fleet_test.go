@@ -343,8 +343,8 @@ func TestFleetOneMachineInFlight(t *testing.T) {
 			if len(rows) != 1 || rows[0].state != journal.StateDone || rows[0].status != http.StatusOK {
 				t.Errorf("journal: %+v, want done with 200", rows)
 			}
-			if h, _ := leaseOf(t, probe, table, fleetAction); h != "" {
-				t.Errorf("lease still held by %q after both machines finished", h)
+			if h := leaseAfterRelease(t, probe, table, fleetAction); h != "" {
+				t.Errorf("lease still held by %q a release bound after both machines finished", h)
 			}
 		})
 	}

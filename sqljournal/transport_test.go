@@ -373,8 +373,8 @@ func TestLeaseHeldUntilContextEnds(t *testing.T) {
 	if charges, conflicts, keys, _ := srv.tally(); charges != 1 || conflicts != 0 || len(keys) != 1 {
 		t.Errorf("%d charges, %d 409s, keys %v; want one charge, none, one key", charges, conflicts, keys)
 	}
-	if h, _ := leaseOf(t, probe, table, fleetAction); h != "" {
-		t.Errorf("lease held by %q after every RoundTrip returned", h)
+	if h := leaseAfterRelease(t, probe, table, fleetAction); h != "" {
+		t.Errorf("lease held by %q a release bound after every RoundTrip returned", h)
 	}
 	noKeepers(t)
 }
