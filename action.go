@@ -23,8 +23,19 @@ type actionKey struct{}
 //
 // Action ids are stored in the journal: they must not carry personal data.
 // An empty id, or one starting with "key:" or "fp:" (the forms of the ids the
-// Transport derives itself), makes RoundTrip fail with ErrInvalidAction. A
-// key the caller sets on the request takes precedence: it names the action.
+// Transport derives itself), makes RoundTrip fail with ErrInvalidAction.
+//
+// The id, not a key on the request, names the action: an SDK's key (stripe-go
+// sets a new one on every call) lives as long as one call, the id as long as
+// the app keeps it. A key the request carries (an SDK's, or the caller's
+// own) becomes the action's key only if the action is new: it is adopted,
+// and sent, in the Transport's form (bare unless WithQuotedKey), on that
+// first request. Every later request of the action carries the journaled
+// key in its place, after a restart too, whatever key it carries (logged
+// at Debug). So a new payment needs a new id. One key under two ids is two
+// actions here and one key to the server, which judges the second (Stripe
+// refuses another payload: ErrKeyReused): give each action its own key, or
+// none.
 //
 // A nil ctx gives a nil context, which http.NewRequestWithContext refuses
 // with an error (context.WithValue would panic).

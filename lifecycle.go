@@ -14,7 +14,10 @@ package idemretry
 // between recovery points (started, ..., finished); a done record is
 // replaced by a new action, never reopened:
 //
-//	absent  -> pending   reserve: a key, durable before the first attempt
+//	absent  -> pending   reserve: a key (the request's own, adopted, else a
+//	                     new one), durable before the first attempt; every
+//	                     later request of the action goes out under it,
+//	                     whatever key it carries
 //	pending -> done      a final answer (the RetryPolicy's call, in attempts)
 //	pending -> unknown   its key window ended (judge, or between attempts), or
 //	                     the server refused its key as reused
@@ -205,7 +208,8 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 
 // reserveRepeat returns dst set to rec, the existing record of who's
 // action, if the request is its payload (checkPayload) and judge lets it
-// be sent; a pending action refused as past its key window is recorded
+// be sent, under rec's key, whatever key the request carries (keyReplaced);
+// a pending action refused as past its key window is recorded
 // outcome-unknown (expire).
 func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload, rec journal.Record, window time.Duration, dst *action) (*action, error) {
 	now := t.now()
@@ -218,6 +222,7 @@ func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload,
 		}
 		return nil, refusal(who.id, rec, reason)
 	}
+	t.keyReplaced(ctx, who, rec)
 	*dst = action{rec: rec, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
 	return dst, nil
 }

@@ -33,7 +33,11 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 		named
 		resumed
 		bound
+		// sdkKeyed: named, its request carrying a key of its own (as an
+		// SDK that mints one per call sets it), not the found record's.
+		sdkKeyed
 	)
+	const sdkKey = "sdk-key-of-this-call"
 	cases := []struct {
 		name   string
 		kind   kind
@@ -48,12 +52,15 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 	}{
 		{"absent -> pending", unnamed, 0, 0, 0, nil, false, journal.StatePending},
 		{"absent -> pending (named)", named, 0, 0, 0, nil, false, journal.StatePending},
+		{"absent -> pending: a named request's own key adopted", sdkKeyed, 0, 0, 0, nil, false, journal.StatePending},
 		{"pending: a tap of it, under its key", unnamed, journal.StatePending, time.Minute, 0, nil, true, journal.StatePending},
 		{"pending: a named resend", named, journal.StatePending, time.Hour, 0, nil, true, journal.StatePending},
+		{"pending: a named resend with a key of its own, under the action's", sdkKeyed, journal.StatePending, time.Hour, 0, nil, true, journal.StatePending},
 		{"done -> pending: an unnamed repeat is a new action", unnamed, journal.StateDone, time.Second, 0, nil, false, journal.StatePending},
 		{"done: an unnamed repeat within the duplicate window", unnamed, journal.StateDone, 5 * time.Second, 30 * time.Second, nil, true, journal.StateDone},
 		{"done -> pending: an unnamed repeat past the duplicate window", unnamed, journal.StateDone, 65 * time.Second, 30 * time.Second, nil, false, journal.StatePending},
 		{"done: a named resend gets its replay", named, journal.StateDone, time.Hour, 0, nil, true, journal.StateDone},
+		{"done: a named resend with a key of its own gets its replay", sdkKeyed, journal.StateDone, time.Hour, 0, nil, true, journal.StateDone},
 		{"done: Resume resends it under its key", resumed, journal.StateDone, time.Hour, 0, nil, true, journal.StateDone},
 		{"done: a joiner carrying it on resends it under its key", bound, journal.StateDone, time.Hour, 0, nil, true, journal.StateDone},
 		{"pending -> unknown: past its key window", named, journal.StatePending, window + time.Second, 0, ErrKeyWindowExpired, true, journal.StateUnknown},
@@ -84,6 +91,9 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.kind == sdkKeyed {
+				req.Header.Set("Idempotency-Key", sdkKey)
+			}
 			b, err := newBody(req, tr.cfg.maxBuffered)
 			if err != nil {
 				t.Fatal(err)
@@ -91,6 +101,9 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 			who, err := tr.identify(req, &b)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.kind != unnamed && who.id != "pay:life" {
+				t.Fatalf("identified as %q, want the WithAction id", who.id)
 			}
 			var old journal.Record
 			if tc.found != 0 {
@@ -118,6 +131,8 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 				t.Fatalf("reserve: %v", err)
 			case tc.refused == nil && (a.rec.Key == old.Key) != tc.sameKey:
 				t.Fatalf("sent under key %s, found %s: same %v, want %v", a.rec.Key, old.Key, a.rec.Key == old.Key, tc.sameKey)
+			case tc.refused == nil && tc.kind == sdkKeyed && tc.found == 0 && a.rec.Key != sdkKey:
+				t.Fatalf("a new action reserved key %s, want the request's own %s", a.rec.Key, sdkKey)
 			}
 			recs, err := j.Unfinished(context.Background())
 			if err != nil {

@@ -204,7 +204,8 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
 }
 
-// WithLogger makes the Transport log to l: each retry at Debug level, an
+// WithLogger makes the Transport log to l: each retry at Debug level, and a
+// request of a named action whose own key is replaced by the action's, an
 // action that becomes outcome-unknown at Warn. Keys are logged; request
 // bodies and headers never are. The default logs nothing.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -40,9 +41,14 @@ type identity struct {
 	// id also names the action's flight: ids with the same digest form
 	// share one (see flights), so that a request and a Resume of an action
 	// a hashing journal listed by its digest share one flight.
-	id        string
-	fp        journal.Fingerprint
-	callerKey string // the key the caller set, bare, or ""
+	id string
+	fp journal.Fingerprint
+	// callerKey is the key found on the request, bare, or "": the key
+	// that names the action when no WithAction id does; under one, the
+	// key the action adopts if it is new (its first key, kept for good:
+	// the journaled key goes on every later request of it, whatever key
+	// the request carries).
+	callerKey string
 	// byFingerprint: the action is named by its request's fingerprint (no
 	// caller key, no WithAction).
 	byFingerprint bool
@@ -170,9 +176,10 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 	return who, nil
 }
 
-// mintWant returns the record to reserve for who: a new key (the caller's,
-// or a UUIDv4 minted now) created now, pending; or, for a request bound to
-// one action (see identity.exact), that action's key and creation time.
+// mintWant returns the record to reserve for who: a new key (the one found
+// on the request, adopted, or a UUIDv4 minted now) created now, pending;
+// or, for a request bound to one action (see identity.exact), that
+// action's key and creation time.
 // Resume's is created outcome-unknown: its record is created only if it
 // was forgotten since it was listed, and then never sent and handed to
 // Resolve (see boundTo). Created pending, it would be sent (a payment the
@@ -196,6 +203,16 @@ func (t *Transport) mintWant(who *identity) (journal.Record, error) {
 		want.Key = key
 	}
 	return want, nil
+}
+
+// keyReplaced logs, at Debug, that a request of who's action goes out
+// under rec's key, the action's, rather than the key it carries (an
+// SDK's, minted per call, on a named action's later request).
+func (t *Transport) keyReplaced(ctx context.Context, who *identity, rec journal.Record) {
+	if who.callerKey != "" && who.callerKey != rec.Key && t.cfg.logger != nil {
+		t.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idemretry: the request's key replaced by its action's",
+			slog.String("action", who.id), slog.String("key", rec.Key), slog.String("request_key", who.callerKey))
+	}
 }
 
 // stillListed returns ErrNotResumable if listed, the record Resume listed
@@ -267,23 +284,27 @@ func refusal(id string, rec journal.Record, reason error) error {
 	return &ActionError{Action: id, Key: rec.Key, Attempts: rec.Attempts, Status: rec.Status, MaybeProcessed: true, Reason: reason}
 }
 
-// actionID names req's action: a key the caller set names it (the server
-// knows the action by its key, so one key must mean one payload); else the
-// id given with WithAction (id, when explicit: actionOf of req's context);
-// else the request's fingerprint. A hop of
+// actionID names req's action: the id given with WithAction (id, when
+// explicit: actionOf of req's context), the app's durable name for it,
+// which outlives any key an SDK puts on one call (the key found on the
+// request is then only the key the action adopts if it is new: mintWant);
+// else a key the caller set (the server knows the action by its key, so
+// one key must mean one payload); else the request's fingerprint. A hop of
 // http.Client's 307/308 redirect is a sub-action of its parent, with its own
-// key: the first server did not perform the action, the next one might. An
+// record: the first server did not perform the action, the next one might.
+// It adopts the key http.Client copied to it from the caller's request, if
+// any (a key the caller or an SDK set), else gets one of its own. An
 // unnamed parent's hop is named by the parent's key, not by its own
 // fingerprint: a caller that joined the parent's flight follows the same
 // redirect, and must find the hop the leader made, done or not.
 func (t *Transport) actionID(req *http.Request, callerKey, id string, explicit bool, fp journal.Fingerprint) (string, error) {
 	switch {
-	case callerKey != "":
-		id = keyActionPrefix + callerKey
 	case explicit:
 		if err := checkActionID(id); err != nil {
 			return "", err
 		}
+	case callerKey != "":
+		id = keyActionPrefix + callerKey
 	default:
 		parent, ok := t.parentKey(req)
 		if !ok {

@@ -18,9 +18,10 @@ import (
 // sets on a method that is not keyed is passed through as it is, unchecked
 // and not journaled.
 //
-// How one RoundTrip goes: resolve the action (the caller's own
-// Idempotency-Key header; else WithAction's id; else a fingerprint of method,
-// URL and body, matched against unfinished actions only), reserve its key, then
+// How one RoundTrip goes: resolve the action (WithAction's id, which keeps
+// its first key whatever key later requests carry; else the caller's own
+// Idempotency-Key header; else a fingerprint of method, URL and body,
+// matched against unfinished actions only), reserve its key, then
 // attempt, classify the outcome with the RetryPolicy, and either return or
 // wait (full jitter, or a longer Retry-After up to its cap) and go again. No
 // wait starts that would end after the context's deadline or the key window.

@@ -1,0 +1,210 @@
+package idemretry_test
+
+// The key of an action named with WithAction when its requests carry keys
+// of their own, as an SDK that mints one per call (stripe-go) sets them:
+// the action adopts the key its first request carries (or mints one), and
+// every later request of it goes out under that journaled key, restarts
+// included, whatever key it carries. (Issue 29 item 1: the request's key
+// named the action, so an SDK's new key after a restart was a new payment.)
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
+)
+
+// sdkPost is a POST of body under action id, with the key an SDK would set
+// on it.
+func sdkPost(t *testing.T, id, key, url, body string) *http.Request {
+	t.Helper()
+	req := post(t, idemretry.WithAction(context.Background(), id), url, body)
+	req.Header.Set("Idempotency-Key", key)
+	return req
+}
+
+// The first request of a named action goes out with the key it carries,
+// unchanged, and the journal holds that key under the action's id, not
+// under the key.
+func TestNamedActionAdoptsRequestKey(t *testing.T) {
+	srv := newPayServer(t)
+	tr, j, _ := newTestTransport(t)
+	roundTrip(t, tr, sdkPost(t, "pay:adopt", "sdk-key-1", srv.URL, `{"amount":1}`))
+	assert.Equal(t, []string{"sdk-key-1"}, keysOf(srv.seen()))
+	rec, found, err := j.Get(context.Background(), "pay:adopt")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "sdk-key-1", rec.Key)
+	_, found, err = j.Get(context.Background(), "key:sdk-key-1")
+	require.NoError(t, err)
+	assert.False(t, found, "the request's key named an action of its own")
+}
+
+// A named action whose charge's answer was lost, sent again by a new
+// Transport over its journal (a restart) with a new key from the SDK, goes
+// out under its first key and gets the server's replay; so does a third
+// call, with yet another key, once the action is done. The key replaced is
+// logged at Debug, and nothing above it.
+func TestNamedActionKeyAcrossRestart(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	_, err := first.RoundTrip(sdkPost(t, "pay:restart", "sdk-key-1", srv.URL, `{"amount":1}`))
+	require.Error(t, err, "the answer was lost")
+
+	var logs bytes.Buffer
+	second, _, _ := newTestTransport(t, idemretry.WithJournal(j),
+		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	for _, key := range []string{"sdk-key-2", "sdk-key-3"} {
+		resp := roundTrip(t, second, sdkPost(t, "pay:restart", key, srv.URL, `{"amount":1}`))
+		assert.True(t, idemretry.IsReplay(resp), "sent with %s", key)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1", "sdk-key-1"}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 2, "%s", logs.String())
+	for i, l := range lines {
+		assert.Contains(t, l, `level=DEBUG msg="idemretry: the request's key replaced by its action's" action=pay:restart key=sdk-key-1 request_key=sdk-key-`+fmt.Sprint(i+2))
+	}
+}
+
+// Another payload under a named action's id is refused before sending,
+// whatever key it carries; the error names the action's key.
+func TestNamedActionOtherPayloadRefused(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	roundTrip(t, tr, sdkPost(t, "pay:other", "sdk-key-1", srv.URL, `{"amount":1}`))
+	err := sendErr(tr, sdkPost(t, "pay:other", "sdk-key-2", srv.URL, `{"amount":999}`))
+	require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "pay:other", ae.Action)
+	assert.Equal(t, "sdk-key-1", ae.Key)
+	assert.Len(t, srv.seen(), 1, "the other payload was not sent")
+}
+
+// Requests of one named action from several goroutines, each with a key of
+// its own (one SDK call object each), are one flight: one request, under
+// the first one's key, and each caller gets the answer.
+func TestNamedActionOneFlightAcrossRequestKeys(t *testing.T) {
+	srv := newPayServer(t)
+	arrived, release := holdRequest(t, srv, 1)
+	tr, _, _ := newTestTransport(t)
+	var results []<-chan paid
+	results = append(results, payAsync(tr, sdkPost(t, "pay:flight", "sdk-key-1", srv.URL, `{"amount":1}`)))
+	<-arrived
+	for _, key := range []string{"sdk-key-2", "sdk-key-3"} {
+		results = append(results, payAsync(tr, sdkPost(t, "pay:flight", key, srv.URL, `{"amount":1}`)))
+	}
+	awaitJoiners(t, tr, 2)
+	release()
+	for i, r := range results {
+		p := <-r
+		require.NoError(t, p.err, "caller %d", i+1)
+		assert.Equal(t, paid{status: http.StatusCreated, body: `{"charge":"ch_1"}`}, p, "caller %d", i+1)
+	}
+	reqs := srv.requireOnePayment(t, 1)
+	assert.Equal(t, "sdk-key-1", reqs[0].Key, "the first caller's key")
+}
+
+// A 307/308 hop of a named action carries the key http.Client copies to it
+// from the caller's request, adopted as the hop's first key as its parent
+// adopted it; after a restart, with a new key from the SDK, both the parent
+// and the unfinished hop go out under their journaled keys, and the hop's
+// charge is replayed, not made again.
+func TestNamedActionRedirectHopKey(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/old" {
+			// On a connection of its own, the hop's lost answer is not
+			// resent by net/http itself (a request with an
+			// Idempotency-Key is, on a reused connection).
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
+			return true
+		}
+		return false
+	}
+	srv.commitThenDrop[2] = true // the hop's charge: answer lost
+	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	_, err := (&http.Client{Transport: first}).Do(sdkPost(t, "pay:hop", "sdk-key-1", srv.URL+"/old", `{"amount":1}`))
+	require.Error(t, err, "the hop's answer was lost")
+
+	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	resp, err := (&http.Client{Transport: second}).Do(sdkPost(t, "pay:hop", "sdk-key-2", srv.URL+"/old", `{"amount":1}`))
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.True(t, idemretry.IsReplay(resp))
+	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1", "sdk-key-1", "sdk-key-1"}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// Resume sends a named action under its listed key, whatever key the
+// rebuilt request carries.
+func TestResumeListedKeyWinsOverRequestKey(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	_, err := first.RoundTrip(sdkPost(t, "pay:resume", "sdk-key-1", srv.URL, `{"amount":1}`))
+	require.Error(t, err, "the answer was lost")
+
+	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	results, err := second.Resume(context.Background(), keyedResumer{url: srv.URL, key: "sdk-key-2", body: `{"amount":1}`}, 1)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.NoError(t, results[0].Err)
+	assert.True(t, results[0].Sent)
+	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1"}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// keyedResumer rebuilds every action as a POST of body with a key of its
+// own, as a request built by an SDK would carry.
+type keyedResumer struct{ url, key, body string }
+
+func (r keyedResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, strings.NewReader(r.body))
+	if err == nil {
+		req.Header.Set("Idempotency-Key", r.key)
+	}
+	return req, err
+}
+
+func (keyedResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// One key on two named actions is two actions here, each adopting it as
+// its first key, and one key to the server, which judges the second
+// payload: Stripe refuses it (400 idempotency_error), which is
+// ErrKeyReused.
+func TestOneKeyUnderTwoActions(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n != 2 {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}`)
+		return true
+	}
+	tr, _, _ := newTestTransport(t)
+	roundTrip(t, tr, sdkPost(t, "pay:A", "order-42", srv.URL, "amount=1"))
+	err := sendErr(tr, sdkPost(t, "pay:B", "order-42", srv.URL, "amount=999"))
+	require.ErrorIs(t, err, idemretry.ErrKeyReused)
+	assert.Equal(t, []string{"order-42", "order-42"}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+}
