@@ -300,3 +300,42 @@ func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
 	assert.Equal(t, 1, srv.chargeCount())
 	assert.Len(t, srv.seen(), 2, "the second tap sent nothing of its own")
 }
+
+// A flight and a lease, handed over: a tap of an unfinished unnamed
+// payment leads its flight and waits for the lease another machine holds
+// while it finishes the payment; a second tap, with time to spare, joins.
+// The other machine records the payment done, and the first tap's own
+// context ends while it still waits. The second tap came while the payment
+// was unfinished: it carries that payment on, under its key, and gets its
+// replay; it is not a new payment.
+func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
+	const body = `{"amount":4500}`
+	srv := newPayServer(t)
+	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
+	srv.commitThenDrop = map[int]bool{1: true}
+	leftPending(t, j.Memory, post(t, context.Background(), srv.URL, body))
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	tr := transportOver(t, j)
+
+	leaderCtx, cancelLeader := context.WithCancel(context.Background())
+	defer cancelLeader()
+	first := payAsync(tr, post(t, leaderCtx, srv.URL, body))
+	<-j.lease // the first tap found the payment pending, and waits for the lease
+	joinerCtx, cancelJoiner := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancelJoiner()
+	second := payAsync(tr, post(t, joinerCtx, srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	done := recs[0]
+	done.State, done.Status = journal.StateDone, http.StatusCreated
+	require.NoError(t, j.Update(context.Background(), done)) // the other machine got its answer
+	cancelLeader()
+	require.ErrorIs(t, (<-first).err, context.Canceled)
+	j.free()
+
+	p := <-second
+	require.NoError(t, p.err)
+	assert.True(t, p.replay, "a tap of the unfinished payment was made a new one")
+	assert.Equal(t, 1, srv.chargeCount(), "keys %v", keysOf(srv.seen()))
+}

@@ -318,7 +318,10 @@ func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, r
 	defer f.release()
 	switch {
 	case handsOver(ctx, who, resp, err, pending):
-		f.again, f.bound = true, f.acting
+		// Its joiners carry on the action it reserved, if it did (sent,
+		// or still waiting for its lease): they came while it was in the
+		// air, and the journal may call it done by now.
+		f.again, f.bound = true, f.act.rec.Key != ""
 		return resp, err
 	case n == 0:
 		return resp, err
