@@ -339,3 +339,90 @@ func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
 	assert.True(t, p.replay, "a tap of the unfinished payment was made a new one")
 	assert.Equal(t, 1, srv.chargeCount(), "keys %v", keysOf(srv.seen()))
 }
+
+// A flight and a 307 hop: an unnamed payment is answered 307, and
+// http.Client follows it; while the hop is at the server, a caller that
+// does not follow redirects (a RoundTrip) sends the payment again: it goes
+// out under the payment's key (the hop is unfinished), and the server is
+// slow with its replay. A double tap through the http.Client joins that
+// flight: made while the hop is still in flight (README, guarantee 2), it
+// is the same payment, though the hop finishes before the flight lands;
+// made once the hop has finished, it is a new payment.
+func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
+	const body = `{"amount":7100}`
+	for _, tc := range []struct {
+		name      string
+		afterHop  bool // the tap comes once the hop has finished
+		charges   int
+		tapReplay bool
+	}{
+		{"a tap while the hop is in flight is the payment", false, 1, true},
+		{"a payment once the hop has finished is a new one", true, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			hopAt, releaseHop := make(chan struct{}), make(chan struct{})
+			resendAt, releaseResend := make(chan struct{}), make(chan struct{})
+			var hopOnce, resendOnce sync.Once
+			defer hopOnce.Do(func() { close(releaseHop) })
+			defer resendOnce.Do(func() { close(releaseResend) })
+			srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+				switch n {
+				case 2: // the payment's hop
+					close(hopAt)
+					<-releaseHop
+				case 3: // the resend, under the payment's key
+					close(resendAt)
+					<-releaseResend
+				}
+				if r.URL.Path != "/redir" {
+					return false
+				}
+				w.Header().Set("Location", "/pay")
+				w.WriteHeader(http.StatusTemporaryRedirect)
+				return true
+			}
+			tr := transportOver(t, journal.NewMemory())
+			client := &http.Client{Transport: tr}
+			pay := func() <-chan paid {
+				out := make(chan paid, 1)
+				go func() {
+					resp, err := client.Do(post(t, context.Background(), srv.URL+"/redir", body))
+					if err != nil {
+						out <- paid{err: err}
+						return
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					out <- paid{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
+				}()
+				return out
+			}
+			payment := pay()
+			<-hopAt
+			resend := payAsync(tr, post(t, context.Background(), srv.URL+"/redir", body))
+			<-resendAt
+			if tc.afterHop {
+				hopOnce.Do(func() { close(releaseHop) })
+				require.NoError(t, (<-payment).err)
+			}
+			tap := pay()
+			awaitJoiners(t, tr, 1)
+			if !tc.afterHop {
+				hopOnce.Do(func() { close(releaseHop) })
+				require.NoError(t, (<-payment).err)
+			}
+			resendOnce.Do(func() { close(releaseResend) })
+
+			r := <-resend
+			require.NoError(t, r.err)
+			assert.Equal(t, http.StatusTemporaryRedirect, r.status)
+			keys := keysOf(srv.seen())
+			assert.Equal(t, keys[0], keys[2], "the resend made while the hop was in flight went out under a key of its own")
+			p := <-tap
+			require.NoError(t, p.err)
+			assert.Equal(t, tc.tapReplay, p.replay, "the tap's answer is the payment's replay")
+			assert.Equal(t, tc.charges, srv.chargeCount(), "keys %v", keysOf(srv.seen()))
+		})
+	}
+}

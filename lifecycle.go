@@ -86,10 +86,14 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			return t.lead(req, b, who, f, s)
 		}
 		arrived := t.earlierNow()
+		hopLive, judged := t.hopOnArrival(ctx, f, &who)
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
-		switch landed(&who, f, arrived, t.cfg.duplicateWindow) {
+		if !judged {
+			hopLive = f.hopTap // f reserved after the request arrived
+		}
+		switch landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow) {
 		case takeResult:
 			return f.result()
 		case carryOn:
@@ -175,9 +179,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		return nil, err
 	}
 	rec, created, err := t.reserveRecord(jctx, want, journal.ReuseAny)
+	var hopTap bool // rec is done, and a tap of it only for its unfinished hop
 	if err == nil && !created {
 		var same bool
-		if same, err = t.repeatOf(jctx, &who, rec); err == nil && !same {
+		if same, hopTap, err = t.repeatOf(jctx, &who, rec); err == nil && !same {
 			rec, created, err = t.reserveRecord(jctx, want, journal.ReusePending)
 		}
 	}
@@ -188,7 +193,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		t.hops.add(who.id) // a live 307/308 hop of an unnamed payment (redirecthop.go)
 	}
 	if who.flight != nil {
-		t.flights.noteFound(who.flight, rec) // whom the flight may take in (landed)
+		t.flights.noteFound(who.flight, rec, hopTap) // whom the flight may take in (landed)
 	}
 	if err := t.boundTo(ctx, &who, rec, created); err != nil {
 		return nil, err
@@ -229,12 +234,42 @@ func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload,
 // unnamed one, unless rec is done past the duplicate window (repeats) and
 // was not answered with a 307/308 whose hop is still unfinished (then the
 // action is not finished, and the request is a tap of it, which goes out
-// under its key and joins its hop).
-func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Record) (bool, error) {
+// under its key and joins its hop: viaHop).
+func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Record) (same, viaHop bool, err error) {
 	if !who.byFingerprint || who.exact() != "" || repeats(rec, t.earlierNow(), t.cfg.duplicateWindow) {
-		return true, nil
+		return true, false, nil
 	}
-	return t.hopUnfinished(ctx, rec)
+	same, err = t.hopUnfinished(ctx, rec)
+	return same, same, err
+}
+
+// hopOnArrival judges, for a request named by who that has just joined
+// flight f, whether f's action is a done 307/308 whose hop is unfinished
+// now, as the request arrives (repeatOf's viaHop, as its own reservation
+// would judge it now): not judged (judged false) when f has not reserved
+// yet, as f's reservation, made after the request arrived, then tells
+// (flight.hopTap), or when the journal does not answer (f's verdict
+// stands); false when f's reservation found no such action.
+func (t *Transport) hopOnArrival(ctx context.Context, f *flight, who *identity) (live, judged bool) {
+	if !who.byFingerprint || who.exact() != "" {
+		return false, true // named, or bound: it takes f's action whatever its hop
+	}
+	key, hopTap, reserved := t.flights.hopFound(f)
+	switch {
+	case !reserved:
+		return false, false
+	case !hopTap:
+		return false, true
+	}
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	// hopTap says the record was done with a 307 or a 308: hopUnfinished
+	// treats the two alike.
+	live, err := t.hopUnfinished(jctx, journal.Record{Key: key, State: journal.StateDone, Status: http.StatusTemporaryRedirect})
+	if err != nil {
+		return false, false
+	}
+	return live, true
 }
 
 // repeats reports whether an unnamed request made at now repeats the
@@ -378,12 +413,12 @@ const (
 // landed decides what a request named by who, which joined flight f at
 // arrived, does now that f has landed: it takes f's result, or carries
 // f's action on when f was handed over, only if f's action is one its own
-// reservation would have taken (repeatOf), judged by what f's reservation
-// found (flight.found), not by what came of it since; else it goes again, as a
-// request of its own. The one thing it cannot judge here, whether a done
-// 307/308's hop is unfinished, it leaves to the reservation it then makes
-// itself.
-func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Duration) joinVerdict {
+// reservation would have taken at arrived (repeatOf), judged by what f's
+// reservation found (flight.found), not by what came of it since; else it
+// goes again, as a request of its own. hopLive says whether f's action, if
+// a done 307/308, had its hop unfinished when the request arrived
+// (hopOnArrival): an unnamed request is then a tap of it.
+func landed(who *identity, f *flight, arrived time.Time, hopLive bool, duplicateWindow time.Duration) joinVerdict {
 	if !f.reserved {
 		// Handed over, or refused, before any record was found (the
 		// journal failed, Resume held the flight): the request would have
@@ -397,7 +432,7 @@ func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Du
 	switch k := who.exact(); {
 	case k != "" && k != found.Key:
 		return goAgain // another action under the id: its own reservation refuses it
-	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow):
+	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow) && !hopLive:
 		return goAgain // an unnamed payment made after f's action was done
 	case f.again && f.bound:
 		return carryOn

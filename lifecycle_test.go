@@ -144,7 +144,7 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 func reservedFlight(rec journal.Record, again, bound bool) *flight {
 	f := &flight{again: again, bound: bound}
 	var fs flights
-	fs.noteFound(f, rec)
+	fs.noteFound(f, rec, false)
 	return f
 }
 
@@ -167,28 +167,32 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 		f       *flight
 		arrived time.Duration // after the found record's creation
 		window  time.Duration
+		hopLive bool // a done 307/308's hop was unfinished on arrival
 		want    joinVerdict
 	}{
-		{"handed over, its action reserved: carry it on", unnamed, reservedFlight(pending, true, true), 0, 0, carryOn},
-		{"handed over before reserving: go again", unnamed, &flight{again: true}, 0, 0, goAgain},
-		{"handed over unbound (Resume refused): go again", unnamed, reservedFlight(pending, true, false), 0, 0, goAgain},
-		{"handed over, a done action, a payment after the window: a new payment", unnamed, reservedFlight(done, true, true), 65 * time.Second, dup, goAgain},
-		{"handed over, a done action, a tap within the window: carry it on", unnamed, reservedFlight(done, true, true), 5 * time.Second, dup, carryOn},
-		{"handed over, Resume of another key", resumedK2, reservedFlight(pending, true, true), 0, 0, goAgain},
-		{"refused before any record: take the refusal", unnamed, &flight{}, 0, 0, takeResult},
-		{"a tap of a pending action", unnamed, reservedFlight(pending, false, false), time.Hour, 0, takeResult},
-		{"a tap of a done action within the window", unnamed, reservedFlight(done, false, false), 5 * time.Second, dup, takeResult},
-		{"a payment after the window", unnamed, reservedFlight(done, false, false), 65 * time.Second, dup, goAgain},
-		{"a payment after a done action, no window", unnamed, reservedFlight(done, false, false), time.Second, 0, goAgain},
-		{"a named action's resend of a done action", named, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"an outcome-unknown action: take its refusal", unnamed, reservedFlight(unknown, false, false), time.Hour, 0, takeResult},
-		{"Resume of the flight's action", resumedK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"Resume of another key", resumedK2, reservedFlight(pending, false, false), 0, 0, goAgain},
-		{"a joiner carrying on the flight's action", boundK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"a joiner carrying on another action", boundK1, reservedFlight(journal.Record{Key: "k3", State: journal.StatePending}, false, false), 0, 0, goAgain},
+		{"handed over, its action reserved: carry it on", unnamed, reservedFlight(pending, true, true), 0, 0, false, carryOn},
+		{"handed over before reserving: go again", unnamed, &flight{again: true}, 0, 0, false, goAgain},
+		{"handed over unbound (Resume refused): go again", unnamed, reservedFlight(pending, true, false), 0, 0, false, goAgain},
+		{"handed over, a done action, a payment after the window: a new payment", unnamed, reservedFlight(done, true, true), 65 * time.Second, dup, false, goAgain},
+		{"handed over, a done action, a tap within the window: carry it on", unnamed, reservedFlight(done, true, true), 5 * time.Second, dup, false, carryOn},
+		{"handed over, Resume of another key", resumedK2, reservedFlight(pending, true, true), 0, 0, false, goAgain},
+		{"refused before any record: take the refusal", unnamed, &flight{}, 0, 0, false, takeResult},
+		{"a tap of a pending action", unnamed, reservedFlight(pending, false, false), time.Hour, 0, false, takeResult},
+		{"a tap of a done action within the window", unnamed, reservedFlight(done, false, false), 5 * time.Second, dup, false, takeResult},
+		{"a payment after the window", unnamed, reservedFlight(done, false, false), 65 * time.Second, dup, false, goAgain},
+		{"a payment after a done action, no window", unnamed, reservedFlight(done, false, false), time.Second, 0, false, goAgain},
+		{"a named action's resend of a done action", named, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"an outcome-unknown action: take its refusal", unnamed, reservedFlight(unknown, false, false), time.Hour, 0, false, takeResult},
+		{"Resume of the flight's action", resumedK1, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"Resume of another key", resumedK2, reservedFlight(pending, false, false), 0, 0, false, goAgain},
+		{"a joiner carrying on the flight's action", boundK1, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"a joiner carrying on another action", boundK1, reservedFlight(journal.Record{Key: "k3", State: journal.StatePending}, false, false), 0, 0, false, goAgain},
+		{"a tap of a done 307 whose hop was unfinished on arrival", unnamed, reservedFlight(done, false, false), time.Second, 0, true, takeResult},
+		{"a payment after a done 307 whose hop had finished on arrival", unnamed, reservedFlight(done, false, false), time.Second, 0, false, goAgain},
+		{"handed over, a done 307 whose hop was unfinished on arrival: carry it on", unnamed, reservedFlight(done, true, true), time.Second, 0, true, carryOn},
 	}
 	for _, tc := range cases {
-		if got := landed(&tc.who, tc.f, lifeT0.Add(tc.arrived), tc.window); got != tc.want {
+		if got := landed(&tc.who, tc.f, lifeT0.Add(tc.arrived), tc.hopLive, tc.window); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
