@@ -158,3 +158,34 @@ func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
 	require.ErrorAs(t, err, &ae)
 	assert.Equal(t, http.StatusSwitchingProtocols, ae.Status)
 }
+
+// A flight and the caller's cancel, through the deprecated (still
+// honoured) Request.Cancel channel: the first caller cancels while its
+// attempt is at the server; the double tap, with time to spare, must not
+// be handed the first caller's cancellation (nor a give-up it caused): it
+// is the first caller's own, as its context's end would be, and the tap
+// carries the payment on under its key.
+func TestFlightLeadersRequestCancelIsNotTheJoiners(t *testing.T) {
+	const body = `{"amount":5200}`
+	srv := newPayServer(t)
+	atServer, release := holdRequest(t, srv, 1)
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
+	cancel := make(chan struct{})
+	req := post(t, context.Background(), srv.URL, body)
+	//lint:ignore SA1019 the deprecated channel is what is tested
+	req.Cancel = cancel
+	leader := payAsync(tr, req)
+	<-atServer
+	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
+	defer stop()
+	joiner := payAsync(tr, post(t, ctx, srv.URL, body))
+	awaitJoiners(t, tr, 1)
+	close(cancel)
+	<-leader // cancelled; or, as net/http may still send a retry after the cancel (issue 26, item 5), answered
+	release()
+
+	p := <-joiner
+	require.NoError(t, p.err, "the double tap was handed the first caller's cancellation")
+	assert.Equal(t, http.StatusCreated, p.status)
+	assert.Equal(t, 1, srv.chargeCount())
+}

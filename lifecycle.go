@@ -153,7 +153,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	}
 	n := t.flights.land(f)
 	landed = true
-	return t.hand(req.Context(), f, &who, n, resp, err, pending)
+	return t.hand(req, f, &who, n, resp, err, pending)
 }
 
 // reserve reserves the key of the action named by who, durably, and
@@ -344,15 +344,15 @@ func judge(rec journal.Record, now time.Time, window time.Duration) error {
 // hand ends flight f, landed, for its n joiners and returns what its
 // leader returns: resp or err, the leader's own result. The joiners share
 // it (a copy each, of the body read into memory: copyBody), or go again
-// (handsOver, and when the leader's own context cut the copy short: the
+// (handsOver, and when the leader's own end cut the copy short: the
 // answer is theirs all the same, and a resend under the action's key gets
 // its replay), or get ErrResponseNotShared: a 101 Switching Protocols
 // (its body is the upgraded connection, which only its leader can use),
-// or a body that the copy could not take whole.
-func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, resp *http.Response, err error, pending bool) (*http.Response, error) {
+// or a body that the copy could not take whole. req is the leader's.
+func (t *Transport) hand(req *http.Request, f *flight, who *identity, n int, resp *http.Response, err error, pending bool) (*http.Response, error) {
 	defer f.release()
 	switch {
-	case handsOver(ctx, who, resp, err, pending):
+	case handsOver(leaderEnded(req), who, resp, err, pending):
 		// Its joiners carry on the action it reserved, if it did (sent,
 		// or still waiting for its lease): they came while it was in the
 		// air, and the journal may call it done by now.
@@ -370,7 +370,7 @@ func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, r
 	cause := f.copyBody(resp, t.cfg.maxShared)
 	switch {
 	case cause == nil:
-	case callerEnded(ctx) && f.acting:
+	case leaderEnded(req) && f.acting:
 		f.again, f.bound = true, true
 	default:
 		f.err = f.notShared(who.id, resp, cause)
@@ -379,17 +379,36 @@ func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, r
 }
 
 // handsOver reports whether a flight's leader stopped with its action
-// unfinished for a reason its joiners do not share: its own context ended,
-// or its deadline cut the retries short; or, leading for Resume, its
-// listed key is not the action's any more. Its joiners then go again.
-func handsOver(ctx context.Context, who *identity, resp *http.Response, err error, pending bool) bool {
+// unfinished for a reason its joiners do not share: its caller ended it
+// (ended: see leaderEnded), or its deadline cut the retries short; or,
+// leading for Resume, its listed key is not the action's any more. Its
+// joiners then go again.
+func handsOver(ended bool, who *identity, resp *http.Response, err error, pending bool) bool {
 	if who.resumed != nil && errors.Is(err, ErrNotResumable) {
 		return true
 	}
 	if !pending && resp != nil {
 		return false
 	}
-	return callerEnded(ctx) || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+	return ended || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+}
+
+// leaderEnded reports whether the caller of req, a flight's leader, has
+// ended it: its context, or the deprecated Request.Cancel channel, which
+// net/http still honours, closed. Either is the caller's alone, not its
+// joiners'.
+func leaderEnded(req *http.Request) bool {
+	if callerEnded(req.Context()) {
+		return true
+	}
+	//lint:ignore SA1019 deprecated, and still honoured by net/http
+	cancel := req.Cancel
+	select {
+	case <-cancel:
+		return true
+	default: // also when it is nil
+		return false
+	}
 }
 
 // joinVerdict is what a request that joined a flight does once the flight

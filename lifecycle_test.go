@@ -201,13 +201,11 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 // Whether a flight's leader hands the action over to its joiners
 // (handsOver): only for a reason of its own.
 func TestLifecycleHandOver(t *testing.T) {
-	live := context.Background()
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
+	const live, ended = false, true
 	final := &http.Response{StatusCode: 201}
 	cases := []struct {
 		name    string
-		ctx     context.Context
+		ended   bool // the leader's caller ended it
 		who     identity
 		resp    *http.Response
 		err     error
@@ -216,14 +214,15 @@ func TestLifecycleHandOver(t *testing.T) {
 	}{
 		{"a final answer", live, identity{}, final, nil, false, false},
 		{"a final answer as the leader's context ends", ended, identity{}, final, nil, false, false},
-		{"unfinished: the leader's context ended", ended, identity{}, nil, context.Canceled, true, true},
+		{"unfinished: the leader's caller ended it", ended, identity{}, nil, context.Canceled, true, true},
+		{"unfinished: retries exhausted after the leader's caller ended it", ended, identity{}, nil, ErrAttemptsExhausted, true, true},
 		{"unfinished: the leader's deadline cut the retries", live, identity{}, nil, ErrWaitExceedsDeadline, true, true},
 		{"unfinished: attempts exhausted, shared", live, identity{}, nil, ErrAttemptsExhausted, true, false},
 		{"Resume's listed key is not the action's", live, identity{resumed: &resumeMark{}}, nil, &ActionError{Reason: ErrNotResumable}, false, true},
 		{"a live request refused as not resumable does not hand over", live, identity{}, nil, &ActionError{Reason: ErrNotResumable}, false, false},
 	}
 	for _, tc := range cases {
-		if got := handsOver(tc.ctx, &tc.who, tc.resp, tc.err, tc.pending); got != tc.want {
+		if got := handsOver(tc.ended, &tc.who, tc.resp, tc.err, tc.pending); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -270,6 +269,36 @@ func TestLifecycleSettled(t *testing.T) {
 	}
 	for _, tc := range cases {
 		if got := settled(listed, lifeT0.Add(tc.at), window, settle); !errors.Is(got, tc.want) || (tc.want == nil) != (got == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A flight's leader is ended by its caller through its context or the
+// deprecated Request.Cancel channel (leaderEnded).
+func TestLifecycleLeaderEnded(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := make(chan struct{})
+	close(closed)
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		cancel chan struct{}
+		want   bool
+	}{
+		{"live", context.Background(), nil, false},
+		{"its context ended", ended, nil, true},
+		{"its Cancel channel open", context.Background(), make(chan struct{}), false},
+		{"its Cancel channel closed", context.Background(), closed, true},
+	} {
+		req, err := http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://pay.example/charges", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		//lint:ignore SA1019 the deprecated channel is what is tested
+		req.Cancel = tc.cancel
+		if got := leaderEnded(req); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
