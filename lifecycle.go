@@ -46,9 +46,10 @@ package idemretry
 //	                        or is a 101's upgraded connection: ErrResponseNotShared
 //
 // A joiner, once its flight has landed, takes the result only if the
-// flight's action is one it would itself have reserved (landed): else
-// (an unnamed payment made after the flight's action was done and past
-// the duplicate window) it goes again, as a request of its own.
+// flight's action is one it would itself have reserved when it arrived
+// (landed; hopOnArrival for a done 307/308): else (an unnamed payment made
+// after the flight's action was done, past the duplicate window and its
+// hop) it goes again, as a request of its own.
 //
 // Resume leads an outcome-unknown action's flight without sending
 // (holdFlight) while it resolves it: a request that joins is refused
