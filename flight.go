@@ -53,6 +53,10 @@ type flight struct {
 	// reserved the action, act, and sent it.
 	reserved bool
 	acting   bool
+	// hopTap: the record the leader's first reservation found was done
+	// with a 307/308 whose hop was unfinished, which made it a tap of it
+	// (repeatOf). Guarded by flights.mu until the flight lands.
+	hopTap bool
 	// again: the leader stopped before its joiners had the result, for a
 	// reason of its own (handsOver): they go again, one of them leading;
 	// bound: as requests of act, under its key. (The flags sit together,
@@ -156,17 +160,27 @@ func (fs *flights) setKey(f *flight, key string) {
 	fs.mu.Unlock()
 }
 
-// noteFound records on f, once, what its first reservation found: rec.
-func (fs *flights) noteFound(f *flight, rec journal.Record) {
+// noteFound records on f, once, what its first reservation found: rec,
+// and whether it took rec, done, as unfinished for its hop (hopTap).
+func (fs *flights) noteFound(f *flight, rec journal.Record, hopTap bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if f.reserved {
 		return
 	}
-	f.key, f.reserved = rec.Key, true
+	f.key, f.reserved, f.hopTap = rec.Key, true, hopTap
 	if rec.State == journal.StateDone {
 		f.doneAt = rec.CreatedAt.UnixNano()
 	}
+}
+
+// hopFound returns what f's first reservation found so far, for a request
+// joining it: its key, and whether it took it as a tap for its unfinished
+// hop (flight.hopTap), if it has reserved.
+func (fs *flights) hopFound(f *flight) (key string, hopTap, reserved bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return f.key, f.hopTap, f.reserved
 }
 
 // found returns what f's first reservation found, as far as its joiners

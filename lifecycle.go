@@ -49,9 +49,10 @@ package idemretry
 //	                        or is a 101's upgraded connection: ErrResponseNotShared
 //
 // A joiner, once its flight has landed, takes the result only if the
-// flight's action is one it would itself have reserved (landed): else
-// (an unnamed payment made after the flight's action was done and past
-// the duplicate window) it goes again, as a request of its own.
+// flight's action is one it would itself have reserved when it arrived
+// (landed; hopOnArrival for a done 307/308): else (an unnamed payment made
+// after the flight's action was done, past the duplicate window and its
+// hop) it goes again, as a request of its own.
 //
 // Resume leads an outcome-unknown action's flight without sending
 // (holdFlight) while it resolves it: a request that joins is refused
@@ -89,10 +90,14 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			return t.lead(req, b, who, f, s)
 		}
 		arrived := t.earlierNow()
+		hopLive, judged := t.hopOnArrival(ctx, f, &who)
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
-		switch landed(&who, f, arrived, t.cfg.duplicateWindow) {
+		if !judged {
+			hopLive = f.hopTap // f reserved after the request arrived
+		}
+		switch landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow) {
 		case takeResult:
 			return f.result()
 		case carryOn:
@@ -152,7 +157,7 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 	}
 	n := t.flights.land(f)
 	landed = true
-	return t.hand(req.Context(), f, &who, n, resp, err, pending)
+	return t.hand(req, f, &who, n, resp, err, pending)
 }
 
 // reserve reserves the key of the action named by who, durably, and
@@ -178,9 +183,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		return nil, err
 	}
 	rec, created, err := t.reserveRecord(jctx, want, journal.ReuseAny)
+	var hopTap bool // rec is done, and a tap of it only for its unfinished hop
 	if err == nil && !created {
 		var same bool
-		if same, err = t.repeatOf(jctx, &who, rec); err == nil && !same {
+		if same, hopTap, err = t.repeatOf(jctx, &who, rec); err == nil && !same {
 			rec, created, err = t.reserveRecord(jctx, want, journal.ReusePending)
 		}
 	}
@@ -191,7 +197,7 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 		t.hops.add(who.id) // a live 307/308 hop of an unnamed payment (redirecthop.go)
 	}
 	if who.flight != nil {
-		t.flights.noteFound(who.flight, rec) // whom the flight may take in (landed)
+		t.flights.noteFound(who.flight, rec, hopTap) // whom the flight may take in (landed)
 	}
 	if err := t.boundTo(ctx, &who, rec, created); err != nil {
 		return nil, err
@@ -234,12 +240,42 @@ func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload,
 // unnamed one, unless rec is done past the duplicate window (repeats) and
 // was not answered with a 307/308 whose hop is still unfinished (then the
 // action is not finished, and the request is a tap of it, which goes out
-// under its key and joins its hop).
-func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Record) (bool, error) {
+// under its key and joins its hop: viaHop).
+func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Record) (same, viaHop bool, err error) {
 	if !who.byFingerprint || who.exact() != "" || repeats(rec, t.earlierNow(), t.cfg.duplicateWindow) {
-		return true, nil
+		return true, false, nil
 	}
-	return t.hopUnfinished(ctx, rec)
+	same, err = t.hopUnfinished(ctx, rec)
+	return same, same, err
+}
+
+// hopOnArrival judges, for a request named by who that has just joined
+// flight f, whether f's action is a done 307/308 whose hop is unfinished
+// now, as the request arrives (repeatOf's viaHop, as its own reservation
+// would judge it now): not judged (judged false) when f has not reserved
+// yet, as f's reservation, made after the request arrived, then tells
+// (flight.hopTap), or when the journal does not answer (f's verdict
+// stands); false when f's reservation found no such action.
+func (t *Transport) hopOnArrival(ctx context.Context, f *flight, who *identity) (live, judged bool) {
+	if !who.byFingerprint || who.exact() != "" {
+		return false, true // named, or bound: it takes f's action whatever its hop
+	}
+	key, hopTap, reserved := t.flights.hopFound(f)
+	switch {
+	case !reserved:
+		return false, false
+	case !hopTap:
+		return false, true
+	}
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	// hopTap says the record was done with a 307 or a 308: hopUnfinished
+	// treats the two alike.
+	live, err := t.hopUnfinished(jctx, journal.Record{Key: key, State: journal.StateDone, Status: http.StatusTemporaryRedirect})
+	if err != nil {
+		return false, false
+	}
+	return live, true
 }
 
 // repeats reports whether an unnamed request made at now repeats the
@@ -314,16 +350,19 @@ func judge(rec journal.Record, now time.Time, window time.Duration) error {
 // hand ends flight f, landed, for its n joiners and returns what its
 // leader returns: resp or err, the leader's own result. The joiners share
 // it (a copy each, of the body read into memory: copyBody), or go again
-// (handsOver, and when the leader's own context cut the copy short: the
+// (handsOver, and when the leader's own end cut the copy short: the
 // answer is theirs all the same, and a resend under the action's key gets
 // its replay), or get ErrResponseNotShared: a 101 Switching Protocols
 // (its body is the upgraded connection, which only its leader can use),
-// or a body that the copy could not take whole.
-func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, resp *http.Response, err error, pending bool) (*http.Response, error) {
+// or a body that the copy could not take whole. req is the leader's.
+func (t *Transport) hand(req *http.Request, f *flight, who *identity, n int, resp *http.Response, err error, pending bool) (*http.Response, error) {
 	defer f.release()
 	switch {
-	case handsOver(ctx, who, resp, err, pending):
-		f.again, f.bound = true, f.acting
+	case handsOver(leaderEnded(req), who, resp, err, pending):
+		// Its joiners carry on the action it reserved, if it did (sent,
+		// or still waiting for its lease): they came while it was in the
+		// air, and the journal may call it done by now.
+		f.again, f.bound = true, f.act.rec.Key != ""
 		return resp, err
 	case n == 0:
 		return resp, err
@@ -337,7 +376,7 @@ func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, r
 	cause := f.copyBody(resp, t.cfg.maxShared)
 	switch {
 	case cause == nil:
-	case callerEnded(ctx) && f.acting:
+	case leaderEnded(req) && f.acting:
 		f.again, f.bound = true, true
 	default:
 		f.err = f.notShared(who.id, resp, cause)
@@ -346,17 +385,36 @@ func (t *Transport) hand(ctx context.Context, f *flight, who *identity, n int, r
 }
 
 // handsOver reports whether a flight's leader stopped with its action
-// unfinished for a reason its joiners do not share: its own context ended,
-// or its deadline cut the retries short; or, leading for Resume, its
-// listed key is not the action's any more. Its joiners then go again.
-func handsOver(ctx context.Context, who *identity, resp *http.Response, err error, pending bool) bool {
+// unfinished for a reason its joiners do not share: its caller ended it
+// (ended: see leaderEnded), or its deadline cut the retries short; or,
+// leading for Resume, its listed key is not the action's any more. Its
+// joiners then go again.
+func handsOver(ended bool, who *identity, resp *http.Response, err error, pending bool) bool {
 	if who.resumed != nil && errors.Is(err, ErrNotResumable) {
 		return true
 	}
 	if !pending && resp != nil {
 		return false
 	}
-	return callerEnded(ctx) || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+	return ended || errors.Is(err, ErrWaitExceedsDeadline) || errors.Is(GiveUpReason(resp), ErrWaitExceedsDeadline)
+}
+
+// leaderEnded reports whether the caller of req, a flight's leader, has
+// ended it: its context, or the deprecated Request.Cancel channel, which
+// net/http still honours, closed. Either is the caller's alone, not its
+// joiners'.
+func leaderEnded(req *http.Request) bool {
+	if callerEnded(req.Context()) {
+		return true
+	}
+	//lint:ignore SA1019 deprecated, and still honoured by net/http
+	cancel := req.Cancel
+	select {
+	case <-cancel:
+		return true
+	default: // also when it is nil
+		return false
+	}
 }
 
 // joinVerdict is what a request that joined a flight does once the flight
@@ -380,12 +438,12 @@ const (
 // landed decides what a request named by who, which joined flight f at
 // arrived, does now that f has landed: it takes f's result, or carries
 // f's action on when f was handed over, only if f's action is one its own
-// reservation would have taken (repeatOf), judged by what f's reservation
-// found (flight.found), not by what came of it since; else it goes again, as a
-// request of its own. The one thing it cannot judge here, whether a done
-// 307/308's hop is unfinished, it leaves to the reservation it then makes
-// itself.
-func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Duration) joinVerdict {
+// reservation would have taken at arrived (repeatOf), judged by what f's
+// reservation found (flight.found), not by what came of it since; else it
+// goes again, as a request of its own. hopLive says whether f's action, if
+// a done 307/308, had its hop unfinished when the request arrived
+// (hopOnArrival): an unnamed request is then a tap of it.
+func landed(who *identity, f *flight, arrived time.Time, hopLive bool, duplicateWindow time.Duration) joinVerdict {
 	if !f.reserved {
 		// Handed over, or refused, before any record was found (the
 		// journal failed, Resume held the flight): the request would have
@@ -399,7 +457,7 @@ func landed(who *identity, f *flight, arrived time.Time, duplicateWindow time.Du
 	switch k := who.exact(); {
 	case k != "" && k != found.Key:
 		return goAgain // another action under the id: its own reservation refuses it
-	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow):
+	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow) && !hopLive:
 		return goAgain // an unnamed payment made after f's action was done
 	case f.again && f.bound:
 		return carryOn

@@ -159,7 +159,7 @@ func TestLifecycleReserveTransitions(t *testing.T) {
 func reservedFlight(rec journal.Record, again, bound bool) *flight {
 	f := &flight{again: again, bound: bound}
 	var fs flights
-	fs.noteFound(f, rec)
+	fs.noteFound(f, rec, false)
 	return f
 }
 
@@ -182,28 +182,32 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 		f       *flight
 		arrived time.Duration // after the found record's creation
 		window  time.Duration
+		hopLive bool // a done 307/308's hop was unfinished on arrival
 		want    joinVerdict
 	}{
-		{"handed over, its action reserved: carry it on", unnamed, reservedFlight(pending, true, true), 0, 0, carryOn},
-		{"handed over before reserving: go again", unnamed, &flight{again: true}, 0, 0, goAgain},
-		{"handed over unbound (Resume refused): go again", unnamed, reservedFlight(pending, true, false), 0, 0, goAgain},
-		{"handed over, a done action, a payment after the window: a new payment", unnamed, reservedFlight(done, true, true), 65 * time.Second, dup, goAgain},
-		{"handed over, a done action, a tap within the window: carry it on", unnamed, reservedFlight(done, true, true), 5 * time.Second, dup, carryOn},
-		{"handed over, Resume of another key", resumedK2, reservedFlight(pending, true, true), 0, 0, goAgain},
-		{"refused before any record: take the refusal", unnamed, &flight{}, 0, 0, takeResult},
-		{"a tap of a pending action", unnamed, reservedFlight(pending, false, false), time.Hour, 0, takeResult},
-		{"a tap of a done action within the window", unnamed, reservedFlight(done, false, false), 5 * time.Second, dup, takeResult},
-		{"a payment after the window", unnamed, reservedFlight(done, false, false), 65 * time.Second, dup, goAgain},
-		{"a payment after a done action, no window", unnamed, reservedFlight(done, false, false), time.Second, 0, goAgain},
-		{"a named action's resend of a done action", named, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"an outcome-unknown action: take its refusal", unnamed, reservedFlight(unknown, false, false), time.Hour, 0, takeResult},
-		{"Resume of the flight's action", resumedK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"Resume of another key", resumedK2, reservedFlight(pending, false, false), 0, 0, goAgain},
-		{"a joiner carrying on the flight's action", boundK1, reservedFlight(done, false, false), time.Hour, 0, takeResult},
-		{"a joiner carrying on another action", boundK1, reservedFlight(journal.Record{Key: "k3", State: journal.StatePending}, false, false), 0, 0, goAgain},
+		{"handed over, its action reserved: carry it on", unnamed, reservedFlight(pending, true, true), 0, 0, false, carryOn},
+		{"handed over before reserving: go again", unnamed, &flight{again: true}, 0, 0, false, goAgain},
+		{"handed over unbound (Resume refused): go again", unnamed, reservedFlight(pending, true, false), 0, 0, false, goAgain},
+		{"handed over, a done action, a payment after the window: a new payment", unnamed, reservedFlight(done, true, true), 65 * time.Second, dup, false, goAgain},
+		{"handed over, a done action, a tap within the window: carry it on", unnamed, reservedFlight(done, true, true), 5 * time.Second, dup, false, carryOn},
+		{"handed over, Resume of another key", resumedK2, reservedFlight(pending, true, true), 0, 0, false, goAgain},
+		{"refused before any record: take the refusal", unnamed, &flight{}, 0, 0, false, takeResult},
+		{"a tap of a pending action", unnamed, reservedFlight(pending, false, false), time.Hour, 0, false, takeResult},
+		{"a tap of a done action within the window", unnamed, reservedFlight(done, false, false), 5 * time.Second, dup, false, takeResult},
+		{"a payment after the window", unnamed, reservedFlight(done, false, false), 65 * time.Second, dup, false, goAgain},
+		{"a payment after a done action, no window", unnamed, reservedFlight(done, false, false), time.Second, 0, false, goAgain},
+		{"a named action's resend of a done action", named, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"an outcome-unknown action: take its refusal", unnamed, reservedFlight(unknown, false, false), time.Hour, 0, false, takeResult},
+		{"Resume of the flight's action", resumedK1, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"Resume of another key", resumedK2, reservedFlight(pending, false, false), 0, 0, false, goAgain},
+		{"a joiner carrying on the flight's action", boundK1, reservedFlight(done, false, false), time.Hour, 0, false, takeResult},
+		{"a joiner carrying on another action", boundK1, reservedFlight(journal.Record{Key: "k3", State: journal.StatePending}, false, false), 0, 0, false, goAgain},
+		{"a tap of a done 307 whose hop was unfinished on arrival", unnamed, reservedFlight(done, false, false), time.Second, 0, true, takeResult},
+		{"a payment after a done 307 whose hop had finished on arrival", unnamed, reservedFlight(done, false, false), time.Second, 0, false, goAgain},
+		{"handed over, a done 307 whose hop was unfinished on arrival: carry it on", unnamed, reservedFlight(done, true, true), time.Second, 0, true, carryOn},
 	}
 	for _, tc := range cases {
-		if got := landed(&tc.who, tc.f, lifeT0.Add(tc.arrived), tc.window); got != tc.want {
+		if got := landed(&tc.who, tc.f, lifeT0.Add(tc.arrived), tc.hopLive, tc.window); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -212,13 +216,11 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 // Whether a flight's leader hands the action over to its joiners
 // (handsOver): only for a reason of its own.
 func TestLifecycleHandOver(t *testing.T) {
-	live := context.Background()
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
+	const live, ended = false, true
 	final := &http.Response{StatusCode: 201}
 	cases := []struct {
 		name    string
-		ctx     context.Context
+		ended   bool // the leader's caller ended it
 		who     identity
 		resp    *http.Response
 		err     error
@@ -227,14 +229,15 @@ func TestLifecycleHandOver(t *testing.T) {
 	}{
 		{"a final answer", live, identity{}, final, nil, false, false},
 		{"a final answer as the leader's context ends", ended, identity{}, final, nil, false, false},
-		{"unfinished: the leader's context ended", ended, identity{}, nil, context.Canceled, true, true},
+		{"unfinished: the leader's caller ended it", ended, identity{}, nil, context.Canceled, true, true},
+		{"unfinished: retries exhausted after the leader's caller ended it", ended, identity{}, nil, ErrAttemptsExhausted, true, true},
 		{"unfinished: the leader's deadline cut the retries", live, identity{}, nil, ErrWaitExceedsDeadline, true, true},
 		{"unfinished: attempts exhausted, shared", live, identity{}, nil, ErrAttemptsExhausted, true, false},
 		{"Resume's listed key is not the action's", live, identity{resumed: &resumeMark{}}, nil, &ActionError{Reason: ErrNotResumable}, false, true},
 		{"a live request refused as not resumable does not hand over", live, identity{}, nil, &ActionError{Reason: ErrNotResumable}, false, false},
 	}
 	for _, tc := range cases {
-		if got := handsOver(tc.ctx, &tc.who, tc.resp, tc.err, tc.pending); got != tc.want {
+		if got := handsOver(tc.ended, &tc.who, tc.resp, tc.err, tc.pending); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -281,6 +284,36 @@ func TestLifecycleSettled(t *testing.T) {
 	}
 	for _, tc := range cases {
 		if got := settled(listed, lifeT0.Add(tc.at), window, settle); !errors.Is(got, tc.want) || (tc.want == nil) != (got == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A flight's leader is ended by its caller through its context or the
+// deprecated Request.Cancel channel (leaderEnded).
+func TestLifecycleLeaderEnded(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := make(chan struct{})
+	close(closed)
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		cancel chan struct{}
+		want   bool
+	}{
+		{"live", context.Background(), nil, false},
+		{"its context ended", ended, nil, true},
+		{"its Cancel channel open", context.Background(), make(chan struct{}), false},
+		{"its Cancel channel closed", context.Background(), closed, true},
+	} {
+		req, err := http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://pay.example/charges", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		//lint:ignore SA1019 the deprecated channel is what is tested
+		req.Cancel = tc.cancel
+		if got := leaderEnded(req); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
