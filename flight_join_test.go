@@ -435,7 +435,6 @@ func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
 // the first payment: it must never go out under the second one's key (and
 // be answered with its charge).
 func TestFlightLeaderWaitingForALeaseKeepsItsActionsKey(t *testing.T) {
-	t.Skip("known: reserveLeased re-reads the record as any request of the id (byFingerprint false), and adopts another action's key")
 	const body = `{"amount":4600}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}

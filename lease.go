@@ -350,12 +350,13 @@ func (t *Transport) reserveLeased(ctx context.Context, who identity, p payload, 
 			holder = h
 		}
 		// Read the action again: the other machine may have finished it,
-		// or its key window may have ended. An action named by its
-		// fingerprint keeps its key even if done (ReuseAny): it arrived
-		// while the action was in flight, so it is that action, not a
-		// deliberate repeat.
+		// or its key window may have ended. The request is bound to the
+		// action it reserved (its key): it arrived while that action was
+		// in flight, so it is that action, even done, and never a new
+		// payment the other machine made meanwhile under another key.
 		again := who
-		again.byFingerprint = false
+		bound := a.rec // this action, under this key, or nothing
+		again.bound = &bound
 		again.fp = a.rec.Fingerprint // ours, in the record's form: checked once
 		next, err := t.reserve(ctx, again, p, window, dst)
 		if err != nil {

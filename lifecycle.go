@@ -318,7 +318,7 @@ func (t *Transport) boundTo(ctx context.Context, who *identity, rec journal.Reco
 	case who.bound != nil && rec.Key != who.bound.Key:
 		b := who.bound
 		return &ActionError{Action: who.id, Key: b.Key, Attempts: b.Attempts, Status: b.Status, MaybeProcessed: true,
-			Reason: ErrResponseNotShared, Err: errors.New("the action it joined was replaced by a new one before its answer could be read again")}
+			Reason: ErrResponseNotShared, Err: errors.New("the action it was bound to (a flight it joined, or one it reserved before a lease wait) was replaced by a new one before its answer could be read again")}
 	}
 	return nil
 }
