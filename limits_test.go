@@ -473,15 +473,10 @@ func FuzzTransportLimits(f *testing.F) {
 		body := strings.Repeat("b", int(bodyLen))
 		want := fuzzPattern(int(respLen))
 		started := clk.Now()
-		// Only the leader carries the far deadline, and only with one
-		// caller joining it: of two callers that joined a flight its
-		// leader left for its own deadline (a Retry-After past it), the
-		// one that wakes after the other has carried the action on and
-		// landed it done starts a new payment of an unnamed action, under a
-		// new key (a flight lifecycle issue, reported apart).
-		if joiners > 1 {
-			flags &^= flagFarDeadline
-		}
+		// Only the leader carries the far deadline. (Two callers joining a
+		// flight whose leader left for its own deadline once made a new
+		// payment of an unnamed action; its joiners are now bound to the
+		// action the leader reserved.)
 		newReq := func(leader bool) *http.Request {
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
 			if flags&flagFarDeadline != 0 && leader {
