@@ -290,6 +290,13 @@ func inMemory() idemretry.Option { return idemretry.WithJournal(journal.NewMemor
 func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transport, *journal.Memory, *fakeClock) {
 	t.Helper()
 	j := journal.NewMemory()
+	tr, clk := newTestTransportOver(t, j, opts...)
+	return tr, j, clk
+}
+
+// newTestTransportOver is newTestTransport over the journal j.
+func newTestTransportOver(t *testing.T, j journal.Journal, opts ...idemretry.Option) (*idemretry.Transport, *fakeClock) {
+	t.Helper()
 	clk := newFakeClock()
 	base := &http.Transport{}
 	all := append([]idemretry.Option{idemretry.WithJournal(j), idemretry.WithClock(clk)}, opts...)
@@ -300,7 +307,7 @@ func newTestTransport(t *testing.T, opts ...idemretry.Option) (*idemretry.Transp
 		base.CloseIdleConnections()
 		checkNoPackageGoroutines(t)
 	})
-	return tr, j, clk
+	return tr, clk
 }
 
 // roundTrip sends req through tr and requires a response, whose body it

@@ -20,16 +20,28 @@ import (
 // journal. The caller keeps ownership: Transport.Close does not close j. A
 // journal that expires records must keep done ones for at least the key
 // window (see WithKeyWindow); the journals here keep them 48 hours by
-// default. WithJournal and WithJournalDir exclude each other.
-func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
+// default. A Transport has one journal: WithJournal(nil) (a nil interface
+// or a nil pointer), a second WithJournal, or WithJournal with
+// WithJournalDir fails NewTransport with ErrInvalidOption.
+func WithJournal(j journal.Journal) Option {
+	return func(c *config) { c.journal, c.journalBy = j, append(c.journalBy, "WithJournal") }
+}
 
 // WithJournalDir opens the default file journal in dir instead of the
 // per-user state directory (see filejournal.DefaultDir), with the options
 // given (filejournal.WithLockWait, say). Mobile apps pass their private
 // files directory. The Transport owns the journal it opens and closes it in
 // Transport.Close.
+//
+// dir must be an absolute path: a relative one would put the keys of
+// unfinished payments wherever the process was started. An empty or
+// relative dir, or a second WithJournalDir or WithJournal, fails
+// NewTransport with ErrInvalidOption; leave the option out to use the
+// default directory.
 func WithJournalDir(dir string, opts ...filejournal.Option) Option {
-	return func(c *config) { c.journalDir, c.journalOpts = dir, opts }
+	return func(c *config) {
+		c.journalDir, c.journalOpts, c.journalBy = dir, opts, append(c.journalBy, "WithJournalDir")
+	}
 }
 
 // openJournal opens the file journal the Transport owns: in the directory

@@ -33,7 +33,7 @@ func TestKeyDurableBeforeFirstSend(t *testing.T) {
 		inJournal = append(inJournal, found)
 		return false
 	}
-	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	tr, _ := newTestTransportOver(t, j)
 	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:i1"), srv.URL, "x"))
 	assert.Equal(t, []bool{true}, inJournal)
 }
@@ -43,7 +43,7 @@ func TestJournalFailureSendsNothing(t *testing.T) {
 	j := journal.NewMemory()
 	require.NoError(t, j.Close())
 	srv := newPayServer(t)
-	tr, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	tr, _ := newTestTransportOver(t, j)
 	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
 	require.ErrorIs(t, err, journal.ErrClosed)
 	assert.Empty(t, srv.seen())
@@ -110,7 +110,7 @@ func TestSameKeyAfterRestart(t *testing.T) {
 	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true
-	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:restart")
 	_, err := first.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.Error(t, err, "the answer was lost")
@@ -120,7 +120,7 @@ func TestSameKeyAfterRestart(t *testing.T) {
 	require.Len(t, un, 1)
 	assert.Equal(t, "pay:restart", un[0].ActionID)
 
-	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	second, _ := newTestTransportOver(t, j)
 	resp, err := second.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)
 	assert.True(t, idemretry.IsReplay(resp))
@@ -145,13 +145,13 @@ func TestFingerprintMatchesPendingOnly(t *testing.T) {
 	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
-	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
 	resp, err := first.RoundTrip(post(t, context.Background(), srv.URL, "same"))
 	require.NoError(t, err)
 	require.Equal(t, 503, resp.StatusCode)
 	readAll(t, resp)
 
-	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	second, _ := newTestTransportOver(t, j)
 	for range 2 {
 		resp, err = second.RoundTrip(post(t, context.Background(), srv.URL, "same"))
 		require.NoError(t, err)
@@ -277,7 +277,7 @@ func TestUnknownSurvivesClockJumpBack(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
 	j := journal.NewMemory()
-	tr, _, clk := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithKeyWindow(time.Minute),
+	tr, clk := newTestTransportOver(t, j, idemretry.WithKeyWindow(time.Minute),
 		idemretry.WithBackOff(constant(50*time.Second)))
 	ctx := idemretry.WithAction(context.Background(), "pay:jump")
 	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
@@ -285,7 +285,7 @@ func TestUnknownSurvivesClockJumpBack(t *testing.T) {
 	sent := len(srv.seen())
 
 	clk.Advance(-time.Hour)
-	wider, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithClock(clk))
+	wider, _ := newTestTransportOver(t, j, idemretry.WithClock(clk))
 	_, err = wider.RoundTrip(post(t, ctx, srv.URL, "x"))
 	// By the set-back clock the window has not ended: the refusal says the
 	// outcome is unknown, without guessing why.
@@ -383,7 +383,7 @@ func TestCallerKeyNamesTheAction(t *testing.T) {
 func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
-	tr, _, _ := newTestTransport(t, idemretry.WithKeyedMethods(http.MethodPatch))
+	tr, _, _ := newTestTransport(t, idemretry.WithUnkeyedMethods(http.MethodPost))
 	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
 	assert.Equal(t, []string{""}, keysOf(srv.seen()))
 

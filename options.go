@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -61,9 +63,12 @@ const (
 )
 
 // An Option configures a Transport (and a Client). Options apply in order;
-// a later one overrides an earlier one. NewTransport validates them all in
-// one place: a value an option cannot use (a negative count or duration, a
-// header name that is not a token...) makes it fail with an error wrapping
+// a later one overrides an earlier one, with two exceptions: the journal is
+// named once (WithJournal or WithJournalDir), and WithKeyedMethods and
+// WithUnkeyedMethods add to the methods named before. NewTransport
+// validates them all in one place: a value an option cannot use (a
+// negative count or duration, a header name that is not a token, an empty
+// journal directory...) makes it fail with an error wrapping
 // ErrInvalidOption; a nil function restores the option's default. A size
 // or duration limit may be as large as math.MaxInt64, the usual way to say
 // "no limit": the Transport's sums of limits saturate, never wrap.
@@ -71,23 +76,30 @@ const (
 type Option func(*config)
 
 type config struct {
-	journal       journal.Journal
-	journalDir    string
-	journalOpts   []filejournal.Option
+	journal     journal.Journal
+	journalDir  string
+	journalOpts []filejournal.Option
+	// journalBy names the options that named the journal (WithJournal,
+	// WithJournalDir), in order: validate allows one.
+	journalBy     []string
 	newBackOff    func() backoff.BackOff
 	maxRetries    int
 	policy        RetryPolicy
 	maxRetryAfter time.Duration
 	keyWindow     time.Duration
 	clock         Clock
-	keyed         map[string]bool
-	quoted        bool
-	header        string
-	observers     []Observer
-	logger        *slog.Logger
-	maxBuffered   int64
-	maxDrain      int64
-	newKey        func() (string, error)
+	// keyed is the set of methods that carry a key, which validate makes:
+	// POST and PATCH, with addKeyed, without unkeyed.
+	keyed       map[string]bool
+	addKeyed    []string
+	unkeyed     []string
+	quoted      bool
+	header      string
+	observers   []Observer
+	logger      *slog.Logger
+	maxBuffered int64
+	maxDrain    int64
+	newKey      func() (string, error)
 
 	budget          *budget
 	requireAction   bool
@@ -116,9 +128,11 @@ func defaultConfig() config {
 		maxShared:      DefaultMaxSharedResponse,
 		settle:         DefaultSettleTime,
 	}
-	WithKeyedMethods(http.MethodPost, http.MethodPatch)(&c)
 	return c
 }
+
+// defaultKeyedMethods carry a key unless WithUnkeyedMethods takes them out.
+var defaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 
 // WithBackOff sets how the Transport waits between attempts. newBackOff is
 // called once per RoundTrip, as it begins, and the BackOff reset then (an
@@ -181,17 +195,39 @@ func WithClock(clk Clock) Option {
 	}
 }
 
-// WithKeyedMethods sets which methods carry an Idempotency-Key (default POST
-// and PATCH). Of the others, GET, HEAD, OPTIONS, TRACE, PUT and DELETE
-// (idempotent by definition) are retried without a key, and any other method
-// is sent once. Method names are matched case-sensitively, as net/http does.
+// WithKeyedMethods adds methods to those that carry an Idempotency-Key:
+// POST and PATCH always do, unless WithUnkeyedMethods takes them out. Each
+// call adds; none replaces, and none with no method changes anything. A
+// keyed request is journaled, retried under its one key and guarded by
+// WithRequireAction. Of the methods that are not keyed, GET, HEAD, OPTIONS,
+// TRACE, PUT and DELETE (idempotent by definition) are retried without a
+// key, and any other method is sent once.
+//
+// A method is named as it is sent, in upper case ("PUT"): methods are
+// case-sensitive (RFC 9110), and a request's is matched exactly. A name
+// that is not an HTTP token or has a lower-case letter ("put") fails
+// NewTransport with ErrInvalidOption, as does a method that
+// WithUnkeyedMethods names too.
 func WithKeyedMethods(methods ...string) Option {
-	return func(c *config) {
-		c.keyed = make(map[string]bool, len(methods))
-		for _, m := range methods {
-			c.keyed[m] = true
-		}
-	}
+	return func(c *config) { c.addKeyed = append(c.addKeyed, methods...) }
+}
+
+// WithUnkeyedMethods sends methods without an Idempotency-Key, POST and
+// PATCH included: the one way to take a key off them (for an endpoint that
+// refuses the header, say; give it a Transport of its own). Such a request
+// is not journaled, and WithRequireAction does not apply to it. A POST or
+// PATCH without a key is sent once, never retried: a retry could perform
+// it twice. Method names follow WithKeyedMethods' rule; a method named by
+// both options fails NewTransport with ErrInvalidOption, whatever their
+// order.
+func WithUnkeyedMethods(methods ...string) Option {
+	return func(c *config) { c.unkeyed = append(c.unkeyed, methods...) }
+}
+
+// validMethod reports whether m is a method name WithKeyedMethods and
+// WithUnkeyedMethods accept: an HTTP token without a lower-case letter.
+func validMethod(m string) bool {
+	return httptoken.Valid(m) && strings.ToUpper(m) == m
 }
 
 // WithQuotedKey sends keys in the IETF draft's Structured Field string form,
@@ -297,7 +333,8 @@ func defaultBackOff() backoff.BackOff {
 // cannot use fails NewTransport with an error wrapping ErrInvalidOption.
 // Limits are checked for their sign alone: any size or duration from zero
 // (or one) up to math.MaxInt64, the usual way to say "no limit", is used
-// as given (the sums of limits saturate: limits.go).
+// as given (the sums of limits saturate: limits.go). It makes the set of
+// keyed methods (makeKeyed).
 func (c *config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
@@ -320,8 +357,14 @@ func (c *config) validate() error {
 		return bad("max Retry-After %v, want >= 0", c.maxRetryAfter)
 	case !httptoken.Valid(c.header):
 		return bad("key header name %q is not an HTTP token", c.header)
-	case c.journal != nil && c.journalDir != "":
-		return bad("both WithJournal and WithJournalDir")
+	case len(c.journalBy) > 1:
+		return bad("the journal is named %d times (%s): give one WithJournal or WithJournalDir", len(c.journalBy), strings.Join(c.journalBy, ", "))
+	case len(c.journalBy) == 1 && c.journalBy[0] == "WithJournal" && isNil(c.journal):
+		return bad("WithJournal(nil); leave WithJournal out for the default directory")
+	case len(c.journalBy) == 1 && c.journalBy[0] == "WithJournalDir" && c.journalDir == "":
+		return bad("empty journal directory; leave WithJournalDir out for the default directory")
+	case c.journalDir != "" && !filepath.IsAbs(c.journalDir):
+		return bad("journal directory %q is not an absolute path", c.journalDir)
 	case c.maxBuffered < 0:
 		return bad("body buffer limit %d, want >= 0", c.maxBuffered)
 	case c.maxShared < 0:
@@ -333,5 +376,46 @@ func (c *config) validate() error {
 	case c.duplicateWindow < 0 || c.duplicateWindow >= c.keyWindow:
 		return bad("duplicate window %v, want 0 (off) up to the key window %v", c.duplicateWindow, c.keyWindow)
 	}
+	return c.makeKeyed(bad)
+}
+
+// makeKeyed checks the names WithKeyedMethods and WithUnkeyedMethods gave,
+// and makes the set of keyed methods from them.
+func (c *config) makeKeyed(bad func(string, ...any) error) error {
+	unkeyed := make(map[string]bool, len(c.unkeyed))
+	for _, m := range c.unkeyed {
+		if !validMethod(m) {
+			return bad("unkeyed method %q, want an HTTP method in upper case, as sent", m)
+		}
+		unkeyed[m] = true
+	}
+	c.keyed = make(map[string]bool, len(defaultKeyedMethods)+len(c.addKeyed))
+	for _, m := range defaultKeyedMethods {
+		if !unkeyed[m] {
+			c.keyed[m] = true
+		}
+	}
+	for _, m := range c.addKeyed {
+		switch {
+		case !validMethod(m):
+			return bad("keyed method %q, want an HTTP method in upper case, as sent", m)
+		case unkeyed[m]:
+			return bad("method %s both keyed (WithKeyedMethods) and unkeyed (WithUnkeyedMethods)", m)
+		}
+		c.keyed[m] = true
+	}
 	return nil
+}
+
+// isNil reports whether j is nil, or an interface holding a nil pointer,
+// map, channel, function or slice (a *filejournal.Journal never opened).
+func isNil(j journal.Journal) bool {
+	if j == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(j); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Chan, reflect.Func, reflect.Slice:
+		return v.IsNil()
+	}
+	return false
 }
