@@ -146,31 +146,31 @@ func TestRequestOptions(t *testing.T) {
 		return len(srv.seen()) - before
 	}
 	bg := context.Background()
-	assert.Equal(t, 1, send(idemretry.WithRequestOptions(bg, idemretry.RequestRetries(0)), "a"))
-	assert.Equal(t, 3, send(idemretry.WithRequestOptions(bg, idemretry.RequestRetries(2)), "b"))
+	assert.Equal(t, 1, send(idemretry.WithRequestOptions(bg, idemretry.RequestMaxRetries(0)), "a"))
+	assert.Equal(t, 3, send(idemretry.WithRequestOptions(bg, idemretry.RequestMaxRetries(2)), "b"))
 	assert.Equal(t, 6, send(bg, "c"), "the Transport's own setting for a request without overrides")
 	never := func(context.Context, *http.Response, error) bool { return false }
-	assert.Equal(t, 1, send(idemretry.WithRequestOptions(bg, idemretry.RequestPolicy(never)), "d"))
+	assert.Equal(t, 1, send(idemretry.WithRequestOptions(bg, idemretry.RequestRetryPolicy(never)), "d"))
 	waits := len(clk.Waits())
-	assert.Equal(t, 3, send(idemretry.WithRequestOptions(bg, idemretry.RequestRetries(2),
+	assert.Equal(t, 3, send(idemretry.WithRequestOptions(bg, idemretry.RequestMaxRetries(2),
 		idemretry.RequestBackOff(constant(3*time.Second))), "e"))
 	assert.Equal(t, []time.Duration{3 * time.Second, 3 * time.Second}, clk.Waits()[waits:])
 
 	// With WithAction: the same key as the action's other requests.
 	actx := idemretry.WithAction(bg, "pay:override")
-	send(idemretry.WithRequestOptions(actx, idemretry.RequestRetries(0)), "f")
+	send(idemretry.WithRequestOptions(actx, idemretry.RequestMaxRetries(0)), "f")
 	send(actx, "f")
 	reqs := srv.seen()
 	assert.Equal(t, reqs[len(reqs)-7].Key, reqs[len(reqs)-1].Key)
 
 	// A shorter key window: a key older than it is not sent.
 	old := idemretry.WithAction(bg, "pay:window")
-	send(idemretry.WithRequestOptions(old, idemretry.RequestRetries(0)), "g")
+	send(idemretry.WithRequestOptions(old, idemretry.RequestMaxRetries(0)), "g")
 	clk.Advance(2 * time.Hour)
 	_, err := tr.RoundTrip(post(t, idemretry.WithRequestOptions(old, idemretry.RequestKeyWindow(time.Hour)), srv.URL, "g"))
 	assert.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
 
-	for _, o := range []idemretry.RequestOption{idemretry.RequestRetries(-1), idemretry.RequestKeyWindow(0), idemretry.RequestKeyWindow(48 * time.Hour)} {
+	for _, o := range []idemretry.RequestOption{idemretry.RequestMaxRetries(-1), idemretry.RequestKeyWindow(0), idemretry.RequestKeyWindow(48 * time.Hour)} {
 		before := len(srv.seen())
 		_, err := tr.RoundTrip(post(t, idemretry.WithRequestOptions(bg, o), srv.URL, "h"))
 		assert.ErrorIs(t, err, idemretry.ErrInvalidOption)

@@ -384,7 +384,7 @@ func TestReviewStalledErrorBodiesDoNotHang(t *testing.T) {
 			t.Cleanup(srv.Close)
 			t.Cleanup(func() { close(release) })
 			tr, _, _ := transportWithConstant(t)
-			ctx, cancel := context.WithTimeout(idemretry.WithRequestOptions(context.Background(), idemretry.RequestRetries(2)), 30*time.Second)
+			ctx, cancel := context.WithTimeout(idemretry.WithRequestOptions(context.Background(), idemretry.RequestMaxRetries(2)), 30*time.Second)
 			defer cancel()
 			start := time.Now()
 			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":9}`))

@@ -37,23 +37,36 @@ func WithRequestOptions(ctx context.Context, opts ...RequestOption) context.Cont
 	return context.WithValue(ctx, requestOptionsKey{}, all)
 }
 
-// RequestRetries sets how many retries may follow the first attempt; 0
-// sends the request once (with its key, journaled as usual).
-func RequestRetries(n int) RequestOption { return func(s *settings) { s.maxRetries = n } }
+// RequestMaxRetries sets how many retries may follow the first attempt
+// (see WithMaxRetries); 0 sends the request once (with its key, journaled
+// as usual).
+func RequestMaxRetries(n int) RequestOption { return func(s *settings) { s.maxRetries = n } }
 
-// RequestKeyWindow shortens the key window for the request's action: a key
+// RequestRetries is RequestMaxRetries.
+//
+// Deprecated: use RequestMaxRetries, the twin of WithMaxRetries.
+func RequestRetries(n int) RequestOption { return RequestMaxRetries(n) }
+
+// RequestKeyWindow shortens the key window (see WithKeyWindow) for the
+// request's action: a key
 // older than d is not sent (ErrKeyWindowExpired). It cannot lengthen the
 // Transport's window, which its journal keeps records for.
 func RequestKeyWindow(d time.Duration) RequestOption { return func(s *settings) { s.keyWindow = d } }
 
-// RequestPolicy replaces the RetryPolicy; nil keeps the Transport's.
-func RequestPolicy(p RetryPolicy) RequestOption {
+// RequestRetryPolicy replaces the RetryPolicy (see WithRetryPolicy); nil
+// keeps the Transport's.
+func RequestRetryPolicy(p RetryPolicy) RequestOption {
 	return func(s *settings) {
 		if p != nil {
 			s.policy = p
 		}
 	}
 }
+
+// RequestPolicy is RequestRetryPolicy.
+//
+// Deprecated: use RequestRetryPolicy, the twin of WithRetryPolicy.
+func RequestPolicy(p RetryPolicy) RequestOption { return RequestRetryPolicy(p) }
 
 // RequestBackOff replaces the backoff (see WithBackOff); nil keeps the
 // Transport's.
@@ -73,7 +86,7 @@ func (t *Transport) settingsFor(ctx context.Context) (settings, error) {
 	}
 	switch {
 	case s.maxRetries < 0:
-		return s, fmt.Errorf("%w: request retries %d, want >= 0", ErrInvalidOption, s.maxRetries)
+		return s, fmt.Errorf("%w: request max retries %d, want >= 0", ErrInvalidOption, s.maxRetries)
 	case s.keyWindow <= 0 || s.keyWindow > t.cfg.keyWindow:
 		return s, fmt.Errorf("%w: request key window %v, want > 0 and at most the Transport's %v", ErrInvalidOption, s.keyWindow, t.cfg.keyWindow)
 	}
