@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -100,7 +99,7 @@ const (
 	maxClockSkew = time.Minute
 	// maxClockLead is how far ahead of the clock the journal's time is
 	// believed; the file journal's expiry uses the same bound.
-	maxClockLead = filejournal.DefaultGrace
+	maxClockLead = journal.DefaultGrace
 )
 
 // windowEndsFor reports whether the key window of a is over d from now. A

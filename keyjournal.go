@@ -20,9 +20,10 @@ import (
 // journal. The caller keeps ownership: Transport.Close does not close j. A
 // journal that expires records must keep done ones for at least the key
 // window (see WithKeyWindow); the journals here keep them 48 hours by
-// default. A Transport has one journal: WithJournal(nil) (a nil interface
-// or a nil pointer), a second WithJournal, or WithJournal with
-// WithJournalDir fails NewTransport with ErrInvalidOption.
+// default (journal.DefaultRetention). A Transport has one journal:
+// WithJournal(nil) (a nil interface or a nil pointer), a second
+// WithJournal, or WithJournal with WithJournalDir fails NewTransport with
+// ErrInvalidOption.
 func WithJournal(j journal.Journal) Option {
 	return func(c *config) { c.journal, c.journalBy = j, append(c.journalBy, "WithJournal") }
 }

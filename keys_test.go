@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/filejournal"
 )
 
 // I1: the key is in the journal before the first attempt leaves the process.
@@ -318,7 +317,7 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
 	require.NoError(t, tr.Close())
 
-	clk.Advance(filejournal.DefaultKeyWindow + filejournal.DefaultGrace + 24*time.Hour) // past the journal's default, inside the window
+	clk.Advance(journal.DefaultRetention + 24*time.Hour) // past the journal's default, inside the window
 	tr = open()
 	defer tr.Close()
 	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))

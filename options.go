@@ -20,8 +20,9 @@ import (
 const (
 	// DefaultKeyWindow is how long a server keeps an Idempotency-Key: Stripe
 	// prunes keys once they are at least 24 hours old. Match it to your
-	// server's documented retention with WithKeyWindow.
-	DefaultKeyWindow = 24 * time.Hour
+	// server's documented retention with WithKeyWindow. It is
+	// journal.DefaultKeyWindow, which the journals are told by default.
+	DefaultKeyWindow = journal.DefaultKeyWindow
 	// DefaultMaxRetryAfter caps how long the Transport honours a Retry-After
 	// header. A longer Retry-After ends the retries at once and the response
 	// is returned to the caller.
@@ -175,7 +176,7 @@ func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxR
 // (default DefaultKeyWindow). Set it to your server's key retention, or less.
 // Windows are wall-clock spans, as the server's retention is: they are
 // judged by the Transport's Clock or, when the journal has seen a later time
-// (filejournal.Journal.Now) no more than filejournal.DefaultGrace ahead, by that time, so
+// (filejournal.Journal.Now) no more than journal.DefaultGrace ahead, by that time, so
 // a clock set back cannot make a key look younger. A key whose creation lies
 // more than a minute in the future even so is refused with ErrClockSkew.
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }

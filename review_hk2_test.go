@@ -39,7 +39,7 @@ func hk2Request(t testing.TB, ctx context.Context, url string) *http.Request {
 // refused with a 503, on clk: a keyed fingerprint this journal cannot check.
 func hk2ForeignRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
 	t.Helper()
-	other := journal.NewMemory(journal.MemoryClock(clk.Now))
+	other := journal.NewMemory(journal.WithClock(clk.Now))
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(other), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
@@ -93,7 +93,7 @@ func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, 
 	clk := newFakeClock()
 	rec := hk2ForeignRecord(t, clk, srv.URL)
 	key.Store(rec.Key)
-	j := journal.NewMemory(journal.MemoryClock(clk.Now))
+	j := journal.NewMemory(journal.WithClock(clk.Now))
 	_, created, err := j.Reserve(context.Background(), rec, journal.ReuseAny)
 	require.NoError(t, err)
 	require.True(t, created)

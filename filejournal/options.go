@@ -3,21 +3,23 @@ package filejournal
 import (
 	"fmt"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
-// Defaults of the options.
+// Defaults of the options. The key window's and the grace's are
+// journal.DefaultKeyWindow and journal.DefaultGrace.
 const (
 	// DefaultKeyWindow is the key window a journal keeps done records for
-	// unless told otherwise (WithKeyWindow): how long a server keeps an
-	// Idempotency-Key (Stripe prunes keys once they are at least 24 hours
-	// old), as the Transport's own default.
-	DefaultKeyWindow = 24 * time.Hour
+	// unless told otherwise (WithKeyWindow).
+	//
+	// Deprecated: use journal.DefaultKeyWindow, the one definition.
+	DefaultKeyWindow = journal.DefaultKeyWindow
 	// DefaultGrace is how long a done record is kept beyond the key window
-	// (WithGrace), so that a clock that drifted or a server that keeps keys
-	// a little longer cannot make the journal forget a key the server still
-	// holds. It is also how far ahead of the clock the journal's persisted
-	// clock mark is believed.
-	DefaultGrace = 24 * time.Hour
+	// unless told otherwise (WithGrace).
+	//
+	// Deprecated: use journal.DefaultGrace, the one definition.
+	DefaultGrace = journal.DefaultGrace
 	// DefaultFlushInterval bounds how long an Update waits before it is
 	// written and synced when no Reserve or Forget carries it sooner
 	// (WithFlushInterval).
@@ -59,8 +61,8 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		now:        time.Now,
-		keyWindow:  DefaultKeyWindow,
-		grace:      DefaultGrace,
+		keyWindow:  journal.DefaultKeyWindow,
+		grace:      journal.DefaultGrace,
 		flushEvery: DefaultFlushInterval,
 
 		compactMin:  1 << 20,
@@ -112,7 +114,7 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithKeyWindow tells the journal the key window of the Transport that uses
-// it (default DefaultKeyWindow; the Transport passes its own,
+// it (default journal.DefaultKeyWindow; the Transport passes its own,
 // idemretry.WithKeyWindow): a journal.StateDone record is kept for the
 // window plus the grace (WithGrace) after its creation, so that a repeat of
 // the action within its window never gets a new key.
@@ -137,7 +139,7 @@ func WithKeyWindow(window time.Duration) Option {
 }
 
 // WithGrace sets the one bound the journal puts on clocks (default
-// DefaultGrace): done records are kept that long beyond the key window, and
+// journal.DefaultGrace): done records are kept that long beyond the key window, and
 // the clock mark the journal persists (the latest time it has seen) is
 // believed when it is up to that far ahead of the clock, so that a clock
 // set back by up to the grace can neither bring an expired record back nor

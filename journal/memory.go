@@ -12,18 +12,14 @@ import (
 	"time"
 )
 
-// DefaultRetention is how long the journals of this module keep a done
-// record: the default key window (24 h) plus a day of grace, so that a
-// repeat within the window always finds its key.
-const DefaultRetention = 48 * time.Hour
-
 // Memory is a Journal that keeps records in memory only. Keys survive
 // retries and goroutines but not a restart of the process: use it in tests,
 // or for actions whose outcome an application can always check. It is safe
 // for concurrent use, and its calls never block (see NonBlocker).
 //
-// A done record is dropped once its retention (DefaultRetention, or
-// MemoryRetention) has passed since it was reserved, measured on the
+// A done record is dropped once its retention (the key window plus the
+// grace, DefaultRetention unless WithKeyWindow or WithGrace says otherwise)
+// has passed since it was reserved, measured on the
 // monotonic clock of this process, so a wall clock set forward cannot make
 // it vanish early. Pending and outcome-unknown records are kept until
 // Forget. Expired records are swept as new ones are reserved, so memory
@@ -51,6 +47,10 @@ type Memory struct {
 	dead      int      // bytes of text that no entry uses
 	size      int      // bytes of text
 
+	// keyWindow and grace are what the options set; retention, their sum,
+	// is how long after it was reserved a done record is kept.
+	keyWindow time.Duration
+	grace     time.Duration
 	retention time.Duration
 	now       func() time.Time
 	start     time.Time     // now() when the journal was made: added is measured from it
@@ -86,32 +86,10 @@ type memPage struct {
 	e       [pageSize]memEntry
 }
 
-// A MemoryOption configures a Memory journal.
-type MemoryOption func(*Memory)
-
-// MemoryRetention sets how long a done record is kept (default
-// DefaultRetention); it must be at least the Transport's key window, and
-// positive (a zero or negative d keeps the default).
-func MemoryRetention(d time.Duration) MemoryOption {
-	return func(j *Memory) {
-		if d > 0 {
-			j.retention = d
-		}
-	}
-}
-
-// MemoryClock replaces time.Now, for tests and simulations.
-func MemoryClock(now func() time.Time) MemoryOption {
-	return func(j *Memory) {
-		if now != nil {
-			j.now = now
-		}
-	}
-}
-
 // NewMemory returns an empty Memory journal.
 func NewMemory(opts ...MemoryOption) *Memory {
-	j := &Memory{seed: maphash.MakeSeed(), mask: math.MaxUint64, records: make(map[uint64]uint32), retention: DefaultRetention, now: time.Now}
+	j := &Memory{seed: maphash.MakeSeed(), mask: math.MaxUint64, records: make(map[uint64]uint32),
+		keyWindow: DefaultKeyWindow, grace: DefaultGrace, now: time.Now}
 	_, err := io.ReadFull(rand.Reader, j.secret[:])
 	j.hasSecret = err == nil
 	for _, o := range opts {
@@ -119,6 +97,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 			o(j)
 		}
 	}
+	j.retention = retention(j.keyWindow, j.grace)
 	j.start = j.now()
 	return j
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -29,7 +30,7 @@ func (c *stepClock) Add(d time.Duration) {
 func TestMemoryExpiresDoneRecords(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	j := NewMemory(MemoryClock(clk.Now))
+	j := NewMemory(WithClock(clk.Now))
 	reserve := func(id string, mode ReserveMode) (Record, bool) {
 		r, created, err := j.Reserve(ctx, Record{ActionID: id, Key: fmt.Sprintf("k-%s-%d", id, clk.Now().UnixNano()), CreatedAt: clk.Now(), State: StatePending}, mode)
 		if err != nil {
@@ -85,7 +86,7 @@ func TestMemoryMatchesAModelWhenIdsCollide(t *testing.T) {
 		t.Run(fmt.Sprintf("mask=%#x", mask), func(t *testing.T) {
 			ctx := context.Background()
 			clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-			j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Hour))
+			j := NewMemory(WithClock(clk.Now), WithKeyWindow(time.Hour), WithGrace(0))
 			j.mask = mask
 			model := map[string]modelRec{}
 			rng := rand.New(rand.NewPCG(1, mask))
@@ -268,7 +269,7 @@ func TestMemoryShrinksAfterExpiry(t *testing.T) {
 func shrinksAfterExpiry(t *testing.T, mask uint64) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Hour))
+	j := NewMemory(WithClock(clk.Now), WithKeyWindow(time.Hour), WithGrace(0))
 	j.mask = mask
 	var kept []Record
 	for i := range 20000 {
@@ -315,7 +316,7 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 			ctx := context.Background()
 			clk := &stepClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
 			const ret = time.Hour
-			j := NewMemory(MemoryClock(clk.Now), MemoryRetention(ret))
+			j := NewMemory(WithClock(clk.Now), WithKeyWindow(ret), WithGrace(0))
 			j.mask = mask
 			model := map[string]modelRec{}
 			rng := rand.New(rand.NewPCG(7, mask))
@@ -470,7 +471,7 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 func TestReviewMemoryConcurrentWithSweeps(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Minute))
+	j := NewMemory(WithClock(clk.Now), WithKeyWindow(time.Minute), WithGrace(0))
 	j.mask = 15
 	var wg sync.WaitGroup
 	errc := make(chan error, 8)
@@ -529,7 +530,7 @@ func TestReviewMemoryConcurrentWithSweeps(t *testing.T) {
 func TestReviewMemoryRetentionBoundary(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	j := NewMemory(MemoryClock(clk.Now), MemoryRetention(time.Hour))
+	j := NewMemory(WithClock(clk.Now), WithKeyWindow(40*time.Minute), WithGrace(20*time.Minute)) // a retention of 1 h
 	r := Record{ActionID: "a", Key: "k1", CreatedAt: clk.Now(), State: StatePending}
 	if _, _, err := j.Reserve(ctx, r, ReuseAny); err != nil {
 		t.Fatal(err)
@@ -550,5 +551,30 @@ func TestReviewMemoryRetentionBoundary(t *testing.T) {
 	}
 	if err := j.Update(ctx, r); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("update of the replaced record: %v", err)
+	}
+}
+
+// A Memory keeps a done record for the key window plus the grace; a value
+// it cannot use keeps the default, and a sum that would overflow keeps
+// records "forever". MemoryRetention(d), deprecated, is a window of d
+// without grace.
+func TestMemoryRetentionOptions(t *testing.T) {
+	for name, c := range map[string]struct {
+		opts []MemoryOption
+		want time.Duration
+	}{
+		"defaults":               {nil, DefaultRetention},
+		"window and grace":       {[]MemoryOption{WithKeyWindow(time.Hour), WithGrace(time.Minute)}, time.Hour + time.Minute},
+		"no grace":               {[]MemoryOption{WithGrace(0)}, DefaultKeyWindow},
+		"zero window keeps":      {[]MemoryOption{WithKeyWindow(0)}, DefaultRetention},
+		"negative grace keeps":   {[]MemoryOption{WithGrace(-time.Second)}, DefaultRetention},
+		"overflow saturates":     {[]MemoryOption{WithKeyWindow(math.MaxInt64)}, math.MaxInt64},
+		"MemoryRetention":        {[]MemoryOption{MemoryRetention(time.Hour)}, time.Hour},
+		"later option overrides": {[]MemoryOption{MemoryRetention(time.Hour), WithGrace(time.Minute)}, time.Hour + time.Minute},
+		"nil option skipped":     {[]MemoryOption{nil}, DefaultRetention},
+	} {
+		if got := NewMemory(c.opts...).retention; got != c.want {
+			t.Errorf("%s: retention %v, want %v", name, got, c.want)
+		}
 	}
 }

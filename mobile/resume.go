@@ -8,7 +8,6 @@ import (
 	"time"
 
 	root "github.com/idemretry/idemretry"
-	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -255,14 +254,14 @@ func listed(f *Failure, a *Action) *Failure {
 // now is the time the Transport judges key windows by, so that Resume
 // says of an action what Send would: the clock, or the journal's time
 // (journal.Timekeeper: the latest time it has seen, persisted) when the
-// clock is behind it (set back) by no more than filejournal.DefaultGrace.
+// clock is behind it (set back) by no more than journal.DefaultGrace.
 // It is the rule of Transport.now in the root module (clock.go), which
 // does not export it; TestResumeWindowExpiredAfterClockSetBack checks that
 // the two agree.
 func (c *Client) now() time.Time {
 	now := time.Now()
 	if tk, ok := c.transport.Journal().(journal.Timekeeper); ok {
-		if seen := tk.Now(); seen.After(now) && seen.Sub(now) <= filejournal.DefaultGrace {
+		if seen := tk.Now(); seen.After(now) && seen.Sub(now) <= journal.DefaultGrace {
 			return seen
 		}
 	}

@@ -23,8 +23,10 @@ import (
 const ScopeName = "github.com/idemretry/idemretry/otelidemretry"
 
 // DefaultKeyHeader is the header whose key is hashed unless WithKeyHeader
-// names another, as idemretry's default.
-const DefaultKeyHeader = "Idempotency-Key"
+// names another: idemretry's default.
+//
+// Deprecated: use idemretry.DefaultKeyHeader, the one definition.
+const DefaultKeyHeader = idemretry.DefaultKeyHeader
 
 // An Option configures an Instrumentation.
 type Option func(*config)
@@ -75,7 +77,7 @@ func nonNil[T any](v T, what string, set func(*config)) Option {
 }
 
 // WithKeyHeader names the header that carries the key, as given to
-// idemretry.WithKeyHeader (default DefaultKeyHeader), so that its value
+// idemretry.WithKeyHeader (default idemretry.DefaultKeyHeader), so that its value
 // is hashed and kept out of error messages.
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
@@ -125,7 +127,7 @@ type Instrumentation struct {
 // idemretry.ErrInvalidOption for an option it cannot use, or the meter's
 // error. Close it when done with it, to unregister its metric callback.
 func New(opts ...Option) (*Instrumentation, error) {
-	c := config{keyHeader: DefaultKeyHeader}
+	c := config{keyHeader: idemretry.DefaultKeyHeader}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

@@ -271,7 +271,7 @@ func TestJournalTestSuiteHashed(t *testing.T) {
 	db := testDB(t)
 	var tables sync.Map
 	journaltest.Run(t, func(t *testing.T) journal.Journal {
-		j, table := openJournal(t, db, sqljournal.WithHashedActionIDs())
+		j, table := openJournal(t, db, sqljournal.WithHashedIDs())
 		tables.Store(j, table)
 		return j
 	}, journaltest.ReportedIDs(func(id string) string {

@@ -79,7 +79,7 @@
 // only through [Journal.Forget], once the application has reconciled them.
 //
 // Action ids are stored as given, or as SHA-256 digests with
-// [WithHashedActionIDs]. Either way they must not carry personal data.
+// [WithHashedIDs]. Either way they must not carry personal data.
 //
 // The table's schema is in [Open]'s documentation. The package is tested
 // against PostgreSQL 15; it uses nothing newer than PostgreSQL 9.5.

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/idemretry/idemretry/journal"
-
-	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
@@ -19,7 +17,7 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 	now.Store(t0.UnixMilli())
 	// Kept for the key window plus the grace: 48 hours.
 	j, _ := openJournal(t, db, sqljournal.WithKeyWindow(36*time.Hour), sqljournal.WithGrace(12*time.Hour),
-		sqljournal.WithNow(func() time.Time { return time.UnixMilli(now.Load()) }))
+		sqljournal.WithClock(func() time.Time { return time.UnixMilli(now.Load()) }))
 	ctx := context.Background()
 	records := []journal.Record{
 		rec("old-done", "k1", -72*time.Hour, journal.StateDone),
@@ -59,14 +57,9 @@ func TestExpireDropsOnlyOldDone(t *testing.T) {
 }
 
 // The journal is told the key window and the grace, and keeps a done
-// record for the two together: by default idemretry's key window and a day.
+// record for the two together: by default idemretry's key window and a day
+// (journal.DefaultKeyWindow and journal.DefaultGrace, defined once).
 func TestExpireKeyWindowAndGrace(t *testing.T) {
-	if sqljournal.DefaultKeyWindow != idemretry.DefaultKeyWindow {
-		t.Fatalf("DefaultKeyWindow = %v, idemretry's is %v", sqljournal.DefaultKeyWindow, idemretry.DefaultKeyWindow)
-	}
-	if sqljournal.DefaultGrace != 24*time.Hour {
-		t.Fatalf("DefaultGrace = %v, want 24h", sqljournal.DefaultGrace)
-	}
 	db := testDB(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -81,7 +74,7 @@ func TestExpireKeyWindowAndGrace(t *testing.T) {
 			sqljournal.WithGrace(2 * time.Hour), sqljournal.WithKeyWindow(3 * time.Hour)}, 5 * time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := append([]sqljournal.Option{sqljournal.WithNow(func() time.Time { return t0 })}, tc.opts...)
+			opts := append([]sqljournal.Option{sqljournal.WithClock(func() time.Time { return t0 })}, tc.opts...)
 			j, _ := openJournal(t, db, opts...)
 			mustReserve(t, j, rec("inside", "k1", -tc.kept+time.Millisecond, journal.StateDone), journal.ReuseAny, true)
 			mustReserve(t, j, rec("edge", "k2", -tc.kept, journal.StateDone), journal.ReuseAny, true)

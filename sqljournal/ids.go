@@ -8,7 +8,7 @@ import (
 )
 
 // storedID is the action id as the table holds it: as given, or with
-// WithHashedActionIDs its digest form (journal.Digest), which takes an id
+// WithHashedIDs its digest form (journal.Digest), which takes an id
 // already in that form as it is, so that ids read back from Unfinished
 // reach the same row.
 func (j *Journal) storedID(id string) string {
@@ -79,7 +79,7 @@ func modeOfIDs(ids []string) string {
 // modeWords names a mode in an error message.
 func modeWords(mode string) string {
 	if mode == modeSHA256 {
-		return "hashed (WithHashedActionIDs)"
+		return "hashed (WithHashedIDs)"
 	}
 	return "plain"
 }

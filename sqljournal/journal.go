@@ -115,7 +115,7 @@ func (j *Journal) Now() time.Time {
 // The caller owns db: [Journal.Close] leaves it open, and its pool settings
 // bound how many statements the Journal runs at once. The table is
 //
-//	action_id   text PRIMARY KEY  -- as given, or hashed (WithHashedActionIDs)
+//	action_id   text PRIMARY KEY  -- as given, or hashed (WithHashedIDs)
 //	key         text              -- the Idempotency-Key, bare
 //	fingerprint bytea             -- SHA-256 of the first request
 //	created_at  bigint            -- when the key was minted, Unix milliseconds (by the database's clock if it was behind the minter's)
@@ -129,7 +129,7 @@ func (j *Journal) Now() time.Time {
 // before them (by an earlier version, or by hand).
 //
 // The table records whether its action ids are hashed
-// ([WithHashedActionIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
+// ([WithHashedIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
 // or "...=sha256", written by the Open that creates it, or, for a table
 // made without Open (by hand, or by an earlier version), by the first Open
 // without [WithoutCreateTable], which adds that line to a comment the table

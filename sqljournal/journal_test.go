@@ -62,7 +62,7 @@ func TestOpenRejectsBadOptions(t *testing.T) {
 	invalid("key window and grace over the longest duration", err)
 	_, err = sqljournal.Open(ctx, db, sqljournal.WithKeyWindow(math.MaxInt64), sqljournal.WithGrace(time.Nanosecond))
 	invalid("the longest key window plus a nanosecond", err)
-	_, err = sqljournal.Open(ctx, db, sqljournal.WithNow(nil))
+	_, err = sqljournal.Open(ctx, db, sqljournal.WithClock(nil))
 	invalid("nil clock", err)
 }
 
@@ -220,7 +220,7 @@ func TestForeignCommentGetsModeMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	hashed, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedActionIDs())
+	hashed, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedIDs())
 	if err == nil {
 		defer hashed.Close()
 		rec := journal.Record{ActionID: "pay:1", CreatedAt: time.Now(), State: journal.StatePending}
@@ -264,7 +264,7 @@ func TestForeignCommentKeptExactly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := commentedTable(t, db, tc.comment)
-			j, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedActionIDs())
+			j, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedIDs())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -306,7 +306,7 @@ func TestForeignCommentRowsDecide(t *testing.T) {
 	if _, err := db.Exec(`INSERT INTO "`+table+`" VALUES ('pay:order-1', 'k1', $1, 0, 1, 0, 0)`, make([]byte, 32)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedActionIDs()); !errors.Is(err, journal.ErrIncompatible) {
+	if _, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithHashedIDs()); !errors.Is(err, journal.ErrIncompatible) {
 		t.Fatalf("hashed Open of a table with plain ids: %v, want journal.ErrIncompatible", err)
 	}
 	if got := tableComment(t, db, table); got != comment {

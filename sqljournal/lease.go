@@ -25,7 +25,7 @@ const leaseTries = 8
 // the answer came; when held, until is ttl from the call's start on the
 // caller's clock, no later than the database's end of the lease.
 //
-// actionID may be the id as given or, with [WithHashedActionIDs], the digest
+// actionID may be the id as given or, with [WithHashedIDs], the digest
 // form that [Journal.Unfinished] returns. It fails with an error wrapping
 // [journal.ErrNotFound] when the action has no record,
 // [journal.ErrInvalidRecord] for an id Reserve refuses, a holder that

@@ -207,7 +207,7 @@ func TestLeaseConcurrentTakers(t *testing.T) {
 // and its digest form (as Unfinished returns it) name the same lease.
 func TestLeaseHashedIDs(t *testing.T) {
 	db := testDB(t)
-	j, table := openJournal(t, db, sqljournal.WithHashedActionIDs())
+	j, table := openJournal(t, db, sqljournal.WithHashedIDs())
 	mustReserve(t, j, rec("pay:customer-42", "k1", 0, journal.StatePending), journal.ReuseAny, true)
 	digest := journal.Digest("pay:customer-42")
 	if held, _ := mustLease(t, j, "pay:customer-42", "machine-a", time.Minute); !held {

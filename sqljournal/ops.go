@@ -52,7 +52,7 @@ func (j *Journal) Update(ctx context.Context, rec journal.Record) error {
 
 // Get implements [journal.Getter]: the action's record as committed, or
 // false if there is none. actionID may be the id as given or, with
-// [WithHashedActionIDs], the digest form. It fails with
+// [WithHashedIDs], the digest form. It fails with
 // [ErrMalformedRecord] (a [journal.ErrCorruptRecord]) when the row holds a
 // record that no Journal writes, and with [journal.ErrClosed] after Close.
 func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, bool, error) {
@@ -75,7 +75,7 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 
 // Unfinished implements [journal.Journal.Unfinished]: the pending and
 // unknown records of every process sharing the table, oldest first, ties in
-// byte order of action id. With [WithHashedActionIDs] their ActionID is the
+// byte order of action id. With [WithHashedIDs] their ActionID is the
 // stored digest form. It fails, listing nothing, with [ErrMalformedRecord]
 // (a [journal.ErrCorruptRecord]) when one of those rows holds a record that
 // no Journal writes (the error names it: repair the row, or Forget the
@@ -108,7 +108,7 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 
 // Forget implements [journal.Journal.Forget]: it deletes the action's
 // record, committed on return, whatever its state. actionID may be the id
-// as given or, with [WithHashedActionIDs], the digest form that
+// as given or, with [WithHashedIDs], the digest form that
 // [Journal.Unfinished] returns. A missing record is not an error. It fails
 // with [journal.ErrClosed] after Close.
 func (j *Journal) Forget(ctx context.Context, actionID string) error {

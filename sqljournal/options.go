@@ -4,21 +4,26 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // DefaultTable is the table [Open] uses unless [WithTable] names another.
 const DefaultTable = "idemretry_actions"
 
 // Defaults of the key window and grace that [Journal.Expire] keeps done
-// records for (see [WithKeyWindow]).
+// records for: [journal.DefaultKeyWindow] and [journal.DefaultGrace].
 const (
 	// DefaultKeyWindow is the key window the journal is told unless
-	// [WithKeyWindow] says otherwise: idemretry's default, 24 hours, the
-	// time Stripe keeps a key at least.
-	DefaultKeyWindow = 24 * time.Hour
+	// [WithKeyWindow] says otherwise.
+	//
+	// Deprecated: use [journal.DefaultKeyWindow], the one definition.
+	DefaultKeyWindow = journal.DefaultKeyWindow
 	// DefaultGrace is how long a done record is kept beyond the key window
-	// unless [WithGrace] says otherwise (see there).
-	DefaultGrace = 24 * time.Hour
+	// unless [WithGrace] says otherwise.
+	//
+	// Deprecated: use [journal.DefaultGrace], the one definition.
+	DefaultGrace = journal.DefaultGrace
 )
 
 // An Option configures [Open]. Options apply in order; a later one overrides
@@ -36,7 +41,7 @@ type config struct {
 }
 
 func defaultConfig() config {
-	return config{table: DefaultTable, createTable: true, keyWindow: DefaultKeyWindow, grace: DefaultGrace, now: time.Now}
+	return config{table: DefaultTable, createTable: true, keyWindow: journal.DefaultKeyWindow, grace: journal.DefaultGrace, now: time.Now}
 }
 
 // WithTable keeps records in the table name instead of [DefaultTable]. name
@@ -66,7 +71,7 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 func WithoutCreateTable() Option { return func(c *config) { c.createTable = false } }
 
 // WithKeyWindow tells the journal the Transport's key window (default
-// [DefaultKeyWindow]): give it the value given to idemretry.WithKeyWindow.
+// [journal.DefaultKeyWindow]): give it the value given to idemretry.WithKeyWindow.
 // [Journal.Expire] keeps a done record for the key window plus the grace
 // ([WithGrace]) after its key was minted, so that a done action sent again
 // within its window reuses its key and gets the server's stored answer. An
@@ -76,14 +81,14 @@ func WithoutCreateTable() Option { return func(c *config) { c.createTable = fals
 func WithKeyWindow(window time.Duration) Option { return func(c *config) { c.keyWindow = window } }
 
 // WithGrace sets how long a done record is kept beyond the key window
-// (default [DefaultGrace]): a margin for the clocks of a fleet's machines
+// (default [journal.DefaultGrace]): a margin for the clocks of a fleet's machines
 // (a record's creation time is read from the clock of the machine that
 // reserved it, its age from the clock of the one that calls Expire) and
 // for a server that keeps keys a little longer than it documents. It must
 // not be negative.
 func WithGrace(grace time.Duration) Option { return func(c *config) { c.grace = grace } }
 
-// WithHashedActionIDs stores the SHA-256 digest of each action id (as
+// WithHashedIDs stores the SHA-256 digest of each action id (as
 // "sha256:" and 64 hex digits, [journal.Digest]) instead of the id itself.
 // It keeps readable ids out of the table, but it is no licence to put
 // personal data in them: a guessable id is as guessable hashed. Records
@@ -92,11 +97,22 @@ func WithGrace(grace time.Duration) Option { return func(c *config) { c.grace = 
 // process sharing a table must agree on this option: the table records the
 // mode it was created with, and [Open] in the other mode fails with an
 // error wrapping journal.ErrIncompatible.
-func WithHashedActionIDs() Option { return func(c *config) { c.hashIDs = true } }
+func WithHashedIDs() Option { return func(c *config) { c.hashIDs = true } }
 
-// WithNow sets the clock that [Journal.Expire] measures a record's age with
-// (default time.Now). It is for tests; a nil clock is an invalid option.
-func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now } }
+// WithHashedActionIDs is [WithHashedIDs].
+//
+// Deprecated: use [WithHashedIDs], the name filejournal's option has too.
+func WithHashedActionIDs() Option { return WithHashedIDs() }
+
+// WithClock sets the clock that [Journal.Expire] measures a record's age
+// with (default time.Now). It is for tests; a nil clock is an invalid
+// option.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithNow is [WithClock].
+//
+// Deprecated: use [WithClock], the name of every package's clock option.
+func WithNow(now func() time.Time) Option { return WithClock(now) }
 
 // validate checks the options' values, in the order of their fields.
 func (c *config) validate() error {

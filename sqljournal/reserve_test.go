@@ -153,11 +153,11 @@ func TestReserveUnderSerializableDefault(t *testing.T) {
 	_ = sqljournal.DefaultTable
 }
 
-func sqljournalHashed() sqljournal.Option { return sqljournal.WithHashedActionIDs() }
+func sqljournalHashed() sqljournal.Option { return sqljournal.WithHashedIDs() }
 
 func TestHashedActionIDs(t *testing.T) {
 	db := testDB(t)
-	j, table := openJournal(t, db, sqljournal.WithHashedActionIDs())
+	j, table := openJournal(t, db, sqljournal.WithHashedIDs())
 	ctx := context.Background()
 	const id = "pay:customer-42"
 	r := rec(id, "k1", 0, journal.StatePending)

@@ -233,7 +233,7 @@ func checkMode(ctx context.Context, db querier, t table, mode string) error {
 	case err != nil:
 		return err
 	case got != "" && got != mode:
-		return fmt.Errorf("%w: the table holds %s action ids (%s), this journal %s: every process sharing a table must agree on WithHashedActionIDs",
+		return fmt.Errorf("%w: the table holds %s action ids (%s), this journal %s: every process sharing a table must agree on WithHashedIDs",
 			journal.ErrIncompatible, modeWords(got), how, modeWords(mode))
 	}
 	return nil

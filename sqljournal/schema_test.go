@@ -24,14 +24,14 @@ const legacyDDL = `(
 	status      integer  NOT NULL
 )`
 
-// Processes that disagree on WithHashedActionIDs over one table would give
+// Processes that disagree on WithHashedIDs over one table would give
 // one action two keys (one under its id, one under its digest): the table
 // records its mode when Open creates it, and an Open in the other mode is
 // refused with journal.ErrIncompatible, as the file journal refuses it.
 func TestOpenRefusesOtherIDMode(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	modes := map[bool][]sqljournal.Option{false: nil, true: {sqljournal.WithHashedActionIDs()}}
+	modes := map[bool][]sqljournal.Option{false: nil, true: {sqljournal.WithHashedIDs()}}
 	for _, first := range []bool{false, true} {
 		table := newTable(t, db)
 		open := func(hashed bool, extra ...sqljournal.Option) (*sqljournal.Journal, error) {
@@ -67,7 +67,7 @@ func TestOpenRefusesOtherIDMode(t *testing.T) {
 func TestOpenLegacyTableIDMode(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	hashed := sqljournal.WithHashedActionIDs()
+	hashed := sqljournal.WithHashedIDs()
 
 	empty := newTable(t, db)
 	if _, err := db.Exec(`CREATE TABLE "` + empty + `" ` + legacyDDL); err != nil {
@@ -219,7 +219,7 @@ func openInBothModes(t *testing.T, db *sql.DB, table string) map[bool]int {
 			defer wg.Done()
 			opts := []sqljournal.Option{sqljournal.WithTable(table)}
 			if i%2 == 1 {
-				opts = append(opts, sqljournal.WithHashedActionIDs())
+				opts = append(opts, sqljournal.WithHashedIDs())
 			}
 			j, err := sqljournal.Open(context.Background(), db, opts...)
 			switch {

@@ -67,7 +67,7 @@ func TestInvalidRecordsRefused(t *testing.T) {
 // Hashed, any non-empty id is storable: the table holds only its digest.
 func TestHashedIDsTakeAnyBytes(t *testing.T) {
 	db := testDB(t)
-	j, _ := openJournal(t, db, sqljournal.WithHashedActionIDs())
+	j, _ := openJournal(t, db, sqljournal.WithHashedIDs())
 	for _, id := range []string{"pay:\x00", "pay:\xff", strings.Repeat("x", 4096)} {
 		mustReserve(t, j, rec(id, "k1", 0, journal.StatePending), journal.ReuseAny, true)
 		if err := j.Forget(context.Background(), id); err != nil {
