@@ -435,7 +435,7 @@ func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	timer := t.cfg.clock.NewTimer()
+	timer := t.cfg.newTimer()
 	timer.Start(d)
 	defer timer.Stop()
 	select {

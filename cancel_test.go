@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
@@ -77,8 +76,8 @@ func awaitResult(t *testing.T, done <-chan rtResult, what string) rtResult {
 // started.
 type heldClock struct{ started chan time.Duration }
 
-func (heldClock) Now() time.Time            { return time.Now() }
-func (c heldClock) NewTimer() backoff.Timer { return &heldTimer{c: c} }
+func (heldClock) Now() time.Time              { return time.Now() }
+func (c heldClock) NewTimer() idemretry.Timer { return &heldTimer{c: c} }
 
 type heldTimer struct{ c heldClock }
 

@@ -11,28 +11,67 @@ package idemretry
 import (
 	"context"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/idemretry/idemretry/journal"
 )
 
-// Clock is the Transport's source of time: it reads the key window from Now
-// and waits on the timers it makes. It reuses cenkalti/backoff's Clock and
-// Timer interfaces, so one fake serves both. The default is the system clock.
-// A Clock must be safe for concurrent use.
+// Clock is the Transport's source of time: it reads key windows from Now.
+// A Clock that is also a TimerClock makes the timers the Transport waits on
+// between attempts; the waits of any other run on the system's timers. The
+// default is the system clock. A Clock must be safe for concurrent use.
 type Clock interface {
-	backoff.Clock
+	Now() time.Time
+}
+
+// A TimerClock is a Clock that also makes the Transport's timers, so that a
+// test or a simulation controls its waits as well as its time. A Clock
+// written for earlier releases, whose NewTimer returns a
+// cenkalti/backoff/v4 Timer, is used the same way. A Clock with a NewTimer
+// method of any other signature is refused by NewTransport
+// (ErrInvalidOption), rather than left waiting on the system's timers.
+type TimerClock interface {
+	Clock
 	// NewTimer returns a stopped timer; the Transport Starts it for each wait.
-	NewTimer() backoff.Timer
+	NewTimer() Timer
+}
+
+// A Timer is one of a TimerClock's timers. Its methods are those of
+// cenkalti/backoff's Timer, so one fake serves both.
+type Timer interface {
+	// Start arms the timer to fire once, d from now; it is called again
+	// for each wait.
+	Start(d time.Duration)
+	// Stop stops the timer; it is called after each wait.
+	Stop()
+	// C is the channel the timer fires on once started.
+	C() <-chan time.Time
+}
+
+// timersOf returns the function that makes clk's timers: its NewTimer, or
+// the system's for a Clock without one. ok is false for a NewTimer of
+// another signature than TimerClock's (or the backoff/v4 form).
+func timersOf(clk Clock) (newTimer func() Timer, ok bool) {
+	switch c := clk.(type) {
+	case TimerClock:
+		return c.NewTimer, true
+	case interface{ NewTimer() backoff.Timer }:
+		return func() Timer { return c.NewTimer() }, true
+	}
+	if reflect.ValueOf(clk).MethodByName("NewTimer").IsValid() {
+		return nil, false
+	}
+	return systemClock{}.NewTimer, true
 }
 
 type systemClock struct{}
 
-func (systemClock) Now() time.Time          { return time.Now() }
-func (systemClock) NewTimer() backoff.Timer { return &systemTimer{} }
+func (systemClock) Now() time.Time  { return time.Now() }
+func (systemClock) NewTimer() Timer { return &systemTimer{} }
 
-// systemTimer is a backoff.Timer over time.Timer.
+// systemTimer is a Timer over time.Timer.
 type systemTimer struct{ t *time.Timer }
 
 func (s *systemTimer) Start(d time.Duration) {

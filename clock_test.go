@@ -79,7 +79,7 @@ type suspendClock struct {
 	jump time.Duration
 }
 
-func (c suspendClock) NewTimer() backoff.Timer { return &suspendTimer{c: c} }
+func (c suspendClock) NewTimer() idemretry.Timer { return &suspendTimer{c: c} }
 
 type suspendTimer struct {
 	c  suspendClock
@@ -455,4 +455,56 @@ func TestNamedActionAfterClockCorrectionNotRekeyed(t *testing.T) {
 			require.Equal(t, 1, srv.chargeCount())
 		})
 	}
+}
+
+// legacyClock is a Clock written for releases whose Clock embedded
+// cenkalti/backoff's: its NewTimer returns a backoff.Timer.
+type legacyClock struct{ *fakeClock }
+
+func (c legacyClock) NewTimer() backoff.Timer { return c.fakeClock.NewTimer() }
+
+// nowOnlyClock is a Clock without timers.
+type nowOnlyClock struct{}
+
+func (nowOnlyClock) Now() time.Time { return time.Now() }
+
+// wrongTimerClock has a NewTimer that is not a TimerClock's.
+type wrongTimerClock struct{ nowOnlyClock }
+
+func (wrongTimerClock) NewTimer() *time.Timer { return time.NewTimer(time.Hour) }
+
+// The Transport waits on a TimerClock's timers, on those of a Clock of the
+// backoff/v4 form too, and on the system's for a Clock with Now alone; a
+// NewTimer of another signature is refused rather than quietly replaced
+// by the system's timers.
+func TestClockTimerForms(t *testing.T) {
+	for name, tc := range map[string]struct {
+		clk   func(*fakeClock) idemretry.Clock
+		delay time.Duration // between attempts
+		fake  bool          // the waits are the fake clock's
+	}{
+		"TimerClock":      {func(c *fakeClock) idemretry.Clock { return c }, 10 * time.Second, true},
+		"backoff/v4 form": {func(c *fakeClock) idemretry.Clock { return legacyClock{c} }, 10 * time.Second, true},
+		"Now alone":       {func(*fakeClock) idemretry.Clock { return nowOnlyClock{} }, time.Millisecond, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.script = scriptFirst(status(503), status(503))
+			fake := newFakeClock()
+			tr := transportOver(t, journal.NewMemory(), idemretry.WithClock(tc.clk(fake)), idemretry.WithBackOff(constant(tc.delay)))
+			ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:1"), time.Minute)
+			defer cancel()
+			resp := roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			srv.requireOnePayment(t, 3)
+			if tc.fake {
+				assert.Equal(t, []time.Duration{tc.delay, tc.delay}, fake.Waits(), "waited on the fake clock")
+			} else {
+				assert.Empty(t, fake.Waits())
+			}
+		})
+	}
+	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithClock(wrongTimerClock{}))
+	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
+	assert.Contains(t, err.Error(), "NewTimer")
 }

@@ -257,7 +257,7 @@ func (c *fakeClock) Waits() []time.Duration {
 	return append([]time.Duration(nil), c.waits...)
 }
 
-func (c *fakeClock) NewTimer() backoff.Timer { return &fakeTimer{c: c} }
+func (c *fakeClock) NewTimer() idemretry.Timer { return &fakeTimer{c: c} }
 
 type fakeTimer struct {
 	c  *fakeClock

@@ -8,16 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/idemretry/idemretry/journal"
 )
 
 // stillClock is a Clock that reads now until moved.
 type stillClock struct{ now time.Time }
 
-func (c *stillClock) Now() time.Time          { return c.now }
-func (c *stillClock) NewTimer() backoff.Timer { return systemClock{}.NewTimer() }
+func (c *stillClock) Now() time.Time  { return c.now }
+func (c *stillClock) NewTimer() Timer { return systemClock{}.NewTimer() }
 
 var lifeT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 

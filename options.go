@@ -89,6 +89,7 @@ type config struct {
 	maxRetryAfter time.Duration
 	keyWindow     time.Duration
 	clock         Clock
+	newTimer      func() Timer // the clock's timers (timersOf), set by validate
 	// keyed is the set of methods that carry a key, which validate makes:
 	// POST and PATCH, with addKeyed, without unkeyed.
 	keyed       map[string]bool
@@ -182,7 +183,8 @@ func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxR
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
 
 // WithClock replaces the system clock, for tests and simulations. The
-// Transport reads the key window from it and waits on its timers. A journal
+// Transport reads the key window from it, and waits on its timers if it is
+// a TimerClock (on the system's otherwise). A journal
 // the Transport opens gets the same clock; give one you pass with
 // WithJournal the same clock too (filejournal.WithClock), or its expiry and the
 // key window disagree. Context
@@ -334,12 +336,17 @@ func defaultBackOff() backoff.BackOff {
 // cannot use fails NewTransport with an error wrapping ErrInvalidOption.
 // Limits are checked for their sign alone: any size or duration from zero
 // (or one) up to math.MaxInt64, the usual way to say "no limit", is used
-// as given (the sums of limits saturate: limits.go). It makes the set of
-// keyed methods (makeKeyed).
+// as given (the sums of limits saturate: limits.go). It sets the clock's
+// timers (timersOf) and makes the set of keyed methods (makeKeyed).
 func (c *config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
 	}
+	newTimer, ok := timersOf(c.clock)
+	if !ok {
+		return bad("clock %T has a NewTimer method that does not return an idemretry.Timer", c.clock)
+	}
+	c.newTimer = newTimer
 	b := c.budget
 	switch {
 	case b.capacity < 0 || b.capacity != b.capacity:

@@ -93,7 +93,7 @@ func (c *instantClock) Now() time.Time {
 	return c.now
 }
 
-func (c *instantClock) NewTimer() backoff.Timer { return &instantTimer{c: c} }
+func (c *instantClock) NewTimer() idemretry.Timer { return &instantTimer{c: c} }
 
 // Waits returns every wait a timer was started for, in order.
 func (c *instantClock) Waits() []time.Duration {

@@ -3,13 +3,13 @@ module github.com/idemretry/idemretry/mobile
 go 1.26.0
 
 require (
-	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/idemretry/idemretry v0.0.0
 	github.com/stretchr/testify v1.11.1
 	go.uber.org/goleak v1.3.0
 )
 
 require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/kr/text v0.2.0 // indirect

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -365,21 +364,8 @@ func (s *payServer) requestCount() int {
 	return len(s.requests)
 }
 
-// aheadClock is the system clock moved forward by d.
+// aheadClock is the system clock moved forward by d; without a NewTimer,
+// its waits run on the system's timers.
 type aheadClock struct{ d time.Duration }
 
 func (c aheadClock) Now() time.Time { return time.Now().Add(c.d) }
-
-func (c aheadClock) NewTimer() backoff.Timer { return &realTimer{} }
-
-type realTimer struct{ t *time.Timer }
-
-func (r *realTimer) Start(d time.Duration) { r.t = time.NewTimer(d) }
-
-func (r *realTimer) Stop() {
-	if r.t != nil {
-		r.t.Stop()
-	}
-}
-
-func (r *realTimer) C() <-chan time.Time { return r.t.C }

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/idemretry/idemretry/sqljournal"
@@ -25,29 +23,10 @@ import (
 // window, whichever machine's clock is off.
 
 // offsetClock is a machine's clock, off by a fixed amount from the real
-// one; its timers are real.
+// one; without a NewTimer, its waits run on the system's timers.
 type offsetClock struct{ off time.Duration }
 
-func (c offsetClock) Now() time.Time          { return time.Now().Add(c.off) }
-func (c offsetClock) NewTimer() backoff.Timer { return &realTimer{} }
-
-type realTimer struct{ t *time.Timer }
-
-func (r *realTimer) Start(d time.Duration) {
-	if r.t == nil {
-		r.t = time.NewTimer(d)
-		return
-	}
-	r.t.Reset(d)
-}
-
-func (r *realTimer) Stop() {
-	if r.t != nil {
-		r.t.Stop()
-	}
-}
-
-func (r *realTimer) C() <-chan time.Time { return r.t.C }
+func (c offsetClock) Now() time.Time { return time.Now().Add(c.off) }
 
 // forgetfulServer is a payment server with Stripe's semantics that keeps a
 // key's stored answer for retain (on its own, real, clock) and then forgets

@@ -3,11 +3,11 @@ package payments
 import (
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
+	"github.com/idemretry/idemretry"
 )
 
 // Clock is virtual time running Scale times faster than the wall clock. It
-// satisfies idemretry.Clock, so the Transport waits its real backoff
+// is an idemretry.TimerClock, so the Transport waits its real backoff
 // durations on it: a 4 s wait takes 4s/Scale of wall time. The simulation
 // scales the clock rather than the durations because Retry-After has a
 // resolution of one second and the library's defaults are meant to be
@@ -54,9 +54,9 @@ func (c *Clock) Sleep(d time.Duration) {
 }
 
 // NewTimer returns a stopped timer that fires after virtual durations.
-func (c *Clock) NewTimer() backoff.Timer { return &timer{clock: c} }
+func (c *Clock) NewTimer() idemretry.Timer { return &timer{clock: c} }
 
-// timer is a backoff.Timer over a time.Timer armed with the real duration.
+// timer is an idemretry.Timer over a time.Timer armed with the real duration.
 type timer struct {
 	clock *Clock
 	t     *time.Timer
