@@ -107,16 +107,15 @@ func TestKeyedMethodsAddToPostAndPatch(t *testing.T) {
 	require.ErrorIs(t, err, idemretry.ErrActionRequired, "an unnamed POST is still guarded")
 	require.Empty(t, srv.seen(), "nothing sent")
 
-	ctx := idemretry.WithAction(context.Background(), "order-1")
 	for _, m := range []string{http.MethodPost, http.MethodPatch, http.MethodPut} {
-		req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, "order-1:"+m), m, srv.URL, strings.NewReader("x"))
+		req, err := http.NewRequestWithContext(idemretry.WithAction(context.Background(), "order-1:"+m), m, srv.URL, strings.NewReader("x"))
 		require.NoError(t, err)
 		roundTrip(t, tr, req)
 	}
-	for i, s := range srv.seen() {
-		assert.NotEmpty(t, s.Key, "request %d (%s) carries a key", i, s.Method)
-	}
 	require.Len(t, srv.seen(), 3)
+	for _, s := range srv.seen() {
+		assert.NotEmpty(t, s.Key, "%s carries a key", s.Method)
+	}
 }
 
 // A method name is an upper-case HTTP token: "get" or "Post", which net/http
