@@ -58,12 +58,12 @@ func TestNamedActionKeyAcrossRestart(t *testing.T) {
 	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true
-	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
 	_, err := first.RoundTrip(sdkPost(t, "pay:restart", "sdk-key-1", srv.URL, `{"amount":1}`))
 	require.Error(t, err, "the answer was lost")
 
 	var logs bytes.Buffer
-	second, _, _ := newTestTransport(t, idemretry.WithJournal(j),
+	second, _ := newTestTransportOver(t, j,
 		idemretry.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	for _, key := range []string{"sdk-key-2", "sdk-key-3"} {
 		resp := roundTrip(t, second, sdkPost(t, "pay:restart", key, srv.URL, `{"amount":1}`))
@@ -138,11 +138,11 @@ func TestNamedActionRedirectHopKey(t *testing.T) {
 		return false
 	}
 	srv.commitThenDrop[2] = true // the hop's charge: answer lost
-	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
 	_, err := (&http.Client{Transport: first}).Do(sdkPost(t, "pay:hop", "sdk-key-1", srv.URL+"/old", `{"amount":1}`))
 	require.Error(t, err, "the hop's answer was lost")
 
-	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	second, _ := newTestTransportOver(t, j)
 	resp, err := (&http.Client{Transport: second}).Do(sdkPost(t, "pay:hop", "sdk-key-2", srv.URL+"/old", `{"amount":1}`))
 	require.NoError(t, err)
 	readAll(t, resp)
@@ -158,11 +158,11 @@ func TestResumeListedKeyWinsOverRequestKey(t *testing.T) {
 	j := journal.NewMemory()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true
-	first, _, _ := newTestTransport(t, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
 	_, err := first.RoundTrip(sdkPost(t, "pay:resume", "sdk-key-1", srv.URL, `{"amount":1}`))
 	require.Error(t, err, "the answer was lost")
 
-	second, _, _ := newTestTransport(t, idemretry.WithJournal(j))
+	second, _ := newTestTransportOver(t, j)
 	results, err := second.Resume(context.Background(), keyedResumer{url: srv.URL, key: "sdk-key-2", body: `{"amount":1}`}, 1)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
