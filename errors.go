@@ -88,6 +88,25 @@ var (
 	ErrNotResumable = errors.New("idemretry: listed action no longer pending")
 	// ErrInvalidOption: an Option was given a value it cannot use.
 	ErrInvalidOption = errors.New("idemretry: invalid option")
+	// ErrKeyReused: the server says the action's key was used before with
+	// another payload (KeyReuseRejected recognised its answer). No resend with
+	// that key can succeed and none is made: the key belongs to a different
+	// request, so find out which (another process, a caller-supplied key
+	// reused, a server that fingerprints more than the body) before acting.
+	ErrKeyReused = errors.New("idemretry: idempotency key reused with another payload")
+	// ErrLeaseHeld: another machine sharing the journal is sending the
+	// action (it holds the action's lease, see journal.Leaser), and the
+	// caller's context ended while this one waited for it. Nothing was sent
+	// by this RoundTrip; the other machine may have performed the action.
+	// The action stays as it is: resend it, and it keeps its key. From
+	// Resume, about an outcome-unknown action: its lease was held, or could
+	// not be taken, so Resolve was not asked; a later Resume will.
+	ErrLeaseHeld = errors.New("idemretry: action in flight on another machine")
+	// ErrLeaseLost: the action's lease passed to another machine while
+	// this one was retrying it (its renewals failed for longer than the
+	// lease lasts), so this one stopped before its next attempt, leaving
+	// the action pending with its key.
+	ErrLeaseLost = errors.New("idemretry: action taken over by another machine")
 )
 
 // ActionError reports an action whose attempts ended without a response to
