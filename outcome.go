@@ -113,6 +113,12 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 	}
 	r.report(state, resp, reason, cause)
 	if resp != nil {
+		if resp.Request == nil {
+			resp.Request = r.out // where OutcomeOf and GiveUpReason look
+		}
+		if r.a != nil && r.tr != nil {
+			r.a.attempts, r.tr.act = clampInt32(r.prior()+r.sent), r.a
+		}
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
 		}

@@ -19,8 +19,8 @@ type action struct {
 	// fresh: this RoundTrip minted the key, at createdAt (the clock's
 	// reading, with its monotonic part on the system clock). Otherwise an
 	// earlier RoundTrip, perhaps in a process that died, may have sent it.
-	// (The three flags sit together: a flight, which holds an action,
-	// stays within 888 bytes.)
+	// (The flags and attempts sit together: a flight, which holds an
+	// action, stays within 888 bytes.)
 	fresh bool
 	// byFingerprint: the action is named by its request's fingerprint.
 	byFingerprint bool
@@ -29,7 +29,10 @@ type action struct {
 	// 307/308 hop of one (see actionID), whose done, lost, would leave
 	// the hop pending, and a deliberate repeat of the payment taken for a
 	// tap of it (hopUnfinished), answered with its replay.
-	syncDone  bool
+	syncDone bool
+	// attempts is the action's attempts, in all runs recorded, when its
+	// RoundTrip returned a response: what OutcomeOf reads (see run.end).
+	attempts  int32
 	createdAt time.Time
 	// window is the action's key window for this RoundTrip.
 	window time.Duration
