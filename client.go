@@ -12,7 +12,7 @@
 // to a cap, never start a wait that would end after the context's deadline,
 // and stop before the server forgets the key (the key window).
 //
-// Use it as an *http.Client:
+// Use it as an *http.Client, and branch on OutcomeOf what it returned:
 //
 //	client, err := idemretry.NewClient()
 //	if err != nil { ... }
@@ -20,12 +20,20 @@
 //	ctx = idemretry.WithAction(ctx, "pay:order-A-1001")
 //	req, _ := http.NewRequestWithContext(ctx, "POST", url, body)
 //	resp, err := client.Do(req)
+//	switch o := idemretry.OutcomeOf(resp, err); o.Kind {
+//	case idemretry.Done: // resp is the server's answer (o.Replayed: a replay of it)
+//	case idemretry.NotSent: // nothing reached the server
+//	case idemretry.Pending: // may be charged: resend the same action later
+//	case idemretry.Refused: // not sent, for o.Reason
+//	}
 //
 // or as the Transport of a client you already have (NewTransport). At
-// start-up, journal.Journal.Unfinished lists the actions to resume or reconcile.
+// start-up, Client.Resume (Transport.Resume) resends what a previous run left
+// unfinished, and reconciles what it cannot send.
 package idemretry
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/idemretry/idemretry/journal"
@@ -41,9 +49,17 @@ type Client struct {
 }
 
 // NewClient returns a Client that sends through its own clone of
-// http.DefaultTransport with the given options. Unless WithJournal gives a journal, it opens the default
-// file journal (see NewTransport), which only one Client or process may hold
-// at a time. The returned Client is safe for concurrent use.
+// http.DefaultTransport with the given options. The returned Client is safe
+// for concurrent use.
+//
+// Unless WithJournal gives a journal, it opens the default file journal
+// (see NewTransport), which one Client at a time may hold, in this process
+// or any other: a second NewClient on the same directory fails with an
+// error wrapping filejournal.ErrLocked, and so does a second replica of
+// the same program on the same host. Make one Client per process and share
+// it between the providers it pays (give each provider's actions ids of
+// their own), or give each Client, and each replica, a directory of its own
+// with WithJournalDir.
 func NewClient(opts ...Option) (*Client, error) {
 	t, err := NewTransport(nil, opts...)
 	if err != nil {
@@ -54,6 +70,17 @@ func NewClient(opts ...Option) (*Client, error) {
 
 // Journal returns the journal that holds the Client's keys.
 func (c *Client) Journal() journal.Journal { return c.transport.Journal() }
+
+// Resume resends, through the Client's Transport, the actions a previous
+// run left unfinished, and hands the outcome-unknown ones to r.Resolve:
+// see Transport.Resume. Call it at start-up.
+func (c *Client) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
+	return c.transport.Resume(ctx, r, concurrency)
+}
+
+// Stats returns the counters of the Client's Transport (see
+// Transport.Stats).
+func (c *Client) Stats() Stats { return c.transport.Stats() }
 
 // Close releases the Client's journal (if it opened it) and idle
 // connections. Do not use the Client after Close.
