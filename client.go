@@ -12,7 +12,7 @@
 // to a cap, never start a wait that would end after the context's deadline,
 // and stop before the server forgets the key (the key window).
 //
-// Use it as an *http.Client, and branch on OutcomeOf what it returned:
+// Use it as an *http.Client:
 //
 //	client, err := idemretry.NewClient()
 //	if err != nil { ... }
@@ -20,16 +20,9 @@
 //	ctx = idemretry.WithAction(ctx, "pay:order-A-1001")
 //	req, _ := http.NewRequestWithContext(ctx, "POST", url, body)
 //	resp, err := client.Do(req)
-//	switch o := idemretry.OutcomeOf(resp, err); o.Kind {
-//	case idemretry.Done: // resp is the server's answer (o.Replayed: a replay of it)
-//	case idemretry.NotSent: // nothing reached the server
-//	case idemretry.Pending: // may be charged: resend the same action later
-//	case idemretry.Refused: // not sent, for o.Reason
-//	}
 //
 // or as the Transport of a client you already have (NewTransport). At
-// start-up, Client.Resume (Transport.Resume) resends what a previous run left
-// unfinished, and reconciles what it cannot send.
+// start-up, journal.Journal.Unfinished lists the actions to resume or reconcile.
 package idemretry
 
 import (
