@@ -51,11 +51,11 @@ type ResumeResult struct {
 	// final answer (also for a request that joined a flight of the
 	// action), or, with Err (GiveUpReason), the last retryable one when
 	// the retries stopped; Status is 0 when no answer came. Body holds at
-	// most DefaultMaxResumeBody bytes, read for at most DefaultMaxShareTime;
-	// BodyTruncated says that a longer one was cut (the rest is
-	// discarded). A body that fails to read leaves Err saying why, and
-	// Outcome Pending: the answer is recorded, and a resend of the action
-	// gets the server's replay of it.
+	// most DefaultMaxResumeBody bytes, read for at most DefaultMaxDrainTime
+	// (as a discarded body is drained: a body that never ends cannot hold
+	// Resume up); BodyTruncated says that the body was cut, longer than
+	// that, failing or stalling (the answer is recorded all the same: a
+	// resend of the action gets the server's replay, body and all).
 	Status        int
 	Header        http.Header
 	Body          []byte
@@ -198,36 +198,30 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 	return res
 }
 
-// keepBody reads resp's body into res, up to DefaultMaxResumeBody bytes
-// for at most DefaultMaxShareTime, discards the rest as any discarded body
-// is, and closes it. The outcome is recorded already: a body that never
-// ends is cut by ending the request's context (cut), which cannot change
-// it.
+// keepBody reads resp's body into res, up to DefaultMaxResumeBody bytes,
+// discards the rest as any discarded body is (at most DefaultMaxDrain
+// bytes more), and closes it, all within DefaultMaxDrainTime. The outcome
+// is recorded already: a body that never ends is cut by ending the
+// request's context (cut), which cannot change it.
 func (t *Transport) keepBody(resp *http.Response, res *ResumeResult, cut context.CancelFunc) {
 	if resp.Body == nil {
 		return
 	}
-	stop := time.AfterFunc(DefaultMaxShareTime, cut)
+	// The Close too: a body may drain the rest on Close.
+	stop := time.AfterFunc(DefaultMaxDrainTime, cut)
+	defer stop.Stop()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, DefaultMaxResumeBody+1))
-	stop.Stop()
 	if len(body) > DefaultMaxResumeBody {
 		body, res.BodyTruncated = body[:DefaultMaxResumeBody], true
+		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
+	}
+	if err != nil {
+		res.BodyTruncated = true
 	}
 	if len(body) > 0 {
 		res.Body = body
 	}
-	if err != nil {
-		err = wrapf(err, "read the answer's body")
-		res.Err = errors.Join(res.Err, err)
-		res.Outcome.Kind, res.Outcome.Reason = Pending, err
-	}
-	// The Close too: a body may drain the rest on Close.
-	stop = time.AfterFunc(DefaultMaxDrainTime, cut)
-	if err == nil && res.BodyTruncated {
-		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
-	}
 	resp.Body.Close()
-	stop.Stop()
 }
 
 // listedOutcome is the Outcome of rec, listed by Resume, of which nothing
