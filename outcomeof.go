@@ -43,7 +43,8 @@ const (
 	// change as a new action.
 	NotSent Kind = 2
 	// Refused: the Transport did not send the request, for Reason, and
-	// would refuse it again as it is: the request is invalid
+	// would refuse it again as it is until the reason is gone: the
+	// request is invalid
 	// (ErrInvalidRequest, ErrActionRequired, ...), another payload was
 	// sent under its action (ErrFingerprintMismatch), the action's outcome
 	// must be reconciled with the server (ErrKeyWindowExpired,
@@ -97,8 +98,9 @@ type Outcome struct {
 }
 
 // OutcomeOf returns the outcome of resp and err, as returned by a
-// Transport's RoundTrip, by Resume for one action, or by http.Client.Do over
-// a Transport (err may be wrapped: OutcomeOf looks into it with errors.As).
+// Transport's RoundTrip or by http.Client.Do over a Transport (err may be
+// wrapped: OutcomeOf looks into it with errors.As); Resume gives each
+// action's in its ResumeResult.
 // A response is Done, or Pending when the retries stopped without a final
 // answer (GiveUpReason); an error is Pending, NotSent or Refused, and
 // carries the action, its key and attempts when the Transport knew them.
