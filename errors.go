@@ -152,8 +152,9 @@ type ActionError struct {
 	Attempts int
 	// Status is the last response's status, or 0 if none came back.
 	Status int
-	// MaybeProcessed is false only when no attempt can have reached the
-	// server (every one failed to connect). When true, the server may have
+	// MaybeProcessed is false only when no attempt of the action, in this
+	// run or an earlier one, can have reached the server (every one failed
+	// to connect, or none was made). When true, the server may have
 	// performed the action: resend it with the same key (the journal keeps
 	// it) or reconcile; never with a new key.
 	MaybeProcessed bool
