@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"testing"
 	"time"
@@ -217,6 +218,12 @@ func TestOutcomeOfEveryShape(t *testing.T) {
 			c := &http.Client{Transport: transportOver(t, j, fast...), Timeout: time.Minute}
 			resp, err := c.Do(post(t, named(context.Background()), srv.URL, `{"amount":1}`))
 			return shapeResult{resp: resp, err: err, key: keyOf(t, j, action)}
+		}, want: idemretry.Outcome{Kind: idemretry.Done, Action: action, Attempts: 1, Status: 201, MaybeProcessed: true}},
+
+		{name: "under a caller's httptrace", run: func(t *testing.T) shapeResult {
+			srv, j := newPayServer(t), journal.NewMemory()
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) {}})
+			return pay(t, transportOver(t, j, fast...), j, ctx, srv.URL, `{"amount":1}`)
 		}, want: idemretry.Outcome{Kind: idemretry.Done, Action: action, Attempts: 1, Status: 201, MaybeProcessed: true}},
 
 		{name: "an error the caller wrapped", run: func(t *testing.T) shapeResult {
