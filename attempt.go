@@ -42,12 +42,11 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		if lost := t.checkLease(ctx, a); lost != nil { // lease.go
 			return r.end(journal.StatePending, nil, lost, nil)
 		}
-		if ctx.Done() == nil {
-			// A context without a Done channel cannot stop the send
-			// at its deadline: nothing starts after it.
-			if err := callerErr(ctx); err != nil {
-				return r.end(journal.StatePending, nil, nil, err)
-			}
+		// No attempt starts once the caller's context has ended (one
+		// without a Done channel could not stop the send at its
+		// deadline): one not made cannot have reached the server.
+		if err := callerErr(ctx); err != nil {
+			return r.end(journal.StatePending, nil, nil, err)
 		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
@@ -347,6 +346,10 @@ type attemptTrace struct {
 	parent context.Context
 	// cancel ends the attempt's context (see context and end).
 	cancel context.CancelFunc
+	// act is the action of the response this attempt got, when it is
+	// returned (nil without a key): what OutcomeOf reads through the
+	// response's request (see run.end).
+	act *action
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }

@@ -44,10 +44,13 @@ func (a *attemptTrace) end() {
 // a itself, a context that answers httptrace's lookup with a's hooks and
 // everything else as ctx does, so that the trace needs no context of its
 // own. A ctx that already carries a trace (whose hooks a's must compose
-// with) gets httptrace.WithClientTrace's.
+// with) is given a's by httptrace.WithClientTrace first, which composes
+// them in a's own trace: a answers with it all the same. Either way a is
+// in the attempt's context, where OutcomeOf finds it from the response's
+// request.
 func (a *attemptTrace) withTrace(ctx context.Context) context.Context {
 	if clientTraceKey == nil || httptrace.ContextClientTrace(ctx) != nil {
-		return httptrace.WithClientTrace(ctx, &a.trace)
+		ctx = httptrace.WithClientTrace(ctx, &a.trace)
 	}
 	a.parent = ctx
 	return a
@@ -60,10 +63,26 @@ func (a *attemptTrace) Deadline() (time.Time, bool) { return a.parent.Deadline()
 func (a *attemptTrace) Done() <-chan struct{}       { return a.parent.Done() }
 func (a *attemptTrace) Err() error                  { return a.parent.Err() }
 func (a *attemptTrace) Value(key any) any {
-	if key == clientTraceKey {
-		return &a.trace
+	switch key {
+	case clientTraceKey:
+		if clientTraceKey != nil {
+			return &a.trace
+		}
+	case attemptKey{}:
+		return a
 	}
 	return a.parent.Value(key)
+}
+
+// attemptKey is the key an attemptTrace answers with itself (see
+// attemptOf).
+type attemptKey struct{}
+
+// attemptOf returns the attemptTrace of the attempt whose context ctx is,
+// or is derived from, or nil.
+func attemptOf(ctx context.Context) *attemptTrace {
+	a, _ := ctx.Value(attemptKey{}).(*attemptTrace)
+	return a
 }
 
 // clientTraceKey is the key httptrace.ContextClientTrace looks its hooks up

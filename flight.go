@@ -281,8 +281,8 @@ func (f *flight) copyBody(resp *http.Response, maxShared int64) error {
 // notShared is the joiners' error when resp, the flight's answer to
 // action id, is not shared with them, for cause.
 func (f *flight) notShared(id string, resp *http.Response, cause error) error {
-	return &ActionError{Action: id, Key: f.act.rec.Key, Status: resp.StatusCode, MaybeProcessed: true,
-		Reason: ErrResponseNotShared, Err: cause}
+	return &ActionError{Action: id, Key: f.act.rec.Key, Attempts: responseOutcome(resp).Attempts, Status: resp.StatusCode,
+		MaybeProcessed: true, Reason: ErrResponseNotShared, Err: cause}
 }
 
 // result returns a joiner's copy of the flight's result.

@@ -196,7 +196,6 @@ func TestFlightLeadersRequestCancelIsNotTheJoiners(t *testing.T) {
 // of any action: its key and the attempts sent under it, in all runs
 // recorded (here two: a 503, then the 201), as the journal records them.
 func TestFlightNotSharedSaysTheActionsAttempts(t *testing.T) {
-	t.Skip("known: a joiner's ErrResponseNotShared says 0 attempts: the leader's count stays in its run (outcome.go)")
 	const body = `{"amount":5300}`
 	big := strings.Repeat("z", 4096)
 	srv := newPayServer(t)

@@ -9,19 +9,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
-	"errors"
 	"io"
 	"mime"
 	"net/http"
 	"strings"
 )
-
-// ErrKeyReused: the server says the action's key was used before with
-// another payload (KeyReuseRejected recognised its answer). No resend with
-// that key can succeed and none is made: the key belongs to a different
-// request, so find out which (another process, a caller-supplied key
-// reused, a server that fingerprints more than the body) before acting.
-var ErrKeyReused = errors.New("idemretry: idempotency key reused with another payload")
 
 // retryHeaders are the headers a server uses to say, whatever the status,
 // whether a resend with the same key may succeed: "true" or "false".

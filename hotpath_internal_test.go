@@ -323,7 +323,7 @@ type probeKey struct{}
 // An attempt's context is its attemptTrace (no context of its own for the
 // trace): httptrace finds the attempt's hooks in it, every other value,
 // the deadline, Done and Err are the caller's; a caller's context that
-// already carries a trace gets httptrace's own composition instead.
+// already carries a trace gets httptrace's own composition under it.
 func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
 	if clientTraceKey == nil {
 		t.Fatal("httptrace's key was not learnt: every attempt pays for a context of its own")
@@ -367,8 +367,8 @@ func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
 	tr2 := new(attemptTrace)
 	tr2.trace.WroteRequest = tr2.wrote
 	ctx2 := tr2.withTrace(withCaller)
-	if ctx2 == context.Context(tr2) {
-		t.Fatal("a caller's trace was not composed")
+	if ctx2 != context.Context(tr2) || attemptOf(ctx2) != tr2 {
+		t.Fatal("the attempt is not in its context, where OutcomeOf looks for it")
 	}
 	httptrace.ContextClientTrace(ctx2).WroteRequest(httptrace.WroteRequestInfo{})
 	if callerWrites.Load() != 1 || tr2.writes.Load() != 1 {

@@ -349,3 +349,42 @@ func TestJournalSurvivesKill(t *testing.T) {
 	assert.Len(t, charges, 1)
 	assert.Equal(t, 1, charges[keys[0]], "charged more than once")
 }
+
+// Issue 30, item 6: a process killed (SIGKILL) during its payment's first
+// attempt, after the server charged it, left a record that Unfinished
+// listed with 0 attempts, which reads as "nothing sent". The first attempt
+// is counted when the key is reserved, durably, before it leaves.
+func TestUnfinishedCountsTheFirstAttemptAfterAKill(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("SIGKILL")
+	}
+	committed := make(chan struct{}, 1)
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		committed <- struct{}{} // charged; the answer never leaves
+		<-r.Context().Done()
+	})
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestJournalE2EChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	select {
+	case <-committed:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the first attempt never reached the server")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	j, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	defer j.Close()
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	assert.Equal(t, "pay:order-A-1001", recs[0].ActionID)
+	assert.Equal(t, journal.StatePending, recs[0].State)
+	assert.GreaterOrEqual(t, recs[0].Attempts, 1, "a charged payment listed as never attempted")
+}

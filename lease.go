@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"log/slog"
 	randv2 "math/rand/v2"
 	"strconv"
@@ -27,22 +26,6 @@ import (
 // resumption on the others by at most this much. A holder renews it every
 // third of it while it runs.
 const DefaultLeaseTTL = 30 * time.Second
-
-var (
-	// ErrLeaseHeld: another machine sharing the journal is sending the
-	// action (it holds the action's lease, see journal.Leaser), and the
-	// caller's context ended while this one waited for it. Nothing was sent
-	// by this RoundTrip; the other machine may have performed the action.
-	// The action stays as it is: resend it, and it keeps its key. From
-	// Resume, about an outcome-unknown action: its lease was held, or could
-	// not be taken, so Resolve was not asked; a later Resume will.
-	ErrLeaseHeld = errors.New("idemretry: action in flight on another machine")
-	// ErrLeaseLost: the action's lease passed to another machine while
-	// this one was retrying it (its renewals failed for longer than the
-	// lease lasts), so this one stopped before its next attempt, leaving
-	// the action pending with its key.
-	ErrLeaseLost = errors.New("idemretry: action taken over by another machine")
-)
 
 // WithLeaseTTL sets how long an action's lease lasts unless renewed
 // (default DefaultLeaseTTL), when the journal is a journal.Leaser: how long

@@ -205,7 +205,10 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	if created && who.exact() == "" {
 		// A key minted just now: its age is measured from its creation
 		// (on the system clock, monotonically), never inferred, so no
-		// clock disagreement can refuse it.
+		// clock disagreement can refuse it. Its record counts the first
+		// attempt already (mintWant): that one is this RoundTrip's to
+		// count, none came before it.
+		rec.Attempts = 0
 		*dst = action{rec: rec, fresh: true, createdAt: want.CreatedAt, byFingerprint: who.byFingerprint, syncDone: who.syncDone, window: window, resumed: who.resumed}
 		return dst, nil
 	}

@@ -113,6 +113,12 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 	}
 	r.report(state, resp, reason, cause)
 	if resp != nil {
+		if resp.Request == nil {
+			resp.Request = r.out // where OutcomeOf and GiveUpReason look
+		}
+		if r.a != nil && r.tr != nil {
+			r.a.attempts, r.tr.act = clampInt32(r.prior()+r.sent), r.a
+		}
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
 		}
@@ -141,7 +147,8 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		cause = r.lastErr
 	}
 	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
-		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause}
+		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause,
+		sent: r.sent, counted: true}
 }
 
 // record returns the action's record as it stands after this run.

@@ -19,8 +19,9 @@ type action struct {
 	// fresh: this RoundTrip minted the key, at createdAt (the clock's
 	// reading, with its monotonic part on the system clock). Otherwise an
 	// earlier RoundTrip, perhaps in a process that died, may have sent it.
-	fresh     bool
-	createdAt time.Time
+	// (The flags and attempts sit together: a flight, which holds an
+	// action, stays within 888 bytes.)
+	fresh bool
 	// byFingerprint: the action is named by its request's fingerprint.
 	byFingerprint bool
 	// syncDone: the action's done must be durable before RoundTrip
@@ -29,6 +30,10 @@ type action struct {
 	// the hop pending, and a deliberate repeat of the payment taken for a
 	// tap of it (hopUnfinished), answered with its replay.
 	syncDone bool
+	// attempts is the action's attempts, in all runs recorded, when its
+	// RoundTrip returned a response: what OutcomeOf reads (see run.end).
+	attempts  int32
+	createdAt time.Time
 	// window is the action's key window for this RoundTrip.
 	window time.Duration
 	// resumed marks an action Transport.Resume sends, or is nil.
@@ -186,8 +191,13 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 // app had cancelled), also by another process that shares the journal;
 // forgotten again at once, a crash or another process could come in
 // between.
+//
+// A new record counts the first attempt already: it is durable before that
+// attempt leaves, and a process killed during it must not leave a record
+// that says nothing was sent (see journal.Record.Attempts).
 func (t *Transport) mintWant(who *identity) (journal.Record, error) {
-	want := journal.Record{ActionID: who.id, Key: who.callerKey, Fingerprint: who.fp, CreatedAt: t.cfg.clock.Now(), State: journal.StatePending}
+	want := journal.Record{ActionID: who.id, Key: who.callerKey, Fingerprint: who.fp, CreatedAt: t.cfg.clock.Now(),
+		State: journal.StatePending, Attempts: 1}
 	switch {
 	case who.resumed != nil:
 		l := &who.resumed.rec

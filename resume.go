@@ -17,6 +17,11 @@ import (
 // told otherwise.
 const DefaultResumeConcurrency = 4
 
+// DefaultMaxResumeBody is how much of an answer's body a ResumeResult keeps:
+// 64 KiB, enough for a payment's answer (its charge id, say). A longer body
+// is cut there, and the result says so (BodyTruncated).
+const DefaultMaxResumeBody = 64 << 10
+
 // A Resumer is what an application gives Resume: the two things the journal
 // cannot know, since it keeps keys and never requests.
 type Resumer interface {
@@ -40,10 +45,29 @@ type ResumeResult struct {
 	// connection failed after being made). A request refused before
 	// anything was sent (ErrFingerprintMismatch, ErrKeyWindowExpired,
 	// ErrNotResumable, ...), or one that joined the same action already in
-	// flight, is not Sent. Status is the final answer's (also for one that
-	// joined), or 0 with Err.
-	Sent   bool
-	Status int
+	// flight, is not Sent.
+	Sent bool
+	// Status, Header and Body are the answer the rebuilt request got: the
+	// final answer (also for a request that joined a flight of the
+	// action), or, with Err (GiveUpReason), the last retryable one when
+	// the retries stopped; Status is 0 when no answer came. Body holds at
+	// most DefaultMaxResumeBody bytes, read for at most DefaultMaxDrainTime
+	// (as a discarded body is drained: a body that never ends cannot hold
+	// Resume up); BodyTruncated says that the body was cut, longer than
+	// that, failing or stalling (the answer is recorded all the same: a
+	// resend of the action gets the server's replay, body and all).
+	Status        int
+	Header        http.Header
+	Body          []byte
+	BodyTruncated bool
+	// Outcome is what the app does next about the action (see
+	// OutcomeOf): Done with the final answer; Pending when it is to be
+	// resent (no answer came, the retries stopped, or Rebuild returned no
+	// request); NotSent; Refused (outcome-unknown, whether Resolve
+	// reconciled it or not: Forgotten tells; or refused before sending,
+	// with Err). Its Action, Key and Attempts are the record's when the
+	// rebuilt request did not report them.
+	Outcome Outcome
 	// Forgotten: the action was outcome-unknown (listed so, or its
 	// rebuilt request found its key window ended), the Resumer resolved
 	// it, and it was forgotten.
@@ -76,12 +100,12 @@ type ResumeResult struct {
 // A panic in r's methods is raised again on the caller's goroutine once
 // the other actions are done. At most concurrency actions are handled at once
 // (DefaultResumeConcurrency if concurrency <= 0), and none is started once
-// ctx has ended. Each response's body is discarded as the Transport
-// discards any (at most DefaultMaxDrain bytes read, for at most
-// DefaultMaxDrainTime) and closed: the outcome is in the ResumeResult and
-// the journal, not in the body. Resume returns a result per action
-// started, and an error only if the journal could not be listed or ctx
-// ended.
+// ctx has ended. Each answer's status, header and body (its first
+// DefaultMaxResumeBody bytes) are kept in its ResumeResult, and the
+// response is closed (the rest of a longer body is discarded as the
+// Transport discards any: at most DefaultMaxDrain bytes read, for at most
+// DefaultMaxDrainTime). Resume returns a result per action started, and an
+// error only if the journal could not be listed or ctx ended.
 func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: nil Resumer", ErrInvalidOption)
@@ -130,25 +154,30 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 	return out, ctx.Err()
 }
 
-func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) ResumeResult {
-	res := ResumeResult{Record: rec}
+func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) (res ResumeResult) {
+	res.Record = rec
+	defer res.completeOutcome()
 	if err := ctx.Err(); err != nil {
 		res.Err = err // nothing is started once Resume's context has ended
+		res.Outcome = listedOutcome(rec, err)
 		return res
 	}
 	if rec.State == journal.StateUnknown {
 		t.reconcile(ctx, r, rec, &res)
+		res.Outcome = listedOutcome(rec, res.Err)
 		return res
 	}
 	req, err := r.Rebuild(ctx, rec)
 	if err != nil || req == nil {
 		res.Err = err
+		res.Outcome = listedOutcome(rec, err)
 		return res
 	}
 	req, mark, done := t.nameForResume(ctx, req, rec)
 	defer done()
 	resp, err := t.RoundTrip(req)
 	res.Sent = mark.sent.Load()
+	res.Outcome = OutcomeOf(resp, err)
 	if err != nil {
 		res.Err = err
 		if mark.unknown.Load() || errors.Is(err, ErrKeyWindowExpired) || errors.Is(err, ErrOutcomeUnknown) {
@@ -160,23 +189,65 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 			t.reconcile(ctx, r, rec, &res)
 		}
 	} else {
-		// The outcome is recorded; the body is discarded as any other
-		// is: a body that never ends is cut by ending the request's
-		// context, which cannot change the recorded outcome.
-		if resp.Body != nil {
-			// The Close too: a body may drain the rest on Close.
-			stop := time.AfterFunc(DefaultMaxDrainTime, done)
-			_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
-			resp.Body.Close()
-			stop.Stop()
-		}
-		res.Status = resp.StatusCode
-		res.Err = GiveUpReason(resp)
+		res.Status, res.Header, res.Err = resp.StatusCode, resp.Header, GiveUpReason(resp)
+		t.keepBody(resp, &res, done)
 	}
 	if res.Sent {
 		t.emit(ctx, Event{Kind: EventResumed, Action: rec.ActionID, Key: rec.Key, Status: res.Status, Err: res.Err})
 	}
 	return res
+}
+
+// keepBody reads resp's body into res, up to DefaultMaxResumeBody bytes,
+// discards the rest as any discarded body is (at most DefaultMaxDrain
+// bytes more), and closes it, all within DefaultMaxDrainTime. The outcome
+// is recorded already: a body that never ends is cut by ending the
+// request's context (cut), which cannot change it.
+func (t *Transport) keepBody(resp *http.Response, res *ResumeResult, cut context.CancelFunc) {
+	if resp.Body == nil {
+		return
+	}
+	// The Close too: a body may drain the rest on Close.
+	stop := time.AfterFunc(DefaultMaxDrainTime, cut)
+	defer stop.Stop()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, DefaultMaxResumeBody+1))
+	if len(body) > DefaultMaxResumeBody {
+		body, res.BodyTruncated = body[:DefaultMaxResumeBody], true
+		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.maxDrain)
+	}
+	if err != nil {
+		res.BodyTruncated = true
+	}
+	if len(body) > 0 {
+		res.Body = body
+	}
+	resp.Body.Close()
+}
+
+// listedOutcome is the Outcome of rec, listed by Resume, of which nothing
+// was sent, for reason (nil if none): Pending, to be resent; Refused if it
+// is outcome-unknown (ErrOutcomeUnknown, unless reason says more), whether
+// Resolve reconciled it or not.
+func listedOutcome(rec journal.Record, reason error) Outcome {
+	o := Outcome{Kind: Pending, Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true, Reason: reason}
+	if rec.State == journal.StateUnknown {
+		o.Kind = Refused
+		if reason == nil {
+			o.Reason = ErrOutcomeUnknown
+		}
+	}
+	return o
+}
+
+// completeOutcome gives res.Outcome the action and key of the listed
+// record when the rebuilt request's error did not name them (a journal's
+// error, say), and its attempts if they were more.
+func (res *ResumeResult) completeOutcome() {
+	o := &res.Outcome
+	if o.Action == "" {
+		o.Action, o.Key = res.Record.ActionID, res.Record.Key
+	}
+	o.Attempts = max(o.Attempts, res.Record.Attempts)
 }
 
 // resumeKey marks a request Resume rebuilt, with a *resumeMark.

@@ -76,6 +76,7 @@ func TestResumeBoundsTheFinalBodyDrain(t *testing.T) {
 			assert.True(t, got.res[0].Sent)
 			assert.Equal(t, http.StatusCreated, got.res[0].Status)
 			assert.NoError(t, got.res[0].Err)
+			assert.True(t, got.res[0].BodyTruncated, "a body cut says so")
 			assert.Less(t, took, 5*time.Second, "the drain is bounded by DefaultMaxDrainTime (%v)", idemretry.DefaultMaxDrainTime)
 			left, err := j.Unfinished(context.Background())
 			require.NoError(t, err)

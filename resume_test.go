@@ -3,6 +3,7 @@ package idemretry_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -256,4 +257,123 @@ func copyDir(t *testing.T, from string) string {
 		require.NoError(t, os.WriteFile(filepath.Join(to, e.Name()), b, 0o600))
 	}
 	return to
+}
+
+// Issue 30, item 2: Resume kept only the status, so the app sent the
+// payment again to learn its charge id. The answer's header and body reach
+// it through the ResumeResult, with its outcome.
+func TestResumeKeepsTheAnswer(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true} // charged, the answer lost
+	j := journal.NewMemory()
+	ctx := context.Background()
+	leftPending(t, j, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, `{"order":"A"}`))
+	recs, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+
+	tr := transportOver(t, j)
+	results, err := tr.Resume(ctx, &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}, 0)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	res := results[0]
+	require.NoError(t, res.Err)
+	assert.Equal(t, http.StatusCreated, res.Status)
+	assert.Equal(t, `{"charge":"ch_1"}`, string(res.Body), "the charge id")
+	assert.False(t, res.BodyTruncated)
+	assert.Equal(t, "true", res.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, idemretry.Outcome{Kind: idemretry.Done, Replayed: true, Action: "pay:A", Key: recs[0].Key, Attempts: 2,
+		Status: http.StatusCreated, MaybeProcessed: true}, res.Outcome)
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// A body longer than DefaultMaxResumeBody is cut there, and says so.
+func TestResumeCutsALongAnswer(t *testing.T) {
+	long := strings.Repeat("x", idemretry.DefaultMaxResumeBody+100)
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 {
+			hijackAndClose(w)
+			return true
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, long)
+		return true
+	}
+	j := journal.NewMemory()
+	ctx := context.Background()
+	leftPending(t, j, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, `{"order":"A"}`))
+	results, err := transportOver(t, j).Resume(ctx, &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}, 0)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	res := results[0]
+	require.NoError(t, res.Err)
+	assert.True(t, res.BodyTruncated)
+	assert.Equal(t, long[:idemretry.DefaultMaxResumeBody], string(res.Body))
+	assert.Equal(t, idemretry.Done, res.Outcome.Kind)
+}
+
+// Each action Resume handles has an outcome: the pending one resent and
+// answered is Done, the outcome-unknown one resolved and forgotten is
+// Refused (nothing of it is sent), the one the app could not rebuild is
+// Pending.
+func TestResumeResultOutcomes(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true, 2: true}
+	j := journal.NewMemory()
+	ctx := context.Background()
+	leftPending(t, j, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, `{"order":"A"}`))
+	leftPending(t, j, post(t, idemretry.WithAction(ctx, "pay:lost-order"), srv.URL, `{"order":"B"}`))
+	old := journal.Record{ActionID: "pay:old", Key: "k-old", CreatedAt: time.Now().Add(-30 * time.Hour), State: journal.StatePending, Attempts: 1}
+	_, _, err := j.Reserve(ctx, old, journal.ReuseAny)
+	require.NoError(t, err)
+	old.State = journal.StateUnknown
+	require.NoError(t, j.Update(ctx, old))
+
+	results, err := transportOver(t, j).Resume(ctx, &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}, 1)
+	require.NoError(t, err)
+	got := map[string]idemretry.ResumeResult{}
+	for _, r := range results {
+		got[r.Record.ActionID] = r
+	}
+	require.Len(t, got, 3)
+	assert.Equal(t, idemretry.Done, got["pay:A"].Outcome.Kind)
+	assert.True(t, got["pay:A"].Outcome.Replayed)
+
+	assert.True(t, got["pay:old"].Forgotten)
+	assert.Equal(t, idemretry.Outcome{Kind: idemretry.Refused, Action: "pay:old", Key: "k-old", Attempts: 1, MaybeProcessed: true,
+		Reason: idemretry.ErrOutcomeUnknown}, got["pay:old"].Outcome)
+
+	lost := got["pay:lost-order"]
+	assert.Equal(t, idemretry.Pending, lost.Outcome.Kind, "%+v", lost.Outcome)
+	assert.Equal(t, "pay:lost-order", lost.Outcome.Action)
+	assert.Equal(t, lost.Record.Key, lost.Outcome.Key)
+	assert.True(t, lost.Outcome.MaybeProcessed)
+	assert.Equal(t, lost.Err, lost.Outcome.Reason)
+	assert.Equal(t, 2, srv.chargeCount())
+}
+
+// Client.Resume: at start-up, a new Client on the directory of one that
+// died resends its payment and hands the app the charge id.
+func TestClientResumeHandsTheChargeID(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true}
+	dir := t.TempDir()
+	ctx := idemretry.WithAction(context.Background(), "pay:A")
+	first, err := idemretry.NewClient(idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	_, err = first.Do(post(t, ctx, srv.URL, `{"order":"A"}`))
+	require.Error(t, err)
+	require.NoError(t, first.Close())
+
+	c, err := idemretry.NewClient(idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	defer c.Close()
+	results, err := c.Resume(context.Background(), &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}, 0)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.Equal(t, `{"charge":"ch_1"}`, string(results[0].Body))
+	assert.Equal(t, idemretry.Done, results[0].Outcome.Kind)
+	assert.EqualValues(t, 1, c.Stats().Resumed)
+	assert.Equal(t, 1, srv.chargeCount())
 }

@@ -200,7 +200,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// method carries none is not that action's request.
 			rec := m.rec
 			return nil, &ActionError{Action: rec.ActionID, Key: rec.Key, Attempts: rec.Attempts, MaybeProcessed: true,
-				Reason: ErrFingerprintMismatch, Err: fmt.Errorf("rebuilt with method %s, which is sent without a key", method)}
+				Reason: ErrFingerprintMismatch, Err: fmt.Errorf("rebuilt with method %s, which is sent without a key", method), counted: true}
 		}
 		// Without a key, only a method that is idempotent by definition may
 		// be sent twice; any other is sent once.
@@ -212,9 +212,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	who, err := t.identify(req, b)
 	if err != nil {
-		return nil, err
+		return nil, sentNothing(err)
 	}
-	return t.fly(req, b, who, s) // lifecycle.go
+	resp, err := t.fly(req, b, who, s) // lifecycle.go
+	return resp, sentNothing(err)
 }
 
 // idempotentMethods may be retried without a key (RFC 9110, 9.2.2).

@@ -141,7 +141,14 @@ type Record struct {
 	// CreatedAt is when the key was minted; the key window runs from it.
 	CreatedAt time.Time
 	State     State
-	// Attempts counts the requests sent under Key so far (as far as recorded).
+	// Attempts counts the attempts made under Key (each request written,
+	// and each that failed to connect), as far as recorded. The Transport
+	// counts an action's first attempt when it reserves the key, durably,
+	// before that attempt leaves, so a record it created says at least 1,
+	// even if its process was killed during that attempt (or before it
+	// left). Later attempts are recorded lazily (after the first one's
+	// answer, and when the request ends): after a crash, more may have
+	// been sent than it says. Updates never lower it.
 	Attempts int
 	// Status is the final HTTP status when State is StateDone, else 0.
 	Status int

@@ -224,7 +224,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 	if err != nil {
 		f := classify(err, req.ActionID)
 		tr.explain(f)
-		if (f.f.Kind == KindJournal || f.f.Kind == KindOther || f.f.Kind == KindInvalidRequest) && held.maybe && !f.f.MaybeProcessed {
+		if (f.f.Kind == KindJournal || f.f.Kind == KindOther || f.f.Kind == KindInvalidRequest || f.f.Kind == KindClosed) && held.maybe && !f.f.MaybeProcessed {
 			// Refused before sending (a journal that failed, say), but
 			// the action was in the journal, or the journal could not
 			// say: an earlier send may have reached the server.
@@ -237,14 +237,16 @@ func (c *Client) send(req *Request) (*Response, error) {
 		return nil, f
 	}
 	defer resp.Body.Close()
-	if reason := root.GiveUpReason(resp); reason != nil {
-		msg := "gave up: " + trimPrefix(reason.Error()) + ", last status " + strconv.Itoa(resp.StatusCode)
+	o := root.OutcomeOf(resp, nil)
+	if o.Kind != root.Done {
+		// The retries stopped at this answer (root.GiveUpReason).
+		msg := "gave up: " + trimPrefix(o.Reason.Error()) + ", last status " + strconv.Itoa(resp.StatusCode)
 		if req.ActionID != "" {
 			msg = "action " + quote(req.ActionID) + ": " + msg
 		}
-		f := newFailure(KindGaveUp, reason, msg)
+		f := newFailure(KindGaveUp, o.Reason, msg)
 		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
-		f.f.Key = sentKey(resp)
+		f.f.Key, f.f.Attempts = o.Key, clampInt32(o.Attempts)
 		tr.explain(f)
 		c.count(f, id, tr)
 		return nil, f
@@ -259,7 +261,7 @@ func (c *Client) send(req *Request) (*Response, error) {
 		}
 		f := newFailure(KindMaybeProcessed, err, msg)
 		f.f.ActionID, f.f.Status, f.f.MaybeProcessed = req.ActionID, clampInt32(resp.StatusCode), true
-		f.f.Key = sentKey(resp)
+		f.f.Key = o.Key
 		tr.explain(f)
 		c.count(f, id, tr)
 		return nil, f
@@ -270,15 +272,6 @@ func (c *Client) send(req *Request) (*Response, error) {
 		Body:     body,
 		Replayed: root.IsReplay(resp),
 	}, nil
-}
-
-// sentKey returns the Idempotency-Key the request answered by resp carried,
-// or "".
-func sentKey(resp *http.Response) string {
-	if resp.Request == nil {
-		return ""
-	}
-	return resp.Request.Header.Get(root.DefaultKeyHeader)
 }
 
 // sendTrace is what one Send learns on the way, through its request's

@@ -33,5 +33,7 @@
 // all its details) that the app branches on without reading messages:
 // KindMaybeProcessed above all, which says that the server may have
 // performed the action and that it must be resent with the same ActionID,
-// never as a new action.
+// never as a new action. Each kind is one of four outcomes (ErrorOutcome,
+// Failure.Outcome), the Go package's: OutcomeDone, OutcomeNotSent,
+// OutcomePending (resend with the same ActionID) and OutcomeRefused.
 package idemretry

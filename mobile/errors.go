@@ -10,13 +10,45 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// Error kinds: what ErrorKind returns and Failure.Kind holds. Their values
+// Outcomes: what the app does next about an action, as ErrorOutcome and
+// Failure.Outcome say. They are the Go package's (idemretry.OutcomeOf's
+// Kinds), with the same values, which never change; each error kind below
+// is one of them, and says which:
+//
+//	OutcomeDone     KindNone
+//	OutcomeNotSent  KindNetwork
+//	OutcomePending  KindMaybeProcessed, KindGaveUp, KindParked, KindOther
+//	OutcomeRefused  KindInvalidRequest, KindWindowExpired, KindFingerprintMismatch,
+//	                KindClockSkew, KindJournal, KindClosed, KindOutcomeUnknown
+const (
+	// OutcomePending: no final answer came, and the server may have
+	// performed the action: send it again with the same ActionID (now,
+	// later, or through Resume on the next start) to get its answer;
+	// never as a new action.
+	OutcomePending = int32(root.Pending)
+	// OutcomeDone: the server's final answer is in hand (no error).
+	OutcomeDone = int32(root.Done)
+	// OutcomeNotSent: nothing of the action can have reached the server.
+	// Send it again with the same ActionID, or Forget it and send a
+	// changed payment as a new action.
+	OutcomeNotSent = int32(root.NotSent)
+	// OutcomeRefused: nothing was sent, and sending it again as it is
+	// would be refused again: the kind says why and what to do. When
+	// MaybeProcessed is true an earlier send of the action may have
+	// reached the server: keep the action (resend it once the cause is
+	// gone, or ask the server about Key), never make it a new one.
+	OutcomeRefused = int32(root.Refused)
+)
+
+// Error kinds: what ErrorKind returns and Failure.Kind holds. They are
+// finer than the outcomes: each says which outcome it is. Their values
 // never change between versions; new kinds get new values.
 const (
-	// KindNone: no error (ErrorKind of null).
+	// KindNone: no error (ErrorKind of null). OutcomeDone.
 	KindNone int32 = 0
 	// KindOther: an error this package does not classify, such as one
 	// returned by the app's own Rebuilder. Read its message.
+	// OutcomePending: it cannot say that nothing was sent.
 	KindOther int32 = 1
 	// KindInvalidRequest: the request (or an argument) was refused before
 	// anything was sent or journaled: no method, a URL that is not
@@ -27,12 +59,15 @@ const (
 	// with both, an ActionID that is too long or starts with "key:" or
 	// "fp:", a request Resume's Rebuilder built for another action.
 	// Fix the request; this send did nothing on the server.
+	// OutcomeRefused.
 	KindInvalidRequest int32 = 2
 	// KindNetwork: the attempts ended (on the timeout, or after every
 	// retry) and none of them can have reached the server: every one
 	// failed before a byte was written (no network, connection refused,
-	// a name that does not resolve). The action is still pending with its
-	// key: send it again, with the same ActionID, when the network is back.
+	// a name that does not resolve), or none was made. The action is
+	// still pending with its key: send it again, with the same ActionID,
+	// when the network is back; or, to change the payment, Forget it and
+	// send the change as a new action. OutcomeNotSent.
 	KindNetwork int32 = 3
 	// KindMaybeProcessed: the attempts ended without an answer after at
 	// least one reached the server (the connection broke or the timeout
@@ -42,6 +77,7 @@ const (
 	// redirect's status). The server may have performed the action: send it again
 	// with the same ActionID (or let Resume do it on the next start) to get
 	// its answer; never make it a new action. MaybeProcessed is true.
+	// OutcomePending.
 	KindMaybeProcessed int32 = 4
 	// KindGaveUp: the server answered every attempt with a status that may
 	// heal (5xx except 501 and 505, 429, 409) until the retries stopped,
@@ -49,16 +85,17 @@ const (
 	// (Retry-After). Status holds its last status. The action is pending
 	// with its key: send it again later with the same ActionID. A 5xx or
 	// 409 may come after the server acted, so MaybeProcessed is true.
+	// OutcomePending.
 	KindGaveUp int32 = 5
 	// KindWindowExpired: the action's key is older than the key window
 	// (24 hours unless Options.KeyWindowMillis says otherwise), so the
 	// server may have forgotten it. Nothing was sent and no new key will
 	// ever be made for the action: ask the server what became of it, then
-	// Forget it. MaybeProcessed is true.
+	// Forget it. MaybeProcessed is true. OutcomeRefused.
 	KindWindowExpired int32 = 6
 	// KindFingerprintMismatch: the ActionID was used before for a request
 	// with another method, URL or body. Nothing was sent. This is a bug in
-	// the app: one ActionID must always mean one payload.
+	// the app: one ActionID must always mean one payload. OutcomeRefused.
 	KindFingerprintMismatch int32 = 7
 	// KindClockSkew: the action's key was made at a time the device's clock
 	// now says is more than a minute in the future: the clock was set back
@@ -69,7 +106,7 @@ const (
 	// made), do not wait: the key's real age is unknown, and by the time
 	// the clock reaches its time the server may have forgotten it.
 	// Reconcile the action with the server (ask it about Key), then
-	// Forget it.
+	// Forget it. OutcomeRefused.
 	KindClockSkew int32 = 8
 	// KindJournal: the journal could not be opened or could not store the
 	// key, so nothing was sent: another Client (in this process or another)
@@ -85,25 +122,46 @@ const (
 	// window ends (then KindWindowExpired). From Close: the journal could
 	// not write what it held, or could not make fingerprint.key again
 	// after it was deleted (the message names it); nothing is sent by
-	// Close.
+	// Close. OutcomeRefused.
 	KindJournal int32 = 9
-	// KindClosed: the Client was closed. Nothing was sent; for a POST or
-	// PATCH with an action, MaybeProcessed is true (the closed journal
-	// cannot say whether an earlier send of it reached the server).
+	// KindClosed: the Client was closed, before the call or during it
+	// (before anything of the payment was sent). Nothing was sent by this
+	// call; for a POST or PATCH with an action, MaybeProcessed is true
+	// when an earlier send of it may have reached the server, or the
+	// closed journal cannot say. OutcomeRefused.
 	KindClosed int32 = 10
 	// KindParked: the retry budget set the action aside with its key
 	// (many requests were failing at once: an outage). It may have
 	// reached the server: resend it later with the same action id, never
-	// a new one.
+	// a new one. (Parked when none of its attempts can have reached the
+	// server, it is KindNetwork.) OutcomePending.
 	KindParked int32 = 11
 	// KindOutcomeUnknown: the action's outcome is unknown for another
 	// reason than its key window's end: the server refused its key as used
 	// for another payload, or the window ended by a clock more than a day
 	// ahead of the device's now (set back since). Nothing more is sent
 	// under it: reconcile the action (ask the server about Key), then
-	// Forget it.
+	// Forget it. OutcomeRefused.
 	KindOutcomeUnknown int32 = 12
 )
+
+// kindOutcomes is each kind's outcome, by kind.
+var kindOutcomes = [...]int32{
+	KindNone: OutcomeDone, KindOther: OutcomePending, KindInvalidRequest: OutcomeRefused,
+	KindNetwork: OutcomeNotSent, KindMaybeProcessed: OutcomePending, KindGaveUp: OutcomePending,
+	KindWindowExpired: OutcomeRefused, KindFingerprintMismatch: OutcomeRefused, KindClockSkew: OutcomeRefused,
+	KindJournal: OutcomeRefused, KindClosed: OutcomeRefused, KindParked: OutcomePending,
+	KindOutcomeUnknown: OutcomeRefused,
+}
+
+// outcomeOfKind returns kind's outcome; OutcomePending, the safe reading,
+// for a kind it does not know.
+func outcomeOfKind(kind int32) int32 {
+	if kind < 0 || int(kind) >= len(kindOutcomes) {
+		return OutcomePending
+	}
+	return kindOutcomes[kind]
+}
 
 // Failure is what an error of this package says, as fields the app can
 // branch on. Get it from an error with FailureOf.
@@ -170,6 +228,14 @@ func ErrorKind(err error) int32 {
 	return FailureOf(err).Kind
 }
 
+// Outcome returns the outcome of f's kind (one of the Outcome constants).
+func (f *Failure) Outcome() int32 { return outcomeOfKind(f.Kind) }
+
+// ErrorOutcome returns the outcome of an error returned by this package
+// (one of the Outcome constants): OutcomeDone for null, OutcomePending for
+// an error from elsewhere.
+func ErrorOutcome(err error) int32 { return outcomeOfKind(ErrorKind(err)) }
+
 // newFailure returns a failure of kind with the message "idemretry: msg"
 // (msg may carry the prefix already, once or more: it is kept once) that
 // unwraps to cause.
@@ -203,7 +269,8 @@ func invalid(msg string) *failure {
 }
 
 // classify turns an error from the Transport (through http.Client) into a
-// failure for actionID.
+// failure for actionID: of the kind that the Go package's outcome of it
+// (idemretry.OutcomeOf) is, made finer by its reason.
 func classify(err error, actionID string) *failure {
 	var fe *failure
 	if errors.As(err, &fe) {
@@ -218,7 +285,7 @@ func classify(err error, actionID string) *failure {
 	}
 	f := newFailure(KindOther, err, msgErr.Error())
 	f.f.ActionID = actionID
-
+	o := root.OutcomeOf(nil, err)
 	var ae *root.ActionError
 	if errors.As(err, &ae) {
 		if ae.Action != "" {
@@ -227,42 +294,62 @@ func classify(err error, actionID string) *failure {
 		f.f.Key = ae.Key
 		f.f.Attempts = clampInt32(ae.Attempts)
 		f.f.Status = clampInt32(ae.Status)
-		f.f.MaybeProcessed = ae.MaybeProcessed
-		switch {
-		case errors.Is(ae.Reason, root.ErrParked):
-			f.f.Kind = KindParked
-		case errors.Is(ae.Reason, root.ErrKeyReused), errors.Is(ae.Reason, root.ErrOutcomeUnknown):
-			f.f.Kind, f.f.MaybeProcessed = KindOutcomeUnknown, true
-		case errors.Is(ae.Reason, root.ErrKeyWindowExpired):
-			f.f.Kind, f.f.MaybeProcessed = KindWindowExpired, true
-		case errors.Is(ae.Reason, root.ErrFingerprintMismatch):
-			f.f.Kind = KindFingerprintMismatch
-		case errors.Is(ae.Reason, root.ErrClockSkew):
-			f.f.Kind = KindClockSkew
-		case errors.Is(ae.Reason, root.ErrResponseNotShared):
-			// The action completed in another Send of the same action;
-			// sending it again gets the server's replay.
-			f.f.Kind, f.f.MaybeProcessed = KindMaybeProcessed, true
-		case errors.Is(ae.Err, root.ErrFingerprintUncheckable):
-			// Refused at every resend until its key window ends: the
-			// journal lost the secret that checks it.
-			f.f.Kind = KindJournal
-		case ae.MaybeProcessed:
-			f.f.Kind = KindMaybeProcessed
-		default:
-			f.f.Kind = KindNetwork
-		}
-		return f
+		f.f.MaybeProcessed = o.MaybeProcessed
 	}
-	switch {
-	case errors.Is(err, root.ErrInvalidRequest), errors.Is(err, root.ErrInvalidKey),
-		errors.Is(err, root.ErrInvalidAction), errors.Is(err, root.ErrActionRequired),
-		errors.Is(err, root.ErrBodyTooLarge):
-		f.f.Kind = KindInvalidRequest
-	case isJournalError(err):
-		f.f.Kind = KindJournal
+	f.f.Kind = kindOf(o, ae != nil)
+	if f.f.Kind == KindOutcomeUnknown || f.f.Kind == KindWindowExpired {
+		f.f.MaybeProcessed = true
 	}
 	return f
+}
+
+// kindOf is the kind of an error whose outcome is o; action says whether
+// the error names an action (an *idemretry.ActionError). In this package
+// only Close cancels a Send (its timeout is a deadline): a Send cut by it
+// before anything was sent is KindClosed.
+func kindOf(o root.Outcome, action bool) int32 {
+	closed := errors.Is(o.Reason, context.Canceled)
+	switch o.Kind {
+	case root.NotSent:
+		if closed {
+			return KindClosed
+		}
+		return KindNetwork
+	case root.Pending:
+		switch {
+		case !action && closed:
+			return KindClosed // cut before the action was reserved
+		case !action:
+			return KindOther
+		case errors.Is(o.Reason, root.ErrParked):
+			return KindParked
+		}
+		return KindMaybeProcessed
+	case root.Refused:
+		switch r := o.Reason; {
+		case errors.Is(r, root.ErrKeyReused), errors.Is(r, root.ErrOutcomeUnknown):
+			return KindOutcomeUnknown
+		case errors.Is(r, root.ErrKeyWindowExpired):
+			return KindWindowExpired
+		case errors.Is(r, root.ErrFingerprintMismatch):
+			return KindFingerprintMismatch
+		case errors.Is(r, root.ErrClockSkew):
+			return KindClockSkew
+		case errors.Is(r, root.ErrFingerprintUncheckable):
+			// Refused at every resend until its key window ends: the
+			// journal lost the secret that checks it.
+			return KindJournal
+		case errors.Is(r, root.ErrInvalidRequest), errors.Is(r, root.ErrInvalidKey),
+			errors.Is(r, root.ErrInvalidAction), errors.Is(r, root.ErrActionRequired),
+			errors.Is(r, root.ErrBodyTooLarge), errors.Is(r, root.ErrInvalidOption):
+			return KindInvalidRequest
+		case isJournalError(r):
+			return KindJournal
+		}
+	case root.Done:
+		return KindNone
+	}
+	return KindOther
 }
 
 // isJournalError reports whether err is one of the errors journals return.

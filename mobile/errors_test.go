@@ -692,3 +692,85 @@ type wrapped struct {
 func (w *wrapped) Error() string { return w.msg + ": " + w.cause.Error() }
 
 func (w *wrapped) Unwrap() error { return w.cause }
+
+// The four outcomes are the Go package's Kinds, with its values, which
+// never change; every kind is one of them.
+func TestKindsAreOutcomes(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, []int32{0, 1, 2, 3}, []int32{idemretry.OutcomePending, idemretry.OutcomeDone, idemretry.OutcomeNotSent, idemretry.OutcomeRefused})
+	assert.Equal(t, []int32{int32(root.Pending), int32(root.Done), int32(root.NotSent), int32(root.Refused)},
+		[]int32{idemretry.OutcomePending, idemretry.OutcomeDone, idemretry.OutcomeNotSent, idemretry.OutcomeRefused})
+	want := map[int32]int32{
+		idemretry.KindNone:                idemretry.OutcomeDone,
+		idemretry.KindOther:               idemretry.OutcomePending,
+		idemretry.KindInvalidRequest:      idemretry.OutcomeRefused,
+		idemretry.KindNetwork:             idemretry.OutcomeNotSent,
+		idemretry.KindMaybeProcessed:      idemretry.OutcomePending,
+		idemretry.KindGaveUp:              idemretry.OutcomePending,
+		idemretry.KindWindowExpired:       idemretry.OutcomeRefused,
+		idemretry.KindFingerprintMismatch: idemretry.OutcomeRefused,
+		idemretry.KindClockSkew:           idemretry.OutcomeRefused,
+		idemretry.KindJournal:             idemretry.OutcomeRefused,
+		idemretry.KindClosed:              idemretry.OutcomeRefused,
+		idemretry.KindParked:              idemretry.OutcomePending,
+		idemretry.KindOutcomeUnknown:      idemretry.OutcomeRefused,
+	}
+	for kind, outcome := range want {
+		assert.Equal(t, outcome, (&idemretry.Failure{Kind: kind}).Outcome(), "kind %d", kind)
+	}
+	assert.Equal(t, idemretry.OutcomePending, (&idemretry.Failure{Kind: 99}).Outcome(), "a kind of a later version reads the safe way")
+	assert.Equal(t, idemretry.OutcomeDone, idemretry.ErrorOutcome(nil))
+	assert.Equal(t, idemretry.OutcomePending, idemretry.ErrorOutcome(errors.New("app's own")))
+}
+
+// A Send's failure is of the outcome the Go package gives the error it
+// wraps (root.OutcomeOf), over real sends: refused dials, an answer lost,
+// the retries stopping at a 503, a parked action, another payload under
+// the action, a closed Client.
+func TestFailureOutcomeIsTheGoPackages(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	offline := "http://" + ln.Addr().String() + "/charges"
+	require.NoError(t, ln.Close())
+	srv := newPayServer(t)
+	lost := newPayServer(t)
+	lost.setAfterCommit(holdUntilGone)
+	busy := newPayServer(t)
+	busy.setBefore(func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Retry-After", "3600")
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+		return true
+	})
+	c, _ := open(t, nil)
+	_, err = c.Send(payment(srv, "pay:first", "1"))
+	require.NoError(t, err)
+
+	offlineReq := &idemretry.Request{Method: "POST", URL: offline, Body: []byte("{}"), ActionID: "pay:offline", TimeoutMillis: 1500}
+	lostReq := payment(lost, "pay:lost", "1")
+	lostReq.TimeoutMillis = 1000
+	for _, c := range []struct {
+		send    func() error
+		kind    int32
+		outcome int32
+	}{
+		{func() error { _, err := c.Send(offlineReq); return err }, idemretry.KindNetwork, idemretry.OutcomeNotSent},
+		{func() error { _, err := c.Send(lostReq); return err }, idemretry.KindMaybeProcessed, idemretry.OutcomePending},
+		{func() error { _, err := c.Send(payment(busy, "pay:busy", "1")); return err }, idemretry.KindGaveUp, idemretry.OutcomePending},
+		{func() error { _, err := c.Send(payment(srv, "pay:first", "2")); return err }, idemretry.KindFingerprintMismatch, idemretry.OutcomeRefused},
+		{func() error { _, err := c.Send(payment(srv, "", "2")); return err }, idemretry.KindInvalidRequest, idemretry.OutcomeRefused},
+	} {
+		err := c.send()
+		require.Error(t, err)
+		f := idemretry.FailureOf(err)
+		assert.Equal(t, c.kind, f.Kind, "%v", err)
+		assert.Equal(t, c.outcome, f.Outcome(), "%v", err)
+		assert.Equal(t, c.outcome, idemretry.ErrorOutcome(err))
+		assert.Equal(t, c.outcome, int32(root.OutcomeOf(nil, errors.Unwrap(err)).Kind), "the Go package's outcome of %v", errors.Unwrap(err))
+	}
+	require.NoError(t, c.Close())
+	_, err = c.Send(payment(srv, "pay:after", "1"))
+	assert.Equal(t, idemretry.KindClosed, idemretry.ErrorKind(err))
+	assert.Equal(t, idemretry.OutcomeRefused, idemretry.ErrorOutcome(err))
+	assert.Equal(t, idemretry.OutcomeRefused, int32(root.OutcomeOf(nil, errors.Unwrap(err)).Kind))
+}

@@ -261,10 +261,11 @@ func staleFinish(t *testing.T, action string) {
 		close(gate)
 		t.Fatal("B was never answered 409")
 	}
-	// B records its attempt before it waits (attempts 1): let that land
-	// first, so that what follows is the cancelled waiter's finish.
+	// B records its attempt before it waits (attempts 2: A's first,
+	// counted when A reserved the key, and B's): let that land first, so
+	// that what follows is the cancelled waiter's finish.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if rows := rowsOf(t, probe, table); len(rows) == 1 && rows[0].attempts == 1 {
+		if rows := rowsOf(t, probe, table); len(rows) == 1 && rows[0].attempts == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
