@@ -1,28 +1,3 @@
-// Package idemretry makes "send it again" safe for payment-style HTTP
-// requests.
-//
-// A customer taps "Pay" twice; a phone loses signal after the server charged
-// the card but before the answer came back; an app is killed mid-request. In
-// each case the client must send the request again and the server must
-// perform it once. idemretry is the client half of the Idempotency-Key
-// protocol, as an http.RoundTripper: every logical action gets one UUIDv4 key,
-// written durably to a journal before the first attempt leaves the process,
-// and every retry — in another goroutine, or after a restart — carries the
-// same key. Retries use full-jitter exponential backoff, honour Retry-After up
-// to a cap, never start a wait that would end after the context's deadline,
-// and stop before the server forgets the key (the key window).
-//
-// Use it as an *http.Client:
-//
-//	client, err := idemretry.NewClient()
-//	if err != nil { ... }
-//	defer client.Close()
-//	ctx = idemretry.WithAction(ctx, "pay:order-A-1001")
-//	req, _ := http.NewRequestWithContext(ctx, "POST", url, body)
-//	resp, err := client.Do(req)
-//
-// or as the Transport of a client you already have (NewTransport). At
-// start-up, journal.Journal.Unfinished lists the actions to resume or reconcile.
 package idemretry
 
 import (

@@ -78,7 +78,7 @@ func (r *run) op(ctx context.Context) error {
 // actionIDs are the ids of a benchmark's actions, made before its timer
 // starts. An application has its action's id already (the order it pays
 // for), so making one is not a cost of the Transport: it was formatted in
-// the timed loop until issue 12 (one to two allocations per action,
+// the timed loop before the performance work (one to two allocations per action,
 // counted against idemretry alone). WithAction's own cost is still
 // measured: Client.Post calls it for every action. The ids are
 // "pay:" and a number unique in the process, zero-padded to a fixed width

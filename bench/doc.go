@@ -8,7 +8,7 @@
 // them send through their own clone of http.DefaultTransport and retry with
 // zero backoff, so the comparison is of the machinery, not of the waits.
 //
-// Beside the client comparison, it measures what issue 12's goals are
+// Beside the client comparison, it measures what the performance goals (README.md) are
 // judged by: end-to-end actions per second at 1, 16 and 64 goroutines with
 // the memory and file journals (e2e.go), the raw write+fdatasync under
 // them (probe.go), idemretry's CPU per MiB of a large body without the

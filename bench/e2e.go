@@ -18,7 +18,7 @@ import (
 // End to end: actions per second, 1 KiB POSTs answered 201 at once by a
 // loopback server, from 1, 16 or 64 goroutines that each send one action
 // after another, through plain net/http and through idemretry with its
-// memory journal and with its default file journal (issue 12's table).
+// memory journal and with its default file journal (the e2e table of README.md).
 
 // Participants of the end-to-end measurement, and of ProbeName.
 const (

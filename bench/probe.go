@@ -16,7 +16,7 @@ const ProbeBytes = 100
 // Probe measures the floor under every durable journal write: append
 // ProbeBytes to a file and fdatasync it (File.Sync where there is no
 // fdatasync; see datasync). It is what the file journal cannot beat for one
-// new action on one goroutine, so issue 12's goal 2 bounds the file journal's
+// new action on one goroutine, so goal 2 (README.md) bounds the file journal's
 // time per action by one probe, plus net/http's request, plus 30 µs. Run it
 // in the directory (the file system) the journal uses, interleaved with the
 // journal's own measurement, so that both see the same disk.

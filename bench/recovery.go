@@ -18,7 +18,7 @@ import (
 )
 
 // Cold recovery: how long filejournal.Open takes on a journal of a million
-// live records, and how much it allocates on the way (issue 12's goal 5:
+// live records, and how much it allocates on the way (goal 5 in README.md:
 // at most 1.2 s, peak under 150 MB).
 
 // RecoveryRecords is the size of the journal that goal 5 is about.

@@ -29,7 +29,7 @@ type goal2Round struct {
 
 type goal2Means struct{ probe, net, file, unnamed time.Duration }
 
-// goal2Slack is what issue 12's goal 2 allows a named file-journal action
+// goal2Slack is what goal 2 (bench/README.md) allows a named file-journal action
 // over one probe sync plus net/http's request.
 const goal2Slack = 30 * time.Microsecond
 

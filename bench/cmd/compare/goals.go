@@ -10,11 +10,11 @@ import (
 	"github.com/idemretry/idemretry/bench"
 )
 
-// printGoals prints issue 12's goals, each with its measured median and
+// printGoals prints the performance goals (bench/README.md), each with its measured median and
 // its target: "ok" when met, "over" when not, "-" for a figure reported
 // without a target. Goals whose case did not run are left out.
 func (res *results) printGoals(rounds int) {
-	fmt.Printf("\nissue 12 goals (medians of %d rounds; ratios against net/http in the same round)\n", rounds)
+	fmt.Printf("\nperformance goals (medians of %d rounds; ratios against net/http in the same round)\n", rounds)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "goal\tmeasured\ttarget\t\t")
 	row := func(goal, measured, target string, ok bool, judged bool) {

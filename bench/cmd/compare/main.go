@@ -1,6 +1,6 @@
 // Command compare runs the bench package's measurements in one process and
 // prints each client's figures as ratios against plain net/http measured in
-// the same round, then a summary of issue 12's goals. On a shared, noisy
+// the same round, then a summary of the performance goals (bench/README.md). On a shared, noisy
 // machine a ratio taken minutes apart means little; one taken seconds apart,
 // repeated over several rounds, does.
 //
