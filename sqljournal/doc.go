@@ -65,8 +65,67 @@
 // and taken over in one UPDATE whose condition reads the database's clock
 // (now()), never a machine's: a lease ends when the database says so, so
 // machines whose clocks disagree still agree on who holds it. Leases are
-// for load, not safety: the key already makes the server perform the action
 // once.
+//
+// The Transport takes the action's lease after reserving its key and before
+// the first attempt, renews it every third of its TTL while it runs, and
+// releases it after RoundTrip returns, in the background, for at most a
+// second (Close waits for it). A machine that finds the lease held waits,
+// polling with jitter, for the holder to release it or for the lease to
+// end, reads the action again and sends it under the same key; if the
+// other machine finished, the server replays its answer. If the caller's
+// context ends first, it gets idemretry.ErrLeaseHeld, with nothing sent. A
+// release that fails (the database down) leaves the lease to its TTL for the
+// other machines, and the Transport that held it takes it again at once. A
+// machine that dies holding a lease delays the action for at most the TTL
+// (idemretry.WithLeaseTTL, 30 s by default). If the holder's renewals fail
+// for a whole TTL and another machine takes over, the holder stops before
+// its next attempt with idemretry.ErrLeaseLost, the action pending with its
+// key. A Lease that fails is logged and the action is sent anyway. Leases
+// cost two extra statements per action. In the two-process test, a second
+// machine resuming an action while the first one's charge was in progress
+// drew 11 409s without leases and none with them; the server charged once
+// either way.
+//
+// # Fleets
+//
+// An outcome the database could not take (it was down when the answer came)
+// is kept in the memory of the machine that got it until it lands; until
+// then the other machines see the action pending. An identical unnamed
+// payment made meanwhile on another machine is taken for a tap of the first
+// and given its replay: on a fleet, name payments (idemretry.WithAction).
+//
+// A machine whose clock is behind the database's (by up to a day) judges key
+// windows by the database's time; the settle time before Resolve and the
+// duplicate window are judged by the earlier of the two. The settle time must
+// still cover how far a machine's clock may run behind the database's: such
+// a machine stores its keys with its own, earlier, time.
+//
+// The journal keeps no fingerprint secret ([journal.FingerprintKeeper]), so
+// every fingerprint in it is a SHA-256: a secret in the table would let
+// whoever reads it (a replica, a backup, an analyst) craft a body that passes
+// for another.
+//
+// # Setup
+//
+// You own db; [Journal.Close] leaves it open. Tell the journal the window you
+// give the Transport, [WithKeyWindow](w) with idemretry.WithKeyWindow(w), and
+// use [WithGrace] if the clocks of your machines may disagree by more than a
+// day. Call [Journal.Expire] on a schedule. [Open] refuses a bad option (a
+// nil db, a bad table name, a key window that is not positive, a negative
+// grace) with [ErrInvalidOption].
+//
+// The table records its id mode in a line of its comment
+// (idemretry.sqljournal.action_ids=plain or =sha256); the first Open that may
+// create tables adds it, keeping any comment already there. A table opened
+// only [WithoutCreateTable] and still empty accepts either mode until it is
+// marked: add that line to its comment when you create it by hand, and the
+// lease columns too:
+//
+//	ALTER TABLE idemretry_actions ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz;
+//
+// The tests run against a real server: eval "$(bash .ci/postgres.sh)" starts
+// a throwaway one, then go -C sqljournal test ./...
 //
 // # Records and expiry
 //
