@@ -3,7 +3,6 @@ package filejournal
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -38,43 +37,6 @@ func asideFiles(t *testing.T, dir string) map[string]int64 {
 func tornJournal(t *testing.T) ([]byte, []journal.Record) {
 	data, es := buildJournal(t, 5)
 	return append(data, []byte(strings.Repeat("torn tail ", 30))...), es
-}
-
-// smallFS mounts a 64 KiB tmpfs, so that a test can fill it (root only).
-func smallFS(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs needs root")
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", mnt, err, out)
-		}
-	})
-	return mnt
-}
-
-// fill writes a file in dir until the file system is full.
-func fill(t *testing.T, dir string) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	require.NoError(t, err)
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			require.ErrorIs(t, err, syscall.ENOSPC)
-			break
-		}
-	}
-	for len(buf) > 1 { // and the last few bytes
-		buf = buf[:len(buf)/2]
-		_, _ = f.Write(buf)
-	}
 }
 
 // Issue 7, item 15, on a real full file system: opening a journal with a

@@ -86,3 +86,28 @@ func (f gatedFile) Sync() error {
 	}
 	return f.file.Sync()
 }
+
+// SmallFSOf, Fill and Unfill are smallFSOf, fill and unfill, for the
+// package's external tests.
+var (
+	SmallFSOf = smallFSOf
+	Fill      = fill
+	Unfill    = unfill
+)
+
+// AllRecords returns every unexpired record, by key: for the package's
+// external tests, which cannot name the records of actions named by their
+// fingerprint.
+func (j *Journal) AllRecords() map[string]journal.Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make(map[string]journal.Record, len(j.m))
+	now := j.now()
+	for id, sl := range j.m {
+		if !j.expired(&sl, now) {
+			r := j.recOf(id, &sl)
+			out[r.record(j.reportedID(id)).Key] = r.record(j.reportedID(id))
+		}
+	}
+	return out
+}
