@@ -146,6 +146,34 @@ func killAfter(cmd *exec.Cmd, out io.Reader, n int) ([]string, error) {
 	return ls, killErr
 }
 
+// killAt reads the output of the child cmd until it says the line stop,
+// SIGKILLs it then, and returns every complete line it wrote before it
+// died. A child that ends before it says stop is an error, which holds
+// what it said.
+func killAt(cmd *exec.Cmd, out io.Reader, stop string) ([]string, error) {
+	var ls []string
+	br := bufio.NewReader(out)
+	for len(ls) == 0 || ls[len(ls)-1] != stop {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return ls, fmt.Errorf("child ended before it said %q: %w\n%s", stop, err, strings.Join(ls, "\n"))
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	killErr := cmd.Process.Signal(syscall.SIGKILL)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			break
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	_ = cmd.Wait()
+	return ls, killErr
+}
+
 // childSay returns a printf to the child's stdout, one whole line at a
 // time, safe for concurrent use.
 func childSay() func(format string, args ...any) {

@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -70,9 +71,12 @@ func (j *Journal) run() {
 			if err != nil {
 				// Poisoned, now or before: ErrClosed, as any other call on
 				// the Journal returns, by which callers know to reopen.
+				// Else a write failed: ErrUnavailable, as for a batch.
 				j.mu.Lock()
 				if j.poison != nil {
 					err = j.usable()
+				} else if !errors.Is(err, journal.ErrUnavailable) {
+					err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 				}
 				j.mu.Unlock()
 			}
@@ -148,6 +152,11 @@ func (j *Journal) post(set func(*events)) {
 func (j *Journal) stopNow() error {
 	j.queueSeen(seenMarkClose)
 	err := j.commitQueued(true)
+	if err == nil {
+		// A batch failed and nothing was left to write: cut off what it
+		// left, if that can be done (else Open cuts it, as a torn tail).
+		_ = j.repair()
+	}
 	var secretErr error
 	if err == nil {
 		_, secretErr = j.keepSecret(time.Time{}, true)
@@ -177,17 +186,35 @@ func (j *Journal) stopNow() error {
 
 // commitQueued takes the queue as one batch, writes and syncs it, and
 // acknowledges its waiters. Lazy-only queues are written only when force is
-// set. On failure the Journal is poisoned and every waiter gets the error.
+// set. On failure every waiter gets the error, and the batch is undone in
+// memory (see failBatch): the Journal goes on, and tries again with the
+// next batch. It returns the batch's error.
 func (j *Journal) commitQueued(force bool) error {
-	j.mu.Lock()
-	if j.poison != nil {
-		err := j.poison
-		j.mu.Unlock()
+	ops, b, err := j.takeBatch(force)
+	if b == nil {
 		return err
 	}
+	size := j.size
+	err = j.writeBatch(ops)
+	j.mu.Lock()
+	j.settle(b, ops, err, j.size != size)
+	j.mu.Unlock()
+	close(b.done)
+	return b.err
+}
+
+// takeBatch takes the queue as the batch to write, with the clock marks
+// due, and returns it with its operations; nil if there is nothing to
+// write (lazy-only queues only when force is set), with the error that
+// stopped the Journal, if any.
+func (j *Journal) takeBatch(force bool) ([]op, *batch, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.poison != nil {
+		return nil, nil, j.poison
+	}
 	if len(j.queue) == 0 || (!j.durable && !force) {
-		j.mu.Unlock()
-		return nil
+		return nil, nil, nil
 	}
 	ops, b := j.queue, j.cur
 	j.queue, j.cur, j.durable = j.spare, newBatch(), false
@@ -205,26 +232,48 @@ func (j *Journal) commitQueued(force bool) error {
 		ops = append(ops, op{kind: opSeen, clock: obs})
 		j.savedObs = obs
 	}
-	j.mu.Unlock()
+	return ops, b, nil
+}
 
-	// Write nothing once another Journal may have the file (see
-	// lockHeld), and acknowledge only what went to the journal the
-	// directory names.
+// writeBatch writes ops and syncs them. It writes nothing once another
+// Journal may have the file (see lockHeld), nor before the file is fit for
+// it after a failure (see repair), and succeeds only for what went to the
+// journal the directory names (see present). A failure leaves the file to
+// be repaired before the next write.
+func (j *Journal) writeBatch(ops []op) error {
 	err := j.lockHeld()
+	if err == nil {
+		err = j.repair()
+	}
 	if err == nil {
 		err = j.writeOps(ops)
 	}
 	if err == nil {
 		err = j.present()
 	}
-	if err == nil {
-		j.opts.hooks.fail(fpAfterSync)
-	}
-
-	j.mu.Lock()
 	if err != nil {
+		j.broken = err
+		return err
+	}
+	j.opts.hooks.fail(fpAfterSync)
+	return nil
+}
+
+// settle ends batch b, whose operations ops were written with the outcome
+// err (synced: some of its frames were synced): on success it is
+// acknowledged; a failure that may have lost the journal (ErrRemoved:
+// another Journal may have the directory now) stops the Journal; any other
+// failure (a full disk, an I/O error) fails the batch alone (see
+// failBatch). Callers hold mu.
+func (j *Journal) settle(b *batch, ops []op, err error, synced bool) {
+	switch {
+	case err == nil:
+	case j.poison != nil || errors.Is(err, ErrRemoved):
 		j.poisonLocked(err)
 		b.err = fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
+	default:
+		j.failBatch(b, ops, synced)
+		b.err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 	}
 	for _, id := range b.ids {
 		if j.inflight[id] == b {
@@ -242,9 +291,103 @@ func (j *Journal) commitQueued(force bool) error {
 		clear(ops) // let the records' ids go
 		j.spare = ops[:0]
 	}
-	j.mu.Unlock()
-	close(b.done)
-	return err
+}
+
+// failBatch undoes in memory batch b, whose write failed, so that the index
+// is again what the file holds plus what the queue will write, and a
+// refused Reserve changes nothing. The records b created, which its
+// waiters were told were not stored, are dropped, and the records they
+// replaced put back. b's other operations go back to the head of the
+// queue, to be written with the next batch (the updates it carried are not
+// lost), and the removals among them wait on that batch; its clock marks
+// are written anew. When none of b's frames was synced (synced false), the
+// repair cuts them all off, and b's creations leave nothing in the queue
+// either, however long the disk stays full (the records put back are in
+// the file as they were); when one was, each refused record's delete is
+// queued behind everything else, and each record put back is queued after
+// it. Then, with nothing durable queued, the flush
+// timer is armed, so that the lazy updates are written once there is room
+// again, whether or not a call comes. Callers hold mu.
+func (j *Journal) failBatch(b *batch, ops []op, synced bool) {
+	refused := make(map[string]bool, len(b.ids))
+	for _, id := range b.ids {
+		if j.inflight[id] == b {
+			refused[id] = true
+		}
+	}
+	q := make([]op, 0, len(ops)+len(j.queue)+2*len(refused))
+	keptDel := make(map[string]bool)
+	for _, o := range ops {
+		switch {
+		case o.kind == opClock || o.kind == opSeen:
+			continue
+		case !synced && o.create && refused[o.r.id]:
+			continue
+		case o.kind == opDelete:
+			keptDel[o.r.id] = true
+		}
+		q = append(q, o)
+	}
+	j.queue = append(q, j.queue...)
+	j.savedHigh, j.savedObs = 0, 0 // the next batch carries both marks
+	for _, id := range b.dels {
+		if j.deleting[id] != b {
+			continue
+		}
+		if keptDel[id] {
+			j.deleting[id] = j.cur
+			j.cur.dels = append(j.cur.dels, id)
+		} else {
+			delete(j.deleting, id) // dropped with its creation
+		}
+	}
+	for id := range refused {
+		delete(j.inflight, id)
+		if _, ok := j.m[id]; !ok {
+			continue // forgotten meanwhile: its delete is queued
+		}
+		j.del(id)
+		if synced {
+			j.queue = append(j.queue, op{kind: opDelete, r: rec{id: id}})
+		}
+		if old, ok := b.replaced[id]; ok {
+			j.insert(&old)
+			if synced { // its delete may be in the file: write it again
+				j.queue = append(j.queue, op{kind: opUpsert, r: old})
+			}
+		}
+	}
+	if len(j.queue) > 0 && !j.durable && !j.flushArmed {
+		j.flushArmed = true
+		j.flushTimer().Reset(max(j.opts.flushEvery, retryEvery))
+	}
+}
+
+// retryEvery is the shortest wait before lazy updates that a failed batch
+// left queued are written again (the flush interval, if longer): a disk
+// that stays full costs at most that many attempts a second.
+const retryEvery = 10 * time.Millisecond
+
+// repair makes the file fit for the next write after a failed one
+// (broken): the descriptor the failure came through is closed and never
+// written or synced again (after a failed fsync, a later one on the same
+// descriptor may report synced data that was dropped: PostgreSQL's
+// "fsyncgate"), and the file, opened afresh, is cut back to the end of its
+// last synced frame, the cut synced, so that nothing of the failed batch
+// is left in it for the next frame to follow. What was acknowledged lies
+// before that end, synced, and is not touched. Only the committer (or
+// Open) calls it.
+func (j *Journal) repair() error {
+	if j.broken == nil {
+		return nil
+	}
+	f, err := j.reopenActive()
+	if err != nil {
+		return err
+	}
+	_ = j.f.Close() // the descriptor that failed: its error adds nothing
+	j.f, j.broken = f, nil
+	return nil
 }
 
 // maxSpareOps bounds the queue buffer kept for reuse (see Journal.spare),
@@ -307,11 +450,11 @@ func (j *Journal) writeOps(ops []op) error {
 func (j *Journal) emitFrame(frame []byte) error {
 	j.opts.hooks.fail(fpBeforeWrite)
 	if _, err := j.f.Write(frame); err != nil {
-		return fmt.Errorf("write %s: %w", j.path, err)
+		return pathError("write", j.path, err)
 	}
 	j.opts.hooks.fail(fpAfterWrite)
 	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", j.path, err)
+		return pathError("sync", j.path, err)
 	}
 	j.nextSeq++
 	j.size += int64(len(frame))

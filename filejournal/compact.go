@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/idemretry/idemretry/internal/datasync"
 )
 
 // Names of the files in a journal directory.
@@ -53,6 +55,11 @@ func (j *Journal) compact() error {
 		// A journal removed under the Journal must not be recreated by a
 		// compaction in a directory whose lock the Journal does not hold.
 		if err := j.checkPresent(); err != nil {
+			return err
+		}
+		// The old file is closed at the rename: the descriptor of a failed
+		// write, never.
+		if err := j.repair(); err != nil {
 			return err
 		}
 	}
@@ -286,6 +293,56 @@ func (j *Journal) openActive() (file, error) {
 	return j.opts.hooks.wrap(journalName, osFile{of}), nil
 }
 
+// reopenActive opens the journal file afresh, for repair: it cuts it to
+// size (the end of its last synced frame) and syncs the cut through a
+// descriptor of its own (a descriptor that appends cannot cut on Windows),
+// then opens it for appending. Each must be the file the Journal writes:
+// another file at the path, or none, is ErrRemoved. Only the committer
+// calls it.
+func (j *Journal) reopenActive() (file, error) {
+	cf, err := j.openSame(os.O_WRONLY)
+	if err != nil {
+		return nil, err
+	}
+	err = cf.Truncate(j.size)
+	if err == nil {
+		err = datasync.File(cf)
+	}
+	if cerr := cf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, pathError("cut", j.path, err)
+	}
+	af, err := j.openSame(os.O_WRONLY | os.O_APPEND)
+	if err != nil {
+		return nil, err
+	}
+	return j.opts.hooks.wrap(journalName, osFile{af}), nil
+}
+
+// openSame opens the journal file with flag, and checks that it is the file
+// the Journal writes (ident): another file at the path, or none, is an
+// error wrapping ErrRemoved.
+func (j *Journal) openSame(flag int) (*os.File, error) {
+	f, err := os.OpenFile(j.path, flag, 0)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil, &removedError{path: j.path}
+	}
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !os.SameFile(fi, j.ident) {
+		err = &removedError{path: j.path}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // present checks that the journal's directory entry still names the file
 // the Journal writes, whose identity openActive recorded: a directory (or
 // file) removed, renamed or replaced under an open journal would take every
@@ -316,17 +373,27 @@ func stillAt(path string, ident os.FileInfo) error {
 	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
 		return &removedError{path: path}
 	}
-	return fmt.Errorf("check %s: %w", path, err)
+	return pathError("check", path, err)
 }
 
-// checkPresent runs present and stops the Journal if the journal is gone.
-// Callers do not hold mu.
+// checkPresent runs present and stops the Journal if the journal is gone
+// (ErrRemoved). Callers do not hold mu.
 func (j *Journal) checkPresent() error {
-	if err := j.present(); err != nil {
+	err := j.present()
+	if errors.Is(err, ErrRemoved) {
 		j.mu.Lock()
 		j.poisonLocked(err)
 		j.mu.Unlock()
+	}
+	return err
+}
+
+// pathError is err of an operation op on path, naming path once: err
+// itself when it is an *fs.PathError (which names its own), else err
+// wrapped in one.
+func pathError(op, path string, err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		return err
 	}
-	return nil
+	return &fs.PathError{Op: op, Path: path, Err: err}
 }

@@ -8,9 +8,10 @@ import (
 )
 
 // Errors of the file journal, wrapped; test them with errors.Is. It returns
-// the journal package's sentinels too: journal.ErrClosed (closed, or stopped
-// by a failure: reopen it), journal.ErrNotFound (Update of a record that is
-// not there), journal.ErrInvalidRecord and journal.ErrIncompatible (a file
+// the journal package's sentinels too: journal.ErrUnavailable (a write or
+// sync failed, a full disk say: nothing was stored, try again later),
+// journal.ErrClosed (closed, or stopped because the journal was removed:
+// reopen it), journal.ErrNotFound (Update of a record that is not there), journal.ErrInvalidRecord and journal.ErrIncompatible (a file
 // of an unknown or earlier format version, or written with the other
 // WithHashedIDs setting).
 var (

@@ -2,8 +2,13 @@ package filejournal
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -97,5 +102,225 @@ func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
 		assert.Equal(t, want.Key, got.Key, want.ActionID)
 		assert.Equal(t, want.State, got.State, want.ActionID)
 		assert.Equal(t, want.Status, got.Status, want.ActionID)
+	}
+}
+
+// A Reserve refused by a failed write changes nothing, even when it was to
+// replace a record (a done one, under ReusePending): the done record it
+// would have replaced, acknowledged, is still there, in memory and after a
+// reopen, and a later Reserve replaces it as it would have.
+func TestFullDiskRefusedReplacementKeepsTheRecord(t *testing.T) {
+	dir := t.TempDir()
+	s, fail := openFaulty(t, dir)
+	ctx := context.Background()
+	a := reserve(t, s, entry("a"))
+	a.State, a.Attempts, a.Status = journal.StateDone, 1, 201
+	require.NoError(t, s.Update(ctx, a))
+	require.NoError(t, s.Sync(ctx))
+
+	fail.Store("short", true)
+	_, _, err := s.Reserve(ctx, entry("a"), journal.ReusePending)
+	require.ErrorIs(t, err, journal.ErrUnavailable)
+	require.ErrorIs(t, err, errNoSpace)
+	got, found, err := s.Get(ctx, "a")
+	require.NoError(t, err)
+	require.True(t, found, "the done record a refused Reserve was to replace is gone")
+	assert.Equal(t, a, got)
+	fail.Delete("short")
+	require.NoError(t, s.Close())
+
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	got, found, err = s.Get(ctx, "a")
+	require.NoError(t, err)
+	require.True(t, found, "the done record a refused Reserve was to replace is gone after a reopen")
+	assert.Equal(t, a, got)
+	again, created, err := s.Reserve(ctx, entry("a"), journal.ReusePending)
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.NotEqual(t, a.Key, again.Key)
+}
+
+// envFullMnt is the tmpfs TestFullDiskChild fills.
+const envFullMnt = "IDEMRETRY_FULL_MNT"
+
+// TestFullDiskChild is the child of TestFullDiskThenKill; it does nothing
+// in a normal run. It reserves a, records its done (lazy), fills the disk,
+// reserves until refused ("sub id key" and "ack id key" for each
+// acknowledged, "sub" said late: the refused one is never submitted), is refused
+// twice more, updates the first record it got after the disk filled
+// (lazy), says "full", and waits to be killed.
+func TestFullDiskChild(t *testing.T) {
+	mnt := os.Getenv(envFullMnt)
+	if mnt == "" {
+		t.Skip("child process of TestFullDiskThenKill")
+	}
+	o := testOpts()
+	o.flushEvery = time.Millisecond // the failed flushes are tried again and again
+	c := openChild(os.Getenv(envDir), o)
+	ctx := context.Background()
+	a, _, err := c.Reserve(ctx, entry("a"), journal.ReuseAny)
+	if err != nil {
+		c.fail(err)
+	}
+	c.say("sub %s %s", a.ActionID, a.Key)
+	c.say("ack %s %s", a.ActionID, a.Key)
+	a.State, a.Attempts, a.Status = journal.StateDone, 1, 201
+	if err := c.Update(ctx, a); err != nil {
+		c.fail(err)
+	}
+	fill(t, mnt)
+	acked, err := reserveUntilFull(t, c.Journal, "full")
+	for _, r := range acked {
+		c.say("sub %s %s", r.ActionID, r.Key)
+		c.say("ack %s %s", r.ActionID, r.Key)
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		c.fail(fmt.Errorf("want ENOSPC: %w", err))
+	}
+	for range 2 {
+		if _, _, err := c.Reserve(ctx, entry("refused"), journal.ReuseAny); !errors.Is(err, syscall.ENOSPC) {
+			c.fail(fmt.Errorf("want ENOSPC: %w", err))
+		}
+	}
+	if len(acked) > 0 {
+		d := acked[0]
+		d.State, d.Attempts, d.Status = journal.StateDone, 1, 202
+		if err := c.Update(ctx, d); err != nil {
+			c.fail(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // a few failed flushes
+	c.say("full")
+	select {}
+}
+
+// A process SIGKILLed while its disk is full, with writes failing and
+// being tried again: the journal opens on the still-full disk with every
+// record it acknowledged, and without the ones it refused; once there is
+// room, it is written to again.
+func TestFullDiskThenKill(t *testing.T) {
+	mnt := smallFSOf(t, "1m")
+	dir := filepath.Join(mnt, "j")
+	cmd, out := startChild(t, "TestFullDiskChild", envDir+"="+dir, envFullMnt+"="+mnt)
+	ls, err := killAt(cmd, out, "full")
+	require.NoError(t, err)
+	o := newOracle()
+	o.apply(t, ls)
+	require.Contains(t, o.acked, "a")
+
+	s, rep := mustOpen(t, dir, testOpts())
+	assert.Equal(t, len(o.acked), rep.Records, "records: %+v", rep)
+	o.check(t, s, 0)
+	_, found, err := s.get("refused")
+	require.NoError(t, err)
+	assert.False(t, found, "a refused Reserve is in the file")
+	require.NoError(t, s.Close())
+
+	unfill(t, mnt)
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	o.check(t, s, 1)
+	reserve(t, s, entry("refused"))
+}
+
+// indexRecords returns every record in s's index, by stored id.
+func indexRecords(s *Journal) map[string]journal.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]journal.Record, len(s.m))
+	for id, h := range s.m {
+		r := s.recOf(id, &h)
+		out[id] = r.record(id)
+	}
+	return out
+}
+
+// Writes and syncs that fail at random while workers create, replace,
+// update and forget records on a few ids: once the faults stop, the index
+// is what the file holds, so a reopen finds exactly the records the Journal
+// held before Close, and every failed batch was undone consistently
+// (refused creations gone, replaced records back, removals and updates
+// kept).
+func TestFullDiskRandomFailuresKeepIndexAndFile(t *testing.T) {
+	for round := range 4 {
+		dir := t.TempDir()
+		fail := new(sync.Map)
+		o := testOpts()
+		o.flushEvery = time.Millisecond
+		o.compactMin = 2048
+		o.hooks = faultyHooks(fail)
+		s, _ := mustOpen(t, dir, o)
+		ctx := context.Background()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var refused atomic.Int64
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(round), uint64(g)))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					id := fmt.Sprintf("id%d", rng.IntN(12))
+					switch rng.IntN(4) {
+					case 0, 1:
+						mode := journal.ReuseAny
+						if rng.IntN(2) == 0 {
+							mode = journal.ReusePending
+						}
+						r, _, err := s.Reserve(ctx, entry(id), mode)
+						if err != nil {
+							assert.ErrorIs(t, err, journal.ErrUnavailable)
+							refused.Add(1)
+							continue
+						}
+						r.Attempts = rng.IntN(5)
+						if rng.IntN(2) == 0 {
+							r.State, r.Status = journal.StateDone, 200+rng.IntN(3)
+						}
+						if err := s.Update(ctx, r); err != nil {
+							assert.ErrorIs(t, err, journal.ErrNotFound) // forgotten or replaced meanwhile
+						}
+					case 2:
+						if err := s.Forget(ctx, id); err != nil {
+							assert.ErrorIs(t, err, journal.ErrUnavailable)
+						}
+					case 3:
+						if err := s.Sync(ctx); err != nil {
+							assert.ErrorIs(t, err, journal.ErrUnavailable)
+						}
+					}
+				}
+			}()
+		}
+		rng := rand.New(rand.NewPCG(uint64(round), 99))
+		for range 40 {
+			switch rng.IntN(3) {
+			case 0:
+				fail.Store("short:"+journalName, true)
+			case 1:
+				fail.Store("sync", errNoSpace)
+			}
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+			fail.Delete("short:" + journalName)
+			fail.Delete("sync")
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+		}
+		close(stop)
+		wg.Wait()
+		require.NoError(t, s.Sync(ctx))
+		want := indexRecords(s)
+		require.NoError(t, reviewCheckIndex(s))
+		require.NoError(t, s.Close())
+		s, _ = mustOpen(t, dir, testOpts())
+		assert.Equal(t, want, indexRecords(s), "round %d: the file and the index disagree", round)
+		require.NoError(t, s.Close())
+		t.Logf("round %d: %d records, %d Reserves refused", round, len(want), refused.Load())
+		require.Positive(t, refused.Load(), "no Reserve was refused: the test tested nothing")
 	}
 }

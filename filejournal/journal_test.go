@@ -186,7 +186,12 @@ func TestFileJournalExpiry(t *testing.T) {
 	}
 }
 
-func TestFileJournalSyncFailurePoisons(t *testing.T) {
+// A failed sync fails its batch alone (issue 30, item 4: it stopped the
+// Journal until a reopen): the Reserve is refused with
+// journal.ErrUnavailable and the sync's error, and leaves no record; the
+// journal goes on serving what it holds, and once syncs work again the next
+// Reserve succeeds.
+func TestFileJournalSyncFailureFailsTheBatch(t *testing.T) {
 	dir := t.TempDir()
 	errEIO := errors.New("injected EIO")
 	var failing sync.Map
@@ -197,20 +202,31 @@ func TestFileJournalSyncFailurePoisons(t *testing.T) {
 	a, _, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
 	require.NoError(t, err)
 	failing.Store(true, errEIO)
-	_, _, err = j.Reserve(ctx, jrec("b"), journal.ReuseAny)
+	b := jrec("b")
+	_, _, err = j.Reserve(ctx, b, journal.ReuseAny)
 	assert.ErrorIs(t, err, errEIO)
-	assert.ErrorIs(t, err, journal.ErrClosed)
+	assert.ErrorIs(t, err, journal.ErrUnavailable)
+	assert.NotErrorIs(t, err, journal.ErrClosed)
 	_, err = j.Unfinished(ctx)
-	assert.ErrorIs(t, err, journal.ErrClosed)
-	assert.ErrorIs(t, err, errEIO)
-	assert.Error(t, j.Close())
+	assert.NoError(t, err)
+	_, found, err := j.Get(ctx, "b")
+	require.NoError(t, err)
+	assert.False(t, found, "the refused Reserve left its record")
+	failing.Delete(true)
+	got, created, err := j.Reserve(ctx, b, journal.ReuseAny)
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.Equal(t, b.Key, got.Key)
+	require.NoError(t, j.Close())
 
 	j = openJ(t, dir)
 	defer j.Close()
-	got, created, err := j.Reserve(ctx, jrec("a"), journal.ReuseAny)
-	require.NoError(t, err)
-	assert.False(t, created)
-	assert.Equal(t, a.Key, got.Key)
+	for _, want := range []journal.Record{a, b} {
+		got, created, err := j.Reserve(ctx, jrec(want.ActionID), journal.ReuseAny)
+		require.NoError(t, err)
+		assert.False(t, created)
+		assert.Equal(t, want.Key, got.Key)
+	}
 }
 
 type syncFailer struct {

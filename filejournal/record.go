@@ -47,10 +47,13 @@ type rec struct {
 
 // op is one record of a payload.
 type op struct {
-	kind  uint8
-	r     rec    // upsert: all of it; delete: r.id only
-	count uint64 // end: records in the snapshot
-	clock int64  // end, clock: the journal's clock high-water mark, Unix ms; seen: the observed time, ms
+	kind uint8
+	// create marks, in the queue, the delete and upsert that a Reserve
+	// writes for a new record (see failBatch); never in a file.
+	create bool
+	r      rec    // upsert: all of it; delete: r.id only
+	count  uint64 // end: records in the snapshot
+	clock  int64  // end, clock: the journal's clock high-water mark, Unix ms; seen: the observed time, ms
 }
 
 // toRec returns want, a record that journal.CheckRecord and checkStatus
