@@ -85,7 +85,7 @@ func (j *Journal) compact() error {
 	}
 	high, obs := j.high, j.obsNs/1e6
 	j.mu.Unlock()
-	if err := j.writeSnapshot(recs, high, obs); err != nil {
+	if err := j.writeSnapshot(recs, high, obs, "compact"); err != nil {
 		// Before the rename the old file, with the expired records and
 		// without this mark, is still the journal: the index keeps them
 		// (dropping them with no delete written would let replay take a
@@ -116,12 +116,15 @@ func (j *Journal) compact() error {
 // the rename cannot be made durable: Open adopts a complete journal.tmp when
 // journal is missing or journal.tmp starts past journal's last frame, and
 // removes it otherwise (see the package doc). A failure before the rename
-// leaves the Journal as it was; a failure after it poisons the Journal.
-func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
+// leaves the Journal as it was; a failure after it poisons the Journal,
+// with an error that names what ("compact", or "create" for a new
+// journal).
+// An error before the rename names the file and the step, once.
+func (j *Journal) writeSnapshot(recs []rec, high, obs int64, what string) (err error) {
 	tmpPath := filepath.Join(j.dir, tmpName)
 	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("compact: %w", err)
+		return err
 	}
 	// What it is, to tell it from another Journal's journal.tmp at the
 	// same path should the directory be replaced meanwhile (see below).
@@ -129,7 +132,7 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	if err != nil {
 		_ = of.Close()
 		_ = os.Remove(tmpPath)
-		return fmt.Errorf("compact: %w", err)
+		return err
 	}
 	f := j.opts.hooks.wrap(tmpName, osFile{of})
 	gen, seq := rand.Uint32(), j.nextSeq
@@ -185,7 +188,7 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 	}
 	if werr != nil {
 		_ = os.Remove(tmpPath)
-		return fmt.Errorf("compact: write %s: %w", tmpPath, werr)
+		return pathError("write", tmpPath, werr)
 	}
 
 	// From the rename until the new file's identity is recorded, the
@@ -218,7 +221,7 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 		j.f = nil
 		if cerr != nil {
 			_ = os.Remove(tmpPath)
-			j.failCompaction(fmt.Errorf("compact: close old journal: %w", cerr))
+			j.failCompaction(fmt.Errorf("%s: close old journal: %w", what, cerr))
 			return j.poison
 		}
 	}
@@ -229,7 +232,7 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 			if af, oerr := j.openActive(); oerr == nil {
 				if os.SameFile(old, j.ident) {
 					j.f = af
-					return fmt.Errorf("compact: %w", err)
+					return err
 				}
 				// The path names another file now: not this journal.
 				_ = af.Close()
@@ -238,20 +241,20 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
 				return j.poison
 			}
 		}
-		j.failCompaction(fmt.Errorf("compact: rename: %w", err))
+		j.failCompaction(fmt.Errorf("%s: rename: %w", what, err))
 		return j.poison
 	}
 	j.opts.hooks.fail(fpRenamed)
 	if err := syncDir(j.dir); err != nil {
 		// Appends acknowledged from now on could vanish with the directory
 		// entry at a power loss: stop.
-		j.failCompaction(fmt.Errorf("compact: sync directory: %w", err))
+		j.failCompaction(fmt.Errorf("%s: sync directory: %w", what, err))
 		return j.poison
 	}
 	j.opts.hooks.fail(fpDirSynced)
 	af, err := j.openActive()
 	if err != nil {
-		j.failCompaction(fmt.Errorf("compact: reopen: %w", err))
+		j.failCompaction(fmt.Errorf("%s: reopen: %w", what, err))
 		return j.poison
 	}
 	j.f, j.gen, j.nextSeq, j.size = af, gen, w.seq, size

@@ -90,7 +90,8 @@ func (e *lockedError) Error() string {
 	case e.pid > 0:
 		holder = fmt.Sprintf("another Client or process (pid %d)", e.pid)
 	}
-	return fmt.Sprintf("idemretry: journal locked: %s is held by %s (one Client per process per directory; wait with WithLockWait, or use another directory)", e.dir, holder)
+	return fmt.Sprintf("idemretry: journal locked: %s is held by %s; one Client per directory: close it, "+
+		"use another directory, or wait with idemretry.WithJournalDir(dir, filejournal.WithLockWait(d))", e.dir, holder)
 }
 
 func (e *lockedError) Is(target error) bool { return target == ErrLocked }

@@ -105,6 +105,16 @@ func Open(dir string, opts ...Option) (*Journal, error) {
 	return open(dir, c)
 }
 
+// openError is err of Open in dir: "idemretry: journal open <dir>: err",
+// or without the dir when err names it already (a file in it, say), so
+// that the message names each path once.
+func openError(dir string, err error) error {
+	if strings.Contains(err.Error(), dir) {
+		return wrap(err, "open")
+	}
+	return wrap(err, "open %s", dir)
+}
+
 // Dir returns the journal's directory, as an absolute path (see Open).
 func (j *Journal) Dir() string { return j.dir }
 
@@ -122,11 +132,11 @@ func open(dir string, c config) (*Journal, error) {
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	dir = abs
 	if err := mkdirDurable(dir); err != nil {
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	lockPath := filepath.Join(dir, lockName)
 	lk, err := lockfile.Acquire(lockPath, c.lockWait)
@@ -134,14 +144,14 @@ func open(dir string, c config) (*Journal, error) {
 		return nil, &lockedError{dir: dir, pid: lockfile.Holder(lockPath)}
 	}
 	if err != nil {
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	// What was locked, to tell whether LOCK is still the file the lock is
 	// on (see lockHeld).
 	lockIdent, err := os.Stat(lockPath)
 	if err != nil {
 		_ = lk.Release()
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	var modes Recovery
 	for _, p := range []struct {
@@ -151,7 +161,7 @@ func open(dir string, c config) (*Journal, error) {
 		tightened, notOwned, err := tighten(p.path, p.max)
 		if err != nil {
 			_ = lk.Release()
-			return nil, wrap(err, "open %s: permissions", dir)
+			return nil, openError(dir, fmt.Errorf("permissions: %w", err))
 		}
 		if tightened {
 			modes.ModeTightened = append(modes.ModeTightened, p.path)
@@ -185,7 +195,7 @@ func open(dir string, c config) (*Journal, error) {
 			_ = j.f.Close()
 		}
 		_ = lk.Release()
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	rep.Records = len(j.m)
 	// After recovery: a journal it refuses is left as it was.
@@ -274,7 +284,7 @@ func (j *Journal) recover() (Recovery, error) {
 		// journal file, once it exists, always has a complete header.
 		j.nextSeq = 1
 		j.high = j.opts.now().UnixMilli()
-		return rep, j.writeSnapshot(nil, j.high, 0)
+		return rep, j.writeSnapshot(nil, j.high, 0, "create")
 	}
 
 	// The file is read through one reusable window (see source), not

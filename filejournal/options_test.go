@@ -118,8 +118,8 @@ func TestLockedErrorSaysWhoAndWhat(t *testing.T) {
 	msg := err.Error()
 	assert.True(t, strings.HasPrefix(msg, "idemretry: journal locked: "+dir+" is held by another Client"), msg)
 	assert.Equal(t, 1, strings.Count(msg, "idemretry: "), msg)
-	assert.Contains(t, msg, "one Client per process per directory")
-	assert.Contains(t, msg, "WithLockWait")
+	assert.Contains(t, msg, "one Client per directory")
+	assert.Contains(t, msg, "filejournal.WithLockWait")
 	if runtime.GOOS != "windows" { // there, the locked file cannot be read
 		assert.Contains(t, msg, "pid "+strconv.Itoa(os.Getpid()), msg)
 	}
