@@ -22,27 +22,8 @@ import (
 // against 175,159 per action end to end).
 func (j *Journal) run() {
 	defer close(j.done)
-	j.mu.Lock()
-	flush := j.flushTimer()
-	expiry := time.AfterFunc(j.opts.expiryEvery, func() { j.post(func(e *events) { e.expiry = true }) })
-	j.mu.Unlock()
-	var compactBackoff time.Time // after a failed automatic compaction
-	// Open has just read or made fingerprint.key: the first check is a
-	// secretCheckEvery later, not at the first batch, where it would race
-	// whatever the caller does as soon as that batch is acknowledged (a
-	// removal of the directory: os.RemoveAll failed, "directory not
-	// empty", on the fingerprint.key.tmp made meanwhile).
-	j.secretChecked = time.Now()
-	// A check of fingerprint.key that a batch found too soon after the
-	// last one (keepSecret), armed for when it is due.
-	var secretDue *time.Timer
-	secretArmed := false
-	defer func() {
-		expiry.Stop()
-		if secretDue != nil {
-			secretDue.Stop()
-		}
-	}()
+	c := j.newCommitter()
+	defer c.stopTimers()
 	for {
 		<-j.wake
 		j.opts.hooks.fail(fpWake)
@@ -55,74 +36,135 @@ func (j *Journal) run() {
 		// With nothing else ready to run, as at concurrency 1, it returns
 		// at once.
 		runtime.Gosched()
-		j.mu.Lock()
-		ev, durable := j.ev, j.durable
-		j.ev = events{}
-		if ev.flush {
-			j.flushArmed = false
-		}
-		j.mu.Unlock()
+		ev, durable := j.takeEvents()
 		// Compactions asked for before Close are done before it.
 		for _, reply := range ev.compact {
-			err := j.commitQueued(true)
-			if err == nil {
-				err = j.compact()
-			}
-			if err != nil {
-				// Poisoned, now or before: ErrClosed, as any other call on
-				// the Journal returns, by which callers know to reopen.
-				// Else a write failed: ErrUnavailable, as for a batch.
-				j.mu.Lock()
-				if j.poison != nil {
-					err = j.usable()
-				} else if !errors.Is(err, journal.ErrUnavailable) {
-					err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
-				}
-				j.mu.Unlock()
-			}
-			reply <- err
+			reply <- j.compactAsked()
 		}
 		if ev.stop {
 			j.closeErr = j.stopNow()
 			j.mu.Lock()
-			flush.Stop()
+			c.flush.Stop()
 			j.mu.Unlock()
 			return
 		}
 		if ev.secret {
-			secretArmed = false
+			c.secretArmed = false
 			_, _ = j.keepSecret(time.Now(), true) // tried again at the next check
 		}
 		if ev.expiry {
-			j.queueSeen(seenMarkEvery)
-			if j.commitQueued(true) == nil && j.hasExpired() {
-				_ = j.compact() // a failure before the rename changes nothing
-			}
-			expiry.Reset(j.opts.expiryEvery)
-		}
-		if !durable && !ev.flush {
-			continue // no batch to write: nothing more to look at
+			c.expire()
 		}
 		// Woken for a durable waiter (a lazy-only queue waits for the
 		// flush timer, which enqueue armed), or by the flush timer.
-		if err := j.commitQueued(ev.flush); err != nil {
-			continue // the Journal is poisoned; Close will report it
+		if durable || ev.flush {
+			c.commit(ev.flush)
 		}
-		now := time.Now()
-		// A failure is tried again at the next check, and at Close, which
-		// reports it.
-		if wait, _ := j.keepSecret(now, false); wait > 0 && !secretArmed {
-			secretArmed = true
-			if secretDue == nil {
-				secretDue = time.AfterFunc(wait, func() { j.post(func(e *events) { e.secret = true }) })
-			} else {
-				secretDue.Reset(wait)
-			}
+	}
+}
+
+// committer is the state of the committer goroutine's loop (see run).
+type committer struct {
+	j      *Journal
+	flush  *time.Timer // the lazy-flush timer (see Journal.flushTimer)
+	expiry *time.Timer // when to look for expired records
+	// compactBackoff: no automatic compaction before, after one failed.
+	compactBackoff time.Time
+	// secretDue is a check of fingerprint.key that a batch found too soon
+	// after the last one (keepSecret), armed for when it is due.
+	secretDue   *time.Timer
+	secretArmed bool
+}
+
+func (j *Journal) newCommitter() *committer {
+	j.mu.Lock()
+	c := &committer{j: j, flush: j.flushTimer(), expiry: time.AfterFunc(j.opts.expiryEvery, j.postExpiry)}
+	j.mu.Unlock()
+	// Open has just read or made fingerprint.key: the first check is a
+	// secretCheckEvery later, not at the first batch, where it would race
+	// whatever the caller does as soon as that batch is acknowledged (a
+	// removal of the directory: os.RemoveAll failed, "directory not
+	// empty", on the fingerprint.key.tmp made meanwhile).
+	j.secretChecked = time.Now()
+	return c
+}
+
+func (c *committer) stopTimers() {
+	c.expiry.Stop()
+	if c.secretDue != nil {
+		c.secretDue.Stop()
+	}
+}
+
+// takeEvents returns the events posted since the last call, and whether a
+// durable waiter is queued.
+func (j *Journal) takeEvents() (events, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	ev, durable := j.ev, j.durable
+	j.ev = events{}
+	if ev.flush {
+		j.flushArmed = false
+	}
+	return ev, durable
+}
+
+// compactAsked writes the queue and compacts, for Compact, and returns its
+// answer: the error, as journal.ErrClosed when the Journal stopped (now or
+// before), as any other call on it returns, by which callers know to
+// reopen; as journal.ErrUnavailable when a write failed, as for a batch.
+func (j *Journal) compactAsked() error {
+	err := j.commitQueued(true)
+	if err == nil {
+		err = j.compact()
+	}
+	if err == nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.poison != nil {
+		return j.usable()
+	}
+	if !errors.Is(err, journal.ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
+	}
+	return err
+}
+
+// expire writes the observed time when due, and compacts when a record
+// has expired (a failure before the rename changes nothing); then it arms
+// the next look.
+func (c *committer) expire() {
+	j := c.j
+	j.queueSeen(seenMarkEvery)
+	if j.commitQueued(true) == nil && j.hasExpired() {
+		_ = j.compact()
+	}
+	c.expiry.Reset(j.opts.expiryEvery)
+}
+
+// commit writes the queue's batch (a lazy-only one when flush is set), and
+// after a batch that succeeded checks fingerprint.key when due (a failure
+// is tried again at the next check, and at Close, which reports it) and
+// compacts when worth it (a failure waits a minute before the next try).
+func (c *committer) commit(flush bool) {
+	j := c.j
+	if err := j.commitQueued(flush); err != nil {
+		return // its waiters have the error; the next batch tries again
+	}
+	now := time.Now()
+	if wait, _ := j.keepSecret(now, false); wait > 0 && !c.secretArmed {
+		c.secretArmed = true
+		if c.secretDue == nil {
+			c.secretDue = time.AfterFunc(wait, j.postSecret)
+		} else {
+			c.secretDue.Reset(wait)
 		}
-		if now.After(compactBackoff) && j.needsCompaction() {
-			if err := j.compact(); err != nil {
-				compactBackoff = time.Now().Add(time.Minute)
-			}
+	}
+	if now.After(c.compactBackoff) && j.needsCompaction() {
+		if err := j.compact(); err != nil {
+			c.compactBackoff = time.Now().Add(time.Minute)
 		}
 	}
 }
@@ -145,6 +187,11 @@ func (j *Journal) post(set func(*events)) {
 	j.mu.Unlock()
 	j.signal()
 }
+
+// postFlush, postExpiry and postSecret post the timers' events.
+func (j *Journal) postFlush()  { j.post(func(e *events) { e.flush = true }) }
+func (j *Journal) postExpiry() { j.post(func(e *events) { e.expiry = true }) }
+func (j *Journal) postSecret() { j.post(func(e *events) { e.secret = true }) }
 
 // stopNow is the committer's last work, for Close: the queued operations
 // written and synced, fingerprint.key kept, the file closed. It returns

@@ -116,133 +116,133 @@ func (j *Journal) compact() error {
 // the rename cannot be made durable: Open adopts a complete journal.tmp when
 // journal is missing or journal.tmp starts past journal's last frame, and
 // removes it otherwise (see the package doc). A failure before the rename
-// leaves the Journal as it was; a failure after it poisons the Journal,
-// with an error that names what ("compact", or "create" for a new
-// journal).
-// An error before the rename names the file and the step, once.
-func (j *Journal) writeSnapshot(recs []rec, high, obs int64, what string) (err error) {
-	tmpPath := filepath.Join(j.dir, tmpName)
-	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+// leaves the Journal as it was, and its error names the file and the step,
+// once; a failure after it poisons the Journal, with an error that names
+// what ("compact", or "create" for a new journal).
+func (j *Journal) writeSnapshot(recs []rec, high, obs int64, what string) error {
+	snap, err := j.writeTemp(recs, high, obs)
 	if err != nil {
 		return err
 	}
-	// What it is, to tell it from another Journal's journal.tmp at the
-	// same path should the directory be replaced meanwhile (see below).
+	return j.installTemp(snap, what)
+}
+
+// snapshot is a journal.tmp written and synced: the file it is (to tell it
+// from another Journal's journal.tmp at the same path should the directory
+// be replaced meanwhile), its generation, the sequence of the frame after
+// its last, and its size.
+type snapshot struct {
+	made    os.FileInfo
+	gen     uint32
+	nextSeq uint64
+	size    int64
+}
+
+// writeTemp writes recs, a frame of its own for the observed time and the
+// end record to a new journal.tmp, with a new generation and the sequences
+// that follow the journal's, and syncs it. On failure journal.tmp is
+// removed.
+func (j *Journal) writeTemp(recs []rec, high, obs int64) (snapshot, error) {
+	tmpPath := filepath.Join(j.dir, tmpName)
+	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return snapshot{}, err
+	}
 	made, err := of.Stat()
 	if err != nil {
 		_ = of.Close()
 		_ = os.Remove(tmpPath)
-		return err
+		return snapshot{}, err
 	}
-	f := j.opts.hooks.wrap(tmpName, osFile{of})
-	gen, seq := rand.Uint32(), j.nextSeq
+	sw := &snapshotWriter{f: j.opts.hooks.wrap(tmpName, osFile{of})}
+	snap := snapshot{made: made, gen: rand.Uint32()}
 	flags := flagSeen
 	if j.opts.hashed {
 		flags |= flagHashedIDs
 	}
-	buf := header{minor: versionMinor, flags: flags, gen: gen, baseSeq: seq}.append(make([]byte, 0, 1<<20))
-	var size int64
-	write := func() error {
-		if _, err := f.Write(buf); err != nil {
-			return err
-		}
-		size += int64(len(buf))
-		buf = buf[:0]
-		return nil
-	}
-	// The records, then a frame of their own for the observed time and
-	// the end record.
-	w := frameWriter{gen: gen, seq: seq, emit: func(frame []byte) error {
-		buf = append(buf, frame...)
-		if len(buf) >= 1<<20 {
-			return write()
-		}
-		return nil
-	}}
-	werr := func() error {
-		for i := range recs {
-			if err := w.add(&op{kind: opUpsert, r: recs[i]}); err != nil {
-				return err
-			}
-		}
-		if err := w.flush(); err != nil {
-			return err
-		}
-		mark := op{kind: opSeen, clock: obs}
-		end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
-		if err := w.write(mark, end); err != nil {
-			return err
-		}
-		if err := write(); err != nil {
-			return err
-		}
-		j.opts.hooks.fail(fpTmpWritten)
-		if err := f.Sync(); err != nil {
-			return err
-		}
-		j.opts.hooks.fail(fpTmpSynced)
-		return nil
-	}()
-	if cerr := f.Close(); werr == nil {
+	sw.buf = header{minor: versionMinor, flags: flags, gen: snap.gen, baseSeq: j.nextSeq}.append(make([]byte, 0, 1<<20))
+	w := frameWriter{gen: snap.gen, seq: j.nextSeq, emit: sw.emit}
+	werr := j.writeSnapshotFrames(sw, &w, recs, high, obs)
+	if cerr := sw.f.Close(); werr == nil {
 		werr = cerr
 	}
 	if werr != nil {
 		_ = os.Remove(tmpPath)
-		return pathError("write", tmpPath, werr)
+		return snapshot{}, pathError("write", tmpPath, werr)
 	}
+	snap.nextSeq, snap.size = w.seq, sw.size
+	return snap, nil
+}
 
+// writeSnapshotFrames writes the snapshot's frames through w into sw, and
+// syncs them.
+func (j *Journal) writeSnapshotFrames(sw *snapshotWriter, w *frameWriter, recs []rec, high, obs int64) error {
+	for i := range recs {
+		if err := w.add(&op{kind: opUpsert, r: recs[i]}); err != nil {
+			return err
+		}
+	}
+	if err := w.flush(); err != nil {
+		return err
+	}
+	mark := op{kind: opSeen, clock: obs}
+	end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
+	if err := w.write(mark, end); err != nil {
+		return err
+	}
+	if err := sw.flush(); err != nil {
+		return err
+	}
+	j.opts.hooks.fail(fpTmpWritten)
+	if err := sw.f.Sync(); err != nil {
+		return err
+	}
+	j.opts.hooks.fail(fpTmpSynced)
+	return nil
+}
+
+// snapshotWriter gathers a snapshot's frames and writes them to f about a
+// MiB at a time.
+type snapshotWriter struct {
+	f    file
+	buf  []byte
+	size int64 // bytes written to f
+}
+
+func (s *snapshotWriter) emit(frame []byte) error {
+	s.buf = append(s.buf, frame...)
+	if len(s.buf) >= 1<<20 {
+		return s.flush()
+	}
+	return nil
+}
+
+func (s *snapshotWriter) flush() error {
+	if _, err := s.f.Write(s.buf); err != nil {
+		return err
+	}
+	s.size += int64(len(s.buf))
+	s.buf = s.buf[:0]
+	return nil
+}
+
+// installTemp renames snap, journal.tmp, over journal and makes it the
+// active file (see writeSnapshot).
+func (j *Journal) installTemp(snap snapshot, what string) error {
+	tmpPath := filepath.Join(j.dir, tmpName)
 	// From the rename until the new file's identity is recorded, the
 	// directory entry names a file other than j.ident: Sync's check waits.
 	j.identMu.Lock()
 	defer j.identMu.Unlock()
-	// Windows cannot rename over an open file: close the old one first. It
-	// is synced, so nothing is lost if the rename then fails.
 	hadOld := j.f != nil
 	if hadOld {
-		// The directory must still hold this journal. One moved away or
-		// replaced while the snapshot was written (another process may
-		// hold a new journal there, under its own lock) is not to be
-		// renamed into, nor, after a failed rename, written to by path:
-		// stop. The journal.tmp made here goes if it is at that path,
-		// made in the new directory: left, that directory's next Open
-		// could adopt it in place of its own journal (another
-		// journal.tmp there is left alone).
-		err := j.lockHeld()
-		if err == nil {
-			err = j.checkPresent()
-		} else {
-			j.failCompaction(err)
-		}
-		if err != nil {
-			removeIfSame(tmpPath, made)
+		if err := j.closeOld(snap.made, what); err != nil {
 			return err
-		}
-		cerr := j.f.Close()
-		j.f = nil
-		if cerr != nil {
-			_ = os.Remove(tmpPath)
-			j.failCompaction(fmt.Errorf("%s: close old journal: %w", what, cerr))
-			return j.poison
 		}
 	}
 	if err := renameDurable(tmpPath, j.path); err != nil {
-		removeIfSame(tmpPath, made)
-		if hadOld { // the old journal is still in place: keep using it
-			old := j.ident
-			if af, oerr := j.openActive(); oerr == nil {
-				if os.SameFile(old, j.ident) {
-					j.f = af
-					return err
-				}
-				// The path names another file now: not this journal.
-				_ = af.Close()
-				j.ident = old
-				j.failCompaction(&removedError{path: j.path})
-				return j.poison
-			}
-		}
-		j.failCompaction(fmt.Errorf("%s: rename: %w", what, err))
-		return j.poison
+		removeIfSame(tmpPath, snap.made)
+		return j.renameFailed(err, hadOld, what)
 	}
 	j.opts.hooks.fail(fpRenamed)
 	if err := syncDir(j.dir); err != nil {
@@ -257,11 +257,66 @@ func (j *Journal) writeSnapshot(recs []rec, high, obs int64, what string) (err e
 		j.failCompaction(fmt.Errorf("%s: reopen: %w", what, err))
 		return j.poison
 	}
-	j.f, j.gen, j.nextSeq, j.size = af, gen, w.seq, size
+	j.f, j.gen, j.nextSeq, j.size = af, snap.gen, snap.nextSeq, snap.size
 	j.mu.Lock()
-	j.sizeSeen = size
+	j.sizeSeen = snap.size
 	j.mu.Unlock()
 	return nil
+}
+
+// closeOld closes the active file before the rename of journal.tmp (made)
+// over it: Windows cannot rename over an open file. It is synced, so
+// nothing is lost if the rename then fails. The directory must still hold
+// this journal. One moved away or replaced while the snapshot was written
+// (another process may hold a new journal there, under its own lock) is
+// not to be renamed into, nor, after a failed rename, written to by path:
+// stop. The journal.tmp made here goes if it is at that path, made in the
+// new directory: left, that directory's next Open could adopt it in place
+// of its own journal (another journal.tmp there is left alone). Callers
+// hold identMu.
+func (j *Journal) closeOld(made os.FileInfo, what string) error {
+	tmpPath := filepath.Join(j.dir, tmpName)
+	err := j.lockHeld()
+	if err == nil {
+		err = j.checkPresent()
+	} else {
+		j.failCompaction(err)
+	}
+	if err != nil {
+		removeIfSame(tmpPath, made)
+		return err
+	}
+	cerr := j.f.Close()
+	j.f = nil
+	if cerr != nil {
+		_ = os.Remove(tmpPath)
+		j.failCompaction(fmt.Errorf("%s: close old journal: %w", what, cerr))
+		return j.poison
+	}
+	return nil
+}
+
+// renameFailed handles a failed rename of journal.tmp over journal: with
+// an old journal (hadOld), still in place, it is opened again and used, if
+// it is still the file the Journal wrote; else the Journal stops. Callers
+// hold identMu.
+func (j *Journal) renameFailed(err error, hadOld bool, what string) error {
+	if hadOld {
+		old := j.ident
+		if af, oerr := j.openActive(); oerr == nil {
+			if os.SameFile(old, j.ident) {
+				j.f = af
+				return err
+			}
+			// The path names another file now: not this journal.
+			_ = af.Close()
+			j.ident = old
+			j.failCompaction(&removedError{path: j.path})
+			return j.poison
+		}
+	}
+	j.failCompaction(fmt.Errorf("%s: rename: %w", what, err))
+	return j.poison
 }
 
 // removeIfSame removes the file at path if it is still the file fi

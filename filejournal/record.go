@@ -134,15 +134,6 @@ func appendOp(b []byte, o *op) []byte {
 	return b
 }
 
-// appendPayload encodes ops as one payload.
-func appendPayload(b []byte, ops []op) []byte {
-	b = binary.AppendUvarint(b, uint64(len(ops)))
-	for i := range ops {
-		b = appendOp(b, &ops[i])
-	}
-	return b
-}
-
 var errPayload = errors.New("malformed payload")
 
 // decoder reads a payload. It never panics and allocates only the strings
@@ -194,20 +185,10 @@ func (d *decoder) id() []byte {
 	return d.bytes(int(n))
 }
 
-// decodePayload calls fn for each record of p, reusing one op. It returns
-// errPayload (wrapped) for anything malformed, and fn's error as is.
-func decodePayload(p []byte, fn func(*op) error) error {
-	return decodeOps(p, func(o *op, id []byte) error {
-		if id != nil {
-			o.r.id = string(id)
-		}
-		return fn(o)
-	})
-}
-
-// decodeOps is decodePayload without the id strings: an upsert's or a
-// delete's id is passed to fn as id, a slice of p, and o.r.id is empty. It
-// allocates nothing but the strings of custom keys.
+// decodeOps calls fn for each record of p, reusing one op: an upsert's or
+// a delete's id is passed to fn as id, a slice of p, and o.r.id is empty.
+// It returns errPayload (wrapped) for anything malformed, and fn's error as
+// is. It allocates nothing but the strings of custom keys.
 func decodeOps(p []byte, fn func(o *op, id []byte) error) error {
 	var o op
 	return decodeOpsInto(p, &o, fn)

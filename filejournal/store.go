@@ -355,7 +355,7 @@ func (j *Journal) enqueue(o op, durable bool) *batch {
 // Callers hold mu.
 func (j *Journal) flushTimer() *time.Timer {
 	if j.flushT == nil {
-		j.flushT = time.AfterFunc(time.Hour, func() { j.post(func(e *events) { e.flush = true }) })
+		j.flushT = time.AfterFunc(time.Hour, j.postFlush)
 		j.flushT.Stop()
 	}
 	return j.flushT
