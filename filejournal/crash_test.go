@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -47,10 +48,10 @@ func crashOpts() config {
 
 // TestCrashChild is the child's body; it does nothing in a normal run.
 func TestCrashChild(t *testing.T) {
-	mode := os.Getenv(envChild)
-	if mode == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of the crash tests")
 	}
+	mode := os.Getenv(envChild)
 	o := crashOpts()
 	if spec := os.Getenv(envFP); spec != "" {
 		o.hooks = killAtFailpoint(spec)
@@ -103,7 +104,9 @@ func killAtFailpoint(spec string) *hooks {
 		defer mu.Unlock()
 		if fp == name {
 			if left--; left == 0 {
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				if p, err := os.FindProcess(os.Getpid()); err == nil {
+					_ = p.Kill() // SIGKILL, where there are signals
+				}
 				select {}
 			}
 		}
@@ -244,10 +247,10 @@ const envReviewFlush = "IDEMRETRY_REVIEW_COMMIT_FLUSH"
 // record some done and Sync, forget some; a seventh goroutine compacts now
 // and then. The journal compacts often by itself too (a small compactMin).
 func TestReviewCommitChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestReviewAckedSurvivesKill")
 	}
+	dir := os.Getenv(envDir)
 	o := testOpts()
 	o.compactMin = 4096
 	o.flushEvery, _ = time.ParseDuration(os.Getenv(envReviewFlush))
@@ -304,7 +307,7 @@ func TestReviewAckedSurvivesKill(t *testing.T) {
 			dir := t.TempDir()
 			o := newOracle()
 			for r := range rounds {
-				cmd, out := startChild(t, "TestReviewCommitChild", envDir+"="+dir,
+				cmd, out := childtest.Start(t, "TestReviewCommitChild", envDir+"="+dir,
 					envReviewFlush+"="+flush.String(), fmt.Sprintf("%s=r%d", envTag, r))
 				// Killed right after its last acknowledgement was read.
 				ls, err := killAfter(cmd, out, 50+rand.IntN(400))
@@ -329,7 +332,7 @@ func TestReviewAckedSurvivesKill(t *testing.T) {
 // leaves opens, holds every acknowledged record with its key, and no
 // record never submitted.
 func TestReviewKillLargeIDs(t *testing.T) {
-	if os.Getenv("IDEMRETRY_REVIEW_CHILD") != "" {
+	if childtest.IsChild() {
 		reviewChild()
 		return
 	}
@@ -382,7 +385,7 @@ func TestReviewKillLargeIDs(t *testing.T) {
 
 func reviewSpawn(t *testing.T, dir, tag, compactMin, fp string) (*exec.Cmd, *lines) {
 	t.Helper()
-	return spawnLines(t, "TestReviewKillLargeIDs", "IDEMRETRY_REVIEW_CHILD=1",
+	return spawnLines(t, "TestReviewKillLargeIDs",
 		envDir+"="+dir, envTag+"="+tag, "IDEMRETRY_REVIEW_COMPACTMIN="+compactMin, envFP+"="+fp)
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,10 +152,10 @@ const envFullMnt = "IDEMRETRY_FULL_MNT"
 // twice more, updates the first record it got after the disk filled
 // (lazy), says "full", and waits to be killed.
 func TestFullDiskChild(t *testing.T) {
-	mnt := os.Getenv(envFullMnt)
-	if mnt == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestFullDiskThenKill")
 	}
+	mnt := os.Getenv(envFullMnt)
 	o := testOpts()
 	o.flushEvery = time.Millisecond // the failed flushes are tried again and again
 	c := openChild(os.Getenv(envDir), o)
@@ -202,7 +203,7 @@ func TestFullDiskChild(t *testing.T) {
 func TestFullDiskThenKill(t *testing.T) {
 	mnt := smallFSOf(t, "1m")
 	dir := filepath.Join(mnt, "j")
-	cmd, out := startChild(t, "TestFullDiskChild", envDir+"="+dir, envFullMnt+"="+mnt)
+	cmd, out := childtest.Start(t, "TestFullDiskChild", envDir+"="+dir, envFullMnt+"="+mnt)
 	ls, err := killAt(cmd, out, "full")
 	require.NoError(t, err)
 	o := newOracle()

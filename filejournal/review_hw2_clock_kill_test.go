@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/require"
 )
@@ -53,7 +54,7 @@ func hw2ClockOpts(base, offset int64) config {
 // their ids, saying "sub id key", "ack id key", "dsub id" (before the
 // done), "synced id key", "fsub id" and "fack id".
 func TestHW2ClockChild(t *testing.T) {
-	if os.Getenv(envHW2Clock) == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestHW2KillWithClockJumps")
 	}
 	base, _ := strconv.ParseInt(os.Getenv(envHW2Clock), 10, 64)

@@ -12,15 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/require"
 )
 
 // The kill test of the review of the performance series (see
 // review_perf_test.go): a SIGKILLed child, as in crash_test.go.
-
-// Environment of TestReviewChurnChild.
-const envReviewChild = "IDEMRETRY_REVIEW_CHURN_CHILD"
 
 // reviewChildOpts are the options of the churn child and of the journal
 // the parent opens after it: hashed ids, small compactions, a fast flush.
@@ -39,7 +37,7 @@ func reviewChildOpts() config {
 // key" around each Reserve, "synced id key" after the done's Sync and
 // "fsub id" and "fack id" around each Forget.
 func TestReviewChurnChild(t *testing.T) {
-	if os.Getenv(envReviewChild) == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestReviewKillDuringChurn")
 	}
 	o := reviewChildOpts()
@@ -121,7 +119,7 @@ func TestReviewKillDuringChurn(t *testing.T) {
 		if r%2 == 1 {
 			fp = fmt.Sprintf("%s:%d", fps[(r/2)%len(fps)], 1+rng.IntN(3))
 		}
-		cmd, ls := spawnLines(t, "TestReviewChurnChild", envReviewChild+"=1", envDir+"="+dir,
+		cmd, ls := spawnLines(t, "TestReviewChurnChild", envDir+"="+dir,
 			envFP+"="+fp, fmt.Sprintf("%s=r%d", envTag, r))
 		if first := ls.waitFirst(t); first != "open" && first != "" {
 			ls.killWithin(cmd, 0)

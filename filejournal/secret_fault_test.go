@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -340,10 +341,10 @@ func TestSecretLockWaitOtherProcess(t *testing.T) {
 // envDir in a loop and says each secret; with envTag=hold it opens envDir
 // itself, says its secret, and holds the journal a moment.
 func TestSecretKillChild(t *testing.T) {
-	base := os.Getenv(envDir)
-	if base == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretKilledWhileMaking")
 	}
+	base := os.Getenv(envDir)
 	if os.Getenv(envTag) == "hold" {
 		j, s, ok := openSecret(t, base)
 		require.True(t, ok)

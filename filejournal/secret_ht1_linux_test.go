@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -95,8 +95,8 @@ func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() strin
 		require.NoError(t, os.Chown(p, uid, gid))
 	}
 	return dir, s, func() string {
-		cmd := exec.Command(bin, "-test.run=^TestSecretAdoptedDirSyncChildHT1$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envDir+"="+dir)
+		cmd := childtest.Command("TestSecretAdoptedDirSyncChildHT1", envDir+"="+dir)
+		cmd.Path, cmd.Args[0] = bin, bin
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
 		out, err := cmd.CombinedOutput()
 		t.Logf("child: %s", out)
@@ -110,10 +110,10 @@ func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() strin
 // TestSecretAdoptedDirSyncFailsKeepsSecretHT1: it opens the journal and
 // says what Open found.
 func TestSecretAdoptedDirSyncChildHT1(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretAdoptedDirSyncFailsKeepsSecretHT1")
 	}
+	dir := os.Getenv(envDir)
 	j, err := Open(dir)
 	if err != nil {
 		t.Fatalf("open: %v", err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -70,10 +71,10 @@ func TestSecretOpenKilledAfterTmpSyncReportsNew(t *testing.T) {
 // fingerprint.key and stops at writeSecret's hook, after the tmp is
 // synced, saying "synced", until it is killed.
 func TestSecretOpenKilledChildHT1(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretOpenKilledAfterTmpSyncReportsNew")
 	}
+	dir := os.Getenv(envDir)
 	secretTestHook = func(step string) {
 		if step == "synced" {
 			fmt.Println("synced")

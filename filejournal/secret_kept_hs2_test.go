@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -83,10 +84,10 @@ func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
 // within secretCheckEvery of that check), its
 // secret said, then idle until it is killed.
 func TestSecretDeletedIdleChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretDeletedThenIdleKeptThroughKill")
 	}
+	dir := os.Getenv(envDir)
 	// Lazy writes flushed within 100 ms: the flush timer's batches come
 	// before secretCheckEvery has passed, and do not check either.
 	j, s, ok := openSecret(t, dir, WithFlushInterval(secretCheckEvery/10))
@@ -219,10 +220,10 @@ func TestSecretKilledBeforeRenameKept(t *testing.T) {
 // TestSecretKilledBeforeRenameKept: it says its secret, then reserves a
 // record every 50 ms; writeSecret stops at its hook until it is killed.
 func TestSecretKilledBeforeRenameChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretKilledBeforeRenameKept")
 	}
+	dir := os.Getenv(envDir)
 	j, s, ok := openSecret(t, dir)
 	require.True(t, ok)
 	// Set after Open, whose writeSecret made fingerprint.key; only the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -101,10 +102,10 @@ func TestSecretDeletedWhileOpenKeptThroughKill(t *testing.T) {
 // TestSecretDeletedWhileOpenKeptThroughKill: it says its secret, then
 // reserves a record every 50 ms until it is killed.
 func TestSecretDeletedChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("a child of TestSecretDeletedWhileOpenKeptThroughKill")
 	}
+	dir := os.Getenv(envDir)
 	j, s, ok := openSecret(t, dir)
 	require.True(t, ok)
 	fmt.Printf("secret %x\n", s)

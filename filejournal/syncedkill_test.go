@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,10 +19,10 @@ import (
 // done (a lazy Update), Sync, and then say so; the flush interval is an
 // hour, so only Sync can have written the done.
 func TestSyncCrashChild(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestSyncedDoneSurvivesKill")
 	}
+	dir := os.Getenv(envDir)
 	o := testOpts()
 	o.flushEvery = time.Hour
 	c := openChild(dir, o)
@@ -51,7 +52,7 @@ func TestSyncedDoneSurvivesKill(t *testing.T) {
 	}
 	for round := range 5 {
 		dir := t.TempDir()
-		cmd, out := startChild(t, "TestSyncCrashChild", envDir+"="+dir)
+		cmd, out := childtest.Start(t, "TestSyncCrashChild", envDir+"="+dir)
 		// Killed right after the last Sync it said returned.
 		ls, err := killAfter(cmd, out, 1+20+10*round)
 		require.NoError(t, err, "round %d", round)
