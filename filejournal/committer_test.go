@@ -21,7 +21,7 @@ import (
 // Tests of the write path, the committer: group commit (a Sync shares the
 // next batch, and waits for the one in flight), a lazy Update arming the
 // flush timer itself, the reused queue and frame buffers, the committer's
-// yield, Close, and what an injected write or sync failure stops.
+// yield, Close, and what an injected write or sync failure fails.
 
 // countingFile counts the Syncs of the journal file.
 type countingFile struct {
@@ -175,7 +175,7 @@ func TestSyncWaitsForBatchInFlight(t *testing.T) {
 // Close writes every queued lazy update (whatever the flush interval), and
 // Sync covers every update made before it, while many goroutines reserve,
 // update, sync, forget and compact, the timer firing all along (-race).
-func TestReviewCloseAndSyncWriteEveryUpdate(t *testing.T) {
+func TestCommitterCloseAndSyncWriteEveryUpdate(t *testing.T) {
 	for _, flush := range []time.Duration{time.Nanosecond, 100 * time.Microsecond, time.Hour} {
 		t.Run(flush.String(), func(t *testing.T) {
 			dir := t.TempDir()
@@ -250,7 +250,7 @@ func TestReviewCloseAndSyncWriteEveryUpdate(t *testing.T) {
 // must reach the disk by Close; and one made while a durable batch is
 // being written (so it armed no timer: the committer is already busy)
 // must reach it by the flush timer, with no Close.
-func TestReviewLazyUpdateWrittenByTimerAfterBusyBatch(t *testing.T) {
+func TestCommitterLazyUpdateWrittenByTimerAfterBusyBatch(t *testing.T) {
 	block, entered := make(chan struct{}), make(chan struct{}, 1)
 	var armed atomic.Bool
 	o := testOpts()
@@ -417,7 +417,7 @@ func TestCommitterFailureAcknowledgesNothingWhileItLasts(t *testing.T) {
 
 // Opening and closing journals with lazy updates queued and the flush
 // timer running leaves no goroutine behind, whatever the interval.
-func TestReviewTimerLeavesNoGoroutine(t *testing.T) {
+func TestCommitterTimerLeavesNoGoroutine(t *testing.T) {
 	before := runtime.NumGoroutine()
 	for i := range 30 {
 		s, _ := openFlushing(t, []time.Duration{time.Nanosecond, time.Millisecond, time.Hour}[i%3])
@@ -522,7 +522,7 @@ func openCopy(t *testing.T, dir string) *Journal {
 // as several frames through the reused scratch buffers, and so are the
 // smaller and larger batches after it: after each Sync, the file holds
 // every update, byte for byte.
-func TestReviewHugeBatchesThroughReusedBuffers(t *testing.T) {
+func TestCommitterHugeBatchesThroughReusedBuffers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes megabytes")
 	}
@@ -591,7 +591,7 @@ func TestReviewHugeBatchesThroughReusedBuffers(t *testing.T) {
 // Every lazy update reaches the file by the flush timer alone (no Sync, no
 // Reserve, no Close after it), even when updates keep arriving while the
 // timer fires and while the committer writes the batch it fired for.
-func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
+func TestCommitterTimerWritesEveryLazyUpdate(t *testing.T) {
 	for _, flush := range []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond} {
 		t.Run(flush.String(), func(t *testing.T) {
 			s, dir := openFlushing(t, flush)
@@ -624,7 +624,7 @@ func TestReviewTimerWritesEveryLazyUpdate(t *testing.T) {
 
 // Close writes the lazy updates still queued, with nothing else to write
 // them: the flush timer is an hour away, or fires while Close runs.
-func TestReviewCloseWritesQueuedLazyUpdates(t *testing.T) {
+func TestCloseWritesQueuedLazyUpdates(t *testing.T) {
 	for _, flush := range []time.Duration{time.Hour, time.Nanosecond} {
 		t.Run(flush.String(), func(t *testing.T) {
 			s, dir := openFlushing(t, flush)
@@ -650,7 +650,7 @@ func TestReviewCloseWritesQueuedLazyUpdates(t *testing.T) {
 // Close racing lazy updates and the flush timer: every Update that
 // returned nil before Close stopped the journal is on disk after it; the
 // ones after it fail with ErrClosed.
-func TestReviewCloseRacingUpdatesAndTimer(t *testing.T) {
+func TestCloseRacingUpdatesAndTimer(t *testing.T) {
 	for _, flush := range []time.Duration{time.Nanosecond, 20 * time.Microsecond, time.Hour} {
 		t.Run(flush.String(), func(t *testing.T) {
 			for range 5 {
@@ -711,4 +711,332 @@ func raiseAttempts(s *Journal, recs []journal.Record, next func(g, a int, err er
 		}()
 	}
 	return wg.Wait
+}
+
+// Tests of how the committer is woken (run): one channel, with what woke it
+// in Journal.ev.
+
+// An idle journal leaves its committer asleep: after a batch, the only
+// wake-ups are the fingerprint.key check that batch armed (due a
+// secretCheckEvery after the last) and, for a lazy update, the flush
+// timer; nothing comes back every second. On a phone each wake-up is a
+// CPU woken from sleep.
+func TestIdleCommitterIsNotWokenAgainAndAgain(t *testing.T) {
+	var wakes atomic.Int64
+	o := testOpts()
+	o.flushEvery = 50 * time.Millisecond
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name == fpWake {
+			wakes.Add(1)
+		}
+	}}
+	s, _ := mustOpen(t, t.TempDir(), o)
+	defer s.Close()
+	ctx := context.Background()
+	e := entry("idle")
+	_, _, err := s.Reserve(ctx, e, journal.ReuseAny)
+	require.NoError(t, err)
+	e.State, e.Status = journal.StateDone, 201
+	require.NoError(t, s.Update(ctx, e)) // lazy: the flush timer writes it
+	before := wakes.Load()
+	idle := 4*secretCheckEvery + 500*time.Millisecond
+	time.Sleep(idle)
+	// One for the flush, one for the fingerprint.key check.
+	require.LessOrEqual(t, wakes.Load()-before, int64(2),
+		"the committer of a journal idle for %v was woken %d times", idle, wakes.Load()-before)
+	got, found, err := s.get("idle")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, journal.StateDone, got.State)
+}
+
+// Compact calls and Close racing them: each Compact returns nil (done
+// before the Journal stopped) or ErrClosed, none hangs, Close returns nil,
+// and what was reserved before is in the reopened journal.
+func TestCompactRacingCloseEndsEveryCall(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		dir := t.TempDir()
+		s, _ := mustOpen(t, dir, testOpts())
+		ids := reserveNumbered(t, s, "c", 8)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				errs <- s.Compact(ctx)
+			}()
+		}
+		require.NoError(t, s.Close())
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				require.ErrorIs(t, err, journal.ErrClosed)
+			}
+		}
+		s2, rep := mustOpen(t, dir, testOpts())
+		require.Equal(t, len(ids), rep.Records)
+		require.NoError(t, s2.Close())
+	}
+}
+
+// A Compact whose context has ended does nothing and says so.
+func TestCompactWithEndedContextDoesNothing(t *testing.T) {
+	var compactions atomic.Int64
+	o := testOpts()
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name == fpCompactBegin {
+			compactions.Add(1)
+		}
+	}}
+	s, _ := mustOpen(t, t.TempDir(), o)
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, s.Compact(ctx), context.Canceled)
+	require.NoError(t, s.Sync(context.Background()))
+	require.Zero(t, compactions.Load())
+	require.NoError(t, s.Compact(context.Background()))
+	require.Equal(t, int64(1), compactions.Load())
+}
+
+// Every kind of work the committer is woken for, at once and at random:
+// durable Reserves and Forgets, lazy Updates under a flush timer of a
+// millisecond or two, Syncs, Compacts (some with contexts that end), the
+// expiry timer every millisecond, and Close at a random moment. No call
+// hangs (a lost wake-up would leave a Reserve, Sync, Compact or Close
+// waiting for ever), every call returns nil or ErrClosed, and the reopened
+// journal holds everything that was acknowledged: each Reserve, each
+// Forget, and each Update that a later Sync covered.
+func TestCommitterUnderEveryWakeAtOnce(t *testing.T) {
+	rounds := 25
+	if testing.Short() {
+		rounds = 5
+	}
+	for round := range rounds {
+		dir := t.TempDir()
+		o := testOpts()
+		o.flushEvery = time.Duration(1+rand.IntN(2)) * time.Millisecond
+		o.expiryEvery = time.Millisecond
+		s, _ := mustOpen(t, dir, o)
+
+		type want struct {
+			reserved, forgotten, synced bool
+		}
+		var mu sync.Mutex
+		acked := map[string]*want{}
+		var bad []error
+		check := func(what string, err error) bool {
+			if err == nil {
+				return true
+			}
+			if !errors.Is(err, journal.ErrClosed) && !errors.Is(err, context.DeadlineExceeded) {
+				mu.Lock()
+				bad = append(bad, fmt.Errorf("%s: %w", what, err))
+				mu.Unlock()
+			}
+			return false
+		}
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				var updated []string
+				for i := 0; ; i++ {
+					id := fmt.Sprintf("g%d-%d", g, i)
+					e := entry(id)
+					if _, _, err := s.Reserve(ctx, e, journal.ReuseAny); !check("reserve", err) {
+						return
+					}
+					mu.Lock()
+					acked[id] = &want{reserved: true}
+					mu.Unlock()
+					switch rand.IntN(5) {
+					case 0:
+						if !check("forget", s.Forget(ctx, id)) {
+							return
+						}
+						mu.Lock()
+						acked[id].forgotten = true
+						mu.Unlock()
+					case 1, 2:
+						e.State, e.Status = journal.StateDone, 200
+						if !check("update", s.Update(ctx, e)) {
+							return
+						}
+						updated = append(updated, id)
+					case 3:
+						if !check("sync", s.Sync(ctx)) {
+							return
+						}
+						mu.Lock()
+						for _, u := range updated {
+							acked[u].synced = true
+						}
+						mu.Unlock()
+						updated = updated[:0]
+					case 4:
+						cctx, cancel := context.WithTimeout(ctx, time.Duration(rand.IntN(3))*time.Millisecond)
+						err := s.Compact(cctx)
+						cancel()
+						if err != nil && !errors.Is(err, context.DeadlineExceeded) && !check("compact", err) {
+							return
+						}
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(5+rand.IntN(40)) * time.Millisecond)
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close() }()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case err := <-closed:
+			if err != nil {
+				t.Fatalf("round %d: Close: %v", round, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: Close did not return within 30s", round)
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: calls still waiting 30s after Close returned", round)
+		}
+		if len(bad) > 0 {
+			t.Fatalf("round %d: %v", round, bad)
+		}
+		s2, _ := mustOpen(t, dir, testOpts())
+		for id, w := range acked {
+			got, found, err := s2.get(id)
+			if err != nil {
+				t.Fatalf("round %d: get %s: %v", round, id, err)
+			}
+			switch {
+			case w.forgotten && found:
+				t.Errorf("round %d: %s forgotten (acknowledged) but in the reopened journal", round, id)
+			case !w.forgotten && !found:
+				t.Errorf("round %d: %s reserved (acknowledged) but not in the reopened journal", round, id)
+			case w.synced && got.State != journal.StateDone:
+				t.Errorf("round %d: %s updated done and synced, reopened as %v", round, id, got.State)
+			}
+		}
+		if err := s2.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A Compact asked for while a batch's sync fails runs once that batch is
+// undone, and rewrites the journal from memory, without the record the
+// failed batch was refused (it failed with journal.ErrClosed when a failure
+// stopped the Journal: found in review hx3); a Reserve is refused while the
+// journal's syncs still fail, and once they work, the same Journal goes on.
+func TestCompactBehindAFailedBatchLeavesItOut(t *testing.T) {
+	fail := &sync.Map{}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var armed atomic.Bool
+	o := testOpts()
+	o.hooks = &hooks{
+		wrapFile: func(name string, f file) file {
+			if name != journalName {
+				return f
+			}
+			return &faultyFile{file: f, fail: fail, name: name}
+		},
+		failpoint: func(name string) {
+			if name == fpAfterWrite && armed.Load() {
+				once.Do(func() { close(entered); <-release })
+			}
+		},
+	}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	ctx := context.Background()
+	a := reserve(t, s, entry("a"))
+	fail.Store("sync", errNoSpace)
+	armed.Store(true)
+	reserved := make(chan error, 1)
+	go func() { _, _, err := s.Reserve(ctx, entry("refused"), journal.ReuseAny); reserved <- err }()
+	<-entered // the Reserve's batch is written; its sync will fail
+	compacted := make(chan error, 1)
+	go func() { compacted <- s.Compact(ctx) }()
+	for queued := false; !queued; time.Sleep(time.Millisecond) { // the Compact waits for the committer
+		s.mu.Lock()
+		queued = len(s.ev.compact) == 1
+		s.mu.Unlock()
+	}
+	close(release)
+	if err := <-reserved; !errors.Is(err, journal.ErrUnavailable) || !errors.Is(err, errNoSpace) {
+		t.Fatalf("Reserve whose sync failed: %v, want ErrUnavailable and the sync's error", err)
+	}
+	if err := <-compacted; err != nil {
+		t.Errorf("Compact queued behind the failed batch: %v", err)
+	}
+	if _, _, err := s.Reserve(ctx, entry("b"), journal.ReuseAny); !errors.Is(err, journal.ErrUnavailable) || !errors.Is(err, errNoSpace) {
+		t.Errorf("Reserve while syncs fail: %v, want ErrUnavailable and the sync's error", err)
+	}
+	fail.Delete("sync")
+	b := reserve(t, s, entry("b"))
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	for _, want := range []journal.Record{a, b} {
+		got, found, _ := s.get(want.ActionID)
+		if !found || got.Key != want.Key {
+			t.Errorf("%s: %v, found %v; want key %s", want.ActionID, got, found, want.Key)
+		}
+	}
+	if _, found, _ := s.get("refused"); found {
+		t.Error("the refused Reserve is in the file")
+	}
+}
+
+// An idle journal still drops its expired records: the expiry timer, the
+// only thing that wakes its committer then, fires again and again (it is
+// re-armed after each look) until a done record's retention is over by both
+// the clock and the observed time, and then compacts it away, with no call
+// on the Journal meanwhile.
+func TestCommitterIdleJournalExpiresByItsTimerAlone(t *testing.T) {
+	var compactions atomic.Int64
+	o := testOpts()
+	base := time.Now()
+	start := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	o.now = func() time.Time { return start.Add(time.Since(base) * 100) } // 100 times fast
+	o.keyWindow, o.grace = 2*time.Second, time.Second
+	o.expiryEvery = 5 * time.Millisecond
+	require.NoError(t, o.check())
+	o.hooks = &hooks{failpoint: func(name string) {
+		if name == fpCompactBegin {
+			compactions.Add(1)
+		}
+	}}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	ctx := context.Background()
+	e := entry("expiring")
+	e.CreatedAt = time.UnixMilli(o.now().UnixMilli())
+	got := reserve(t, s, e)
+	got.State, got.Status = journal.StateDone, 201
+	require.NoError(t, s.Update(ctx, got))
+	require.NoError(t, s.Sync(ctx))
+	before := compactions.Load()
+	deadline := time.Now().Add(20 * time.Second)
+	for compactions.Load() == before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Greater(t, compactions.Load(), before, "no compaction of the expired record within 20s of real time (%v of the journal's)", o.now().Sub(e.CreatedAt))
+	require.NoError(t, s.Close())
+	s2, rep := mustOpen(t, dir, testOpts())
+	defer s2.Close()
+	require.Zero(t, rep.Records, "the expired record is still in the file")
 }

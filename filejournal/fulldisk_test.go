@@ -19,6 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// A full disk (doc.go, "A full disk"): real ENOSPC on a small tmpfs, and
+// injected write and sync failures.
+
 // reserveUntilFull reserves new actions named prefix0, prefix1, ... until
 // one is refused, and returns the records acknowledged before, and the
 // error. A full tmpfs still takes the writes that fit in the journal's
@@ -316,7 +319,7 @@ func TestFullDiskRandomFailuresKeepIndexAndFile(t *testing.T) {
 		wg.Wait()
 		require.NoError(t, s.Sync(ctx))
 		want := indexRecords(s)
-		require.NoError(t, reviewCheckIndex(s))
+		require.NoError(t, checkIndex(s))
 		require.NoError(t, s.Close())
 		s, _ = mustOpen(t, dir, testOpts())
 		assert.Equal(t, want, indexRecords(s), "round %d: the file and the index disagree", round)

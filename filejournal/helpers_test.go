@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -313,4 +314,22 @@ func fill(t testing.TB, dir string) {
 func unfill(t testing.TB, dir string) {
 	t.Helper()
 	require.NoError(t, os.Remove(filepath.Join(dir, "filler")))
+}
+
+// onlyOn skips t unless it runs on one of the systems goos: for a test of
+// what only they do (a SIGKILL read back from a child's exit status, say).
+func onlyOn(t testing.TB, goos ...string) {
+	t.Helper()
+	if !slices.Contains(goos, runtime.GOOS) {
+		t.Skipf("only on %v", goos)
+	}
+}
+
+// onlyOnUnix skips t on systems without Unix permissions and symlinks.
+func onlyOnUnix(t testing.TB) {
+	t.Helper()
+	switch runtime.GOOS {
+	case "windows", "plan9", "js", "wasip1":
+		t.Skipf("not on %s", runtime.GOOS)
+	}
 }
