@@ -30,6 +30,7 @@ func (f closeFailingFile) Close() error {
 // A journal file that fails to close: Close says so once, with the package
 // prefix once and "close" once, and the cause stays reachable.
 func TestCloseErrorSaysCloseOnce(t *testing.T) {
+	t.Parallel()
 	o := testOpts()
 	o.hooks = &hooks{wrapFile: func(name string, f file) file {
 		if name == journalName {
@@ -52,6 +53,7 @@ func TestCloseErrorSaysCloseOnce(t *testing.T) {
 // disk (Close writes what was queued before it), attempts included.
 func TestCloseRacingCalls(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	for round := range 6 {
 		o := crashOpts()
 		dir := t.TempDir()

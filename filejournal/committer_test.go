@@ -39,6 +39,7 @@ func (f countingFile) Sync() error {
 // unnamed action) all join the next batch, and that batch costs one sync:
 // a Sync does not force an fdatasync of its own, it shares the Reserves'.
 func TestSyncSharesTheNextBatch(t *testing.T) {
+	t.Parallel()
 	const k = 8
 	var syncs atomic.Int64
 	block, entered := make(chan struct{}), make(chan struct{}, 1)
@@ -118,6 +119,7 @@ func TestSyncSharesTheNextBatch(t *testing.T) {
 // it). One queued while the timer already runs, after a Reserve's batch
 // took the update that armed it, is still written by that timer.
 func TestLazyUpdateAfterBatchFlushedByTimer(t *testing.T) {
+	t.Parallel()
 	s, _ := openFlushing(t, 20*time.Millisecond)
 	defer s.Close()
 	a := reserve(t, s, entry("a"))
@@ -133,6 +135,7 @@ func TestLazyUpdateAfterBatchFlushedByTimer(t *testing.T) {
 // yet synced, must be waited for too: the queue is empty then, yet the
 // update is not durable. (Found in review: Sync returned at once.)
 func TestSyncWaitsForBatchInFlight(t *testing.T) {
+	t.Parallel()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	armed := make(chan struct{})
@@ -176,6 +179,7 @@ func TestSyncWaitsForBatchInFlight(t *testing.T) {
 // Sync covers every update made before it, while many goroutines reserve,
 // update, sync, forget and compact, the timer firing all along (-race).
 func TestCommitterCloseAndSyncWriteEveryUpdate(t *testing.T) {
+	t.Parallel()
 	for _, flush := range []time.Duration{time.Nanosecond, 100 * time.Microsecond, time.Hour} {
 		t.Run(flush.String(), func(t *testing.T) {
 			dir := t.TempDir()
@@ -251,6 +255,7 @@ func TestCommitterCloseAndSyncWriteEveryUpdate(t *testing.T) {
 // being written (so it armed no timer: the committer is already busy)
 // must reach it by the flush timer, with no Close.
 func TestCommitterLazyUpdateWrittenByTimerAfterBusyBatch(t *testing.T) {
+	t.Parallel()
 	block, entered := make(chan struct{}), make(chan struct{}, 1)
 	var armed atomic.Bool
 	o := testOpts()
@@ -302,6 +307,7 @@ func TestCommitterLazyUpdateWrittenByTimerAfterBusyBatch(t *testing.T) {
 // succeed again on the same Journal; and everything it acknowledged, before
 // and after, is on disk after a reopen.
 func TestCommitterFailureAcknowledgesNothingWhileItLasts(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []string{"short", "sync"} {
 		t.Run(fault, func(t *testing.T) {
 			dir := t.TempDir()
@@ -463,6 +469,7 @@ func (f *watchedFile) Sync() error {
 // lazy updates, Syncs, Reserves, the flush timer, compactions and Close
 // keep coming: it goes on through a new descriptor.
 func TestCommitterNoIOOnAFailedDescriptor(t *testing.T) {
+	t.Parallel()
 	var failing atomic.Bool
 	var after atomic.Int64
 	o := testOpts()
@@ -523,6 +530,7 @@ func openCopy(t *testing.T, dir string) *Journal {
 // smaller and larger batches after it: after each Sync, the file holds
 // every update, byte for byte.
 func TestCommitterHugeBatchesThroughReusedBuffers(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("writes megabytes")
 	}
@@ -592,6 +600,7 @@ func TestCommitterHugeBatchesThroughReusedBuffers(t *testing.T) {
 // Reserve, no Close after it), even when updates keep arriving while the
 // timer fires and while the committer writes the batch it fired for.
 func TestCommitterTimerWritesEveryLazyUpdate(t *testing.T) {
+	t.Parallel()
 	for _, flush := range []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond} {
 		t.Run(flush.String(), func(t *testing.T) {
 			s, dir := openFlushing(t, flush)
@@ -625,6 +634,7 @@ func TestCommitterTimerWritesEveryLazyUpdate(t *testing.T) {
 // Close writes the lazy updates still queued, with nothing else to write
 // them: the flush timer is an hour away, or fires while Close runs.
 func TestCloseWritesQueuedLazyUpdates(t *testing.T) {
+	t.Parallel()
 	for _, flush := range []time.Duration{time.Hour, time.Nanosecond} {
 		t.Run(flush.String(), func(t *testing.T) {
 			s, dir := openFlushing(t, flush)
@@ -651,6 +661,7 @@ func TestCloseWritesQueuedLazyUpdates(t *testing.T) {
 // returned nil before Close stopped the journal is on disk after it; the
 // ones after it fail with ErrClosed.
 func TestCloseRacingUpdatesAndTimer(t *testing.T) {
+	t.Parallel()
 	for _, flush := range []time.Duration{time.Nanosecond, 20 * time.Microsecond, time.Hour} {
 		t.Run(flush.String(), func(t *testing.T) {
 			for range 5 {
@@ -722,6 +733,7 @@ func raiseAttempts(s *Journal, recs []journal.Record, next func(g, a int, err er
 // timer; nothing comes back every second. On a phone each wake-up is a
 // CPU woken from sleep.
 func TestIdleCommitterIsNotWokenAgainAndAgain(t *testing.T) {
+	t.Parallel()
 	var wakes atomic.Int64
 	o := testOpts()
 	o.flushEvery = 50 * time.Millisecond
@@ -754,6 +766,7 @@ func TestIdleCommitterIsNotWokenAgainAndAgain(t *testing.T) {
 // before the Journal stopped) or ErrClosed, none hangs, Close returns nil,
 // and what was reserved before is in the reopened journal.
 func TestCompactRacingCloseEndsEveryCall(t *testing.T) {
+	t.Parallel()
 	for round := 0; round < 20; round++ {
 		dir := t.TempDir()
 		s, _ := mustOpen(t, dir, testOpts())
@@ -785,6 +798,7 @@ func TestCompactRacingCloseEndsEveryCall(t *testing.T) {
 
 // A Compact whose context has ended does nothing and says so.
 func TestCompactWithEndedContextDoesNothing(t *testing.T) {
+	t.Parallel()
 	var compactions atomic.Int64
 	o := testOpts()
 	o.hooks = &hooks{failpoint: func(name string) {
@@ -812,6 +826,7 @@ func TestCompactWithEndedContextDoesNothing(t *testing.T) {
 // journal holds everything that was acknowledged: each Reserve, each
 // Forget, and each Update that a later Sync covered.
 func TestCommitterUnderEveryWakeAtOnce(t *testing.T) {
+	t.Parallel()
 	rounds := 25
 	if testing.Short() {
 		rounds = 5
@@ -939,6 +954,7 @@ func TestCommitterUnderEveryWakeAtOnce(t *testing.T) {
 // stopped the Journal: found in review hx3); a Reserve is refused while the
 // journal's syncs still fail, and once they work, the same Journal goes on.
 func TestCompactBehindAFailedBatchLeavesItOut(t *testing.T) {
+	t.Parallel()
 	fail := &sync.Map{}
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -1007,6 +1023,7 @@ func TestCompactBehindAFailedBatchLeavesItOut(t *testing.T) {
 // the clock and the observed time, and then compacts it away, with no call
 // on the Journal meanwhile.
 func TestCommitterIdleJournalExpiresByItsTimerAlone(t *testing.T) {
+	t.Parallel()
 	var compactions atomic.Int64
 	o := testOpts()
 	base := time.Now()

@@ -44,6 +44,7 @@ type churnModel struct {
 // succeeds. Then the journal is closed and reopened, and checked the same
 // way.
 func TestCompactChurnWithExpiry(t *testing.T) {
+	t.Parallel()
 	const workers, idsEach, steps = 16, 4, 1000
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
@@ -194,6 +195,7 @@ func TestCompactChurnWithExpiry(t *testing.T) {
 // journal's last one, not delete it (see the package doc, "journal.tmp at
 // recovery"). (Found in review: the record was lost.)
 func TestLostCompactionRenameKeepsAppends(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, compact := openKeepingOldJournal(t, dir)
 	reserve(t, s, entry("before"))
@@ -218,6 +220,7 @@ func TestLostCompactionRenameKeepsAppends(t *testing.T) {
 // not end with the end record, and Open must adopt it. (Found in review:
 // Open deleted it and started an empty journal.)
 func TestLostCreationRenameKeepsRecords(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	acked := reserve(t, s, entry("first-payment"))
@@ -243,6 +246,7 @@ func requireRecovered(t *testing.T, img, id string) {
 // Open creates missing directories, syncing the parent of each: a nested,
 // not yet existing journal directory works and keeps its records.
 func TestOpenCreatesNestedDir(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "a", "b", "journal")
 	s, _ := mustOpen(t, dir, testOpts())
 	e := reserve(t, s, entry("pay:1"))
@@ -294,6 +298,7 @@ func openKeepingOldJournal(t *testing.T, dir string) (*Journal, func() []byte) {
 // journal's file, which then failed to open (bytes that are no frame
 // before the other Journal's later frame).
 func TestCompactDirectoryReplacedDuringIt(t *testing.T) {
+	t.Parallel()
 	r := newReplacedDirRig(t, fpTmpSynced)
 	j := r.j
 	reserve(t, j, entry("mine"))
@@ -336,6 +341,7 @@ func TestCompactDirectoryReplacedDuringIt(t *testing.T) {
 // own journal.tmp, made meanwhile, would not be touched: only the file
 // this Journal made is removed.
 func TestCompactDirectoryReplacedBeforeTempMade(t *testing.T) {
+	t.Parallel()
 	r := newReplacedDirRig(t, fpCompactBegin)
 	j := r.j
 	// Sequences past the other journal's, so that its Open would adopt

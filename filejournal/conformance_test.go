@@ -14,6 +14,7 @@ import (
 )
 
 func TestJournalConformanceFile(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := filejournal.Open(t.TempDir())
 		require.NoError(t, err)
@@ -22,6 +23,7 @@ func TestJournalConformanceFile(t *testing.T) {
 }
 
 func TestJournalConformanceFileHashed(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := filejournal.Open(t.TempDir(), filejournal.WithHashedIDs())
 		require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 // records recovery loads: for a journal of new records only, and for one
 // with updates, forgotten records and records created again.
 func TestCountLiveIsTheRecordsLoaded(t *testing.T) {
+	t.Parallel()
 	assert.Equal(t, 5000, countLive(memSource(recoveryJournal(5000))))
 
 	dir := t.TempDir()
@@ -49,6 +50,7 @@ func TestCountLiveIsTheRecordsLoaded(t *testing.T) {
 
 // hashSet counts members through growth, removals and re-additions.
 func TestHashSet(t *testing.T) {
+	t.Parallel()
 	s := new(hashSet)
 	s.reset(0)
 	for i := range uint32(10_000) {
@@ -81,6 +83,7 @@ func splitmix64(x uint64) uint64 {
 // its first guess: creations, deletions, re-creations after a deletion and
 // deletions of ids never created, against a map replaying the same.
 func TestLiveCounterFollowsOperationOrder(t *testing.T) {
+	t.Parallel()
 	for _, hint := range []int{0, 1000, 1 << 20} {
 		c := newLiveCounter(hint)
 		want := map[uint64]bool{}
@@ -119,6 +122,7 @@ func TestLiveCounterFollowsOperationOrder(t *testing.T) {
 // hashSet.reset sizes the table so that as many members as it was told
 // fit without a rehash, and reuses a table that is large enough.
 func TestHashSetResetHoldsItsHint(t *testing.T) {
+	t.Parallel()
 	var s hashSet
 	for _, hint := range []int{0, 5, 16, 100, 4000, 3000} {
 		s.reset(hint)
@@ -145,6 +149,7 @@ func TestHashSetResetHoldsItsHint(t *testing.T) {
 // the varint boundaries of attempts and status, so the encoded size of a
 // record changes with them, and keys are both UUIDs and custom strings.
 func TestLiveBytesMatchReplay(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j, _ := mustOpen(t, dir, testOpts())
 	ctx := context.Background()
@@ -197,6 +202,7 @@ func TestLiveBytesMatchReplay(t *testing.T) {
 // and the count stays exact (hashes distinct, bit 1 clear, spread over the
 // table as real ones are).
 func TestHashSetGrowsPastCountHint(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("6M hashes")
 	}

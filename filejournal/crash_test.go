@@ -122,6 +122,7 @@ func child(t *testing.T, mode, dir string, env ...string) (*exec.Cmd, *lines) {
 // compaction paths; the journal must then open and satisfy the oracle.
 func TestKillLoop(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	rounds := 200
 	if n, err := strconv.Atoi(os.Getenv(envRounds)); err == nil {
 		rounds = n
@@ -208,6 +209,7 @@ func TestKillLoop(t *testing.T) {
 // holder releases the lock; the lock still excludes after a compaction.
 func TestLockAcrossProcesses(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	dir := t.TempDir()
 	cmd, ls := child(t, "hold", dir, envHold+"=1m")
 	require.Equal(t, "open", ls.waitFirst(t))
@@ -229,6 +231,7 @@ func TestLockAcrossProcesses(t *testing.T) {
 
 func TestLockWaitForRelease(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	dir := t.TempDir()
 	cmd, ls := child(t, "hold", dir, envHold+"=200ms")
 	require.Equal(t, "open", ls.waitFirst(t))
@@ -302,6 +305,7 @@ func TestCrashCommitChild(t *testing.T) {
 // Close write).
 func TestCrashAckedSurvivesKill(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	rounds := 16
 	if testing.Short() {
 		rounds = 6
@@ -341,6 +345,7 @@ func TestCrashKillLargeIDs(t *testing.T) {
 		largeIDsChild()
 		return
 	}
+	t.Parallel()
 	rounds := 8
 	if testing.Short() {
 		rounds = 3
@@ -429,6 +434,7 @@ func largeIDsChild() {
 // made durable by the directory sync showing the old name or the new one)
 // and check that every image recovers every acknowledged record.
 func TestCompactionPowerLossImages(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	type image map[string][]byte // file name -> content; absent: no file
 	var images []struct {
@@ -511,6 +517,7 @@ func TestCompactionPowerLossImages(t *testing.T) {
 // may leave any prefix of it, or its pages with holes of zeros; recovery
 // must keep every acknowledged record and reject nothing.
 func TestAppendPowerLossImages(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var synced []byte // the file as of the last sync
 	var images [][]byte
@@ -596,6 +603,7 @@ func TestSyncCrashChild(t *testing.T) {
 // killed with SIGKILL right after Syncs returned must leave every one of
 // those dones on disk, with its status.
 func TestSyncedDoneSurvivesKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("spawns processes")
 	}
@@ -718,6 +726,7 @@ type clockKillID struct {
 // that was never submitted.
 func TestCrashKillWithClockJumps(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	const rounds = 12
 	base := time.Now().UnixMilli()
 	offsets := []int64{0, -int64(time.Hour / time.Millisecond), int64(365 * 24 * time.Hour / time.Millisecond)}
@@ -909,6 +918,7 @@ type churnIDState struct {
 // size).
 func TestCrashKillDuringChurn(t *testing.T) {
 	onlyOn(t, "linux", "darwin")
+	t.Parallel()
 	const rounds = 16
 	fps := []string{fpAfterWrite, fpAfterSync, fpTmpSynced, fpRenamed}
 	rng := rand.New(rand.NewPCG(3, uint64(time.Now().UnixNano())))

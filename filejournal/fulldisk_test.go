@@ -40,6 +40,28 @@ func reserveUntilFull(t *testing.T, s *Journal, prefix string) ([]journal.Record
 	return nil, nil
 }
 
+// reserveSome reserves n new actions named prefix0, prefix1, ...
+func reserveSome(t *testing.T, s *Journal, prefix string, n int) []journal.Record {
+	t.Helper()
+	var rs []journal.Record
+	for i := range n {
+		rs = append(rs, reserve(t, s, entry(fmt.Sprintf("%s%d", prefix, i))))
+	}
+	return rs
+}
+
+// doneAll records each of rs done with status (lazily), in place: eight
+// updates make a batch larger than any one Reserve's, so that a disk on
+// which a Reserve was refused refuses it too, whatever room the journal's
+// last page has left.
+func doneAll(t *testing.T, s *Journal, rs []journal.Record, status int) {
+	t.Helper()
+	for i := range rs {
+		rs[i].State, rs[i].Attempts, rs[i].Status = journal.StateDone, 2, status
+		require.NoError(t, s.Update(context.Background(), rs[i]))
+	}
+}
+
 // requireFullDiskError requires err to be what a call that must write
 // returns while the disk is full: journal.ErrUnavailable and the file
 // system's ENOSPC, not journal.ErrClosed (the Journal is not stopped).
@@ -57,6 +79,7 @@ func requireFullDiskError(t *testing.T, err error) {
 // once there is room again, the next call succeeds, with no reopen, and
 // Close loses nothing.
 func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
+	t.Parallel()
 	mnt := smallFSOf(t, "1m")
 	dir := filepath.Join(mnt, "j")
 	o := testOpts()
@@ -67,7 +90,7 @@ func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
 	a := reserve(t, s, entry("a"))
 	a.State, a.Attempts, a.Status = journal.StateDone, 1, 201
 	require.NoError(t, s.Update(ctx, a)) // lazy: queued
-	u := reserve(t, s, entry("u"))
+	us := reserveSome(t, s, "u", 8)
 
 	fill(t, mnt)
 	acked, err := reserveUntilFull(t, s, "full")
@@ -86,8 +109,7 @@ func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, found)
 	assert.Equal(t, journal.StateDone, got.State)
-	u.State, u.Attempts, u.Status = journal.StateDone, 2, 200
-	require.NoError(t, s.Update(ctx, u))
+	doneAll(t, s, us, 200)
 	requireFullDiskError(t, s.Sync(ctx))
 
 	unfill(t, mnt)
@@ -99,7 +121,7 @@ func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
 	s, rep := mustOpen(t, dir, testOpts())
 	defer s.Close()
 	assert.False(t, rep.TornTail, "a batch that failed left its frame: %+v", rep)
-	for _, want := range append([]journal.Record{a, u, b, c}, acked...) {
+	for _, want := range append(append([]journal.Record{a, b, c}, us...), acked...) {
 		got, ok, err := s.Get(ctx, want.ActionID)
 		require.NoError(t, err)
 		require.True(t, ok, "acknowledged %s lost", want.ActionID)
@@ -114,6 +136,7 @@ func TestFullDiskRecoversWhenSpaceReturns(t *testing.T) {
 // would have replaced, acknowledged, is still there, in memory and after a
 // reopen, and a later Reserve replaces it as it would have.
 func TestFullDiskRefusedReplacementKeepsTheRecord(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, fail := openFaulty(t, dir)
 	ctx := context.Background()
@@ -204,6 +227,7 @@ func TestFullDiskChild(t *testing.T) {
 // record it acknowledged, and without the ones it refused; once there is
 // room, it is written to again.
 func TestFullDiskThenKill(t *testing.T) {
+	t.Parallel()
 	mnt := smallFSOf(t, "1m")
 	dir := filepath.Join(mnt, "j")
 	cmd, out := childtest.Start(t, "TestFullDiskChild", envDir+"="+dir, envFullMnt+"="+mnt)
@@ -247,6 +271,7 @@ func indexRecords(s *Journal) map[string]journal.Record {
 // (refused creations gone, replaced records back, removals and updates
 // kept).
 func TestFullDiskRandomFailuresKeepIndexAndFile(t *testing.T) {
+	t.Parallel()
 	for round := range 4 {
 		dir := t.TempDir()
 		fail := new(sync.Map)

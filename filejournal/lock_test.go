@@ -33,6 +33,7 @@ func requireOnce(t *testing.T, err error, paths ...string) {
 // option the Transport's user reaches only through WithJournalDir. It
 // names it fully, and how to pass it.
 func TestLockErrorNamesTheWaitOption(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	defer s.Close()
@@ -49,6 +50,7 @@ func TestLockErrorNamesTheWaitOption(t *testing.T) {
 // matches ENOSPC, from Open (the journal's creation, and LOCK's), Reserve
 // and Close.
 func TestFullDiskErrorsNamePathsOnce(t *testing.T) {
+	t.Parallel()
 	mnt := smallFSOf(t, "64k")
 	dir := filepath.Join(mnt, "j")
 	fill(t, mnt)
@@ -61,13 +63,12 @@ func TestFullDiskErrorsNamePathsOnce(t *testing.T) {
 	o.flushEvery = time.Hour
 	s, _ := mustOpen(t, dir, o)
 	t.Cleanup(func() { _ = s.Close() }) // before the unmount, on a failure
-	a := reserve(t, s, entry("a"))
+	us := reserveSome(t, s, "u", 8)
 	fill(t, mnt)
 	_, err = reserveUntilFull(t, s, "full")
 	require.ErrorIs(t, err, syscall.ENOSPC)
 	requireOnce(t, err, dir, filepath.Join(dir, journalName))
-	a.State, a.Attempts, a.Status = journal.StateDone, 1, 201
-	require.NoError(t, s.Update(context.Background(), a))
+	doneAll(t, s, us, 201)
 	err = s.Close()
 	require.ErrorIs(t, err, syscall.ENOSPC)
 	requireOnce(t, err, dir, filepath.Join(dir, journalName))
@@ -76,6 +77,7 @@ func TestFullDiskErrorsNamePathsOnce(t *testing.T) {
 // Issue 30, item 5: LOCK that cannot be made (no inode left: ENOSPC, as
 // on a full disk) said "open D: lockfile: open: open D/LOCK".
 func TestLockFileOnFullDiskNamedOnce(t *testing.T) {
+	t.Parallel()
 	mnt := smallFSOf(t, "64k,nr_inodes=2") // the root and j
 	dir := filepath.Join(mnt, "j")
 	require.NoError(t, os.Mkdir(dir, 0o700))
@@ -95,6 +97,7 @@ func TestLockFileOnFullDiskNamedOnce(t *testing.T) {
 // then failed to open ("bytes that are no frame before frame 4"), every
 // record after the damage lost but to a salvage.
 func TestLockRemovedWhileOpen(t *testing.T) {
+	t.Parallel()
 	for _, remade := range []bool{false, true} {
 		dir := t.TempDir()
 		ctx := context.Background()

@@ -48,6 +48,7 @@ func checkPrefix(t *testing.T, s *Journal, es []journal.Record, n int, msg strin
 // prefix comes back with the records of its whole frames, no error, and the
 // journal accepts appends afterwards.
 func TestTruncateEveryOffset(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 6)
 	offs := frameOffsets(t, data)
 	require.Len(t, offs, 7) // the empty snapshot's end frame, then 6 records
@@ -81,6 +82,7 @@ func TestTruncateEveryOffset(t *testing.T) {
 // T4: what a crash can leave after the last whole frame is torn, never
 // corruption, and is copied aside.
 func TestTailModels(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	last := offs[len(offs)-1]
@@ -120,6 +122,7 @@ func TestTailModels(t *testing.T) {
 // T5: a flipped bit in a frame that later frames follow is damage to
 // acknowledged data: refused, naming the frame's offset.
 func TestBitFlipInNonFinalFrame(t *testing.T) {
+	t.Parallel()
 	data, _ := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	start, end := offs[2], offs[3]
@@ -139,6 +142,7 @@ func TestBitFlipInNonFinalFrame(t *testing.T) {
 }
 
 func TestHeaderFlips(t *testing.T) {
+	t.Parallel()
 	data, _ := buildJournal(t, 2)
 	for i := range headerSize {
 		dir := writeJournal(t, flipBit(data, i, uint(i%8)))
@@ -175,6 +179,7 @@ func TestLengthFlipsBounded(t *testing.T) {
 }
 
 func TestSalvage(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	d := flipBit(data, offs[3]+20, 3) // frame 3 holds es[2]
@@ -209,6 +214,7 @@ func TestSalvage(t *testing.T) {
 }
 
 func TestHashedFlagMismatch(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := testOpts()
 	o.hashed = true
@@ -226,6 +232,7 @@ func TestHashedFlagMismatch(t *testing.T) {
 // it); it is removed when journal went on past its base (a stale leftover)
 // or when it is incomplete.
 func TestCompactionLeftovers(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 3)
 	// A complete snapshot, as a compaction writes it.
 	snapDir := t.TempDir()
@@ -530,6 +537,7 @@ func cutsNear(f *craftedFile, d int) []int {
 // memory decides, for the file cut near every frame boundary and window
 // edge, and for a bit flipped near each.
 func TestOpenWindowedScanMatchesMemory(t *testing.T) {
+	t.Parallel()
 	f := craftFile(t, 1)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "j")
@@ -561,6 +569,7 @@ func TestOpenWindowedScanMatchesMemory(t *testing.T) {
 // keeps exactly the records of the frames wholly before the cut, reports
 // the rest as a torn tail, and the journal goes on.
 func TestOpenTruncateNearWindowEdges(t *testing.T) {
+	t.Parallel()
 	f := craftFile(t, 2)
 	cuts := cutsNear(f, 1)
 	rng := rand.New(rand.NewPCG(3, 3))
@@ -628,6 +637,7 @@ func maps2(m refModel) refModel {
 // that frame alone (and copies the file aside), and the salvaged journal
 // then opens as it is. A flip in the last frame is a torn tail.
 func TestOpenBitFlipNearWindowEdges(t *testing.T) {
+	t.Parallel()
 	f := craftFile(t, 4)
 	var targets []int // frames to damage: those around each window edge
 	for w := windowSize; w < len(f.data); w += windowSize {
@@ -704,6 +714,7 @@ func TestOpenBitFlipNearWindowEdges(t *testing.T) {
 // after later frames, is skipped; the records are those of the file
 // without it, and the reopened journal (rewritten without it) holds them.
 func TestOpenDuplicatedLargeFrame(t *testing.T) {
+	t.Parallel()
 	f := craftFile(t, 5)
 	var big []int
 	for i := range f.frames {
@@ -738,6 +749,7 @@ func TestOpenDuplicatedLargeFrame(t *testing.T) {
 // journal's last frame), with the batches appended to it afterwards, torn
 // tail cut; a stale one is removed.
 func TestOpenLargeTempAdoption(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := recoveryOpts()
 	s, _ := mustOpen(t, dir, o)
@@ -825,6 +837,7 @@ func TestOpenLargeTempAdoption(t *testing.T) {
 // against a model, on a fake clock, with compactions and reopens; after
 // each step that reuses refs, every record is compared with the model.
 func TestSlabReuseMatchesModel(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) { slabReuse(t, hashed) })
 	}
@@ -986,6 +999,7 @@ func slabReuse(t *testing.T, hashed bool) {
 // touched under the journal's lock, and after a reopen every goroutine's
 // acknowledged history holds.
 func TestOpenAfterConcurrentChurn(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := testOpts()
 	o.compactMin = 32 << 10
@@ -1057,6 +1071,7 @@ func TestOpenAfterConcurrentChurn(t *testing.T) {
 // or go on with the old one without those batches): guarantee 8. With
 // salvage, journal.tmp is adopted and the damaged frame alone is lost.
 func TestOpenDamagedLostRenameTempIsCorruption(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ compaction, inSnapshot bool }{{false, false}, {true, false}, {true, true}} {
 		t.Run(fmt.Sprintf("compaction=%v/damage-in-snapshot=%v", c.compaction, c.inSnapshot), func(t *testing.T) {
 			damagedLostRename(t, c.compaction, c.inSnapshot)
@@ -1131,6 +1146,7 @@ func damagedLostRename(t *testing.T, compaction, inSnapshot bool) {
 // it replayed can have expired (recoveredExpiredIDs), and the one old
 // record here must be found among the fresh ones.
 func TestOpenDropsAnExpiredRecordAmongFreshOnes(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s := openHolding(t, dir, o, doneAt("old", t0))
@@ -1155,6 +1171,7 @@ func TestOpenDropsAnExpiredRecordAmongFreshOnes(t *testing.T) {
 // skipped), and one whose retention ended on the clock but not in the time
 // the journal has seen pass is kept too.
 func TestOpenWithNothingExpiredKeepsEveryRecord(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s := openHolding(t, dir, o, doneAt("a", t0), doneAt("b", t0), entry("c"))
@@ -1170,6 +1187,7 @@ func TestOpenWithNothingExpiredKeepsEveryRecord(t *testing.T) {
 // longerAgo is now-t > d on the whole range of int64, where the
 // subtraction itself would overflow.
 func TestLongerAgo(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		now, t, d int64
 		want      bool
@@ -1195,6 +1213,7 @@ func TestLongerAgo(t *testing.T) {
 // them: Recovery.Records counts the expired "old", and Open no longer
 // compacts a journal past compactMin that holds an expired record.
 func TestOpenDropsExpiredBesideAnOverflowingCreation(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	o.compactMin = 0
 	dir := t.TempDir()
@@ -1232,6 +1251,7 @@ func insertCopy(data []byte, offs []int, k, at int) []byte {
 // an applied one and skipped: no acknowledged frame after it is lost, and
 // nothing is reported torn or corrupt while new frames follow it.
 func TestDuplicatedFrame(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 5)
 	offs := frameOffsets(t, data) // frame 0: the empty snapshot; frame i: es[i-1]
 	last := len(offs) - 1
@@ -1275,6 +1295,7 @@ func TestDuplicatedFrame(t *testing.T) {
 // The case seen in the field: the frame before a Forget duplicated; the
 // Forget, the last frame, must not be cut as a torn tail.
 func TestDuplicateBeforeForget(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	a := reserve(t, s, entry("a"))
@@ -1297,6 +1318,7 @@ func TestDuplicateBeforeForget(t *testing.T) {
 // With salvage, a duplicate followed later by real damage loses the damaged
 // frame only, never the frame after the duplicate.
 func TestDuplicateThenDamageSalvage(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	d := insertCopy(data, offs, 2, 2) // frame 2 twice
@@ -1326,6 +1348,7 @@ func TestDuplicateThenDamageSalvage(t *testing.T) {
 // Damage inserted before an intact frame loses nothing: it is reported as
 // corruption (not cut with the frame after it), and salvage keeps the frame.
 func TestGarbageBeforeIntactFrame(t *testing.T) {
+	t.Parallel()
 	data, es := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	last := len(offs) - 1
@@ -1381,6 +1404,7 @@ func tornJournal(t *testing.T) ([]byte, []journal.Record) {
 // empty or partial copy behind, and never prunes a real copy in favour of
 // one; once there is room again, copies are made and pruned as before.
 func TestTornTailOnFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := smallFS(t)
 	dir := filepath.Join(mnt, "j")
 	require.NoError(t, os.Mkdir(dir, 0o700))
@@ -1428,6 +1452,7 @@ func TestTornTailOnFullDisk(t *testing.T) {
 // The same through the file seam, on any system: a copy whose write fails
 // leaves nothing behind.
 func TestTornCopyWriteFails(t *testing.T) {
+	t.Parallel()
 	data, es := tornJournal(t)
 	dir := writeJournal(t, data)
 	var fail sync.Map
@@ -1448,6 +1473,7 @@ func TestTornCopyWriteFails(t *testing.T) {
 // had a first release, empty copies that earlier versions could leave were
 // pruned first; no version of this format leaves one.)
 func TestPruneKeepsNewestCopies(t *testing.T) {
+	t.Parallel()
 	data, _ := tornJournal(t)
 	dir := writeJournal(t, data)
 	old := []string{tornPrefix + "20200101T000000.000000001", tornPrefix + "20200101T000000.000000002",
@@ -1469,6 +1495,7 @@ func TestPruneKeepsNewestCopies(t *testing.T) {
 // A salvage still refuses to go on without its copy of the damaged file:
 // the copy is the only trace of acknowledged records it drops.
 func TestSalvageCopyFailsOpen(t *testing.T) {
+	t.Parallel()
 	data, _ := buildJournal(t, 5)
 	offs := frameOffsets(t, data)
 	dir := writeJournal(t, flipBit(data, offs[3]+20, 3))

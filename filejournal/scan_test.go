@@ -107,6 +107,7 @@ func FuzzScanSource(f *testing.F) {
 // the lock) is an error to report, not a torn tail to cut: the bytes the
 // scan no longer finds may be acknowledged records.
 func TestScanSourceFileShrinking(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), journalName)
 	require.NoError(t, os.WriteFile(path, recoveryJournal(2000), 0o600))
 	f, err := os.Open(path)
@@ -135,6 +136,7 @@ func TestScanSourceFileShrinking(t *testing.T) {
 // whole file copied aside; a copy of a frame from the first window found
 // in the last, and the journal rewritten without it.
 func TestRecoverAcrossWindows(t *testing.T) {
+	t.Parallel()
 	const n = 70_000 // about 5 MB: four windows
 	data := recoveryJournal(n)
 	require.Greater(t, len(data), 2*windowSize)
@@ -239,6 +241,7 @@ func craftedCandidates(n int, gen, length uint32) []byte {
 // torn tail: nothing valid follows) and its CRC work stays within a small
 // multiple of the file.
 func TestScanSearchWorkBoundedOnCraftedBytes(t *testing.T) {
+	t.Parallel()
 	data := craftedCandidates(2<<20, 7, maxPayload)
 	for _, src := range []*source{memSource(data), readerSource(t, data, windowSize)} {
 		res, err := scanSource(src, "j", false, func(uint64, []byte) error { return nil })
@@ -254,6 +257,7 @@ func TestScanSearchWorkBoundedOnCraftedBytes(t *testing.T) {
 // offset and length (up to maxPayload), rising offsets, through memory and
 // through a file's reads.
 func TestScanPrefixCRCMatchesFrameCRC(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(12, 2))
 	data := make([]byte, 3*maxPayload)
 	for i := range data {
@@ -290,6 +294,7 @@ func TestScanPrefixCRCMatchesFrameCRC(t *testing.T) {
 // them is "bytes that are no frame" (FirstLostSeq 0, nothing lost), a later
 // one is acknowledged data lost; with salvage, the frame is applied.
 func TestScanLongFrameAfterCraftedBytesFound(t *testing.T) {
+	t.Parallel()
 	const gen = 99
 	junk := craftedCandidates(300<<10, gen, 64<<10) // each a candidate of 64 KiB
 	// A payload of many delete records: a frame of about 200 KiB.
@@ -453,6 +458,7 @@ func findLaterDamage(rng *rand.Rand, data []byte, gen uint32, base uint64, times
 }
 
 func TestScanFindLaterMatchesDirectCRC(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(4, 4))
 	rounds := 4
 	if testing.Short() || raceEnabled {

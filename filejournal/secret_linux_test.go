@@ -24,6 +24,7 @@ import (
 // renamed over the fingerprint.key it had just put in place: the secret
 // every keyed record was made with was gone for good.
 func TestSecretAdoptedDirSyncFailsKeepsSecret(t *testing.T) {
+	t.Parallel()
 	dir, s, runChild := asOtherUser(t)
 	require.NoError(t, os.Chmod(dir, 0o300))
 	t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
@@ -44,6 +45,7 @@ func TestSecretAdoptedDirSyncFailsKeepsSecret(t *testing.T) {
 // and a new secret made: the secret every keyed record was made with was
 // gone for good.
 func TestSecretTmpUnreadableLeft(t *testing.T) {
+	t.Parallel()
 	dir, s, runChild := asOtherUser(t)
 	require.NoError(t, os.Chown(filepath.Join(dir, secretTmpName), 0, 0))
 	out := runChild()

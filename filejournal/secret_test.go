@@ -51,6 +51,7 @@ func requireSecret(t *testing.T, dir string, want [32]byte) {
 }
 
 func TestSecretReopenSameOtherDirOther(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j, s1, ok := openSecret(t, dir)
 	require.True(t, ok)
@@ -112,6 +113,7 @@ func requireDamagedSecret(t *testing.T, dir string, want []byte) {
 }
 
 func TestSecretDamaged(t *testing.T) {
+	t.Parallel()
 	n := len(secretMagic)
 	for _, tc := range []struct {
 		name   string
@@ -144,6 +146,7 @@ func TestSecretDamaged(t *testing.T) {
 
 // Every single-bit flip anywhere in the file is caught.
 func TestSecretEveryBitFlip(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	makeSecret(t, dir)
 	path := filepath.Join(dir, secretName)
@@ -162,6 +165,7 @@ func TestSecretEveryBitFlip(t *testing.T) {
 // adoptSecretTmp and TestSecretKilledBeforeRenameKept): then its secret is
 // taken.
 func TestSecretLeftoverTmp(t *testing.T) {
+	t.Parallel()
 	for _, content := range [][]byte{nil, []byte("idemretry fing"), encodeSecret([32]byte{1, 2, 3})[:secretFileSize-1]} {
 		dir := t.TempDir()
 		j, _, _ := openSecret(t, dir)
@@ -181,6 +185,7 @@ func TestSecretLeftoverTmp(t *testing.T) {
 // A whole fingerprint.key.tmp, fingerprint.key missing: its secret is
 // taken, renamed into place; of a mode wider than the owner's, it is not.
 func TestSecretWholeTmpAdopted(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []os.FileMode{0o600, 0o400, 0o640} {
 		dir := t.TempDir()
 		j, _, _ := openSecret(t, dir)
@@ -203,6 +208,7 @@ func TestSecretWholeTmpAdopted(t *testing.T) {
 // A leftover (or planted) fingerprint.key.tmp readable by others must not
 // give its mode to the new fingerprint.key.
 func TestSecretTmpWideModeNotInherited(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	tmp := filepath.Join(dir, secretTmpName)
 	require.NoError(t, os.WriteFile(tmp, []byte("x"), 0o600))
@@ -216,6 +222,7 @@ func TestSecretTmpWideModeNotInherited(t *testing.T) {
 // A fingerprint.key.tmp that is a symlink must not be followed: the secret
 // would be written to its target, and fingerprint.key become the link.
 func TestSecretTmpSymlinkNotFollowed(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	target := filepath.Join(t.TempDir(), "elsewhere")
 	require.NoError(t, os.WriteFile(target, nil, 0o644))
@@ -232,6 +239,7 @@ func TestSecretTmpSymlinkNotFollowed(t *testing.T) {
 // fingerprint.key a directory: Open succeeds without a secret, the
 // directory left.
 func TestSecretIsDirectory(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	require.NoError(t, os.Mkdir(filepath.Join(dir, secretName), 0o700))
 	j, _, ok := openSecret(t, dir)
@@ -246,6 +254,7 @@ func TestSecretIsDirectory(t *testing.T) {
 
 // A symlink fingerprint.key to a valid secret is read through.
 func TestSecretSymlinkToValid(t *testing.T) {
+	t.Parallel()
 	a := t.TempDir()
 	s := makeSecret(t, a)
 	b := t.TempDir()
@@ -256,6 +265,7 @@ func TestSecretSymlinkToValid(t *testing.T) {
 // A symlinked fingerprint.key already 0600 is not "tightened" at every
 // Open (tighten reads the link's own mode, 0777, and chmods the target).
 func TestSecretSymlinkNotReportedTightened(t *testing.T) {
+	t.Parallel()
 	a := t.TempDir()
 	makeSecret(t, a)
 	b := t.TempDir()
@@ -267,6 +277,7 @@ func TestSecretSymlinkNotReportedTightened(t *testing.T) {
 }
 
 func TestSecretUnreadable(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() == 0 {
 		t.Skip("root reads a mode 000 file")
 	}
@@ -285,6 +296,7 @@ func TestSecretUnreadable(t *testing.T) {
 // A full disk: Open succeeds without a secret, FingerprintSecretErr says
 // why, no tmp is left; once there is room the next Open makes one.
 func TestSecretFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := smallFS(t)
 	dir := filepath.Join(mnt, "j")
 	makeSecret(t, dir)
@@ -306,6 +318,7 @@ func TestSecretFullDisk(t *testing.T) {
 
 // A second Open waiting on the lock sees the secret the first made.
 func TestSecretLockWaitSeesFirst(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j1, s1, ok := openSecret(t, dir)
 	require.True(t, ok)
@@ -329,6 +342,7 @@ func TestSecretLockWaitSeesFirst(t *testing.T) {
 // The same across processes: a child holds the journal (made the secret),
 // the parent waits on the lock.
 func TestSecretLockWaitOtherProcess(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cmd, l := spawnLines(t, "TestSecretKillChild", envDir+"="+dir, envTag+"=hold")
 	first := l.waitFirst(t)
@@ -374,6 +388,7 @@ func TestSecretKillChild(t *testing.T) {
 // directory has no fingerprint.key (the next Open makes one) or a valid
 // one, and a secret once returned is the one every later Open returns.
 func TestSecretKilledWhileMaking(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills children")
 	}
@@ -425,6 +440,7 @@ var _ = errors.Is
 // fingerprint.key a symlink whose target is missing (a volume not
 // mounted, say): no new secret replaces the link.
 func TestSecretDanglingSymlinkKept(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, secretName)
 	target := filepath.Join(t.TempDir(), "gone", secretName)
@@ -442,6 +458,7 @@ func TestSecretDanglingSymlinkKept(t *testing.T) {
 // follow symlinks (os.Stat when the Lstat is a symlink; nothing to do when
 // its target is missing).
 func TestSecretDanglingSymlinkOpen(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, secretName)
 	target := filepath.Join(t.TempDir(), "gone", secretName)
@@ -464,6 +481,7 @@ func TestSecretDanglingSymlinkOpen(t *testing.T) {
 // the secret in use (keepSecret's) made the new secret silently, and the
 // keyed records made under the deleted one refused with nothing logged.
 func TestSecretOpenKilledAfterTmpSyncReportsNew(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills a child")
 	}
@@ -532,6 +550,7 @@ func TestSecretOpenKilledChild(t *testing.T) {
 // system's error (errors.Is ENOSPC); it was "idemretry: journal close:
 // journal: close: fingerprint.key deleted ...".
 func TestSecretNotKeptAtCloseMessage(t *testing.T) {
+	t.Parallel()
 	mnt := smallFS(t)
 	dir := filepath.Join(mnt, "j")
 	j, _, ok := openSecret(t, dir)
@@ -551,6 +570,7 @@ func TestSecretNotKeptAtCloseMessage(t *testing.T) {
 // before it lets go of the lock, so the waiter's Open reads the secret in
 // use, not a new one.
 func TestSecretDeletedWhileHeldByOtherProcess(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs a child")
 	}
@@ -625,6 +645,7 @@ func openDeletedOnFullDisk(t *testing.T) (j *Journal, mnt, dir string, secret [3
 
 // At Close.
 func TestSecretDeletedWhileOpenKeptAtClose(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j, s, ok := openSecret(t, dir)
 	require.True(t, ok)
@@ -637,6 +658,7 @@ func TestSecretDeletedWhileOpenKeptAtClose(t *testing.T) {
 // While it runs, within secretCheckEvery of a batch: a process SIGKILLed
 // after that leaves the same secret, and its keyed records checkable.
 func TestSecretDeletedWhileOpenKeptThroughKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills a child")
 	}
@@ -672,6 +694,7 @@ func TestSecretDeletedChild(t *testing.T) {
 // A fingerprint.key of another content, put there while the Journal is
 // open, is left as it is, as Open leaves it.
 func TestSecretReplacedWhileOpenLeft(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j, s, ok := openSecret(t, dir)
 	require.True(t, ok)
@@ -689,6 +712,7 @@ func TestSecretReplacedWhileOpenLeft(t *testing.T) {
 // new secret under which the keyed records cannot be checked. The records
 // themselves are durable: the error is no ErrClosed.
 func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
+	t.Parallel()
 	j, _, _, _ := openDeletedOnFullDisk(t)
 	err := j.Close()
 	require.Error(t, err, "Close kept quiet about a fingerprint secret it could not keep")
@@ -703,6 +727,7 @@ func TestSecretNotKeptAtCloseIsReported(t *testing.T) {
 // closed, and a new secret would come in with no FingerprintSecretMade to
 // say so.
 func TestSecretStaleTmpRemovedWhenKeyIsWhole(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := makeSecret(t, dir)
 	stale := s
@@ -727,6 +752,7 @@ func TestSecretStaleTmpRemovedWhenKeyIsWhole(t *testing.T) {
 // there would take it for its own. Close comes within a second of the
 // last write, so that it has nothing left to write.
 func TestSecretNotWrittenIntoReplacedDir(t *testing.T) {
+	t.Parallel()
 	for _, replacement := range []string{"empty", "journal"} {
 		t.Run(replacement, func(t *testing.T) {
 			base := t.TempDir()
@@ -768,6 +794,7 @@ func TestSecretNotWrittenIntoReplacedDir(t *testing.T) {
 // secret of the records written since the deletion, though they were
 // written more than a second before the kill.
 func TestSecretDeletedThenIdleKeptThroughKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills a child")
 	}
@@ -807,6 +834,7 @@ func TestSecretDeletedIdleChild(t *testing.T) {
 // must not race the removal and leave a file in the directory meanwhile
 // (os.RemoveAll: "directory not empty").
 func TestSecretCheckDoesNotRaceRemoval(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
 	for i := range 200 {
 		dir := filepath.Join(base, fmt.Sprint(i))
@@ -825,6 +853,7 @@ func TestSecretCheckDoesNotRaceRemoval(t *testing.T) {
 // in the page it already has), and once there is room the next check
 // makes fingerprint.key of the same secret.
 func TestSecretKeptFullDiskRetried(t *testing.T) {
+	t.Parallel()
 	j, mnt, dir, s := openDeletedOnFullDisk(t)
 	tmp, path := filepath.Join(dir, secretTmpName), filepath.Join(dir, secretName)
 	// Two checks' worth of batches, each one appended in place.
@@ -861,6 +890,7 @@ func TestSecretKeptFullDiskRetried(t *testing.T) {
 // removed while the Journal is open (a volume unmounted): the dangling
 // link is left, and nothing is written through it or beside it.
 func TestSecretSymlinkDanglingWhileOpenLeft(t *testing.T) {
+	t.Parallel()
 	dir, keys := t.TempDir(), t.TempDir()
 	s := makeSecret(t, dir)
 	path, target := filepath.Join(dir, secretName), filepath.Join(keys, "fp.key")
@@ -889,6 +919,7 @@ func TestSecretSymlinkDanglingWhileOpenLeft(t *testing.T) {
 // new secret (and remove the tmp) under which the journal's keyed
 // records, written before and after the deletion, cannot be checked.
 func TestSecretKilledBeforeRenameKept(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills a child")
 	}

@@ -77,6 +77,7 @@ func TestFileJournalSurvivesReopen(t *testing.T) {
 }
 
 func TestFileJournalHashedIDs(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	j := openJ(t, dir, WithHashedIDs())
@@ -105,6 +106,7 @@ func TestFileJournalHashedIDs(t *testing.T) {
 }
 
 func TestFileJournalLocked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j := openJ(t, dir)
 	_, err := Open(dir)
@@ -119,6 +121,7 @@ func TestFileJournalLocked(t *testing.T) {
 }
 
 func TestFileJournalCorruption(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	j := openJ(t, dir)
@@ -161,6 +164,7 @@ func TestFileJournalCorruption(t *testing.T) {
 }
 
 func TestFileJournalExpiry(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -199,6 +203,7 @@ func TestFileJournalExpiry(t *testing.T) {
 // journal goes on serving what it holds, and once syncs work again the next
 // Reserve succeeds.
 func TestFileJournalSyncFailureFailsTheBatch(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	errEIO := errors.New("injected EIO")
 	var failing sync.Map
@@ -249,6 +254,7 @@ func (f syncFailer) Sync() error {
 }
 
 func TestFileJournalInvalidRecords(t *testing.T) {
+	t.Parallel()
 	j := openJ(t, t.TempDir())
 	defer j.Close()
 	ctx := context.Background()
@@ -289,6 +295,7 @@ func TestDefaultJournalDir(t *testing.T) {
 }
 
 func TestFileJournalCompactsByItself(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	j := openJ(t, dir, withCompactMin(4096), WithFlushInterval(time.Millisecond))
@@ -316,6 +323,7 @@ func TestFileJournalCompactsByItself(t *testing.T) {
 // Journal.Now never runs backwards: records written at T+25h, then the
 // clock set back 2h, and the same across a reopen.
 func TestFileJournalNowNeverRunsBack(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := t0
@@ -345,6 +353,7 @@ func TestFileJournalNowNeverRunsBack(t *testing.T) {
 
 // A nil Option is no option, as for NewTransport.
 func TestOpenJournalNilOption(t *testing.T) {
+	t.Parallel()
 	var j *Journal
 	var err error
 	require.NotPanics(t, func() { j, err = Open(t.TempDir(), nil, WithHashedIDs(), nil) })
@@ -357,6 +366,7 @@ func TestOpenJournalNilOption(t *testing.T) {
 // (here, forgotten and created again) leaves the new record alone, also
 // with hashed ids, and also after a reopen.
 func TestFileJournalUpdateMatchesKey(t *testing.T) {
+	t.Parallel()
 	for _, opts := range [][]Option{nil, {WithHashedIDs()}} {
 		dir := t.TempDir()
 		j := openJ(t, dir, opts...)
@@ -419,6 +429,7 @@ func TestReopenKeepsRecords(t *testing.T) {
 }
 
 func TestInvalidRecords(t *testing.T) {
+	t.Parallel()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	defer s.Close()
 	ctx := context.Background()
@@ -443,6 +454,7 @@ func TestInvalidRecords(t *testing.T) {
 }
 
 func TestConcurrentReserveOneKey(t *testing.T) {
+	t.Parallel()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	defer s.Close()
 	var wg sync.WaitGroup
@@ -469,6 +481,7 @@ func TestConcurrentReserveOneKey(t *testing.T) {
 }
 
 func TestGroupCommitManyCreators(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	hammer.Run(64, 20, func(g, i int) {
@@ -487,6 +500,7 @@ func TestGroupCommitManyCreators(t *testing.T) {
 }
 
 func TestSecondOpenInProcessIsLocked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	requireLocked(t, dir, 50*time.Millisecond)
@@ -496,6 +510,7 @@ func TestSecondOpenInProcessIsLocked(t *testing.T) {
 }
 
 func TestClosedStore(t *testing.T) {
+	t.Parallel()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
@@ -509,6 +524,7 @@ func TestClosedStore(t *testing.T) {
 }
 
 func TestForgetAndUnfinishedOrder(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	now := time.Now().UnixMilli()
@@ -534,6 +550,7 @@ func TestForgetAndUnfinishedOrder(t *testing.T) {
 }
 
 func TestLazyUpdateFlushedByTimer(t *testing.T) {
+	t.Parallel()
 	s, _ := openFlushing(t, 20*time.Millisecond)
 	reserve(t, s, entry("a"))
 	before := s.stats().FileBytes
@@ -543,6 +560,7 @@ func TestLazyUpdateFlushedByTimer(t *testing.T) {
 }
 
 func TestCompactionShrinksAndKeeps(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := testOpts()
 	o.compactMin = 4096
@@ -572,6 +590,7 @@ func TestCompactionShrinksAndKeeps(t *testing.T) {
 // and the next one reopens the file, cuts it back to its last synced frame
 // and goes on, with nothing of the failed batch in the file.
 func TestSyncErrorFailsTheBatchAlone(t *testing.T) { // T11
+	t.Parallel()
 	dir := t.TempDir()
 	errEIO := errors.New("injected EIO")
 	s, fail := openFaulty(t, dir)
@@ -608,6 +627,7 @@ func TestSyncErrorFailsTheBatchAlone(t *testing.T) { // T11
 // (which until issue 30, item 4 was left to Open as a torn tail, Close
 // failing); the refused record is not in the file.
 func TestDiskFullMidFrame(t *testing.T) { // T12, write side
+	t.Parallel()
 	dir := t.TempDir()
 	s, fail := openFaulty(t, dir)
 	a := reserve(t, s, entry("a"))
@@ -628,6 +648,7 @@ func TestDiskFullMidFrame(t *testing.T) { // T12, write side
 }
 
 func TestDiskFullMidCompaction(t *testing.T) { // T12, compaction side
+	t.Parallel()
 	dir := t.TempDir()
 	s, fail := openFaulty(t, dir)
 	a := reserve(t, s, entry("a"))
@@ -681,6 +702,7 @@ func (f *faultyFile) Sync() error {
 // then reserved anew with reusePending) or forgotten and created again is
 // another action, which an update meant for the old one must not touch.
 func TestUpdateChecksKey(t *testing.T) {
+	t.Parallel()
 	for _, custom := range []bool{false, true} {
 		s, _ := mustOpen(t, t.TempDir(), testOpts())
 		mk := func(id string) journal.Record {
@@ -717,6 +739,7 @@ func TestUpdateChecksKey(t *testing.T) {
 // the final flush done and the lock released. A concurrent second Close
 // used to return nil at once.
 func TestConcurrentCloseWaits(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
@@ -815,6 +838,7 @@ func reservePendingSurvivesReopen(t *testing.T, s *Journal, dir string, o config
 }
 
 func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
+	t.Parallel()
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
 			o, clk, t0 := hourClock()
@@ -834,6 +858,7 @@ func TestExpiredAtOpenThenSameKeyReserveSurvivesReopen(t *testing.T) {
 }
 
 func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
+	t.Parallel()
 	for _, key := range sameKeyKeys {
 		t.Run(key, func(t *testing.T) {
 			o, clk, t0, fail := faultyHourClock()
@@ -851,6 +876,7 @@ func TestFailedCompactionThenSameKeyReserveSurvivesReopen(t *testing.T) {
 
 // The same with a sync failure of journal.tmp, the reviewer's form.
 func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	var failTmp sync.Map
 	o.hooks = &hooks{wrapFile: func(name string, f file) file {
@@ -876,6 +902,7 @@ func TestFailedCompactionSyncThenSameKeyReserveSurvivesReopen(t *testing.T) {
 // holds), cannot bring it back. Dropped at open, and by a compaction that
 // failed before its rename.
 func TestExpiredDropIsDurable(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"open", "failed-compaction"} {
 		t.Run(how, func(t *testing.T) {
 			o, clk, t0, fail := faultyHourClock()
@@ -918,6 +945,7 @@ func TestExpiredDropIsDurable(t *testing.T) {
 // read as an update of the done one. The creation's own delete, in the
 // creation's frame, makes replay independent of the lost Forget.
 func TestSalvagedForgetThenSameKeyRecordKept(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	ctx := context.Background()
@@ -949,6 +977,7 @@ func TestSalvagedForgetThenSameKeyRecordKept(t *testing.T) {
 // for that delete's batch (Journal.deleting), or a crash at that moment would
 // resurrect the record the caller was told is forgotten. (Found in review.)
 func TestSecondForgetWaitsForRemovalSync(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := testOpts()
 	gate := make(chan struct{})
@@ -994,6 +1023,7 @@ func TestSecondForgetWaitsForRemovalSync(t *testing.T) {
 // disk with the next batch) and then report ctx's error, telling the caller
 // the Forget failed while it took effect. (Found in review.)
 func TestForgetWithEndedContextChangesNothing(t *testing.T) {
+	t.Parallel()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	defer s.Close()
 	e := reserve(t, s, entry("pay:1"))
@@ -1035,6 +1065,7 @@ func upsert(t *testing.T, e journal.Record) op {
 
 // Done is final in the Journal: an update after done changes Attempts only.
 func TestUpdateDoneIsFinal(t *testing.T) {
+	t.Parallel()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	defer s.Close()
 	e := reserve(t, s, entry("a"))
@@ -1054,6 +1085,7 @@ func TestUpdateDoneIsFinal(t *testing.T) {
 // undo the outcome on restart. A record under another key (a replacement),
 // or created again after a Forget, is a new action and replaces it.
 func TestReplayDoneIsFinal(t *testing.T) {
+	t.Parallel()
 	a := entry("a")
 	done := a
 	done.State, done.Attempts, done.Status = journal.StateDone, 1, 201
@@ -1108,6 +1140,7 @@ func TestReplayDoneIsFinal(t *testing.T) {
 // caller's own key) is written as a delete and a creation, so that replay
 // cannot mistake it for a stale update.
 func TestReplacementSurvivesReplay(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, testOpts())
 	e := entry("a")
@@ -1132,6 +1165,7 @@ func TestReplacementSurvivesReplay(t *testing.T) {
 // record with a new key for an action whose outcome is unknown, and Update
 // of the listed record would fail with journal.ErrNotFound. (Found in review.)
 func TestHashedUnfinishedIDResumesSameRecord(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	j := openJ(t, t.TempDir(), WithHashedIDs())
 	r, created, err := j.Reserve(ctx, jrec("pay:order-17"), journal.ReuseAny)
@@ -1158,6 +1192,7 @@ func TestHashedUnfinishedIDResumesSameRecord(t *testing.T) {
 // takes exactly what formatUUID writes, and leaves nothing behind in out
 // when it refuses.
 func TestParseUUIDAgreesWithAPlainReading(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(7, 9))
 	check := func(s string) {
 		t.Helper()
@@ -1326,6 +1361,7 @@ func keyForms(u string) []string {
 // spelled any way and near misses of the canonical form, with and without
 // hashed ids; Update takes it, and not another spelling of the same UUID.
 func TestReserveCreatedKeyReadsBackAsReturned(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) {
 			ctx := context.Background()
@@ -1420,6 +1456,7 @@ func TestReserveCreatedKeyReadsBackAsReturned(t *testing.T) {
 // ref shared or freed); after a reopen the unexpired records and their live
 // bytes are those the closed journal held.
 func TestIndexConsistentUnderChurn(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) {
 			ctx := context.Background()
@@ -1558,6 +1595,7 @@ func TestIndexConsistentUnderChurn(t *testing.T) {
 // writes for its upsert. (Outside the series: size counts one byte more
 // than is written, since 9a7365d.)
 func TestRecordSizeIsEncodedSize(t *testing.T) {
+	t.Parallel()
 	for _, r := range []rec{
 		{id: "a", created: 1_700_000_000_000, seen: 5, attempts: 1, status: 200},
 		{id: strings.Repeat("x", 200), custom: "custom-key", created: -1, seen: 1 << 40, attempts: 20000, status: 65535},

@@ -265,8 +265,10 @@ func (r *fullDiskRig) pay(body string, named bool) (int, error) {
 // payWhileTheDiskFills sends body (unnamed) and, while the server holds
 // it, fills the disk: the file system first, then what the journal's last
 // page still takes, by reserving actions never sent ("filler-N") through
-// the journal until one is refused. It returns the answer's status and the
-// fillers reserved.
+// the journal until one is refused; then it queues updates of eight
+// actions reserved before (never sent either), so that the next batch is
+// larger than the one refused, and refused too, whatever room that page
+// has left. It returns the answer's status and the actions reserved.
 func (r *fullDiskRig) payWhileTheDiskFills(body string) (int, []string) {
 	r.mu.Lock()
 	r.hold, r.arrived, r.release = true, make(chan struct{}), make(chan struct{})
@@ -282,23 +284,36 @@ func (r *fullDiskRig) payWhileTheDiskFills(body string) (int, []string) {
 		done <- answer{status, err}
 	}()
 	<-arrived
-	filejournal.Fill(r.t, r.mnt)
-	var fillers []string
+	ctx := context.Background()
 	j := r.tr.Journal()
+	var spares []journal.Record
+	for i := range 8 {
+		rec := journal.Record{ActionID: fmt.Sprintf("spare-%d", i), Key: uuid.NewString(), CreatedAt: time.Now(), State: journal.StatePending}
+		_, _, err := j.Reserve(ctx, rec, journal.ReuseAny)
+		require.NoError(r.t, err)
+		spares = append(spares, rec)
+	}
+	filejournal.Fill(r.t, r.mnt)
+	var ids []string
 	for i := 0; ; i++ {
 		rec := journal.Record{ActionID: fmt.Sprintf("filler-%d", i), Key: uuid.NewString(),
 			CreatedAt: time.Now(), State: journal.StatePending}
-		if _, _, err := j.Reserve(context.Background(), rec, journal.ReuseAny); err != nil {
+		if _, _, err := j.Reserve(ctx, rec, journal.ReuseAny); err != nil {
 			require.ErrorIs(r.t, err, syscall.ENOSPC)
 			break
 		}
-		fillers = append(fillers, rec.ActionID)
+		ids = append(ids, rec.ActionID)
 		require.Less(r.t, i, 1000, "the journal never filled the disk")
+	}
+	for _, rec := range spares {
+		rec.Attempts = 1
+		require.NoError(r.t, j.Update(ctx, rec))
+		ids = append(ids, rec.ActionID)
 	}
 	close(release)
 	a := <-done
 	require.NoError(r.t, a.err)
-	return a.status, fillers
+	return a.status, ids
 }
 
 func (r *fullDiskRig) requests(body string) int {
@@ -317,6 +332,7 @@ func (r *fullDiskRig) requests(body string) int {
 // because the journal refused it; and after reopening, every payment the
 // server got is done.
 func TestTransportRecoversFromAFullDisk(t *testing.T) {
+	t.Parallel()
 	r := newFullDiskRig(t)
 	status, err := r.pay("first", false)
 	require.NoError(t, err)
