@@ -422,13 +422,16 @@ const retryEvery = 10 * time.Millisecond
 // "fsyncgate"), and the file, opened afresh, is cut back to the end of its
 // last synced frame, the cut synced, so that nothing of the failed batch
 // is left in it for the next frame to follow. What was acknowledged lies
-// before that end, synced, and is not touched. Only the committer (or
-// Open) calls it.
+// before that end, synced, and is not touched. Another file at the path
+// (ErrRemoved) stops the Journal. Only the committer (or Open) calls it.
 func (j *Journal) repair() error {
 	if j.broken == nil {
 		return nil
 	}
 	f, err := j.reopenActive()
+	if errors.Is(err, ErrRemoved) {
+		j.failCompaction(err) // another file at the path: stop
+	}
 	if err != nil {
 		return err
 	}

@@ -328,6 +328,8 @@ func removeIfSame(path string, fi os.FileInfo) {
 	}
 }
 
+// failCompaction stops the Journal with err (see poisonLocked). Callers do
+// not hold mu.
 func (j *Journal) failCompaction(err error) {
 	j.mu.Lock()
 	j.poisonLocked(err)

@@ -353,3 +353,29 @@ func TestFullDiskRandomFailuresKeepIndexAndFile(t *testing.T) {
 		require.Positive(t, refused.Load(), "no Reserve was refused: the test tested nothing")
 	}
 }
+
+// The repair after a failed write opens the journal by its path: a file
+// put there meanwhile (the journal replaced on disk) is not cut or written
+// to, and the Journal stops with ErrRemoved, as at any other write.
+func TestFullDiskRepairLeavesAReplacedJournalAlone(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, fail := openFaulty(t, dir)
+	defer s.Close()
+	reserve(t, s, entry("a"))
+	fail.Store("short", true)
+	_, _, err := s.Reserve(context.Background(), entry("b"), journal.ReuseAny)
+	require.ErrorIs(t, err, journal.ErrUnavailable)
+	fail.Delete("short")
+
+	other := []byte("another journal's bytes, not to be cut")
+	tmp := filepath.Join(t.TempDir(), "other")
+	require.NoError(t, os.WriteFile(tmp, other, 0o600))
+	require.NoError(t, os.Rename(tmp, filepath.Join(dir, journalName)))
+	_, _, err = s.Reserve(context.Background(), entry("c"), journal.ReuseAny)
+	require.ErrorIs(t, err, ErrRemoved)
+	require.ErrorIs(t, err, journal.ErrClosed)
+	got, err := os.ReadFile(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	assert.Equal(t, other, got)
+}

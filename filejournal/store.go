@@ -588,7 +588,9 @@ func (j *Journal) remove(id string, durable bool) *batch {
 // Forgetting an absent action returns at once, unless an earlier removal
 // of it (another Forget, or Open or Reserve dropping it as expired) is
 // still queued or being written: then Forget waits for that removal to be
-// synced too.
+// synced too. If the write fails, Forget returns an error wrapping
+// journal.ErrUnavailable; the record stays removed, and its removal is
+// written with a later batch (see Journal).
 func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	if err := j.forget(ctx, j.storedID(actionID)); err != nil {
 		return wrap(err, "forget %q", actionID) // see Reserve
@@ -673,7 +675,9 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 // Sync waits until every Update made so far is on disk (it makes the
 // Journal a journal.Syncer): those still queued, and those of a batch the
 // committer has taken but not yet synced. Batches are committed in order,
-// so waiting for the queue's batch covers the one being written too.
+// so waiting for the queue's batch covers the one being written too. If
+// the write fails, Sync returns an error wrapping journal.ErrUnavailable,
+// and the updates stay queued, for a later batch (see Journal).
 func (j *Journal) Sync(ctx context.Context) error {
 	return wrap(j.sync(ctx), "sync")
 }
