@@ -379,3 +379,89 @@ func TestFullDiskRepairLeavesAReplacedJournalAlone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, other, got)
 }
+
+// writeCountdown fails the write after the next left ones, once armed, as
+// a disk that fills in the middle of a batch (half written, ENOSPC).
+type writeCountdown struct {
+	file
+	armed *atomic.Bool
+	left  *atomic.Int64
+}
+
+func (f writeCountdown) Write(p []byte) (int, error) {
+	if f.armed.Load() && f.left.Add(-1) < 0 {
+		f.armed.Store(false)
+		n, _ := f.file.Write(p[:len(p)/2])
+		return n, errNoSpace
+	}
+	return f.file.Write(p)
+}
+
+// A batch too large for one frame whose second frame fails, its first,
+// with the Reserve's record, already synced: the Reserve is refused, and
+// since its record is in the file, its delete is written after it; the
+// updates the batch carried are written again. A reopen finds exactly the
+// index.
+func TestFullDiskMidBatchAfterASyncedFrame(t *testing.T) {
+	t.Parallel()
+	var armed, holding atomic.Bool
+	var left atomic.Int64
+	held, release := make(chan struct{}), make(chan struct{})
+	o := testOpts()
+	o.flushEvery = time.Hour
+	o.compactMin = 1 << 40 // no compaction to rewrite the file from the index
+	o.hooks = &hooks{
+		wrapFile: func(name string, f file) file {
+			if name != journalName {
+				return f
+			}
+			return writeCountdown{f, &armed, &left}
+		},
+		failpoint: func(name string) {
+			if name == fpWake && holding.CompareAndSwap(true, false) {
+				close(held)
+				<-release
+			}
+		},
+	}
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, o)
+	ctx := context.Background()
+	rs := reserveSome(t, s, "r", 100)
+	// The Reserve first, then about 2.6 MiB of updates, all in one batch:
+	// the committer is held until they are queued.
+	holding.Store(true)
+	refused := make(chan error, 1)
+	go func() {
+		_, _, err := s.Reserve(ctx, entry("refused"), journal.ReuseAny)
+		refused <- err
+	}()
+	<-held
+	for i := range 40000 {
+		r := &rs[i%len(rs)]
+		r.Attempts++
+		require.NoError(t, s.Update(ctx, *r))
+	}
+	left.Store(1)
+	armed.Store(true)
+	close(release)
+	err := <-refused
+	require.ErrorIs(t, err, journal.ErrUnavailable)
+	require.ErrorIs(t, err, errNoSpace)
+	require.False(t, armed.Load(), "the second frame's write did not fail")
+	_, found, err := s.Get(ctx, "refused")
+	require.NoError(t, err)
+	require.False(t, found)
+	require.NoError(t, s.Sync(ctx))
+	want := indexRecords(s)
+	require.NoError(t, s.Close())
+	s, _ = mustOpen(t, dir, testOpts())
+	defer s.Close()
+	assert.Equal(t, want, indexRecords(s), "the file and the index disagree")
+	for _, r := range rs {
+		got, ok, err := s.Get(ctx, r.ActionID)
+		require.NoError(t, err)
+		require.True(t, ok)
+		assert.Equal(t, r.Attempts, got.Attempts, r.ActionID)
+	}
+}
