@@ -241,10 +241,9 @@ func (j *Journal) commitQueued(force bool) error {
 	if b == nil {
 		return err
 	}
-	size := j.size
 	err = j.writeBatch(ops)
 	j.mu.Lock()
-	j.settle(b, ops, err, j.size != size)
+	j.settle(b, ops, err)
 	j.mu.Unlock()
 	close(b.done)
 	return b.err
@@ -286,8 +285,11 @@ func (j *Journal) takeBatch(force bool) ([]op, *batch, error) {
 // Journal may have the file (see lockHeld), nor before the file is fit for
 // it after a failure (see repair), and succeeds only for what went to the
 // journal the directory names (see present). A failure leaves the file to
-// be repaired before the next write.
+// be repaired before the next write: cut back to where the batch began,
+// its frames synced before the failure included, since none of it was
+// acknowledged.
 func (j *Journal) writeBatch(ops []op) error {
+	size, seq := j.size, j.nextSeq
 	err := j.lockHeld()
 	if err == nil {
 		err = j.repair()
@@ -299,7 +301,7 @@ func (j *Journal) writeBatch(ops []op) error {
 		err = j.present()
 	}
 	if err != nil {
-		j.broken = err
+		j.broken, j.size, j.nextSeq = err, size, seq
 		return err
 	}
 	j.opts.hooks.fail(fpAfterSync)
@@ -307,19 +309,18 @@ func (j *Journal) writeBatch(ops []op) error {
 }
 
 // settle ends batch b, whose operations ops were written with the outcome
-// err (synced: some of its frames were synced): on success it is
-// acknowledged; a failure that may have lost the journal (ErrRemoved:
-// another Journal may have the directory now) stops the Journal; any other
-// failure (a full disk, an I/O error) fails the batch alone (see
-// failBatch). Callers hold mu.
-func (j *Journal) settle(b *batch, ops []op, err error, synced bool) {
+// err: on success it is acknowledged; a failure that may have lost the
+// journal (ErrRemoved: another Journal may have the directory now) stops
+// the Journal; any other failure (a full disk, an I/O error) fails the
+// batch alone (see failBatch). Callers hold mu.
+func (j *Journal) settle(b *batch, ops []op, err error) {
 	switch {
 	case err == nil:
 	case j.poison != nil || errors.Is(err, ErrRemoved):
 		j.poisonLocked(err)
 		b.err = fmt.Errorf("%w: %w", journal.ErrClosed, j.poison)
 	default:
-		j.failBatch(b, ops, synced)
+		j.failBatch(b, ops)
 		b.err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 	}
 	for _, id := range b.ids {
@@ -341,34 +342,31 @@ func (j *Journal) settle(b *batch, ops []op, err error, synced bool) {
 }
 
 // failBatch undoes in memory batch b, whose write failed, so that the index
-// is again what the file holds plus what the queue will write, and a
-// refused Reserve changes nothing. The records b created, which its
-// waiters were told were not stored, are dropped, and the records they
-// replaced put back. b's other operations go back to the head of the
-// queue, to be written with the next batch (the updates it carried are not
-// lost), and the removals among them wait on that batch; its clock marks
-// are written anew. When none of b's frames was synced (synced false), the
-// repair cuts them all off, and b's creations leave nothing in the queue
-// either, however long the disk stays full (the records put back are in
-// the file as they were); when one was, each refused record's delete is
-// queued behind everything else, and each record put back is queued after
-// it. Then, with nothing durable queued, the flush
-// timer is armed, so that the lazy updates are written once there is room
-// again, whether or not a call comes. Callers hold mu.
-func (j *Journal) failBatch(b *batch, ops []op, synced bool) {
+// is again what the file holds (once the repair has cut off all of b) plus
+// what the queue will write, and a refused Reserve changes nothing: the
+// records b created, which its waiters were told were not stored, are
+// dropped with their operations, however long the disk stays full, and the
+// records they replaced are put back (the file still holds them); b's
+// other operations go back to the head of the queue, to be written with
+// the next batch (the updates it carried are not lost), and the removals
+// among them wait on that batch; its clock marks are written anew. Then,
+// with nothing durable queued, the flush timer is armed, so that the lazy
+// updates are written once there is room again, whether or not a call
+// comes. Callers hold mu.
+func (j *Journal) failBatch(b *batch, ops []op) {
 	refused := make(map[string]bool, len(b.ids))
 	for _, id := range b.ids {
 		if j.inflight[id] == b {
 			refused[id] = true
 		}
 	}
-	q := make([]op, 0, len(ops)+len(j.queue)+2*len(refused))
+	q := make([]op, 0, len(ops)+len(j.queue))
 	keptDel := make(map[string]bool)
 	for _, o := range ops {
 		switch {
 		case o.kind == opClock || o.kind == opSeen:
 			continue
-		case !synced && o.create && refused[o.r.id]:
+		case o.create && refused[o.r.id]:
 			continue
 		case o.kind == opDelete:
 			keptDel[o.r.id] = true
@@ -394,14 +392,8 @@ func (j *Journal) failBatch(b *batch, ops []op, synced bool) {
 			continue // forgotten meanwhile: its delete is queued
 		}
 		j.del(id)
-		if synced {
-			j.queue = append(j.queue, op{kind: opDelete, r: rec{id: id}})
-		}
 		if old, ok := b.replaced[id]; ok {
 			j.insert(&old)
-			if synced { // its delete may be in the file: write it again
-				j.queue = append(j.queue, op{kind: opUpsert, r: old})
-			}
 		}
 	}
 	if len(j.queue) > 0 && !j.durable && !j.flushArmed {
@@ -419,10 +411,11 @@ const retryEvery = 10 * time.Millisecond
 // (broken): the descriptor the failure came through is closed and never
 // written or synced again (after a failed fsync, a later one on the same
 // descriptor may report synced data that was dropped: PostgreSQL's
-// "fsyncgate"), and the file, opened afresh, is cut back to the end of its
-// last synced frame, the cut synced, so that nothing of the failed batch
-// is left in it for the next frame to follow. What was acknowledged lies
-// before that end, synced, and is not touched. Another file at the path
+// "fsyncgate"), and the file, opened afresh, is cut back to where the
+// failed batch began (see writeBatch), the cut synced, so that nothing of
+// that batch is left in it, neither for the next frame to follow nor for a
+// restart to replay. What was acknowledged lies before that point, synced,
+// and is not touched. Another file at the path
 // (ErrRemoved) stops the Journal. Only the committer (or Open) calls it.
 func (j *Journal) repair() error {
 	if j.broken == nil {

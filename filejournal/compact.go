@@ -354,7 +354,7 @@ func (j *Journal) openActive() (file, error) {
 }
 
 // reopenActive opens the journal file afresh, for repair: it cuts it to
-// size (the end of its last synced frame) and syncs the cut through a
+// size (where the failed batch began) and syncs the cut through a
 // descriptor of its own (a descriptor that appends cannot cut on Windows),
 // then opens it for appending. Each must be the file the Journal writes:
 // another file at the path, or none, is ErrRemoved. Only the committer

@@ -398,10 +398,10 @@ func (f writeCountdown) Write(p []byte) (int, error) {
 }
 
 // A batch too large for one frame whose second frame fails, its first,
-// with the Reserve's record, already synced: the Reserve is refused, and
-// since its record is in the file, its delete is written after it; the
-// updates the batch carried are written again. A reopen finds exactly the
-// index.
+// with the Reserve's record, already synced: the Reserve is refused, the
+// repair cuts the synced frame off with the rest (nothing of the batch was
+// acknowledged), and the updates the batch carried are written again. A
+// reopen finds exactly the index.
 func TestFullDiskMidBatchAfterASyncedFrame(t *testing.T) {
 	t.Parallel()
 	var armed, holding atomic.Bool
