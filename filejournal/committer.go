@@ -284,10 +284,10 @@ func (j *Journal) takeBatch(force bool) ([]op, *batch, error) {
 // writeBatch writes ops and syncs them. It writes nothing once another
 // Journal may have the file (see lockHeld), nor before the file is fit for
 // it after a failure (see repair), and succeeds only for what went to the
-// journal the directory names (see present). A failure leaves the file to
-// be repaired before the next write: cut back to where the batch began,
-// its frames synced before the failure included, since none of it was
-// acknowledged.
+// journal the directory names (see present). A failure has the file
+// repaired: cut back to where the batch began, its frames synced before
+// the failure included, since none of it was acknowledged; at once, or,
+// should that fail too, before the next write.
 func (j *Journal) writeBatch(ops []op) error {
 	size, seq := j.size, j.nextSeq
 	err := j.lockHeld()
@@ -302,6 +302,12 @@ func (j *Journal) writeBatch(ops []op) error {
 	}
 	if err != nil {
 		j.broken, j.size, j.nextSeq = err, size, seq
+		if !errors.Is(err, ErrRemoved) { // never cut a file another may own
+			// At once, not at the next write: a crash meanwhile would
+			// replay the batch's synced frames. Should it fail, the next
+			// write tries again.
+			_ = j.repair()
+		}
 		return err
 	}
 	j.opts.hooks.fail(fpAfterSync)

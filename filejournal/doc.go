@@ -170,23 +170,23 @@
 // reserve, before sending them. The batch is undone in memory: its new
 // records are dropped (those they were to replace are put back), its other
 // operations go back to the head of the queue. The descriptor that failed is
-// never written or synced again. Each later batch first repairs the file: it
-// opens it afresh, cuts it back to where the failed batch began (frames of
-// it synced before the failure included: none was acknowledged) and syncs
-// the cut, then writes. So while the disk stays full every call that must
-// write is refused, at the cost of one failed write each (and, with updates
-// queued, one attempt per flush interval, at most a hundred a second);
-// reads, Updates and Reserves of recorded actions go on from memory. The
-// first call after space returns succeeds, with no reopen, and carries the
-// queued updates; so does Close. Acknowledged records are never touched:
-// they lie before the cut. A crash while the disk is full loses only the
-// queued updates (lazy, see Journal), unless frames of the failed batch had
-// reached the disk and the crash came before the cut: its refused records
-// may then come back, as those of a Reserve cut short by its context may.
-// Open cuts a failed batch's partial frame as a torn tail, and opens even
-// while the disk is still full (without the tail's copy). A compaction that
-// fails for lack of space leaves the journal as it was; the automatic one
-// tries again a minute later.
+// never written or synced again. Then the file is repaired: opened afresh,
+// cut back to where the failed batch began (frames of it synced before the
+// failure included: none was acknowledged), the cut synced; at once, or,
+// should that fail too, before the next write. So while the disk stays full
+// every call that must write is refused, at the cost of one failed write
+// each (and, with updates queued, one attempt per flush interval, at most a
+// hundred a second); reads, Updates and Reserves of recorded actions go on
+// from memory. The first call after space returns succeeds, with no reopen,
+// and carries the queued updates; so does Close. Acknowledged records are
+// never touched: they lie before the cut. A crash while the disk is full
+// loses only the queued updates (lazy, see Journal), unless frames of the
+// failed batch had reached the disk and the crash came before the cut (or
+// the cut failed): its refused records may then come back, as those of a
+// Reserve cut short by its context may. Open cuts a failed batch's partial
+// frame as a torn tail, and opens even while the disk is still full (without
+// the tail's copy). A compaction that fails for lack of space leaves the
+// journal as it was; the automatic one tries again a minute later.
 //
 // # Where this departs from the project's recommended design, and why
 //

@@ -400,8 +400,8 @@ func (f writeCountdown) Write(p []byte) (int, error) {
 // A batch too large for one frame whose second frame fails, its first,
 // with the Reserve's record, already synced: the Reserve is refused, the
 // repair cuts the synced frame off with the rest (nothing of the batch was
-// acknowledged), and the updates the batch carried are written again. A
-// reopen finds exactly the index.
+// acknowledged) at once, and the updates the batch carried are written
+// again. A reopen finds exactly the index.
 func TestFullDiskMidBatchAfterASyncedFrame(t *testing.T) {
 	t.Parallel()
 	var armed, holding atomic.Bool
@@ -428,6 +428,8 @@ func TestFullDiskMidBatchAfterASyncedFrame(t *testing.T) {
 	s, _ := mustOpen(t, dir, o)
 	ctx := context.Background()
 	rs := reserveSome(t, s, "r", 100)
+	before, err := os.Stat(filepath.Join(dir, journalName))
+	require.NoError(t, err)
 	// The Reserve first, then about 2.6 MiB of updates, all in one batch:
 	// the committer is held until they are queued.
 	holding.Store(true)
@@ -445,10 +447,13 @@ func TestFullDiskMidBatchAfterASyncedFrame(t *testing.T) {
 	left.Store(1)
 	armed.Store(true)
 	close(release)
-	err := <-refused
+	err = <-refused
 	require.ErrorIs(t, err, journal.ErrUnavailable)
 	require.ErrorIs(t, err, errNoSpace)
 	require.False(t, armed.Load(), "the second frame's write did not fail")
+	after, err := os.Stat(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	assert.Equal(t, before.Size(), after.Size(), "the failed batch was not cut off at once")
 	_, found, err := s.Get(ctx, "refused")
 	require.NoError(t, err)
 	require.False(t, found)
