@@ -200,8 +200,9 @@ func (j *Journal) stopNow() error {
 	j.queueSeen(seenMarkClose)
 	err := j.commitQueued(true)
 	if err == nil {
-		// A batch failed and nothing was left to write: cut off what it
-		// left, if that can be done (else Open cuts it, as a torn tail).
+		// A failed batch whose cut failed too, with nothing left to write
+		// since: cut it off now, if that can be done (else Open cuts it,
+		// as a torn tail; it holds nothing acknowledged).
 		_ = j.repair()
 	}
 	var secretErr error
