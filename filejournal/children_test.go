@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
-	"github.com/stretchr/testify/require"
 )
 
 // The kill tests' child processes. A child is the test binary itself,
-// started to run one test alone (a Test...Child function, or a test that is
-// its own child); it opens a journal and works on it, saying on its stdout,
+// started by childtest.Start to run one test alone (a Test...Child
+// function, or a test that is its own child); it opens a journal and works on it, saying on its stdout,
 // one whole line at a time, what it began and what returned. The parent
 // SIGKILLs it (at a random moment, after it said enough, or through a
 // failpoint), then opens the journal it left and checks it against what
@@ -33,28 +33,11 @@ const (
 	envTag = "IDEMRETRY_CRASH_TAG" // tells this child's ids from earlier ones'
 )
 
-// startChild starts the test binary running only the test named run, with
-// env added to the environment, and returns it with its stdout.
-func startChild(t *testing.T, run string, env ...string) (*exec.Cmd, io.ReadCloser) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
-	// A race-enabled child would sleep a second at exit by default.
-	cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0"}, env...)...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	// Whatever fails, no child outlives its test: one that loops until it
-	// is killed would hold what the test run holds (a lock file's
-	// descriptor, say) for ever. Killing one already reaped is harmless.
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	return cmd, out
-}
-
-// spawnLines is startChild with the child's output collected in lines.
+// spawnLines is childtest.Start with the child's output collected in
+// lines.
 func spawnLines(t *testing.T, run string, env ...string) (*exec.Cmd, *lines) {
 	t.Helper()
-	cmd, out := startChild(t, run, env...)
+	cmd, out := childtest.Start(t, run, env...)
 	l := &lines{done: make(chan struct{}), first: make(chan string, 1)}
 	go l.read(out)
 	return cmd, l
@@ -139,6 +122,34 @@ func killAfter(cmd *exec.Cmd, out io.Reader, n int) ([]string, error) {
 		l, err := br.ReadString('\n')
 		if err != nil {
 			break // a partial last line is dropped: it was never complete
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	_ = cmd.Wait()
+	return ls, killErr
+}
+
+// killAt reads the output of the child cmd until it says the line stop,
+// SIGKILLs it then, and returns every complete line it wrote before it
+// died. A child that ends before it says stop is an error, which holds
+// what it said.
+func killAt(cmd *exec.Cmd, out io.Reader, stop string) ([]string, error) {
+	var ls []string
+	br := bufio.NewReader(out)
+	for len(ls) == 0 || ls[len(ls)-1] != stop {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return ls, fmt.Errorf("child ended before it said %q: %w\n%s", stop, err, strings.Join(ls, "\n"))
+		}
+		ls = append(ls, strings.TrimSuffix(l, "\n"))
+	}
+	killErr := cmd.Process.Signal(syscall.SIGKILL)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			break
 		}
 		ls = append(ls, strings.TrimSuffix(l, "\n"))
 	}

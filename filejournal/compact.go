@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/idemretry/idemretry/internal/datasync"
 )
 
 // Names of the files in a journal directory.
@@ -55,6 +57,11 @@ func (j *Journal) compact() error {
 		if err := j.checkPresent(); err != nil {
 			return err
 		}
+		// The old file is closed at the rename: the descriptor of a failed
+		// write, never.
+		if err := j.repair(); err != nil {
+			return err
+		}
 	}
 	j.opts.hooks.fail(fpCompactBegin)
 	j.mu.Lock()
@@ -78,7 +85,7 @@ func (j *Journal) compact() error {
 	}
 	high, obs := j.high, j.obsNs/1e6
 	j.mu.Unlock()
-	if err := j.writeSnapshot(recs, high, obs); err != nil {
+	if err := j.writeSnapshot(recs, high, obs, "compact"); err != nil {
 		// Before the rename the old file, with the expired records and
 		// without this mark, is still the journal: the index keeps them
 		// (dropping them with no delete written would let replay take a
@@ -109,149 +116,207 @@ func (j *Journal) compact() error {
 // the rename cannot be made durable: Open adopts a complete journal.tmp when
 // journal is missing or journal.tmp starts past journal's last frame, and
 // removes it otherwise (see the package doc). A failure before the rename
-// leaves the Journal as it was; a failure after it poisons the Journal.
-func (j *Journal) writeSnapshot(recs []rec, high, obs int64) (err error) {
+// leaves the Journal as it was, and its error names the file and the step,
+// once; a failure after it poisons the Journal, with an error that names
+// what ("compact", or "create" for a new journal).
+func (j *Journal) writeSnapshot(recs []rec, high, obs int64, what string) error {
+	snap, err := j.writeTemp(recs, high, obs)
+	if err != nil {
+		return err
+	}
+	return j.installTemp(snap, what)
+}
+
+// snapshot is a journal.tmp written and synced: the file it is (to tell it
+// from another Journal's journal.tmp at the same path should the directory
+// be replaced meanwhile), its generation, the sequence of the frame after
+// its last, and its size.
+type snapshot struct {
+	made    os.FileInfo
+	gen     uint32
+	nextSeq uint64
+	size    int64
+}
+
+// writeTemp writes recs, a frame of its own for the observed time and the
+// end record to a new journal.tmp, with a new generation and the sequences
+// that follow the journal's, and syncs it. On failure journal.tmp is
+// removed.
+func (j *Journal) writeTemp(recs []rec, high, obs int64) (snapshot, error) {
 	tmpPath := filepath.Join(j.dir, tmpName)
 	of, err := os.OpenFile(tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("compact: %w", err)
+		return snapshot{}, err
 	}
-	// What it is, to tell it from another Journal's journal.tmp at the
-	// same path should the directory be replaced meanwhile (see below).
 	made, err := of.Stat()
 	if err != nil {
 		_ = of.Close()
 		_ = os.Remove(tmpPath)
-		return fmt.Errorf("compact: %w", err)
+		return snapshot{}, err
 	}
-	f := j.opts.hooks.wrap(tmpName, osFile{of})
-	gen, seq := rand.Uint32(), j.nextSeq
+	sw := &snapshotWriter{f: j.opts.hooks.wrap(tmpName, osFile{of})}
+	snap := snapshot{made: made, gen: rand.Uint32()}
 	flags := flagSeen
 	if j.opts.hashed {
 		flags |= flagHashedIDs
 	}
-	buf := header{minor: versionMinor, flags: flags, gen: gen, baseSeq: seq}.append(make([]byte, 0, 1<<20))
-	var size int64
-	write := func() error {
-		if _, err := f.Write(buf); err != nil {
-			return err
-		}
-		size += int64(len(buf))
-		buf = buf[:0]
-		return nil
-	}
-	// The records, then a frame of their own for the observed time and
-	// the end record.
-	w := frameWriter{gen: gen, seq: seq, emit: func(frame []byte) error {
-		buf = append(buf, frame...)
-		if len(buf) >= 1<<20 {
-			return write()
-		}
-		return nil
-	}}
-	werr := func() error {
-		for i := range recs {
-			if err := w.add(&op{kind: opUpsert, r: recs[i]}); err != nil {
-				return err
-			}
-		}
-		if err := w.flush(); err != nil {
-			return err
-		}
-		mark := op{kind: opSeen, clock: obs}
-		end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
-		if err := w.write(mark, end); err != nil {
-			return err
-		}
-		if err := write(); err != nil {
-			return err
-		}
-		j.opts.hooks.fail(fpTmpWritten)
-		if err := f.Sync(); err != nil {
-			return err
-		}
-		j.opts.hooks.fail(fpTmpSynced)
-		return nil
-	}()
-	if cerr := f.Close(); werr == nil {
+	sw.buf = header{minor: versionMinor, flags: flags, gen: snap.gen, baseSeq: j.nextSeq}.append(make([]byte, 0, 1<<20))
+	w := frameWriter{gen: snap.gen, seq: j.nextSeq, emit: sw.emit}
+	werr := j.writeSnapshotFrames(sw, &w, recs, high, obs)
+	if cerr := sw.f.Close(); werr == nil {
 		werr = cerr
 	}
 	if werr != nil {
 		_ = os.Remove(tmpPath)
-		return fmt.Errorf("compact: write %s: %w", tmpPath, werr)
+		return snapshot{}, pathError("write", tmpPath, werr)
 	}
+	snap.nextSeq, snap.size = w.seq, sw.size
+	return snap, nil
+}
 
+// writeSnapshotFrames writes the snapshot's frames through w into sw, and
+// syncs them.
+func (j *Journal) writeSnapshotFrames(sw *snapshotWriter, w *frameWriter, recs []rec, high, obs int64) error {
+	for i := range recs {
+		if err := w.add(&op{kind: opUpsert, r: recs[i]}); err != nil {
+			return err
+		}
+	}
+	if err := w.flush(); err != nil {
+		return err
+	}
+	mark := op{kind: opSeen, clock: obs}
+	end := op{kind: opEnd, count: uint64(len(recs)), clock: high}
+	if err := w.write(mark, end); err != nil {
+		return err
+	}
+	if err := sw.flush(); err != nil {
+		return err
+	}
+	j.opts.hooks.fail(fpTmpWritten)
+	if err := sw.f.Sync(); err != nil {
+		return err
+	}
+	j.opts.hooks.fail(fpTmpSynced)
+	return nil
+}
+
+// snapshotWriter gathers a snapshot's frames and writes them to f about a
+// MiB at a time.
+type snapshotWriter struct {
+	f    file
+	buf  []byte
+	size int64 // bytes written to f
+}
+
+func (s *snapshotWriter) emit(frame []byte) error {
+	s.buf = append(s.buf, frame...)
+	if len(s.buf) >= 1<<20 {
+		return s.flush()
+	}
+	return nil
+}
+
+func (s *snapshotWriter) flush() error {
+	if _, err := s.f.Write(s.buf); err != nil {
+		return err
+	}
+	s.size += int64(len(s.buf))
+	s.buf = s.buf[:0]
+	return nil
+}
+
+// installTemp renames snap, journal.tmp, over journal and makes it the
+// active file (see writeSnapshot).
+func (j *Journal) installTemp(snap snapshot, what string) error {
+	tmpPath := filepath.Join(j.dir, tmpName)
 	// From the rename until the new file's identity is recorded, the
 	// directory entry names a file other than j.ident: Sync's check waits.
 	j.identMu.Lock()
 	defer j.identMu.Unlock()
-	// Windows cannot rename over an open file: close the old one first. It
-	// is synced, so nothing is lost if the rename then fails.
 	hadOld := j.f != nil
 	if hadOld {
-		// The directory must still hold this journal. One moved away or
-		// replaced while the snapshot was written (another process may
-		// hold a new journal there, under its own lock) is not to be
-		// renamed into, nor, after a failed rename, written to by path:
-		// stop. The journal.tmp made here goes if it is at that path,
-		// made in the new directory: left, that directory's next Open
-		// could adopt it in place of its own journal (another
-		// journal.tmp there is left alone).
-		err := j.lockHeld()
-		if err == nil {
-			err = j.checkPresent()
-		} else {
-			j.failCompaction(err)
-		}
-		if err != nil {
-			removeIfSame(tmpPath, made)
+		if err := j.closeOld(snap.made, what); err != nil {
 			return err
-		}
-		cerr := j.f.Close()
-		j.f = nil
-		if cerr != nil {
-			_ = os.Remove(tmpPath)
-			j.failCompaction(fmt.Errorf("compact: close old journal: %w", cerr))
-			return j.poison
 		}
 	}
 	if err := renameDurable(tmpPath, j.path); err != nil {
-		removeIfSame(tmpPath, made)
-		if hadOld { // the old journal is still in place: keep using it
-			old := j.ident
-			if af, oerr := j.openActive(); oerr == nil {
-				if os.SameFile(old, j.ident) {
-					j.f = af
-					return fmt.Errorf("compact: %w", err)
-				}
-				// The path names another file now: not this journal.
-				_ = af.Close()
-				j.ident = old
-				j.failCompaction(&removedError{path: j.path})
-				return j.poison
-			}
-		}
-		j.failCompaction(fmt.Errorf("compact: rename: %w", err))
-		return j.poison
+		removeIfSame(tmpPath, snap.made)
+		return j.renameFailed(err, hadOld, what)
 	}
 	j.opts.hooks.fail(fpRenamed)
 	if err := syncDir(j.dir); err != nil {
 		// Appends acknowledged from now on could vanish with the directory
 		// entry at a power loss: stop.
-		j.failCompaction(fmt.Errorf("compact: sync directory: %w", err))
+		j.failCompaction(fmt.Errorf("%s: sync directory: %w", what, err))
 		return j.poison
 	}
 	j.opts.hooks.fail(fpDirSynced)
 	af, err := j.openActive()
 	if err != nil {
-		j.failCompaction(fmt.Errorf("compact: reopen: %w", err))
+		j.failCompaction(fmt.Errorf("%s: reopen: %w", what, err))
 		return j.poison
 	}
-	j.f, j.gen, j.nextSeq, j.size = af, gen, w.seq, size
+	j.f, j.gen, j.nextSeq, j.size = af, snap.gen, snap.nextSeq, snap.size
 	j.mu.Lock()
-	j.sizeSeen = size
+	j.sizeSeen = snap.size
 	j.mu.Unlock()
 	return nil
+}
+
+// closeOld closes the active file before the rename of journal.tmp (made)
+// over it: Windows cannot rename over an open file. It is synced, so
+// nothing is lost if the rename then fails. The directory must still hold
+// this journal. One moved away or replaced while the snapshot was written
+// (another process may hold a new journal there, under its own lock) is
+// not to be renamed into, nor, after a failed rename, written to by path:
+// stop. The journal.tmp made here goes if it is at that path, made in the
+// new directory: left, that directory's next Open could adopt it in place
+// of its own journal (another journal.tmp there is left alone). Callers
+// hold identMu.
+func (j *Journal) closeOld(made os.FileInfo, what string) error {
+	tmpPath := filepath.Join(j.dir, tmpName)
+	err := j.lockHeld()
+	if err == nil {
+		err = j.checkPresent()
+	} else {
+		j.failCompaction(err)
+	}
+	if err != nil {
+		removeIfSame(tmpPath, made)
+		return err
+	}
+	cerr := j.f.Close()
+	j.f = nil
+	if cerr != nil {
+		_ = os.Remove(tmpPath)
+		j.failCompaction(fmt.Errorf("%s: close old journal: %w", what, cerr))
+		return j.poison
+	}
+	return nil
+}
+
+// renameFailed handles a failed rename of journal.tmp over journal: with
+// an old journal (hadOld), still in place, it is opened again and used, if
+// it is still the file the Journal wrote; else the Journal stops. Callers
+// hold identMu.
+func (j *Journal) renameFailed(err error, hadOld bool, what string) error {
+	if hadOld {
+		old := j.ident
+		if af, oerr := j.openActive(); oerr == nil {
+			if os.SameFile(old, j.ident) {
+				j.f = af
+				return err
+			}
+			// The path names another file now: not this journal.
+			_ = af.Close()
+			j.ident = old
+			j.failCompaction(&removedError{path: j.path})
+			return j.poison
+		}
+	}
+	j.failCompaction(fmt.Errorf("%s: rename: %w", what, err))
+	return j.poison
 }
 
 // removeIfSame removes the file at path if it is still the file fi
@@ -263,6 +328,8 @@ func removeIfSame(path string, fi os.FileInfo) {
 	}
 }
 
+// failCompaction stops the Journal with err (see poisonLocked). Callers do
+// not hold mu.
 func (j *Journal) failCompaction(err error) {
 	j.mu.Lock()
 	j.poisonLocked(err)
@@ -284,6 +351,56 @@ func (j *Journal) openActive() (file, error) {
 	}
 	j.ident = fi
 	return j.opts.hooks.wrap(journalName, osFile{of}), nil
+}
+
+// reopenActive opens the journal file afresh, for repair: it cuts it to
+// size (where the failed batch began) and syncs the cut through a
+// descriptor of its own (a descriptor that appends cannot cut on Windows),
+// then opens it for appending. Each must be the file the Journal writes:
+// another file at the path, or none, is ErrRemoved. Only the committer
+// calls it.
+func (j *Journal) reopenActive() (file, error) {
+	cf, err := j.openSame(os.O_WRONLY)
+	if err != nil {
+		return nil, err
+	}
+	err = cf.Truncate(j.size)
+	if err == nil {
+		err = datasync.File(cf)
+	}
+	if cerr := cf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, pathError("cut", j.path, err)
+	}
+	af, err := j.openSame(os.O_WRONLY | os.O_APPEND)
+	if err != nil {
+		return nil, err
+	}
+	return j.opts.hooks.wrap(journalName, osFile{af}), nil
+}
+
+// openSame opens the journal file with flag, and checks that it is the file
+// the Journal writes (ident): another file at the path, or none, is an
+// error wrapping ErrRemoved.
+func (j *Journal) openSame(flag int) (*os.File, error) {
+	f, err := os.OpenFile(j.path, flag, 0)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil, &removedError{path: j.path}
+	}
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !os.SameFile(fi, j.ident) {
+		err = &removedError{path: j.path}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // present checks that the journal's directory entry still names the file
@@ -316,17 +433,27 @@ func stillAt(path string, ident os.FileInfo) error {
 	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
 		return &removedError{path: path}
 	}
-	return fmt.Errorf("check %s: %w", path, err)
+	return pathError("check", path, err)
 }
 
-// checkPresent runs present and stops the Journal if the journal is gone.
-// Callers do not hold mu.
+// checkPresent runs present and stops the Journal if the journal is gone
+// (ErrRemoved). Callers do not hold mu.
 func (j *Journal) checkPresent() error {
-	if err := j.present(); err != nil {
+	err := j.present()
+	if errors.Is(err, ErrRemoved) {
 		j.mu.Lock()
 		j.poisonLocked(err)
 		j.mu.Unlock()
+	}
+	return err
+}
+
+// pathError is err of an operation op on path, naming path once: err
+// itself when it is an *fs.PathError (which names its own), else err
+// wrapped in one.
+func pathError(op, path string, err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		return err
 	}
-	return nil
+	return &fs.PathError{Op: op, Path: path, Err: err}
 }

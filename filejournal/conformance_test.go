@@ -17,6 +17,7 @@ import (
 )
 
 func TestJournalConformanceFile(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := Open(t.TempDir())
 		require.NoError(t, err)
@@ -25,6 +26,7 @@ func TestJournalConformanceFile(t *testing.T) {
 }
 
 func TestJournalConformanceFileHashed(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) journal.Journal {
 		j, err := Open(t.TempDir(), WithHashedIDs())
 		require.NoError(t, err)

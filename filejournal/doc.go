@@ -162,6 +162,32 @@
 // the next batch cannot be seen by that batch's waiters, who were
 // acknowledged before it; the next batch fails.
 //
+// # A full disk
+//
+// A batch whose write or sync fails (ENOSPC, EDQUOT, EIO) is not
+// acknowledged: its waiters get an error wrapping journal.ErrUnavailable and
+// the file system's error, so the Transport refuses the payments it was to
+// reserve, before sending them. The batch is undone in memory: its new
+// records are dropped (those they were to replace are put back), its other
+// operations go back to the head of the queue. The descriptor that failed is
+// never written or synced again. Then the file is repaired: opened afresh,
+// cut back to where the failed batch began (frames of it synced before the
+// failure included: none was acknowledged), the cut synced; at once, or,
+// should that fail too, before the next write. So while the disk stays full
+// every call that must write is refused, at the cost of one failed write
+// each (and, with updates queued, one attempt per flush interval, at most a
+// hundred a second); reads, Updates and Reserves of recorded actions go on
+// from memory. The first call after space returns succeeds, with no reopen,
+// and carries the queued updates; so does Close. Acknowledged records are
+// never touched: they lie before the cut. A crash while the disk is full
+// loses only the queued updates (lazy, see Journal), unless frames of the
+// failed batch had reached the disk and the crash came before the cut (or
+// the cut failed): its refused records may then come back, as those of a
+// Reserve cut short by its context may. Open cuts a failed batch's partial
+// frame as a torn tail, and opens even while the disk is still full (without
+// the tail's copy). A compaction that fails for lack of space leaves the
+// journal as it was; the automatic one tries again a minute later.
+//
 // # Where this departs from the project's recommended design, and why
 //
 //   - Expiry drops only done records. Pending and unknown ones are kept until
@@ -192,4 +218,9 @@
 //     whole file; the index it keeps takes about 140 bytes a record.
 //   - A batch larger than maxPayload is written as several frames, each
 //     synced before the next is written, to keep the rule above.
+//   - A failed write or sync poisons its descriptor, not the Journal: the
+//     Journal reopens the file itself, cuts off the failed batch and goes
+//     on (see "A full disk"), where the design has the application reopen
+//     the journal. A long-running process thus recovers when space
+//     returns, without losing the updates it had queued.
 package filejournal

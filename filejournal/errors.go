@@ -10,9 +10,10 @@ import (
 )
 
 // Errors of the file journal, wrapped; test them with errors.Is. It returns
-// the journal package's sentinels too: journal.ErrClosed (closed, or stopped
-// by a failure: reopen it), journal.ErrNotFound (Update of a record that is
-// not there), journal.ErrInvalidRecord and journal.ErrIncompatible (a file
+// the journal package's sentinels too: journal.ErrUnavailable (a write or
+// sync failed, a full disk say: nothing was stored, try again later),
+// journal.ErrClosed (closed, or stopped because the journal was removed:
+// reopen it), journal.ErrNotFound (Update of a record that is not there), journal.ErrInvalidRecord and journal.ErrIncompatible (a file
 // of an unknown or earlier format version, or written with the other
 // WithHashedIDs setting).
 var (
@@ -95,7 +96,8 @@ func (e *lockedError) Error() string {
 	case e.pid > 0:
 		holder = fmt.Sprintf("another Client or process (pid %d)", e.pid)
 	}
-	return fmt.Sprintf("idemretry: journal locked: %s is held by %s (one Client per process per directory; wait with WithLockWait, or use another directory)", e.dir, holder)
+	return fmt.Sprintf("idemretry: journal locked: %s is held by %s; one Client per directory: close it, "+
+		"use another directory, or wait with idemretry.WithJournalDir(dir, filejournal.WithLockWait(d))", e.dir, holder)
 }
 
 func (e *lockedError) Is(target error) bool { return target == ErrLocked }

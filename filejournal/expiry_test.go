@@ -18,6 +18,7 @@ import (
 // by lookups; pending and unknown ones never expire; a clock set back
 // neither revives nor loses anything, across restarts too.
 func TestExpiryFakeClock(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
@@ -75,6 +76,7 @@ func TestExpiryFakeClock(t *testing.T) {
 // A clock set back before a restart, with no compaction in between, must
 // not revive a record that had expired: the high-water mark is persisted.
 func TestClockHighWaterPersists(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s := openHolding(t, dir, o, doneAt("d", t0))
@@ -105,6 +107,7 @@ func TestClockHighWaterPersists(t *testing.T) {
 // Now never runs backwards: records written at T+25h, then the clock set
 // back 2h, and the same across a reopen.
 func TestNowNeverRunsBack(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := &fakeClock{t: t0}
 	o := testOpts()
@@ -134,6 +137,7 @@ func TestNowNeverRunsBack(t *testing.T) {
 // the clock's high-water mark is on disk: the next batch has to carry it,
 // or a clock set back before a restart revives an expired record.
 func TestFailedCompactionKeepsClockMark(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	var fail sync.Map
 	o.hooks = faultyHooks(&fail)
@@ -167,6 +171,7 @@ func TestFailedCompactionKeepsClockMark(t *testing.T) {
 // behind, then corrected) expires nothing: time the journal has not seen
 // pass is never counted. Time it sees pass while open is.
 func TestExpiryIgnoresClockJumpWhileClosed(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s, _ := mustOpen(t, dir, o)
@@ -194,6 +199,7 @@ func TestExpiryIgnoresClockJumpWhileClosed(t *testing.T) {
 // The observed time survives a restart: time seen in one run counts in the
 // next, so records still expire in an application that restarts often.
 func TestObservedTimePersists(t *testing.T) {
+	t.Parallel()
 	o, clk, t0 := hourClock()
 	dir := t.TempDir()
 	s := openHolding(t, dir, o, doneAt("d", t0))
@@ -220,6 +226,7 @@ func TestObservedTimePersists(t *testing.T) {
 // refuses it with journal.ErrIncompatible and changes nothing. (Until the
 // module had a first release, such files were opened and rewritten.)
 func TestOpenFileWithoutObservedTimesRefused(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	d := doneAt("d", t0)
 	dir := craftJournalFlags(t, 0, []op{upsert(t, d)}, []op{{kind: opClock, clock: t0.UnixMilli()}})
@@ -237,6 +244,7 @@ func TestOpenFileWithoutObservedTimesRefused(t *testing.T) {
 // frame whose CRC holds, it is damage, never read as a record that ages
 // from the open.
 func TestUpsertWithoutObservedTimeIsMalformed(t *testing.T) {
+	t.Parallel()
 	o := upsert(t, entry("d")) // observed time 0: its last byte
 	b := appendOp(nil, &o)
 	require.Equal(t, byte(upsertSeen), b[1]&upsertSeen)

@@ -1,12 +1,51 @@
 package filejournal
 
 import (
+	"encoding/binary"
 	"sync/atomic"
 
 	"github.com/idemretry/idemretry/journal"
 )
 
-// Test-only seams and views of a Journal.
+// Test-only seams and views of a Journal, and helpers only tests use.
+
+// scan reads data, a whole journal file in memory, and calls apply for each
+// good frame in order: scanSource over data.
+func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload []byte) error) (scanResult, error) {
+	return scanSource(memSource(data), path, salvage, apply)
+}
+
+// snapshotComplete reports whether data holds a whole compaction output: a
+// valid header, every frame up to the end record valid, and the end record
+// counting the records before it. The snapshot may be followed by batch
+// frames, appended after a rename that did not last (see the package doc):
+// they must be valid too, except for a torn tail, which recovery cuts off
+// as in any journal.
+func snapshotComplete(data []byte, path string) bool {
+	_, ended, err := scanSnapshot(memSource(data), path)
+	return err == nil && ended
+}
+
+// appendPayload encodes ops as one payload.
+func appendPayload(b []byte, ops []op) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ops)))
+	for i := range ops {
+		b = appendOp(b, &ops[i])
+	}
+	return b
+}
+
+// decodePayload calls fn for each record of p, with its id, reusing one
+// op. It returns errPayload (wrapped) for anything malformed, and fn's
+// error as is.
+func decodePayload(p []byte, fn func(*op) error) error {
+	return decodeOps(p, func(o *op, id []byte) error {
+		if id != nil {
+			o.r.id = string(id)
+		}
+		return fn(o)
+	})
+}
 
 // withHooks installs failpoints and file wrappers.
 func withHooks(h *hooks) Option {
@@ -85,4 +124,29 @@ func (f gatedFile) Sync() error {
 		<-f.release
 	}
 	return f.file.Sync()
+}
+
+// SmallFSOf, Fill and Unfill are smallFSOf, fill and unfill, for the
+// package's external tests.
+var (
+	SmallFSOf = smallFSOf
+	Fill      = fill
+	Unfill    = unfill
+)
+
+// AllRecords returns every unexpired record, by key: for the package's
+// external tests, which cannot name the records of actions named by their
+// fingerprint.
+func (j *Journal) AllRecords() map[string]journal.Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make(map[string]journal.Record, len(j.m))
+	now := j.now()
+	for id, sl := range j.m {
+		if !j.expired(&sl, now) {
+			r := j.recOf(id, &sl)
+			out[r.record(j.reportedID(id)).Key] = r.record(j.reportedID(id))
+		}
+	}
+	return out
 }

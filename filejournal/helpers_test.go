@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -255,4 +258,78 @@ func openFaulty(t testing.TB, dir string) (*Journal, *sync.Map) {
 	o.hooks = faultyHooks(fail)
 	s, _ := mustOpen(t, dir, o)
 	return s, fail
+}
+
+// smallFS mounts a 64 KiB tmpfs, so that a test can fill it: see
+// smallFSOf.
+func smallFS(t *testing.T) string { t.Helper(); return smallFSOf(t, "64k") }
+
+// smallFSOf mounts a tmpfs of the given size (mount's size=, "1m" say) on a
+// new directory, unmounted when the test ends, so that a test can fill a
+// real file system. It needs root: without, the test is skipped, except
+// with CI=true, where it fails (CI runs as root and must run these tests).
+func smallFSOf(t testing.TB, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("mounting a small tmpfs needs root, and CI=true: CI must run the full-disk tests")
+		}
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", mnt).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mount tmpfs, and CI=true: %v: %s", err, out)
+		}
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+	return mnt
+}
+
+// fill writes the file "filler" in dir until the file system is full.
+func fill(t testing.TB, dir string) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, "filler"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			break
+		}
+	}
+	for len(buf) > 1 { // and the last few bytes
+		buf = buf[:len(buf)/2]
+		_, _ = f.Write(buf)
+	}
+}
+
+// unfill removes what fill wrote in dir: the file system has room again.
+func unfill(t testing.TB, dir string) {
+	t.Helper()
+	require.NoError(t, os.Remove(filepath.Join(dir, "filler")))
+}
+
+// onlyOn skips t unless it runs on one of the systems goos: for a test of
+// what only they do (a SIGKILL read back from a child's exit status, say).
+func onlyOn(t testing.TB, goos ...string) {
+	t.Helper()
+	if !slices.Contains(goos, runtime.GOOS) {
+		t.Skipf("only on %v", goos)
+	}
+}
+
+// onlyOnUnix skips t on systems without Unix permissions and symlinks.
+func onlyOnUnix(t testing.TB) {
+	t.Helper()
+	switch runtime.GOOS {
+	case "windows", "plan9", "js", "wasip1":
+		t.Skipf("not on %s", runtime.GOOS)
+	}
 }

@@ -17,6 +17,7 @@ import (
 // files 0600. A directory (and journal) made wider by hand or by an older
 // setup is tightened when the process owns it, and the Recovery says so.
 func TestJournalModesTightened(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "j")
 	j, err := filejournal.Open(dir)
 	require.NoError(t, err)
@@ -41,6 +42,7 @@ func TestJournalModesTightened(t *testing.T) {
 // for anyone but root, and changing another user's directory is not the
 // journal's business), and reported.
 func TestJournalModeNotOwnedReported(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("making a directory another user owns needs root")
 	}

@@ -105,6 +105,16 @@ func Open(dir string, opts ...Option) (*Journal, error) {
 	return open(dir, c)
 }
 
+// openError is err of Open in dir: "idemretry: journal open <dir>: err",
+// or without the dir when err names it already (a file in it, say), so
+// that the message names each path once.
+func openError(dir string, err error) error {
+	if strings.Contains(err.Error(), dir) {
+		return wrap(err, "open")
+	}
+	return wrap(err, "open %s", dir)
+}
+
 // Dir returns the journal's directory, as an absolute path (see Open).
 func (j *Journal) Dir() string { return j.dir }
 
@@ -122,61 +132,34 @@ func open(dir string, c config) (*Journal, error) {
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, wrap(err, "open %s", dir)
+		return nil, openError(dir, err)
 	}
 	dir = abs
 	if err := mkdirDurable(dir); err != nil {
-		return nil, wrap(err, "open %s", dir)
-	}
-	lockPath := filepath.Join(dir, lockName)
-	lk, err := lockfile.Acquire(lockPath, c.lockWait)
-	if errors.Is(err, lockfile.ErrLocked) {
-		return nil, &lockedError{dir: dir, pid: lockfile.Holder(lockPath)}
-	}
-	if err != nil {
-		return nil, wrap(err, "open %s", dir)
-	}
-	// What was locked, to tell whether LOCK is still the file the lock is
-	// on (see lockHeld).
-	lockIdent, err := os.Stat(lockPath)
-	if err != nil {
-		_ = lk.Release()
-		return nil, wrap(err, "open %s", dir)
-	}
-	var modes Recovery
-	for _, p := range []struct {
-		path string
-		max  fs.FileMode
-	}{{dir, 0o700}, {filepath.Join(dir, journalName), 0o600}, {lockPath, 0o600}, {filepath.Join(dir, secretName), 0o600}} {
-		tightened, notOwned, err := tighten(p.path, p.max)
-		if err != nil {
-			_ = lk.Release()
-			return nil, wrap(err, "open %s: permissions", dir)
-		}
-		if tightened {
-			modes.ModeTightened = append(modes.ModeTightened, p.path)
-		}
-		if notOwned {
-			modes.ModeNotOwned = append(modes.ModeNotOwned, p.path)
-		}
+		return nil, openError(dir, err)
 	}
 	j := &Journal{
-		opts:      c,
-		dir:       dir,
-		path:      filepath.Join(dir, journalName),
-		lock:      lk,
-		lockPath:  lockPath,
-		lockIdent: lockIdent,
-		custom:    make(map[string]string),
-		inflight:  make(map[string]*batch),
-		deleting:  make(map[string]*batch),
-		cur:       newBatch(),
-		wake:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
-		closed:    make(chan struct{}),
-		obsRef:    c.now(),
+		opts:     c,
+		dir:      dir,
+		path:     filepath.Join(dir, journalName),
+		lockPath: filepath.Join(dir, lockName),
+		custom:   make(map[string]string),
+		inflight: make(map[string]*batch),
+		deleting: make(map[string]*batch),
+		cur:      newBatch(),
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		closed:   make(chan struct{}),
+		obsRef:   c.now(),
 	}
-	rep, err := j.recover()
+	if err := j.lockDir(); err != nil {
+		return nil, err
+	}
+	modes, err := j.tightenModes()
+	var rep Recovery
+	if err == nil {
+		rep, err = j.recover()
+	}
 	if err == nil && j.poison != nil {
 		err = j.poison
 	}
@@ -184,8 +167,8 @@ func open(dir string, c config) (*Journal, error) {
 		if j.f != nil {
 			_ = j.f.Close()
 		}
-		_ = lk.Release()
-		return nil, wrap(err, "open %s", dir)
+		_ = j.lock.Release()
+		return nil, openError(dir, err)
 	}
 	rep.Records = len(j.m)
 	// After recovery: a journal it refuses is left as it was.
@@ -197,6 +180,47 @@ func open(dir string, c config) (*Journal, error) {
 	j.sizeSeen = j.size
 	go j.run()
 	return j, nil
+}
+
+// lockDir takes the lock on the directory's LOCK (see Open), within the
+// configured wait, and records which file it is on (see lockHeld).
+func (j *Journal) lockDir() error {
+	lk, err := lockfile.Acquire(j.lockPath, j.opts.lockWait)
+	if errors.Is(err, lockfile.ErrLocked) {
+		return &lockedError{dir: j.dir, pid: lockfile.Holder(j.lockPath)}
+	}
+	if err != nil {
+		return openError(j.dir, err)
+	}
+	if j.lockIdent, err = os.Stat(j.lockPath); err != nil {
+		_ = lk.Release()
+		return openError(j.dir, err)
+	}
+	j.lock = lk
+	return nil
+}
+
+// tightenModes narrows the directory and its files to 0700 and 0600 where
+// the process owns them (see Open), and returns the paths it narrowed and
+// those it left, in a Recovery's ModeTightened and ModeNotOwned.
+func (j *Journal) tightenModes() (Recovery, error) {
+	var modes Recovery
+	for _, p := range []struct {
+		path string
+		max  fs.FileMode
+	}{{j.dir, 0o700}, {j.path, 0o600}, {j.lockPath, 0o600}, {filepath.Join(j.dir, secretName), 0o600}} {
+		tightened, notOwned, err := tighten(p.path, p.max)
+		if err != nil {
+			return modes, fmt.Errorf("permissions: %w", err)
+		}
+		if tightened {
+			modes.ModeTightened = append(modes.ModeTightened, p.path)
+		}
+		if notOwned {
+			modes.ModeNotOwned = append(modes.ModeNotOwned, p.path)
+		}
+	}
+	return modes, nil
 }
 
 // mkdirDurable creates dir and its missing parents with mode 0700, as
@@ -227,75 +251,96 @@ func mkdirDurable(dir string) error {
 	return nil
 }
 
+// recover is Open's recovery, in steps: a leftover journal.tmp settled
+// (settleTemp), a new journal made or the journal replayed into the index
+// (load), the file cut and compacted as replay found it (tidy).
 func (j *Journal) recover() (Recovery, error) {
 	var rep Recovery
 	// A copy aside cut short by a crash: it was never renamed to a copy's
 	// name, and holds nothing recovery needs.
 	_ = os.Remove(filepath.Join(j.dir, asideTmpName))
-	tmpPath := filepath.Join(j.dir, tmpName)
-	_, jerr := os.Stat(j.path)
-	missing := errors.Is(jerr, fs.ErrNotExist)
-	if jerr != nil && !missing {
-		return rep, jerr
+	missing, err := j.settleTemp(&rep)
+	if err != nil {
+		return rep, err
 	}
-	tf, terr := os.Open(tmpPath)
-	switch {
-	case terr == nil:
-		adopt, keep, err := j.chooseTemp(tf, tmpPath, missing)
-		_ = tf.Close()
-		switch {
-		case err != nil:
-			return rep, err
-		case adopt:
-			// journal.tmp is synced: only now may it replace journal.
-			if err := renameDurable(tmpPath, j.path); err != nil {
-				return rep, fmt.Errorf("adopt %s: %w", tmpPath, err)
-			}
-			if err := syncDir(j.dir); err != nil {
-				return rep, err
-			}
-			rep.AdoptedTemp, missing = true, false
-		case !keep:
-			if err := os.Remove(tmpPath); err != nil {
-				return rep, err
-			}
-			if err := syncDir(j.dir); err != nil {
-				return rep, err
-			}
-			rep.RemovedTemp = true
-		}
-	case !errors.Is(terr, fs.ErrNotExist):
-		return rep, terr
-	}
-
 	j.m = make(map[string]ref)
 	if missing {
 		// A new journal is created like a compaction's output, so that a
 		// journal file, once it exists, always has a complete header.
 		j.nextSeq = 1
 		j.high = j.opts.now().UnixMilli()
-		return rep, j.writeSnapshot(nil, j.high, 0)
+		return rep, j.writeSnapshot(nil, j.high, 0, "create")
 	}
-
-	// The file is read through one reusable window (see source), not
-	// whole: recovery holds the index, not the index and the file.
-	f, err := os.Open(j.path)
+	res, err := j.load(&rep)
 	if err != nil {
 		return rep, err
+	}
+	return rep, j.tidy(res, &rep)
+}
+
+// settleTemp adopts or removes a leftover journal.tmp (see chooseTemp, and
+// the package doc, "journal.tmp at recovery"), and reports whether there is
+// no journal file (then none was adopted either).
+func (j *Journal) settleTemp(rep *Recovery) (missing bool, err error) {
+	tmpPath := filepath.Join(j.dir, tmpName)
+	_, jerr := os.Stat(j.path)
+	missing = errors.Is(jerr, fs.ErrNotExist)
+	if jerr != nil && !missing {
+		return false, jerr
+	}
+	tf, terr := os.Open(tmpPath)
+	if errors.Is(terr, fs.ErrNotExist) {
+		return missing, nil
+	}
+	if terr != nil {
+		return false, terr
+	}
+	adopt, keep, err := j.chooseTemp(tf, tmpPath, missing)
+	_ = tf.Close()
+	switch {
+	case err != nil:
+		return false, err
+	case adopt:
+		// journal.tmp is synced: only now may it replace journal.
+		if err := renameDurable(tmpPath, j.path); err != nil {
+			return false, fmt.Errorf("adopt %s: %w", tmpPath, err)
+		}
+		rep.AdoptedTemp = true
+		return false, syncDir(j.dir)
+	case !keep:
+		if err := os.Remove(tmpPath); err != nil {
+			return false, err
+		}
+		rep.RemovedTemp = true
+		return missing, syncDir(j.dir)
+	}
+	return missing, nil
+}
+
+// load replays the journal file into the index, reading it through one
+// reusable window (see source), not whole: recovery holds the index, not
+// the index and the file. It sets the file's generation, next sequence and
+// size, copies aside what a salvage skips (the only trace of its records:
+// no copy, no salvage) and a torn tail (for diagnosis only), and returns
+// what the scan found. It changes nothing in the journal file itself.
+func (j *Journal) load(rep *Recovery) (scanResult, error) {
+	f, err := os.Open(j.path)
+	if err != nil {
+		return scanResult{}, err
 	}
 	defer f.Close()
 	src, err := openSource(f)
 	if err != nil {
-		return rep, err
+		return scanResult{}, err
 	}
 	j.m = make(map[string]ref, countLive(src))
 	res, err := scanSource(src, j.path, j.opts.salvage, j.replay())
 	if err != nil {
-		return rep, err
+		return res, err
 	}
 	size := int64(src.size)
 	if hashed := res.hdr.flags&flagHashedIDs != 0; hashed != j.opts.hashed {
-		return rep, fmt.Errorf("%w: %s was written with hashed action ids = %v", journal.ErrIncompatible, j.path, hashed)
+		return res, fmt.Errorf("%w: %s was written with hashed action ids = %v", journal.ErrIncompatible, j.path, hashed)
 	}
 	j.gen, j.nextSeq, j.size = res.hdr.gen, res.lastSeq+1, int64(res.end)
 	j.savedHigh, j.savedObs = j.high, j.obsNs/1e6
@@ -307,7 +352,7 @@ func (j *Journal) recover() (Recovery, error) {
 		// acknowledged records the salvage drops: no copy, no salvage,
 		// and nothing changed (it is made before the torn tail is cut).
 		if rep.CorruptCopy, err = j.copyAside(corruptPref, io.NewSectionReader(f, 0, size)); err != nil {
-			return rep, err
+			return res, err
 		}
 	}
 	if res.torn {
@@ -326,25 +371,30 @@ func (j *Journal) recover() (Recovery, error) {
 	}
 	// Everything is read: the file is changed (cut, compacted) only
 	// through other handles, and only once this one is closed.
-	if err := f.Close(); err != nil {
-		return rep, err
-	}
+	return res, f.Close()
+}
+
+// tidy makes the journal file what load found: a torn tail cut off, the
+// file opened for appending, and compacted when salvaged (the damage must
+// not stay in the file, or every later open would need salvage again) or
+// when worth it; then the expired records that stayed in the file are
+// dropped from the index, their deletes queued.
+func (j *Journal) tidy(res scanResult, rep *Recovery) error {
 	if res.torn {
 		if err := truncate(j.path, int64(res.end)); err != nil {
-			return rep, fmt.Errorf("cut torn tail: %w", err)
+			return fmt.Errorf("cut torn tail: %w", err)
 		}
 	}
+	var err error
 	if j.f, err = j.openActive(); err != nil {
-		return rep, err
+		return err
 	}
 	dead := j.recoveredExpiredIDs()
 	compactTried := true
 	switch {
 	case len(res.salvaged) > 0:
-		// The damage must not stay in the file, or every later open
-		// would need salvage again.
 		if err := j.compact(); err != nil {
-			return rep, err
+			return err
 		}
 		rep.Compacted = true
 	case len(res.dups) > 0 || j.needsCompaction() || (len(dead) > 0 && j.size > j.opts.compactMin):
@@ -368,7 +418,7 @@ func (j *Journal) recover() (Recovery, error) {
 	for _, id := range dead {
 		j.remove(id, false)
 	}
-	return rep, nil
+	return nil
 }
 
 // expiredIDs returns the ids of the expired records in the index.
@@ -541,28 +591,6 @@ func (j *Journal) chooseTemp(tf *os.File, tmpPath string, missing bool) (adopt, 
 		return false, true, ce
 	}
 	return true, false, syncFile(tmpPath)
-}
-
-// snapshotComplete reports whether data holds a whole compaction snapshot
-// (see checkSnapshot).
-func snapshotComplete(data []byte, path string) bool {
-	_, ok := checkSnapshot(data, path)
-	return ok
-}
-
-// checkSnapshot reports whether data holds a whole compaction output: a
-// valid header, every frame up to the end record valid, and the end record
-// counting the records before it. The snapshot may be followed by batch
-// frames, appended after a rename that did not last (see the package doc):
-// they must be valid too, except for a torn tail, which recovery cuts off
-// as in any journal.
-func checkSnapshot(data []byte, path string) (scanResult, bool) {
-	return checkSnapshotSource(memSource(data), path)
-}
-
-func checkSnapshotSource(src *source, path string) (scanResult, bool) {
-	res, ended, err := scanSnapshot(src, path)
-	return res, err == nil && ended
 }
 
 // scanSnapshot scans src, a compaction's output, without salvage, and

@@ -153,7 +153,8 @@ func WithGrace(grace time.Duration) Option {
 
 // WithLockWait makes Open wait up to d for another owner to release the
 // journal's lock before failing with ErrLocked (default 0: fail at once). A
-// negative d is an invalid option.
+// negative d is an invalid option. A Transport that opens its own journal
+// takes it through idemretry.WithJournalDir(dir, filejournal.WithLockWait(d)).
 func WithLockWait(d time.Duration) Option {
 	return func(c *config) { c.lockWait = d }
 }

@@ -23,6 +23,7 @@ import (
 // A bad option value is refused by Open with an error wrapping
 // ErrInvalidOption, never clamped to a default, and nothing is created.
 func TestBadOptionsRefused(t *testing.T) {
+	t.Parallel()
 	for name, o := range map[string]filejournal.Option{
 		"nil clock":          filejournal.WithClock(nil),
 		"zero key window":    filejournal.WithKeyWindow(0),
@@ -82,6 +83,7 @@ func kept(t *testing.T, j *filejournal.Journal, id string, now time.Time) bool {
 // One bound: a done record is kept for the key window plus the grace, and
 // the journal's clock mark is believed up to the grace ahead of the clock.
 func TestKeyWindowAndGrace(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := &fakeClock{t: t0}
 	j, err := filejournal.Open(t.TempDir(), filejournal.WithClock(clk.Now),
@@ -109,6 +111,7 @@ func TestKeyWindowAndGrace(t *testing.T) {
 // The lock error names the directory, who may hold it and what to do, with
 // the "idemretry: " prefix once; on Unix, it names the holder's process.
 func TestLockedErrorSaysWhoAndWhat(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	j, err := filejournal.Open(dir)
 	require.NoError(t, err)
@@ -118,8 +121,8 @@ func TestLockedErrorSaysWhoAndWhat(t *testing.T) {
 	msg := err.Error()
 	assert.True(t, strings.HasPrefix(msg, "idemretry: journal locked: "+dir+" is held by another Client"), msg)
 	assert.Equal(t, 1, strings.Count(msg, "idemretry: "), msg)
-	assert.Contains(t, msg, "one Client per process per directory")
-	assert.Contains(t, msg, "WithLockWait")
+	assert.Contains(t, msg, "one Client per directory")
+	assert.Contains(t, msg, "filejournal.WithLockWait")
 	if runtime.GOOS != "windows" { // there, the locked file cannot be read
 		assert.Contains(t, msg, "pid "+strconv.Itoa(os.Getpid()), msg)
 	}
@@ -128,6 +131,7 @@ func TestLockedErrorSaysWhoAndWhat(t *testing.T) {
 // Errors of the journal's operations carry the "idemretry: " prefix once,
 // and still wrap their sentinels.
 func TestErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
 	j, err := filejournal.Open(t.TempDir())
 	require.NoError(t, err)
 	require.NoError(t, j.Close())

@@ -47,10 +47,13 @@ type rec struct {
 
 // op is one record of a payload.
 type op struct {
-	kind  uint8
-	r     rec    // upsert: all of it; delete: r.id only
-	count uint64 // end: records in the snapshot
-	clock int64  // end, clock: the journal's clock high-water mark, Unix ms; seen: the observed time, ms
+	kind uint8
+	// create marks, in the queue, the delete and upsert that a Reserve
+	// writes for a new record (see failBatch); never in a file.
+	create bool
+	r      rec    // upsert: all of it; delete: r.id only
+	count  uint64 // end: records in the snapshot
+	clock  int64  // end, clock: the journal's clock high-water mark, Unix ms; seen: the observed time, ms
 }
 
 // toRec returns want, a record that journal.CheckRecord and checkStatus
@@ -131,15 +134,6 @@ func appendOp(b []byte, o *op) []byte {
 	return b
 }
 
-// appendPayload encodes ops as one payload.
-func appendPayload(b []byte, ops []op) []byte {
-	b = binary.AppendUvarint(b, uint64(len(ops)))
-	for i := range ops {
-		b = appendOp(b, &ops[i])
-	}
-	return b
-}
-
 var errPayload = errors.New("malformed payload")
 
 // decoder reads a payload. It never panics and allocates only the strings
@@ -191,20 +185,10 @@ func (d *decoder) id() []byte {
 	return d.bytes(int(n))
 }
 
-// decodePayload calls fn for each record of p, reusing one op. It returns
-// errPayload (wrapped) for anything malformed, and fn's error as is.
-func decodePayload(p []byte, fn func(*op) error) error {
-	return decodeOps(p, func(o *op, id []byte) error {
-		if id != nil {
-			o.r.id = string(id)
-		}
-		return fn(o)
-	})
-}
-
-// decodeOps is decodePayload without the id strings: an upsert's or a
-// delete's id is passed to fn as id, a slice of p, and o.r.id is empty. It
-// allocates nothing but the strings of custom keys.
+// decodeOps calls fn for each record of p, reusing one op: an upsert's or
+// a delete's id is passed to fn as id, a slice of p, and o.r.id is empty.
+// It returns errPayload (wrapped) for anything malformed, and fn's error as
+// is. It allocates nothing but the strings of custom keys.
 func decodeOps(p []byte, fn func(o *op, id []byte) error) error {
 	var o op
 	return decodeOpsInto(p, &o, fn)

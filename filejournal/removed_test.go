@@ -19,6 +19,7 @@ import (
 // file), and so do Update, Sync and Close, with an error wrapping the closed
 // sentinel and ErrRemoved.
 func TestDirectoryRemovedFailsClosed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "j")
 	s, _ := mustOpen(t, dir, testOpts())
@@ -42,6 +43,7 @@ func TestDirectoryRemovedFailsClosed(t *testing.T) {
 
 // Sync and Close notice it too when nothing is left to write.
 func TestDirectoryRemovedSyncAndClose(t *testing.T) {
+	t.Parallel()
 	for _, call := range []string{"Sync", "Close"} {
 		t.Run(call, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "j")
@@ -66,6 +68,7 @@ func TestDirectoryRemovedSyncAndClose(t *testing.T) {
 // process started meanwhile), is another journal: the Journal that still
 // holds the old file stops.
 func TestJournalReplacedFailsClosed(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "j")
 	s, _ := mustOpen(t, dir, testOpts())
 	reserve(t, s, entry("a"))
@@ -80,6 +83,7 @@ func TestJournalReplacedFailsClosed(t *testing.T) {
 // A compaction's rename replaces the journal file by design: it is not
 // taken for a removal, even with Syncs racing it.
 func TestCompactionIsNotRemoval(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := mustOpen(t, t.TempDir(), testOpts())
 	defer s.Close()

@@ -30,12 +30,6 @@ type scanResult struct {
 // span is a byte range [off, end) of a file.
 type span struct{ off, end int }
 
-// scan reads data, a whole journal file in memory, and calls apply for each
-// good frame in order: scanSource over data.
-func scan(data []byte, path string, salvage bool, apply func(seq uint64, payload []byte) error) (scanResult, error) {
-	return scanSource(memSource(data), path, salvage, apply)
-}
-
 // scanSource reads src, a whole journal file, and calls apply for each good
 // frame in order. It implements the recovery rule of the package doc. With
 // salvage false, damage to acknowledged data returns a *CorruptionError;
@@ -66,89 +60,134 @@ func scanSource(src *source, path string, salvage bool, apply func(seq uint64, p
 		}
 		return scanResult{}, fmt.Errorf("%w: %s: %w", journal.ErrIncompatible, path, err)
 	}
-	res := scanResult{hdr: hdr, end: headerSize, lastSeq: hdr.baseSeq - 1}
-	// offs holds where each frame from baseSeq on starts, or -1 if a salvage
-	// skipped it: what a copy is compared with.
-	var offs offsets
-	var pendingDups []span // copies not yet followed by a new frame
+	sc := &scanner{src: src, path: path, salvage: salvage, apply: apply,
+		res: scanResult{hdr: hdr, end: headerSize, lastSeq: hdr.baseSeq - 1}}
 	off := headerSize
 	for off < src.size {
 		seq, payload, next, ok, err := src.frame(off, hdr.gen)
 		if err != nil {
-			return res, err
+			return sc.res, err
 		}
-		if ok && seq == res.lastSeq+1 {
-			err := apply(seq, payload)
-			if err == nil {
-				offs.add(off)
-				res.lastSeq, res.end, off = seq, next, next
-				res.frames++
-				res.dups = append(res.dups, pendingDups...)
-				pendingDups = pendingDups[:0]
-				continue
+		if ok && seq == sc.res.lastSeq+1 {
+			if err := sc.take(off, seq, payload, next); err != nil {
+				return sc.res, err
 			}
-			if !errors.Is(err, errPayload) {
-				return res, err
-			}
-			ce := &CorruptionError{Path: path, Offset: int64(off), Length: int64(next - off),
-				FirstLostSeq: seq, LastLostSeq: seq, Reason: err.Error()}
-			if !salvage {
-				return res, ce
-			}
-			res.salvaged = append(res.salvaged, ce)
-			res.lastSeq, res.end = seq, next
-			offs.add(off)
-			res.dups = append(res.dups, pendingDups...)
-			pendingDups = pendingDups[:0]
 			off = next
 			continue
 		}
-		if ok && seq >= hdr.baseSeq && seq <= res.lastSeq {
-			if i := seq - hdr.baseSeq; i < uint64(offs.len()) && offs.at(int(i)) >= 0 {
-				same, err := src.equal(off, offs.at(int(i)), next-off)
-				if err != nil {
-					return res, err
-				}
-				if same {
-					pendingDups = append(pendingDups, span{off, next})
-					off = next
-					continue
-				}
+		if ok {
+			copied, err := sc.isCopy(off, seq, next)
+			if err != nil {
+				return sc.res, err
+			}
+			if copied {
+				sc.pendingDups = append(sc.pendingDups, span{off, next})
+				off = next
+				continue
 			}
 		}
-		p, pseq, err := src.findLater(off, hdr.gen, res.lastSeq+1)
-		if err != nil {
-			return res, err
+		if off, err = sc.skipDamage(off); err != nil || off < 0 {
+			return sc.res, err
 		}
-		if p < 0 {
-			res.torn = true
-			return res, nil
-		}
-		ce := &CorruptionError{Path: path, Offset: int64(off), Length: int64(p - off)}
-		if pseq == res.lastSeq+1 {
-			// Bytes that belong to no frame, before an intact one: nothing
-			// is lost, but the file is not what the writer wrote.
-			ce.Reason = fmt.Sprintf("%d bytes that are no frame before frame %d", p-off, pseq)
-		} else {
-			ce.FirstLostSeq, ce.LastLostSeq = res.lastSeq+1, pseq-1
-			ce.Reason = "damaged frame followed by later acknowledged frames"
-		}
-		if !salvage {
-			return res, ce
-		}
-		res.salvaged = append(res.salvaged, ce)
-		for res.lastSeq < pseq-1 {
-			offs.add(-1)
-			res.lastSeq++
-		}
-		res.dups = append(res.dups, pendingDups...)
-		pendingDups = pendingDups[:0]
-		off = p
 	}
-	if len(pendingDups) > 0 {
-		res.torn = true // only copies after the last new frame
+	if len(sc.pendingDups) > 0 {
+		sc.res.torn = true // only copies after the last new frame
 	}
-	return res, nil
+	return sc.res, nil
+}
+
+// scanner is scanSource's state: what it found so far (res), where each
+// frame from the header's base sequence on starts, or -1 if a salvage
+// skipped it (offs: what a copy is compared with), and the copies not yet
+// followed by a new frame (pendingDups).
+type scanner struct {
+	src         *source
+	path        string
+	salvage     bool
+	apply       func(seq uint64, payload []byte) error
+	res         scanResult
+	offs        offsets
+	pendingDups []span
+}
+
+// take applies the next frame, of sequence seq at off up to next. A
+// payload that apply finds malformed (errPayload) was written that way:
+// corruption, which salvage skips.
+func (sc *scanner) take(off int, seq uint64, payload []byte, next int) error {
+	if err := sc.apply(seq, payload); err != nil {
+		if !errors.Is(err, errPayload) {
+			return err
+		}
+		ce := &CorruptionError{Path: sc.path, Offset: int64(off), Length: int64(next - off),
+			FirstLostSeq: seq, LastLostSeq: seq, Reason: err.Error()}
+		if !sc.salvage {
+			return ce
+		}
+		sc.res.salvaged = append(sc.res.salvaged, ce)
+	} else {
+		sc.res.frames++
+	}
+	sc.offs.add(off)
+	sc.res.lastSeq, sc.res.end = seq, next
+	sc.keepDups()
+	return nil
+}
+
+// keepDups counts the copies met since the last new frame: one followed
+// them.
+func (sc *scanner) keepDups() {
+	sc.res.dups = append(sc.res.dups, sc.pendingDups...)
+	sc.pendingDups = sc.pendingDups[:0]
+}
+
+// isCopy reports whether the valid frame at off, up to next, of an already
+// applied sequence seq, is a byte-identical copy of the frame applied
+// with it.
+func (sc *scanner) isCopy(off int, seq uint64, next int) (bool, error) {
+	base := sc.res.hdr.baseSeq
+	if seq < base || seq > sc.res.lastSeq {
+		return false, nil
+	}
+	i := seq - base
+	if i >= uint64(sc.offs.len()) || sc.offs.at(int(i)) < 0 {
+		return false, nil
+	}
+	return sc.src.equal(off, sc.offs.at(int(i)), next-off)
+}
+
+// skipDamage judges the bytes at off, which are not the next frame: with
+// no later frame after them, a torn tail (it returns -1); else damage,
+// returned as a *CorruptionError, or, with salvage, skipped (it returns
+// the offset of the frame after it).
+func (sc *scanner) skipDamage(off int) (int, error) {
+	res := &sc.res
+	p, pseq, err := sc.src.findLater(off, res.hdr.gen, res.lastSeq+1)
+	if err != nil {
+		return -1, err
+	}
+	if p < 0 {
+		res.torn = true
+		return -1, nil
+	}
+	ce := &CorruptionError{Path: sc.path, Offset: int64(off), Length: int64(p - off)}
+	if pseq == res.lastSeq+1 {
+		// Bytes that belong to no frame, before an intact one: nothing
+		// is lost, but the file is not what the writer wrote.
+		ce.Reason = fmt.Sprintf("%d bytes that are no frame before frame %d", p-off, pseq)
+	} else {
+		ce.FirstLostSeq, ce.LastLostSeq = res.lastSeq+1, pseq-1
+		ce.Reason = "damaged frame followed by later acknowledged frames"
+	}
+	if !sc.salvage {
+		return -1, ce
+	}
+	res.salvaged = append(res.salvaged, ce)
+	for res.lastSeq < pseq-1 {
+		sc.offs.add(-1)
+		res.lastSeq++
+	}
+	sc.keepDups()
+	return p, nil
 }
 
 // findLater returns the offset and sequence of the first valid frame at or

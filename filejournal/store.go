@@ -3,6 +3,7 @@ package filejournal
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -32,10 +33,19 @@ import (
 // with a replay (the Transport Syncs the "done" of actions named by their
 // fingerprint, where a lost one would matter).
 //
-// If a write or sync fails, the journal stops: every later call returns an
-// error wrapping journal.ErrClosed and the cause (a failed sync may have
-// lost data that no retry on the same file could confirm). Reopen it to
-// recover from what is on disk.
+// A write or sync that fails (a full disk: ENOSPC) fails its batch alone.
+// The calls waiting on it (Reserve of a new action, Forget, Sync) return an
+// error wrapping journal.ErrUnavailable and the file system's error
+// (errors.Is(err, syscall.ENOSPC)); a Reserve so refused leaves no record
+// (and keeps the one it was to replace), so the Transport sends nothing.
+// What was acknowledged before stays on disk; updates not yet written stay
+// queued. Reads, and Reserves of recorded actions, go on from memory.
+// Each later batch first reopens the file and cuts off what the failed one
+// left (never syncing the failed descriptor again), then tries again: the
+// first call after space returns succeeds, and queued updates are written
+// within the flush interval even if no call comes. Only a journal removed
+// or replaced on disk (ErrRemoved) stops the Journal: every later call then
+// returns an error wrapping journal.ErrClosed; reopen it.
 //
 // A Journal is safe for concurrent use. Only one Journal can be open on a
 // directory at a time, in this process or any other: see ErrLocked. Close
@@ -123,7 +133,11 @@ type Journal struct {
 	checking *presentCheck
 
 	// Owned by the committer goroutine (by Open before it starts).
-	f        file
+	f file
+	// broken is why the last write failed, until repair has made the file
+	// fit for the next one (see repair): f is then the descriptor that
+	// failed, never written or synced again.
+	broken   error
 	gen      uint32
 	nextSeq  uint64
 	size     int64
@@ -151,6 +165,10 @@ type batch struct {
 	err  error
 	ids  []string // ids whose creation waits on this batch (inflight)
 	dels []string // ids whose removal waits on this batch (deleting)
+	// replaced holds the records that the creations of ids replaced (an
+	// expired one, or a done one under ReusePending), by id, to be put
+	// back should the batch fail (see failBatch); nil when none.
+	replaced map[string]rec
 }
 
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
@@ -337,7 +355,7 @@ func (j *Journal) enqueue(o op, durable bool) *batch {
 // Callers hold mu.
 func (j *Journal) flushTimer() *time.Timer {
 	if j.flushT == nil {
-		j.flushT = time.AfterFunc(time.Hour, func() { j.post(func(e *events) { e.flush = true }) })
+		j.flushT = time.AfterFunc(time.Hour, j.postFlush)
 		j.flushT.Stop()
 	}
 	return j.flushT
@@ -391,7 +409,9 @@ func checkStatus(rec journal.Record) error {
 // lazily: its delete is written with the next batch). CreatedAt is kept to
 // the millisecond. If ctx ends while Reserve waits for the sync, it returns
 // ctx's error; the record may still become durable, and a later Reserve
-// returns it.
+// returns it. If the write fails, Reserve returns an error wrapping
+// journal.ErrUnavailable and the cause, and the record is not kept (see
+// Journal).
 func (j *Journal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	got, created, err := j.reserve(ctx, rec, mode)
 	if err != nil {
@@ -441,13 +461,24 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 	// frame that salvage skipped, or any drop from the index whose delete
 	// did not reach the file).
 	if found {
-		j.remove(r.id, false) // expired, or a done record replaced
+		// Expired, or a done record replaced: put back should the batch
+		// fail, as the Reserve is then refused.
+		if j.cur.replaced == nil {
+			j.cur.replaced = make(map[string]rec)
+		}
+		j.cur.replaced[r.id] = j.recOf(r.id, &sl)
+		j.del(r.id)
+		j.deleting[r.id] = j.cur
+		j.cur.dels = append(j.cur.dels, r.id)
 	} else {
-		j.enqueue(op{kind: opDelete, r: rec{id: r.id}}, false)
+		// What an earlier creation in this batch replaced was removed
+		// since (a Forget): nothing to put back.
+		delete(j.cur.replaced, r.id)
 	}
+	j.enqueue(op{kind: opDelete, create: true, r: rec{id: r.id}}, false)
 	r.seen = j.seenAt()
 	j.insert(&r) // m no longer holds r.id, if it did
-	b := j.enqueue(op{kind: opUpsert, r: r}, true)
+	b := j.enqueue(op{kind: opUpsert, create: true, r: r}, true)
 	j.inflight[r.id] = b
 	b.ids = append(b.ids, r.id)
 	j.mu.Unlock()
@@ -557,7 +588,9 @@ func (j *Journal) remove(id string, durable bool) *batch {
 // Forgetting an absent action returns at once, unless an earlier removal
 // of it (another Forget, or Open or Reserve dropping it as expired) is
 // still queued or being written: then Forget waits for that removal to be
-// synced too.
+// synced too. If the write fails, Forget returns an error wrapping
+// journal.ErrUnavailable; the record stays removed, and its removal is
+// written with a later batch (see Journal).
 func (j *Journal) Forget(ctx context.Context, actionID string) error {
 	if err := j.forget(ctx, j.storedID(actionID)); err != nil {
 		return wrap(err, "forget %q", actionID) // see Reserve
@@ -642,7 +675,9 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 // Sync waits until every Update made so far is on disk (it makes the
 // Journal a journal.Syncer): those still queued, and those of a batch the
 // committer has taken but not yet synced. Batches are committed in order,
-// so waiting for the queue's batch covers the one being written too.
+// so waiting for the queue's batch covers the one being written too. If
+// the write fails, Sync returns an error wrapping journal.ErrUnavailable,
+// and the updates stay queued, for a later batch (see Journal).
 func (j *Journal) Sync(ctx context.Context) error {
 	return wrap(j.sync(ctx), "sync")
 }
@@ -663,11 +698,13 @@ func (j *Journal) sync(ctx context.Context) error {
 			if ctx.Err() != nil && err == ctx.Err() {
 				return err // not a finding about the journal
 			}
-			if err != nil {
+			if errors.Is(err, ErrRemoved) {
 				j.mu.Lock()
 				j.poisonLocked(err)
 				err = j.usable()
 				j.mu.Unlock()
+			} else if err != nil {
+				err = fmt.Errorf("%w: %w", journal.ErrUnavailable, err)
 			}
 			return err
 		}
@@ -757,8 +794,11 @@ func (j *Journal) compactNow(ctx context.Context) error {
 
 // Close implements journal.Journal: it writes and syncs the queued
 // updates, stops the journal's goroutine, closes its file and releases its
-// lock. It returns the error of that last write, or the one that stopped
-// the journal earlier; with the journal whole, an error naming
+// lock, even when that write fails. It returns the error of that last
+// write (journal.ErrUnavailable and the cause: on a full disk, the queued
+// updates are lost, and what was acknowledged is on disk), or the one that
+// stopped the journal earlier (journal.ErrClosed); with the journal whole,
+// an error naming
 // fingerprint.key if it was deleted while the Journal was open and could
 // not be made again (the next Open makes a new secret; that error does not
 // wrap journal.ErrClosed). Later calls, concurrent ones included, wait

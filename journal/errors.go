@@ -10,8 +10,9 @@ var (
 	// the key given to Update).
 	ErrNotFound = errors.New("idemretry: action not found in journal")
 	// ErrUnavailable: the journal's storage did not answer (a database down,
-	// unreachable or too slow for the context's deadline). Nothing was sent
-	// when Reserve fails with it; the action may be retried later.
+	// unreachable or too slow for the context's deadline) or could not write
+	// (a full disk). Nothing was sent when Reserve fails with it; the action
+	// may be retried later.
 	ErrUnavailable = errors.New("idemretry: journal unavailable")
 	// ErrInvalidRecord: a record cannot be stored: see CheckRecord.
 	ErrInvalidRecord = errors.New("idemretry: invalid journal record")

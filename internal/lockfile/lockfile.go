@@ -23,6 +23,7 @@ package lockfile
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -52,7 +53,7 @@ type Lock struct {
 func Acquire(path string, wait time.Duration) (*Lock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lockfile: open: %w", err)
+		return nil, err // an *fs.PathError: "open <path>: ..."
 	}
 	deadline := time.Now().Add(wait)
 	for {
@@ -63,7 +64,7 @@ func Acquire(path string, wait time.Duration) (*Lock, error) {
 		}
 		if !errors.Is(err, errBusy) {
 			_ = f.Close()
-			return nil, fmt.Errorf("lockfile: lock %s: %w", path, err)
+			return nil, &fs.PathError{Op: "lock", Path: path, Err: err}
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

@@ -1,16 +1,21 @@
 package filejournal
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,13 +24,276 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Tests of Open's recovery (open.go): torn tails and their copies aside,
+// truncation and bit flips at every offset, salvage, the read window,
+// journal.tmp left over, duplicated frames, expiry at Open.
+
+// checkPrefix asserts that s holds exactly the first n entries of es.
+func checkPrefix(t *testing.T, s *Journal, es []journal.Record, n int, msg string) {
+	t.Helper()
+	for i, e := range es {
+		got, ok, err := s.get(e.ActionID)
+		require.NoError(t, err)
+		if i < n {
+			if assert.True(t, ok, "%s: entry %d missing", msg, i) {
+				assert.Equal(t, e.Key, got.Key, msg)
+			}
+		} else {
+			assert.False(t, ok, "%s: entry %d should not exist", msg, i)
+		}
+	}
+}
+
+// T3: a crash can cut the file anywhere in the frames being written. Every
+// prefix comes back with the records of its whole frames, no error, and the
+// journal accepts appends afterwards.
+func TestTruncateEveryOffset(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 6)
+	offs := frameOffsets(t, data)
+	require.Len(t, offs, 7) // the empty snapshot's end frame, then 6 records
+	for cut := offs[4]; cut < len(data); cut++ {
+		whole := 0 // records in frames entirely before cut
+		for i := 1; i < len(offs); i++ {
+			end := len(data)
+			if i+1 < len(offs) {
+				end = offs[i+1]
+			}
+			if end <= cut {
+				whole = i
+			}
+		}
+		dir := writeJournal(t, data[:cut])
+		s, rep, err := openWith(dir, testOpts())
+		require.NoError(t, err, "cut %d", cut)
+		assert.Equal(t, cut != offs[whole+1], rep.TornTail, "cut %d", cut)
+		checkPrefix(t, s, es, whole, "cut")
+		if cut%5 == 0 {
+			reserve(t, s, entry("after"))
+			require.NoError(t, s.Close())
+			s, _ = mustOpen(t, dir, testOpts())
+			_, ok, _ := s.get("after")
+			assert.True(t, ok, "append after recovery from cut %d", cut)
+		}
+		require.NoError(t, s.Close())
+	}
+}
+
+// T4: what a crash can leave after the last whole frame is torn, never
+// corruption, and is copied aside.
+func TestTailModels(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	last := offs[len(offs)-1]
+	garbage := make([]byte, 200)
+	for i := range garbage {
+		garbage[i] = byte(i*7 + 3)
+	}
+	halfZeroed := append([]byte(nil), data...)
+	for i := last + (len(data)-last)/2; i < len(data); i++ {
+		halfZeroed[i] = 0
+	}
+	models := map[string]struct {
+		file  []byte
+		whole int
+	}{
+		"zeros":              {append(append([]byte(nil), data...), make([]byte, 4096)...), 5},
+		"garbage":            {append(append([]byte(nil), data...), garbage...), 5},
+		"stale frame":        {append(append([]byte(nil), data...), data[offs[2]:offs[3]]...), 5},
+		"last frame zeroed":  {halfZeroed, 4},
+		"last header zeroed": {append(append([]byte(nil), data[:last]...), make([]byte, len(data)-last)...), 4},
+	}
+	for name, m := range models {
+		t.Run(name, func(t *testing.T) {
+			dir := writeJournal(t, m.file)
+			s, rep, err := openWith(dir, testOpts())
+			require.NoError(t, err)
+			defer s.Close()
+			assert.True(t, rep.TornTail)
+			checkPrefix(t, s, es, m.whole, name)
+			aside, err := os.ReadFile(rep.TornCopy)
+			require.NoError(t, err)
+			assert.Equal(t, m.file[rep.TornOffset:], aside)
+		})
+	}
+}
+
+// T5: a flipped bit in a frame that later frames follow is damage to
+// acknowledged data: refused, naming the frame's offset.
+func TestBitFlipInNonFinalFrame(t *testing.T) {
+	t.Parallel()
+	data, _ := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	start, end := offs[2], offs[3]
+	for i := start; i < end; i++ {
+		d := flipBit(data, i, uint(i%8))
+		dir := writeJournal(t, d)
+		_, _, err := openWith(dir, testOpts())
+		var ce *CorruptionError
+		require.ErrorAs(t, err, &ce, "flip at %d", i)
+		assert.ErrorIs(t, err, ErrCorrupt)
+		assert.Equal(t, int64(start), ce.Offset, "flip at %d", i)
+		assert.Equal(t, filepath.Join(dir, journalName), ce.Path)
+		// Refusing changes nothing on disk.
+		after, _ := os.ReadFile(filepath.Join(dir, journalName))
+		assert.True(t, bytes.Equal(d, after))
+	}
+}
+
+func TestHeaderFlips(t *testing.T) {
+	t.Parallel()
+	data, _ := buildJournal(t, 2)
+	for i := range headerSize {
+		dir := writeJournal(t, flipBit(data, i, uint(i%8)))
+		_, _, err := openWith(dir, testOpts())
+		var ce *CorruptionError
+		require.ErrorAs(t, err, &ce, "flip at %d", i)
+		assert.Equal(t, int64(0), ce.Offset)
+	}
+	// A valid header of an unknown major version is refused as such.
+	d := append([]byte(nil), data...)
+	d[8] = 2
+	binary.LittleEndian.PutUint32(d[28:], crcOf(d[:28]))
+	_, _, err := openWith(writeJournal(t, d), testOpts())
+	assert.ErrorIs(t, err, journal.ErrIncompatible)
+	assert.NotErrorIs(t, err, ErrCorrupt)
+}
+
+// Length flips are bounded: no allocation follows a huge length.
+func TestLengthFlipsBounded(t *testing.T) {
+	data, _ := buildJournal(t, 4)
+	offs := frameOffsets(t, data)
+	for _, n := range []uint32{0xffffffff, 0x7fffffff, maxPayload + 1, 1 << 30} {
+		d := append([]byte(nil), data...)
+		binary.LittleEndian.PutUint32(d[offs[2]+4:], n)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, _, err := openWith(writeJournal(t, d), testOpts())
+		runtime.ReadMemStats(&after)
+		var ce *CorruptionError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, int64(offs[2]), ce.Offset)
+		assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "length %#x", n)
+	}
+}
+
+func TestSalvage(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	d := flipBit(data, offs[3]+20, 3) // frame 3 holds es[2]
+	dir := writeJournal(t, d)
+	_, _, err := openWith(dir, testOpts())
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	o := testOpts()
+	o.salvage = true
+	s, rep, err := openWith(dir, o)
+	require.NoError(t, err)
+	require.Len(t, rep.Salvaged, 1)
+	assert.Equal(t, int64(offs[3]), rep.Salvaged[0].Offset)
+	assert.Equal(t, int64(offs[4]-offs[3]), rep.Salvaged[0].Length)
+	assert.True(t, rep.Compacted)
+	aside, err := os.ReadFile(rep.CorruptCopy)
+	require.NoError(t, err)
+	assert.Equal(t, d, aside)
+	for i, e := range es {
+		got, ok, _ := s.get(e.ActionID)
+		if i == 2 {
+			assert.False(t, ok)
+			continue
+		}
+		require.True(t, ok)
+		assert.Equal(t, e.Key, got.Key)
+	}
+	require.NoError(t, s.Close())
+	// The rewrite removed the damage: a plain open works.
+	s, _ = mustOpen(t, dir, testOpts())
+	require.NoError(t, s.Close())
+}
+
+func TestHashedFlagMismatch(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	o := testOpts()
+	o.hashed = true
+	s, _ := mustOpen(t, dir, o)
+	require.NoError(t, s.Close())
+	_, _, err := openWith(dir, testOpts())
+	assert.ErrorIs(t, err, journal.ErrIncompatible)
+	s, _ = mustOpen(t, dir, o)
+	require.NoError(t, s.Close())
+}
+
+// T8 (in process): the states a compaction crash can leave. A complete
+// journal.tmp is adopted when journal is missing or journal.tmp starts past
+// journal's last frame (its rename was lost, and later appends may be in
+// it); it is removed when journal went on past its base (a stale leftover)
+// or when it is incomplete.
+func TestCompactionLeftovers(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 3)
+	// A complete snapshot, as a compaction writes it.
+	snapDir := t.TempDir()
+	s, _ := mustOpen(t, snapDir, testOpts())
+	for _, e := range es {
+		reserve(t, s, e)
+	}
+	require.NoError(t, s.Compact(context.Background()))
+	snap, err := os.ReadFile(filepath.Join(snapDir, journalName))
+	require.NoError(t, err)
+	// The same file after an acknowledged append: a snapshot followed by
+	// a batch frame.
+	reserve(t, s, entry("after-compaction"))
+	require.NoError(t, s.Close())
+	later, err := os.ReadFile(filepath.Join(snapDir, journalName))
+	require.NoError(t, err)
+	require.True(t, snapshotComplete(snap, "snap"))
+	require.False(t, snapshotComplete(snap[:len(snap)-1], "snap"))
+	require.True(t, snapshotComplete(later, "later"))
+	require.True(t, snapshotComplete(later[:len(later)-1], "later"), "a torn append after the end record")
+
+	cases := []struct {
+		name            string
+		journal, tmp    []byte
+		adopted, remove bool
+		records         int
+	}{
+		{"renamed not yet", nil, snap, true, false, 3},
+		{"rename lost, appends under tmp", nil, later, true, false, 4},
+		{"rename lost, old journal kept", data, later, true, false, 4},
+		{"tmp starts past journal", data, snap, true, false, 3},
+		{"rename done, tmp stale", later, snap, false, true, 4},
+		{"tmp incomplete, journal missing", nil, snap[:len(snap)-3], false, true, 0},
+		{"tmp incomplete, journal present", data, snap[:40], false, true, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if c.journal != nil {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, journalName), c.journal, 0o600))
+			}
+			require.NoError(t, os.WriteFile(filepath.Join(dir, tmpName), c.tmp, 0o600))
+			s, rep, err := openWith(dir, testOpts())
+			require.NoError(t, err)
+			defer s.Close()
+			assert.Equal(t, c.adopted, rep.AdoptedTemp)
+			assert.Equal(t, c.remove, rep.RemovedTemp)
+			assert.Equal(t, c.records, rep.Records)
+			_, err = os.Stat(filepath.Join(dir, tmpName))
+			assert.True(t, errors.Is(err, os.ErrNotExist))
+		})
+	}
+}
+
 // Adversarial tests of the windowed recovery (source, countLive, replay into
 // the slab): journals larger than several windows, frames of the largest
 // payload straddling the window's edges, ids of journal.MaxActionID bytes.
 
-// reviewID returns an id of exactly journal.MaxActionID bytes whose every
+// craftedID returns an id of exactly journal.MaxActionID bytes whose every
 // part depends on tag and i (so ids sharing a prefix still differ late).
-func reviewID(tag string, i int) string {
+func craftedID(tag string, i int) string {
 	p := fmt.Sprintf("%s-%d-", tag, i)
 	var b strings.Builder
 	b.WriteString(p)
@@ -61,8 +329,8 @@ func (m refModel) apply(ops []op) {
 	}
 }
 
-// reviewFile is a crafted journal file and the operations of its frames.
-type reviewFile struct {
+// craftedFile is a crafted journal file and the operations of its frames.
+type craftedFile struct {
 	data   []byte
 	frames [][]op // frame i has sequence i+1
 	offs   []int  // start of frame i; offs[len(frames)] is the file's end
@@ -70,7 +338,7 @@ type reviewFile struct {
 }
 
 // model returns the records of replaying the frames for which keep is true.
-func (f *reviewFile) model(keep func(i int) bool) refModel {
+func (f *craftedFile) model(keep func(i int) bool) refModel {
 	m := refModel{}
 	for i, fr := range f.frames {
 		if keep(i) {
@@ -80,16 +348,16 @@ func (f *reviewFile) model(keep func(i int) bool) refModel {
 	return m
 }
 
-// craftReviewFile writes a journal of frames of every size, several of the
+// craftFile writes a journal of frames of every size, several of the
 // largest payload, whose records have ids of journal.MaxActionID bytes:
 // creations (a delete then an upsert, as Reserve writes them), updates with
 // the same key (stale ones after done among them), replacements under
 // another key, custom keys, forgets, creations again after a forget.
-func craftReviewFile(t testing.TB, seed uint64) *reviewFile {
+func craftFile(t testing.TB, seed uint64) *craftedFile {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	const gen = 0xfeed1234
-	f := &reviewFile{}
+	f := &craftedFile{}
 	live := refModel{}
 	var liveIDs []string
 	pos := map[string]int{} // where each id is in liveIDs
@@ -126,7 +394,7 @@ func craftReviewFile(t testing.TB, seed uint64) *reviewFile {
 			var add []op
 			switch k := rng.IntN(10); {
 			case k < 5 || len(liveIDs) < 10: // a creation
-				id := reviewID(fmt.Sprint("c", seed), nextID)
+				id := craftedID(fmt.Sprint("c", seed), nextID)
 				nextID++
 				f.ids = append(f.ids, id)
 				add = []op{{kind: opDelete, r: rec{id: id}}, {kind: opUpsert, r: newRec(id)}}
@@ -185,7 +453,7 @@ func craftReviewFile(t testing.TB, seed uint64) *reviewFile {
 // requireModel checks that s holds exactly the records of m: every id the
 // file ever named is looked up, the count matches, and Unfinished lists
 // exactly m's pending and unknown records with their content.
-func requireModel(t *testing.T, s *Journal, f *reviewFile, m refModel, msg string) {
+func requireModel(t *testing.T, s *Journal, f *craftedFile, m refModel, msg string) {
 	t.Helper()
 	require.Equal(t, len(m), s.stats().Records, "%s: records", msg)
 	for _, id := range f.ids {
@@ -215,9 +483,9 @@ func requireModel(t *testing.T, s *Journal, f *reviewFile, m refModel, msg strin
 	require.Equal(t, wantU, u, msg)
 }
 
-// reviewOpts is the default config without compaction at Open, so that a
+// recoveryOpts is the default config without compaction at Open, so that a
 // test sees the file as recovery left it.
-func reviewOpts() config {
+func recoveryOpts() config {
 	o := testOpts()
 	o.compactMin = 1 << 40
 	return o
@@ -242,7 +510,7 @@ func traceDigest(src *source, salvage bool) frameTrace {
 
 // cutsNear returns the offsets within d of each frame boundary and of each
 // multiple of the window's size, in the file.
-func cutsNear(f *reviewFile, d int) []int {
+func cutsNear(f *craftedFile, d int) []int {
 	seen := map[int]bool{}
 	var cuts []int
 	add := func(c int) {
@@ -268,8 +536,9 @@ func cutsNear(f *reviewFile, d int) []int {
 // Scanning the real file through Open's window decides what scanning it in
 // memory decides, for the file cut near every frame boundary and window
 // edge, and for a bit flipped near each.
-func TestReviewWindowedScanMatchesMemory(t *testing.T) {
-	f := craftReviewFile(t, 1)
+func TestOpenWindowedScanMatchesMemory(t *testing.T) {
+	t.Parallel()
+	f := craftFile(t, 1)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "j")
 	check := func(data []byte, msg string, salvages ...bool) {
@@ -299,8 +568,9 @@ func TestReviewWindowedScanMatchesMemory(t *testing.T) {
 // A crash can cut the file anywhere: Open, reading through its window,
 // keeps exactly the records of the frames wholly before the cut, reports
 // the rest as a torn tail, and the journal goes on.
-func TestReviewTruncateNearWindowEdges(t *testing.T) {
-	f := craftReviewFile(t, 2)
+func TestOpenTruncateNearWindowEdges(t *testing.T) {
+	t.Parallel()
+	f := craftFile(t, 2)
 	cuts := cutsNear(f, 1)
 	rng := rand.New(rand.NewPCG(3, 3))
 	for range 10 {
@@ -320,7 +590,7 @@ func TestReviewTruncateNearWindowEdges(t *testing.T) {
 			whole++
 		}
 		dir := writeJournal(t, f.data[:cut])
-		s, rep, err := openWith(dir, reviewOpts())
+		s, rep, err := openWith(dir, recoveryOpts())
 		require.NoError(t, err, "cut %d", cut)
 		msg := fmt.Sprintf("cut %d (frames %d)", cut, whole)
 		require.Equal(t, cut != f.offs[whole], rep.TornTail, msg)
@@ -366,8 +636,9 @@ func maps2(m refModel) refModel {
 // with the frame's offset and sequence and changes nothing; salvage drops
 // that frame alone (and copies the file aside), and the salvaged journal
 // then opens as it is. A flip in the last frame is a torn tail.
-func TestReviewBitFlipNearWindowEdges(t *testing.T) {
-	f := craftReviewFile(t, 4)
+func TestOpenBitFlipNearWindowEdges(t *testing.T) {
+	t.Parallel()
+	f := craftFile(t, 4)
 	var targets []int // frames to damage: those around each window edge
 	for w := windowSize; w < len(f.data); w += windowSize {
 		for i := range f.frames {
@@ -402,7 +673,7 @@ func TestReviewBitFlipNearWindowEdges(t *testing.T) {
 			msg := fmt.Sprintf("frame %d %s byte %d", k, where, pos)
 			damaged := flipBit(f.data, pos, 3)
 			dir := writeJournal(t, damaged)
-			s, rep, err := openWith(dir, reviewOpts())
+			s, rep, err := openWith(dir, recoveryOpts())
 			if k == last {
 				require.NoError(t, err, msg)
 				require.True(t, rep.TornTail, msg)
@@ -420,7 +691,7 @@ func TestReviewBitFlipNearWindowEdges(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, damaged, on, "%s: Open changed the damaged file", msg)
 
-			o := reviewOpts()
+			o := recoveryOpts()
 			o.salvage = true
 			s, rep, err = openWith(dir, o)
 			require.NoError(t, err, msg)
@@ -429,7 +700,7 @@ func TestReviewBitFlipNearWindowEdges(t *testing.T) {
 			want := f.model(func(i int) bool { return i != k })
 			requireModel(t, s, f, want, msg)
 			require.NoError(t, s.Close())
-			s, rep, err = openWith(dir, reviewOpts())
+			s, rep, err = openWith(dir, recoveryOpts())
 			require.NoError(t, err, msg)
 			require.Empty(t, rep.Salvaged, msg)
 			require.False(t, rep.TornTail, msg)
@@ -442,8 +713,9 @@ func TestReviewBitFlipNearWindowEdges(t *testing.T) {
 // An exact copy of a whole-window frame, written again right after it or
 // after later frames, is skipped; the records are those of the file
 // without it, and the reopened journal (rewritten without it) holds them.
-func TestReviewDuplicatedLargeFrame(t *testing.T) {
-	f := craftReviewFile(t, 5)
+func TestOpenDuplicatedLargeFrame(t *testing.T) {
+	t.Parallel()
+	f := craftFile(t, 5)
 	var big []int
 	for i := range f.frames {
 		if f.offs[i+1]-f.offs[i] > maxPayload/2 {
@@ -476,13 +748,14 @@ func TestReviewDuplicatedLargeFrame(t *testing.T) {
 // adopted when its rename was lost (journal missing, or journal.tmp past
 // journal's last frame), with the batches appended to it afterwards, torn
 // tail cut; a stale one is removed.
-func TestReviewLargeTempAdoption(t *testing.T) {
+func TestOpenLargeTempAdoption(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
-	o := reviewOpts()
+	o := recoveryOpts()
 	s, _ := mustOpen(t, dir, o)
 	var es []journal.Record
 	for i := range 4000 {
-		e := entry(reviewID("t", i))
+		e := entry(craftedID("t", i))
 		if i%5 == 0 {
 			e.Key = fmt.Sprintf("ck-%d", i)
 		}
@@ -506,7 +779,7 @@ func TestReviewLargeTempAdoption(t *testing.T) {
 	old, err := os.ReadFile(filepath.Join(dir, journalName))
 	require.NoError(t, err)
 	require.NoError(t, s.Compact(context.Background()))
-	after := entry(reviewID("after", 0))
+	after := entry(craftedID("after", 0))
 	reserve(t, s, after)
 	require.NoError(t, s.Close())
 	snap, err := os.ReadFile(filepath.Join(dir, journalName))
@@ -546,7 +819,7 @@ func TestReviewLargeTempAdoption(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(d, journalName), c.journal, 0o600))
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(d, tmpName), c.tmp, 0o600))
-		s, rep, err := openWith(d, reviewOpts())
+		s, rep, err := openWith(d, recoveryOpts())
 		require.NoError(t, err, c.msg)
 		require.Equal(t, c.adopted, rep.AdoptedTemp, c.msg)
 		require.Equal(t, !c.adopted, rep.RemovedTemp, c.msg)
@@ -563,13 +836,14 @@ func TestReviewLargeTempAdoption(t *testing.T) {
 // content. A random history of max-length ids (and custom keys) runs
 // against a model, on a fake clock, with compactions and reopens; after
 // each step that reuses refs, every record is compared with the model.
-func TestReviewSlabReuseMatchesModel(t *testing.T) {
+func TestSlabReuseMatchesModel(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
-		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) { reviewSlabReuse(t, hashed) })
+		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) { slabReuse(t, hashed) })
 	}
 }
 
-func reviewSlabReuse(t *testing.T, hashed bool) {
+func slabReuse(t *testing.T, hashed bool) {
 	o, clk, t0 := hourClock()
 	o.hashed = hashed
 	o.compactMin = 64 << 10
@@ -641,7 +915,7 @@ func reviewSlabReuse(t *testing.T, hashed bool) {
 			if len(ids) > 0 && rng.IntN(3) == 0 {
 				id = ids[rng.IntN(len(ids))]
 			} else {
-				id = reviewID("s", len(ids))
+				id = craftedID("s", len(ids))
 				ids = append(ids, id)
 			}
 			e := entry(id)
@@ -724,7 +998,8 @@ func reviewSlabReuse(t *testing.T, hashed bool) {
 // while others list Unfinished and compact: under -race the index is only
 // touched under the journal's lock, and after a reopen every goroutine's
 // acknowledged history holds.
-func TestReviewConcurrentChurnThenReopen(t *testing.T) {
+func TestOpenAfterConcurrentChurn(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	o := testOpts()
 	o.compactMin = 32 << 10
@@ -745,7 +1020,7 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			for i := range per {
-				id := reviewID(fmt.Sprint("w", w), i)
+				id := craftedID(fmt.Sprint("w", w), i)
 				e := entry(id)
 				if i%4 == 0 {
 					e.Key = fmt.Sprintf("k-%d-%d", w, i)
@@ -758,7 +1033,7 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 				assert.NoError(t, s.Update(ctx, got))
 				models[w][id] = got
 				if rng.IntN(3) == 0 {
-					victim := reviewID(fmt.Sprint("w", w), rng.IntN(i+1))
+					victim := craftedID(fmt.Sprint("w", w), rng.IntN(i+1))
 					assert.NoError(t, s.Forget(ctx, victim))
 					delete(models[w], victim)
 				}
@@ -773,7 +1048,7 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 	total := 0
 	for w := range workers {
 		for i := range per {
-			id := reviewID(fmt.Sprint("w", w), i)
+			id := craftedID(fmt.Sprint("w", w), i)
 			want, in := models[w][id]
 			got, ok, err := s.get(id)
 			require.NoError(t, err)
@@ -795,10 +1070,11 @@ func TestReviewConcurrentChurnThenReopen(t *testing.T) {
 // file named journal, never remove journal.tmp (and start an empty journal,
 // or go on with the old one without those batches): guarantee 8. With
 // salvage, journal.tmp is adopted and the damaged frame alone is lost.
-func TestReviewDamagedLostRenameTempIsCorruption(t *testing.T) {
+func TestOpenDamagedLostRenameTempIsCorruption(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ compaction, inSnapshot bool }{{false, false}, {true, false}, {true, true}} {
 		t.Run(fmt.Sprintf("compaction=%v/damage-in-snapshot=%v", c.compaction, c.inSnapshot), func(t *testing.T) {
-			reviewDamagedLostRename(t, c.compaction, c.inSnapshot)
+			damagedLostRename(t, c.compaction, c.inSnapshot)
 		})
 	}
 }
@@ -807,7 +1083,7 @@ func TestReviewDamagedLostRenameTempIsCorruption(t *testing.T) {
 // "before"), before its end record: journal.tmp was synced whole before its
 // rename, and batches were appended after that, so that is damage to
 // acknowledged data too.
-func reviewDamagedLostRename(t *testing.T, compaction, inSnapshot bool) {
+func damagedLostRename(t *testing.T, compaction, inSnapshot bool) {
 	dir := t.TempDir()
 	s, compact := openKeepingOldJournal(t, dir)
 	before := reserve(t, s, entry("before"))
@@ -863,4 +1139,376 @@ func reviewDamagedLostRename(t *testing.T, compaction, inSnapshot bool) {
 		require.Equal(t, i != 2 || inSnapshot, found, "record %d", i)
 	}
 	require.NoError(t, s.Close())
+}
+
+// Open drops the records whose retention is over, even when most of the
+// index is fresh: its walk over the index is skipped only when no record
+// it replayed can have expired (recoveredExpiredIDs), and the one old
+// record here must be found among the fresh ones.
+func TestOpenDropsAnExpiredRecordAmongFreshOnes(t *testing.T) {
+	t.Parallel()
+	o, clk, t0 := hourClock()
+	dir := t.TempDir()
+	s := openHolding(t, dir, o, doneAt("old", t0))
+	clk.Set(t0.Add(30 * time.Minute))
+	require.NoError(t, s.Close())
+
+	s = openHolding(t, dir, o, doneAt("fresh1", clk.Now()), doneAt("fresh2", clk.Now()), entry("pending"))
+	clk.Set(t0.Add(61 * time.Minute)) // seen to pass, written by Close
+	require.NoError(t, s.Close())
+
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.Equal(t, 3, s.stats().Records, "Open kept the record whose retention is over, or dropped another")
+	for _, id := range []string{"fresh1", "fresh2", "pending"} {
+		_, ok, err := s.get(id)
+		require.NoError(t, err)
+		assert.True(t, ok, id)
+	}
+}
+
+// Open with nothing old enough to expire keeps every record (the walk is
+// skipped), and one whose retention ended on the clock but not in the time
+// the journal has seen pass is kept too.
+func TestOpenWithNothingExpiredKeepsEveryRecord(t *testing.T) {
+	t.Parallel()
+	o, clk, t0 := hourClock()
+	dir := t.TempDir()
+	s := openHolding(t, dir, o, doneAt("a", t0), doneAt("b", t0), entry("c"))
+	clk.Set(t0.Add(59 * time.Minute))
+	require.NoError(t, s.Close())
+	clk.Set(t0.Add(5 * time.Hour)) // the clock jumped while closed
+
+	s, _ = mustOpen(t, dir, o)
+	defer s.Close()
+	assert.Equal(t, 3, s.stats().Records)
+}
+
+// longerAgo is now-t > d on the whole range of int64, where the
+// subtraction itself would overflow.
+func TestLongerAgo(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		now, t, d int64
+		want      bool
+	}{
+		{100, 0, 99, true},
+		{100, 0, 100, false},
+		{100, 100, 0, false},
+		{100, 200, 0, false},
+		{1_700_000_000_000, math.MinInt64, 3_600_000, true},
+		{math.MaxInt64, math.MinInt64, math.MaxInt64, true},
+		{math.MinInt64, math.MaxInt64, 0, false},
+		{0, math.MaxInt64, 0, false},
+	} {
+		assert.Equal(t, c.want, longerAgo(c.now, c.t, c.d), "longerAgo(%d, %d, %d)", c.now, c.t, c.d)
+	}
+}
+
+// A record whose creation time lies so far back that now minus it
+// overflowed int64 (a CreatedAt that Reserve accepted before CheckRecord
+// bounded it) made recoveredExpiredIDs' bound overflow too
+// (now.wall-oldest.wall < 0), and Open then skipped the walk and kept
+// every expired record, where expiredIDs (the code before 01c0bbb) dropped
+// them: Recovery.Records counted the expired "old", and Open no longer
+// compacted a journal past compactMin that held an expired record. The
+// oldest creation time CheckRecord allows is the test now.
+func TestOpenDropsExpiredBesideAnOverflowingCreation(t *testing.T) {
+	t.Parallel()
+	o, clk, t0 := hourClock()
+	o.compactMin = 0
+	dir := t.TempDir()
+	ancient := doneAt("ancient", t0)
+	ancient.CreatedAt = time.UnixMilli(journal.MinCreatedAtUnixMilli)
+	s := openHolding(t, dir, o, doneAt("old", t0), ancient, entry("pending"))
+	clk.Set(t0.Add(61 * time.Minute)) // seen to pass, written by Close
+	require.NoError(t, s.Close())
+
+	s, rep := mustOpen(t, dir, o)
+	defer s.Close()
+	// expiredIDs finds "old" and "ancient" expired: the shortcut must
+	// not hide them.
+	s.mu.Lock()
+	want := len(s.expiredIDs())
+	s.mu.Unlock()
+	assert.Zero(t, want, "Open left an expired record in the index")
+	assert.Equal(t, 1, rep.Records, "Recovery.Records counts an expired record Open should have dropped (old, or the ancient one)")
+	assert.True(t, rep.Compacted, "Open did not compact away the expired record")
+}
+
+// insertCopy returns data with a copy of frame k inserted after frame at.
+func insertCopy(data []byte, offs []int, k, at int) []byte {
+	end := func(i int) int {
+		if i+1 < len(offs) {
+			return offs[i+1]
+		}
+		return len(data)
+	}
+	out := append([]byte(nil), data[:end(at)]...)
+	out = append(out, data[offs[k]:end(k)]...)
+	return append(out, data[end(at):]...)
+}
+
+// A duplicated frame (the same valid frame twice) is recognised as a copy of
+// an applied one and skipped: no acknowledged frame after it is lost, and
+// nothing is reported torn or corrupt while new frames follow it.
+func TestDuplicatedFrame(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 5)
+	offs := frameOffsets(t, data) // frame 0: the empty snapshot; frame i: es[i-1]
+	last := len(offs) - 1
+	cases := []struct {
+		name  string
+		k, at int
+		torn  bool
+	}{
+		{"first frame twice", 0, 0, false},
+		{"middle frame twice", 2, 2, false},
+		{"just before the last frame", last - 1, last - 1, false},
+		{"last frame twice", last, last, true}, // a copy at the tail: cut, nothing lost
+		{"older frame in the middle", 1, 3, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := writeJournal(t, insertCopy(data, offs, c.k, c.at))
+			s, rep, err := openWith(dir, testOpts())
+			require.NoError(t, err)
+			defer s.Close()
+			assert.Equal(t, c.torn, rep.TornTail, "torn tail")
+			assert.Equal(t, len(es), rep.Records)
+			for _, e := range es {
+				got, ok, _ := s.get(e.ActionID)
+				require.True(t, ok, "%s lost", e.ActionID)
+				assert.Equal(t, e.Key, got.Key)
+			}
+			if !c.torn {
+				assert.Equal(t, 1, rep.Duplicates)
+			}
+			reserve(t, s, entry("after"))
+			require.NoError(t, s.Close())
+			s, _, err = openWith(dir, testOpts())
+			require.NoError(t, err, "reopen after an append")
+			_, ok, _ := s.get("after")
+			assert.True(t, ok)
+		})
+	}
+}
+
+// The case seen in the field: the frame before a Forget duplicated; the
+// Forget, the last frame, must not be cut as a torn tail.
+func TestDuplicateBeforeForget(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, testOpts())
+	a := reserve(t, s, entry("a"))
+	reserve(t, s, entry("b"))
+	require.NoError(t, s.Forget(context.Background(), "a"))
+	require.NoError(t, s.Close())
+	data, err := os.ReadFile(filepath.Join(dir, journalName))
+	require.NoError(t, err)
+	offs := frameOffsets(t, data)
+	last := len(offs) - 1
+	dir = writeJournal(t, insertCopy(data, offs, last-1, last-1))
+	s, rep, err := openWith(dir, testOpts())
+	require.NoError(t, err)
+	defer s.Close()
+	assert.False(t, rep.TornTail, "the Forget was reported torn")
+	_, ok, _ := s.get("a")
+	assert.False(t, ok, "forgotten action %s came back", a.Key)
+}
+
+// With salvage, a duplicate followed later by real damage loses the damaged
+// frame only, never the frame after the duplicate.
+func TestDuplicateThenDamageSalvage(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	d := insertCopy(data, offs, 2, 2) // frame 2 twice
+	doffs := append(append([]int(nil), offs[:3]...), offs[3]-offs[2]+offs[3])
+	for _, o := range offs[3:] {
+		doffs = append(doffs, o+offs[3]-offs[2])
+	}
+	doffs = append(doffs[:3], doffs[4:]...) // frame starts after the copy
+	d = flipBit(d, doffs[4]+20, 1)          // damage frame 4 (es[3])
+	dir := writeJournal(t, d)
+	_, _, err := openWith(dir, testOpts())
+	var ce *CorruptionError
+	require.True(t, errors.As(err, &ce), "%v", err)
+	assert.Equal(t, int64(doffs[4]), ce.Offset)
+	o := testOpts()
+	o.salvage = true
+	s, rep, err := openWith(dir, o)
+	require.NoError(t, err)
+	defer s.Close()
+	require.Len(t, rep.Salvaged, 1)
+	for i, e := range es {
+		_, ok, _ := s.get(e.ActionID)
+		assert.Equal(t, i != 3, ok, "record %d (frame %d)", i, i+1)
+	}
+}
+
+// Damage inserted before an intact frame loses nothing: it is reported as
+// corruption (not cut with the frame after it), and salvage keeps the frame.
+func TestGarbageBeforeIntactFrame(t *testing.T) {
+	t.Parallel()
+	data, es := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	last := len(offs) - 1
+	for _, at := range []int{2, last - 1} {
+		d := append([]byte(nil), data[:offs[at+1]]...)
+		d = append(d, "some garbage!"...)
+		d = append(d, data[offs[at+1]:]...)
+		dir := writeJournal(t, d)
+		_, _, err := openWith(dir, testOpts())
+		var ce *CorruptionError
+		require.True(t, errors.As(err, &ce), "garbage after frame %d: %v", at, err)
+		assert.Equal(t, int64(offs[at+1]), ce.Offset)
+		o := testOpts()
+		o.salvage = true
+		s, _, err := openWith(dir, o)
+		require.NoError(t, err)
+		for _, e := range es {
+			_, ok, _ := s.get(e.ActionID)
+			assert.True(t, ok, "garbage after frame %d: %s lost", at, e.ActionID)
+		}
+		require.NoError(t, s.Close())
+	}
+}
+
+// asideFiles returns the names and sizes of the torn and corrupt copies,
+// and of any other file but the journal's own, in dir.
+func asideFiles(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for _, e := range ents {
+		switch e.Name() {
+		case journalName, lockName, secretName, "filler":
+			continue
+		}
+		fi, err := e.Info()
+		require.NoError(t, err)
+		out[e.Name()] = fi.Size()
+	}
+	return out
+}
+
+// tornJournal returns a journal file of five records with a torn tail.
+func tornJournal(t *testing.T) ([]byte, []journal.Record) {
+	data, es := buildJournal(t, 5)
+	return append(data, []byte(strings.Repeat("torn tail ", 30))...), es
+}
+
+// Issue 7, item 15, on a real full file system: opening a journal with a
+// torn tail while the disk is full succeeds (the tail holds no acknowledged
+// record, and is cut all the same), says why no copy was kept, leaves no
+// empty or partial copy behind, and never prunes a real copy in favour of
+// one; once there is room again, copies are made and pruned as before.
+func TestTornTailOnFullDisk(t *testing.T) {
+	t.Parallel()
+	mnt := smallFS(t)
+	dir := filepath.Join(mnt, "j")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	real := []string{tornPrefix + "20200101T000000.000000001", tornPrefix + "20200101T000000.000000002", tornPrefix + "20200101T000000.000000003"}
+	for _, n := range real {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte("a real torn tail"), 0o600))
+	}
+	data, es := tornJournal(t)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, journalName), data, 0o600))
+	fill(t, dir)
+
+	for range 3 { // an app retrying its start, a torn tail each time
+		s, rep, err := openWith(dir, testOpts())
+		require.NoError(t, err, "open on a full disk with a torn tail")
+		assert.True(t, rep.TornTail)
+		assert.Empty(t, rep.TornCopy)
+		assert.ErrorIs(t, rep.TornCopyErr, syscall.ENOSPC)
+		for _, e := range es {
+			got, ok, _ := s.get(e.ActionID)
+			require.True(t, ok)
+			assert.Equal(t, e.Key, got.Key)
+		}
+		require.NoError(t, s.Close())
+		files := asideFiles(t, dir)
+		assert.Len(t, files, len(real), "copies: %v", files)
+		for _, n := range real {
+			assert.Equal(t, int64(len("a real torn tail")), files[n], "%s pruned or emptied", n)
+		}
+		cur, err := os.ReadFile(filepath.Join(dir, journalName))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, journalName), append(cur, "torn again"...), 0o600))
+	}
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "filler")))
+	s, rep, err := openWith(dir, testOpts())
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NotEmpty(t, rep.TornCopy)
+	files := asideFiles(t, dir)
+	assert.Len(t, files, 3)
+	assert.Equal(t, int64(len("torn again")), files[filepath.Base(rep.TornCopy)])
+	assert.NotContains(t, files, real[0], "the oldest copy is the one pruned")
+}
+
+// The same through the file seam, on any system: a copy whose write fails
+// leaves nothing behind.
+func TestTornCopyWriteFails(t *testing.T) {
+	t.Parallel()
+	data, es := tornJournal(t)
+	dir := writeJournal(t, data)
+	var fail sync.Map
+	fail.Store("short:"+asideTmpName, true)
+	o := testOpts()
+	o.hooks = faultyHooks(&fail)
+	s, rep, err := openWith(dir, o)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.True(t, rep.TornTail)
+	assert.Empty(t, rep.TornCopy)
+	assert.ErrorIs(t, rep.TornCopyErr, errNoSpace)
+	assert.Empty(t, asideFiles(t, dir))
+	assert.Equal(t, len(es), rep.Records)
+}
+
+// Pruning keeps the newest copies, the new one included. (Until the module
+// had a first release, empty copies that earlier versions could leave were
+// pruned first; no version of this format leaves one.)
+func TestPruneKeepsNewestCopies(t *testing.T) {
+	t.Parallel()
+	data, _ := tornJournal(t)
+	dir := writeJournal(t, data)
+	old := []string{tornPrefix + "20200101T000000.000000001", tornPrefix + "20200101T000000.000000002",
+		tornPrefix + "20210101T000000.000000001", tornPrefix + "20210101T000000.000000002"}
+	for _, n := range old {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte("a torn tail"), 0o600))
+	}
+	s, rep, err := openWith(dir, testOpts())
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	files := asideFiles(t, dir)
+	assert.Len(t, files, 3, "%v", files)
+	assert.Contains(t, files, filepath.Base(rep.TornCopy))
+	for _, n := range old[2:] {
+		assert.Contains(t, files, n, "a newer copy was pruned")
+	}
+}
+
+// A salvage still refuses to go on without its copy of the damaged file:
+// the copy is the only trace of acknowledged records it drops.
+func TestSalvageCopyFailsOpen(t *testing.T) {
+	t.Parallel()
+	data, _ := buildJournal(t, 5)
+	offs := frameOffsets(t, data)
+	dir := writeJournal(t, flipBit(data, offs[3]+20, 3))
+	var fail sync.Map
+	fail.Store("short:"+asideTmpName, true)
+	o := testOpts()
+	o.salvage = true
+	o.hooks = faultyHooks(&fail)
+	_, _, err := openWith(dir, o)
+	require.True(t, errors.Is(err, errNoSpace), "%v", err)
+	assert.Empty(t, asideFiles(t, dir))
+	_, _, err = openWith(dir, testOpts())
+	assert.ErrorIs(t, err, ErrCorrupt, "the journal was changed")
 }

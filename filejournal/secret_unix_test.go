@@ -15,6 +15,7 @@ import (
 // fingerprint.key a FIFO (or any non-regular file): Open must not block
 // reading it.
 func TestSecretFIFODoesNotHang(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, secretName)
 	require.NoError(t, syscall.Mkfifo(path, 0o600))

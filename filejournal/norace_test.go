@@ -2,4 +2,4 @@
 
 package filejournal
 
-const hw4Race = false
+const raceEnabled = false

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,8 +23,9 @@ import (
 // adoptSecretTmp fell through to making a new secret, which writeSecret
 // renamed over the fingerprint.key it had just put in place: the secret
 // every keyed record was made with was gone for good.
-func TestSecretAdoptedDirSyncFailsKeepsSecretHT1(t *testing.T) {
-	dir, s, runChild := asOtherUserHT1(t)
+func TestSecretAdoptedDirSyncFailsKeepsSecret(t *testing.T) {
+	t.Parallel()
+	dir, s, runChild := asOtherUser(t)
 	require.NoError(t, os.Chmod(dir, 0o300))
 	t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
 	runChild()
@@ -43,8 +44,9 @@ func TestSecretAdoptedDirSyncFailsKeepsSecretHT1(t *testing.T) {
 // Open goes on without a secret (FingerprintSecretErr). It was removed,
 // and a new secret made: the secret every keyed record was made with was
 // gone for good.
-func TestSecretTmpUnreadableLeftHT1(t *testing.T) {
-	dir, s, runChild := asOtherUserHT1(t)
+func TestSecretTmpUnreadableLeft(t *testing.T) {
+	t.Parallel()
+	dir, s, runChild := asOtherUser(t)
 	require.NoError(t, os.Chown(filepath.Join(dir, secretTmpName), 0, 0))
 	out := runChild()
 	require.Contains(t, out, "opened 0000000000000000000000000000000000000000000000000000000000000000 false made false err ")
@@ -56,12 +58,12 @@ func TestSecretTmpUnreadableLeftHT1(t *testing.T) {
 		"fingerprint.key no longer holds the secret the journal's keyed records were made with")
 }
 
-// asOtherUserHT1 makes a journal of one record in a directory of another
+// asOtherUser makes a journal of one record in a directory of another
 // user's (nobody), its secret s left in fingerprint.key.tmp as a kill
 // before keepSecret's rename leaves it, fingerprint.key missing; runChild
-// runs TestSecretAdoptedDirSyncChildHT1 as that user and returns what it
+// runs TestSecretAdoptedDirSyncChild as that user and returns what it
 // said.
-func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() string) {
+func asOtherUser(t *testing.T) (dir string, s [32]byte, runChild func() string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runs a child as another user")
@@ -95,8 +97,8 @@ func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() strin
 		require.NoError(t, os.Chown(p, uid, gid))
 	}
 	return dir, s, func() string {
-		cmd := exec.Command(bin, "-test.run=^TestSecretAdoptedDirSyncChildHT1$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envDir+"="+dir)
+		cmd := childtest.Command("TestSecretAdoptedDirSyncChild", envDir+"="+dir)
+		cmd.Path, cmd.Args[0] = bin, bin
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
 		out, err := cmd.CombinedOutput()
 		t.Logf("child: %s", out)
@@ -106,14 +108,14 @@ func asOtherUserHT1(t *testing.T) (dir string, s [32]byte, runChild func() strin
 	}
 }
 
-// TestSecretAdoptedDirSyncChildHT1 is the child of
-// TestSecretAdoptedDirSyncFailsKeepsSecretHT1: it opens the journal and
+// TestSecretAdoptedDirSyncChild is the child of
+// TestSecretAdoptedDirSyncFailsKeepsSecret: it opens the journal and
 // says what Open found.
-func TestSecretAdoptedDirSyncChildHT1(t *testing.T) {
-	dir := os.Getenv(envDir)
-	if dir == "" {
-		t.Skip("a child of TestSecretAdoptedDirSyncFailsKeepsSecretHT1")
+func TestSecretAdoptedDirSyncChild(t *testing.T) {
+	if !childtest.IsChild() {
+		t.Skip("a child of TestSecretAdoptedDirSyncFailsKeepsSecret")
 	}
+	dir := os.Getenv(envDir)
 	j, err := Open(dir)
 	if err != nil {
 		t.Fatalf("open: %v", err)
