@@ -33,6 +33,11 @@ func (j craftingJournal) Reserve(ctx context.Context, rec journal.Record, mode j
 	return got, created, err
 }
 
+// attemptsOverMax is one over journal.MaxAttempts, a variable so that the
+// test compiles where an int is 32 bits (it converts to a negative int
+// there: no int is over journal.MaxAttempts).
+var attemptsOverMax int64 = journal.MaxAttempts + 1
+
 // A record with an empty key went out with no Idempotency-Key at all, one
 // with "a b" as it is; one whose attempts or creation time are out of
 // bounds could never be recorded, or judged. Each is refused with
@@ -46,7 +51,7 @@ func TestTransportSendsNoUncheckedRecord(t *testing.T) {
 		{"empty key", func(r *journal.Record) { r.Key = "" }},
 		{"key with a space", func(r *journal.Record) { r.Key = "a b" }},
 		{"negative attempts", func(r *journal.Record) { r.Attempts = -1 }},
-		{"attempts past the bound", func(r *journal.Record) { r.Attempts = journal.MaxAttempts + 1 }},
+		{"attempts past the bound", func(r *journal.Record) { r.Attempts = int(attemptsOverMax) }},
 		{"negative status", func(r *journal.Record) { r.Status = -1 }},
 		{"state zero", func(r *journal.Record) { r.State = 0 }},
 		{"creation time MinInt64 ms", func(r *journal.Record) { r.CreatedAt = time.UnixMilli(math.MinInt64) }},
