@@ -298,7 +298,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		// Only the observers hear of an attempt (emit counts none): with
 		// none, no Event is made.
 		defer func() {
-			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
+			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.total(),
 				Requests: n, Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
 		}()
 	}

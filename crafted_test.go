@@ -9,7 +9,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,9 +196,6 @@ func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
 // request of the action was refused ("its last outcome (done, status 201)
 // is not yet in the journal") until the process ended.
 func TestAttemptsAtTheBoundTakeTheirOutcome(t *testing.T) {
-	if strconv.IntSize == 32 {
-		t.Skip("known: outcome.go sums r.prior()+r.sent in an int, which wraps at journal.MaxAttempts where an int is 32 bits; the sum must saturate (limits.go)")
-	}
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true // charged, its answer lost
 	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
