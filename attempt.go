@@ -27,7 +27,7 @@ import (
 // flight's, to need no allocation of its own).
 func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, first *attemptTrace) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
-	r := &run{t: t, ctx: ctx, a: a, first: first}
+	r := &run{t: t, ctx: ctx, a: a, first: first, afterKeyed: a == nil && followsKeyedAnswer(req)}
 	bo := s.bo // the default's is made for the first retry: most actions need none
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
@@ -240,12 +240,17 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 
 // run is the state of one RoundTrip's attempts.
 type run struct {
-	t          *Transport
-	ctx        context.Context
-	a          *action // nil without a key
-	sent       int
-	maybe      bool // an attempt may have reached the server
-	lastStatus int  // of the previous attempt: 0 if none, or a transport error
+	t     *Transport
+	ctx   context.Context
+	a     *action // nil without a key
+	sent  int
+	maybe bool // an attempt may have reached the server
+	// afterKeyed: the request, sent without a key, follows a redirect
+	// answered to a keyed request (a GET to a 303's receipt): whatever
+	// becomes of it, the server has answered that one, and may have
+	// performed it.
+	afterKeyed bool
+	lastStatus int // of the previous attempt: 0 if none, or a transport error
 	lastErr    error
 	out        *http.Request // the last attempt's request
 	// tr is the last attempt's trace, whose end cancels the attempt's

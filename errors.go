@@ -156,7 +156,9 @@ type ActionError struct {
 	// run or an earlier one, can have reached the server (every one failed
 	// to connect, or none was made). When true, the server may have
 	// performed the action: resend it with the same key (the journal keeps
-	// it) or reconcile; never with a new key.
+	// it) or reconcile; never with a new key. For a request without a key
+	// that follows a redirect answered to a keyed one (a GET to a 303's
+	// receipt), it is true: the keyed request was answered.
 	MaybeProcessed bool
 	// Reason says why the retries stopped: a sentinel of this package, or
 	// nil when the last attempt's own error (Err) ended them — one that is
