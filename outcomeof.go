@@ -115,7 +115,10 @@ type Outcome struct {
 // OutcomeOf does not know (none of this package's, nor a journal's) is
 // Pending with MaybeProcessed: it cannot say that nothing was sent. So is
 // an error that joins the errors of several actions (errors.Join), and a
-// nil response with a nil error, which RoundTrip never returns.
+// nil response with a nil error, which RoundTrip never returns. NotSent
+// needs a base that was told of the attempt's writes: a base that sends
+// its tries with a context of its own, not the attempt's, cannot say that
+// none was written, and its dial errors are Pending too.
 func OutcomeOf(resp *http.Response, err error) Outcome {
 	var o Outcome
 	switch {

@@ -427,3 +427,44 @@ func joinOneFlight(t *testing.T, srv *payServer, tr http.RoundTripper, ctx conte
 	require.Len(t, srv.seen(), 1, "the second request did not join the first's flight")
 	return out
 }
+
+// A retrying base that sends its tries with requests of its own, without
+// the attempt's context (so the Transport's trace never sees them
+// written): its first try reaches the server, which charges and drops the
+// connection; its retry, to a host that is down, is refused, and that dial
+// error is what it returns. The Transport cannot tell from the error that
+// nothing was written: only a base that looked up the attempt's trace has
+// told it what it wrote. So the payment is Pending, never NotSent.
+func TestOutcomeOfUnderABaseThatHidesItsTries(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	down := "http://" + closedAddr(t)
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		var err error
+		for _, host := range []string{srv.URL, down} {
+			body, gerr := r.GetBody()
+			if gerr != nil {
+				return nil, gerr
+			}
+			try, nerr := http.NewRequest(r.Method, host+r.URL.Path, body) // context.Background()
+			if nerr != nil {
+				return nil, nerr
+			}
+			try.Header = r.Header.Clone()
+			var resp *http.Response
+			if resp, err = http.DefaultTransport.RoundTrip(try); err == nil {
+				return resp, nil
+			}
+		}
+		return nil, err
+	})
+	tr, err := idemretry.NewTransport(base, inMemory(), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:hidden"), srv.URL+"/charges", `{"amount":1}`))
+	require.Error(t, err)
+	require.Equal(t, 1, srv.chargeCount(), "the first try was charged")
+	o := idemretry.OutcomeOf(resp, err)
+	assert.Equal(t, idemretry.Pending, o.Kind, "%v", err)
+	assert.True(t, o.MaybeProcessed)
+}
