@@ -238,9 +238,28 @@ func validMethod(m string) bool {
 func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
 
 // WithKeyHeader sets the header that carries the key (default
-// DefaultKeyHeader).
+// DefaultKeyHeader; X-Idempotency-Key for some servers). A header HTTP
+// gives a meaning of its own fails NewTransport with ErrInvalidOption:
+// Host, Content-Length, Transfer-Encoding, Trailer and Expect (net/http
+// never sends them as given, or the server refuses the request), the
+// hop-by-hop headers a proxy drops (Connection, Keep-Alive,
+// Proxy-Connection, TE, Upgrade), and the Content-* headers, Authorization,
+// Proxy-Authorization and Cookie (the key would replace the request's own,
+// which would be taken for its key).
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
+}
+
+// meaningfulHeader reports whether name, canonical, is a header that
+// WithKeyHeader refuses.
+func meaningfulHeader(name string) bool {
+	switch name {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer", "Expect",
+		"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Upgrade",
+		"Authorization", "Proxy-Authorization", "Cookie":
+		return true
+	}
+	return strings.HasPrefix(name, "Content-")
 }
 
 // WithLogger makes the Transport log to l: each retry at Debug level, and a
@@ -365,6 +384,8 @@ func (c *config) validate() error {
 		return bad("max Retry-After %v, want >= 0", c.maxRetryAfter)
 	case !httptoken.Valid(c.header):
 		return bad("key header name %q is not an HTTP token", c.header)
+	case meaningfulHeader(c.header):
+		return bad("key header %s has a meaning of its own in HTTP: the key would not reach the server as sent, or would replace what the request says", c.header)
 	case len(c.journalBy) > 1:
 		return bad("the journal is named %d times (%s): give one WithJournal or WithJournalDir", len(c.journalBy), strings.Join(c.journalBy, ", "))
 	case len(c.journalBy) == 1 && c.journalBy[0] == "WithJournal" && isNil(c.journal):
