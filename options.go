@@ -64,16 +64,16 @@ const (
 )
 
 // An Option configures a Transport (and a Client). Options apply in order;
-// a later one overrides an earlier one, with two exceptions: the journal is
-// named once (WithJournal or WithJournalDir), and WithKeyedMethods and
-// WithUnkeyedMethods add to the methods named before. NewTransport
-// validates them all in one place: a value an option cannot use (a
-// negative count or duration, a header name that is not a token, an empty
-// journal directory...) makes it fail with an error wrapping
-// ErrInvalidOption; a nil function restores the option's default. A size
-// or duration limit may be as large as math.MaxInt64, the usual way to say
-// "no limit": the Transport's sums of limits saturate, never wrap.
-
+// a later one overrides an earlier one, with three exceptions: the journal
+// is named once (WithJournal or WithJournalDir), WithKeyedMethods and
+// WithUnkeyedMethods add to the methods named before, and WithObserver adds
+// an observer (a nil one adds none). NewTransport validates them all in one
+// place: a value an option cannot use (a negative count or duration, a
+// header name that is not a token, an empty journal directory...) makes it
+// fail with an error wrapping ErrInvalidOption; a nil function given to
+// another option restores its default. A size or duration limit may be as
+// large as math.MaxInt64, the usual way to say "no limit": the Transport's
+// sums of limits saturate, never wrap.
 type Option func(*config)
 
 type config struct {
