@@ -25,8 +25,10 @@ const (
 	// The action stays pending under its key: resend it as the same
 	// action (the same WithAction id, or the same request) to get its
 	// answer, now, later or through Resume at the next start. Never send
-	// it as a new action: that may perform it twice. Pending is the zero
-	// Kind, so that an Outcome that says nothing reads the safe way.
+	// it as a new action: that may perform it twice. A request of a
+	// method sent without a key is no action: a resend of a POST or PATCH
+	// sent so (WithUnkeyedMethods) may perform it twice. Pending is the
+	// zero Kind, so that an Outcome that says nothing reads the safe way.
 	Pending Kind = 0
 	// Done: the response is the server's final answer (a status the
 	// RetryPolicy does not retry: a 201, and a 400 or 422 too), recorded
