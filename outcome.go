@@ -147,7 +147,7 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 		cause = r.lastErr
 	}
 	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.total(), Status: r.lastStatus,
-		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause,
+		MaybeProcessed: r.maybe || r.afterKeyed || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause,
 		sent: r.sent, counted: true}
 }
 
