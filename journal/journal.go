@@ -136,6 +136,11 @@ type Record struct {
 	ActionID string
 	// Key is the Idempotency-Key value in its bare form.
 	Key string
+	// KeyForm is the form Key was first sent in, which every later
+	// attempt and resume of the action uses (see KeyForm). Reserve stores
+	// it with the key, and a record replaced under ReusePending takes the
+	// new one's; Update leaves it as it is.
+	KeyForm KeyForm
 	// Fingerprint of the action's first request.
 	Fingerprint Fingerprint
 	// CreatedAt is when the key was minted; the key window runs from it.
