@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -227,6 +228,11 @@ func decodeOpsInto(p []byte, o *op, fn func(o *op, id []byte) error) error {
 				k := d.bytes(int(d.byte()))
 				// A canonical UUID would have been stored as 16 bytes.
 				if !d.bad && (!journal.ValidKey(string(k)) || isUUID(k)) {
+					d.bad = true
+				}
+				// Nor is a quoted key that the quoted form cannot hold
+				// (journal.CheckRecord).
+				if o.r.form == journal.KeyFormQuoted && bytes.ContainsAny(k, `"\`) {
 					d.bad = true
 				}
 				o.r.custom = string(k)

@@ -28,7 +28,8 @@ import (
 // least (a record read back may be truncated to whole milliseconds), or an
 // earlier time, never a later one (sqljournal stores the earlier of the
 // given time and the database's clock: see journaltest.EarlierCreatedAt),
-// action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
+// action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts,
+// with its KeyForm.
 // They refuse to store a record that CheckRecord refuses
 // (ErrInvalidRecord), and never return one: a stored record it refuses
 // (damaged, or written by something else) is reported with an error

@@ -90,11 +90,13 @@ var (
 
 // CheckRecord returns an error wrapping ErrInvalidRecord if a journal must
 // refuse rec: an empty action id or one over MaxActionID bytes, a key that
-// ValidKey refuses, a KeyForm other than the three KeyForms, a CreatedAt
-// outside MinCreatedAtUnixMilli to MaxCreatedAtUnixMilli (1677 to 2262), a
-// state other than the three States, a negative Attempts or Status, or one over MaxAttempts. The
-// difference of any two creation times in bounds fits in an int64 of
-// milliseconds, so that no journal's expiry and no key window overflows.
+// ValidKey refuses, a KeyForm other than the three KeyForms, a quoted key
+// holding a '"' or a '\' (which the quoted form cannot hold unescaped), a
+// CreatedAt outside MinCreatedAtUnixMilli to MaxCreatedAtUnixMilli (1677 to
+// 2262), a state other than the three States, a negative Attempts or
+// Status, or one over MaxAttempts. The difference of any two creation
+// times in bounds fits in an int64 of milliseconds, so that no journal's
+// expiry and no key window overflows.
 //
 // Every journal checks what it stores with it, and what it reads back: a
 // stored record it refuses is reported as ErrCorruptRecord (see
@@ -107,6 +109,8 @@ func CheckRecord(rec Record) error {
 		return fmt.Errorf("%w: key must be 1-%d visible ASCII characters", ErrInvalidRecord, MaxKeyLength)
 	case rec.KeyForm > KeyFormQuoted:
 		return fmt.Errorf("%w: key form %d", ErrInvalidRecord, rec.KeyForm)
+	case rec.KeyForm == KeyFormQuoted && strings.ContainsAny(rec.Key, `"\`):
+		return fmt.Errorf("%w: a quoted key with a '\"' or '\\' (the quoted form would need an escape)", ErrInvalidRecord)
 	case rec.CreatedAt.Before(minCreatedAt) || rec.CreatedAt.After(maxCreatedAt):
 		return fmt.Errorf("%w: created at %v, outside %v to %v", ErrInvalidRecord, rec.CreatedAt.UTC(), minCreatedAt.UTC(), maxCreatedAt.UTC())
 	}

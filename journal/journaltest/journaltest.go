@@ -500,7 +500,7 @@ func reportedIDsResolve(t *testing.T, s *suite, j journal.Journal) {
 func customKeys(t *testing.T, _ *suite, j journal.Journal) {
 	for i, k := range []string{"k", "order-42:attempt/1~x", "8E03978E-40D5-43E8-BC93-6894A57F9324", string(make255())} {
 		r := rec(fmt.Sprintf("c%d", i), now())
-		r.Key = k
+		r.Key, r.KeyForm = k, journal.KeyFormBare // the bare form holds every visible character
 		reserve(t, j, r, journal.ReuseAny)
 		got, created := reserve(t, j, rec(r.ActionID, now()), journal.ReuseAny)
 		assert.False(t, created)
@@ -647,6 +647,8 @@ func invalid(id string) []struct {
 		{"AttemptsOverMax", with(func(r *journal.Record) { r.Attempts = journal.MaxAttempts + 1 })},
 		{"NegativeStatus", with(func(r *journal.Record) { r.Status = -1 })},
 		{"KeyFormThree", with(func(r *journal.Record) { r.KeyForm = 3 })},
+		{"QuotedKeyWithQuote", with(func(r *journal.Record) { r.Key, r.KeyForm = `a"b`, journal.KeyFormQuoted })},
+		{"QuotedKeyWithBackslash", with(func(r *journal.Record) { r.Key, r.KeyForm = `a\b`, journal.KeyFormQuoted })},
 		{"StateZero", with(func(r *journal.Record) { r.State = 0 })},
 		{"StateFour", with(func(r *journal.Record) { r.State = 4 })},
 		{"CreatedAtZero", with(func(r *journal.Record) { r.CreatedAt = time.Time{} })},
