@@ -281,7 +281,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
 	tr.req = *req.WithContext(tr.context(r.ctx))
-	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
+	out, err := r.t.newAttempt(&tr.req, b, r.wireKey(), tr.vals[:])
 	if err != nil {
 		tr.end()
 		return nil, false, err
@@ -393,8 +393,18 @@ func (r *run) discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-// newAttempt clones req for one attempt, with a fresh body and the key;
-// the header's values go in vals if they fit.
+// wireKey is the key header's value of the run's attempts: the action's
+// key in its record's form (see Transport.quotedForm), or "" without one.
+func (r *run) wireKey() string {
+	if r.a == nil {
+		return ""
+	}
+	return formatKey(r.a.rec.Key, r.t.quotedForm(r.a.rec.KeyForm))
+}
+
+// newAttempt clones req for one attempt, with a fresh body and key, the
+// key header's value (wireKey's), unless it is empty; the header's values
+// go in vals if they fit.
 func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []string) (*http.Request, error) {
 	if err := t.keyless(req, key); err != nil { // keyjournal.go
 		return nil, err
@@ -415,7 +425,7 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	out.Header, spare = cloneHeader(req.Header, drop, vals)
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
-		spare[0] = formatKey(key, t.cfg.quoted)
+		spare[0] = key
 		out.Header[t.cfg.header] = spare
 	}
 	return out, nil
