@@ -56,18 +56,8 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		// after, so that a final answer arriving as it ends is still final.
 		// Judging may peek at an error body (KeyReuseRejected): a body that
 		// stalls is cut after DefaultMaxDrainTime, as a drain would be.
-		final, reused := r.classify(s.policy, resp, err)
-		if final {
-			if err != nil {
-				return r.end(journal.StatePending, nil, nil, err)
-			}
-			if reused {
-				// The server holds this key for another payload: this
-				// action's own outcome is not known, and the key is spent.
-				r.discard(resp)
-				return r.end(journal.StateUnknown, nil, ErrKeyReused, nil)
-			}
-			return r.end(journal.StateDone, resp, nil, nil)
+		if final, reused := r.classify(s.policy, resp, err); final {
+			return r.finish(resp, err, reused)
 		}
 		if err != nil && ctx.Err() != nil {
 			return r.end(journal.StatePending, nil, nil, err) // the caller's own end, not a give-up
@@ -112,6 +102,22 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 			return r.end(journal.StatePending, nil, nil, err)
 		}
 	}
+}
+
+// finish ends the attempts on an outcome the policy called final: an
+// error not retried leaves the action pending; an answer that refuses the
+// key as reused makes it outcome-unknown (the server holds the key for
+// another payload, so this action's own outcome is not known, and the key
+// is spent); any other answer is the action's, done.
+func (r *run) finish(resp *http.Response, err error, reused bool) (*http.Response, bool, error) {
+	switch {
+	case err != nil:
+		return r.end(journal.StatePending, nil, nil, err)
+	case reused:
+		r.discard(resp)
+		return r.end(journal.StateUnknown, nil, ErrKeyReused, nil)
+	}
+	return r.end(journal.StateDone, resp, nil, nil)
 }
 
 // classify asks the policy whether the attempt's outcome is final and, for
