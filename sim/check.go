@@ -51,6 +51,8 @@ var checks = map[string]string{
 	"returned-is-recorded": "what RoundTrip returned is what the journal records: a final answer returned is recorded done " +
 		"(guarantee 6), unless the journal failed that write (then it is held in memory)",
 	"done-survives-crash": "an unnamed action's done is durable before RoundTrip returns (guarantee 2's sync of a done)",
+	"done-is-final": "an action recorded done stays done: no later write (a stale resend, a failed retry) moves it out of done (guarantee 6)",
+	"no-hopeless-wait": "no wait starts that would end after the context's deadline (guarantee 5): a retry wait longer than the time left is not made",
 	"request-body-closed": "RoundTrip closes the request body (http.RoundTripper)",
 	"response-or-error":   "a response or an error, never both (guarantee 7)",
 	"bodies-closed":       "every response body is drained and closed: the Transport's discarded ones, and the ones it handed on once their reader closed them (guarantee 7)",
@@ -121,6 +123,48 @@ func (r *runner) checkRecorded(c *call) {
 	case !tried && !other:
 		r.violate("returned-is-recorded", "%s (%s, key %s) returned %d, and the journal keeps it %v: no done was written",
 			c.name, id, key, st, rec.State)
+	}
+}
+
+// checkDoneIsFinal checks, before the history's processes close, that
+// every key whose done was written is still done in the journal, where its
+// record is still under that key. On the file journal a done written by a
+// process that crashed may be lost with it (lazy updates): not checked.
+func (r *runner) checkDoneIsFinal() {
+	var p *process
+	for _, q := range r.procs {
+		if q != nil && !q.dead.Load() {
+			p = q
+			break
+		}
+	}
+	if p == nil {
+		return
+	}
+	type done struct {
+		id  string
+		key string
+	}
+	var ds []done
+	seen := map[string]bool{}
+	r.rec.mu.Lock()
+	for _, w := range r.rec.writes {
+		if w.sync || w.err != nil || w.rec.State != journal.StateDone || w.rec.Key == "" || seen[w.rec.Key] {
+			continue
+		}
+		if r.h.jk == fileJournal && w.proc.diedSeq.Load() != 0 && w.proc != p {
+			continue
+		}
+		seen[w.rec.Key] = true
+		ds = append(ds, done{w.rec.ActionID, w.rec.Key})
+	}
+	r.rec.mu.Unlock()
+	for _, d := range ds {
+		rec, found, err := p.j.(journal.Getter).Get(context.Background(), d.id)
+		if err != nil || !found || rec.Key != d.key || rec.State == journal.StateDone {
+			continue
+		}
+		r.violate("done-is-final", "%s (key %s) was recorded done, and the journal now holds it %v", d.id, d.key, rec.State)
 	}
 }
 
@@ -295,7 +339,16 @@ func (r *runner) check() {
 		}
 	}
 	for _, rv := range reserves {
-		if rv.err == nil && rv.key != "" && len(mints[rv.key]) == 0 {
+		// A Reserve that failed may have stored the record it was asked
+		// to create (the sync's wait cut short): its call minted the key.
+		if rv.err != nil && rv.wantKey != "" && len(mints[rv.wantKey]) == 0 && rv.call != nil && rv.call.kind == callPay {
+			rv.key = rv.wantKey
+			mints[rv.key] = []reserveEvent{rv}
+			minted[rv.key] = rv
+		}
+	}
+	for _, rv := range reserves {
+		if rv.err == nil && rv.key != "" && len(mints[rv.key]) == 0 && rv.call != nil && rv.call.kind == callPay {
 			// Created where no call was seen creating it (a Reserve that
 			// stored the record and then failed, or a record from before):
 			// the first call to find it stands for its creator.
@@ -532,6 +585,31 @@ func (r *runner) check() {
 			if b.trueAt-a.trueAt < floor-time.Millisecond {
 				r.violateTags("retry-after-floor", tagIf(a.proc.opts.maxRetryAfter == math.MaxInt64, "max-retry-after=MaxInt64"), "%s: attempt %d was answered with Retry-After %v, and attempt %d went out %v later",
 					c.name, a.attempt, a.ra, b.attempt, b.trueAt-a.trueAt)
+			}
+		}
+	}
+
+	// No hopeless wait: a retry scheduled (EventRetry) with a wait longer
+	// than its caller's deadline leaves is never followed by another
+	// attempt of that call.
+	for _, e := range events {
+		if e.ev.Kind != idemretry.EventRetry || e.ev.Key == "" {
+			continue
+		}
+		var c *call
+		for _, ev := range net {
+			if ev.seq < e.seq && ev.key == e.ev.Key && ev.proc == e.proc && ev.call != nil {
+				c = ev.call
+			}
+		}
+		if c == nil || c.deadline.IsZero() || e.ev.Wait <= c.deadline.Sub(e.realAt)+20*time.Millisecond {
+			continue
+		}
+		for _, ev := range byCall[c] {
+			if ev.seq > e.seq {
+				r.violate("no-hopeless-wait", "%s (deadline %v) scheduled a wait of %v with %v left to its deadline, and sent attempt %d after it",
+					c.name, c.deadline.Sub(c.start).Round(time.Millisecond), e.ev.Wait, c.deadline.Sub(e.realAt).Round(time.Millisecond), ev.attempt)
+				break
 			}
 		}
 	}
@@ -803,7 +881,7 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 	if forgotten {
 		return true
 	}
-	if i.kind != unnamed || next.call == nil {
+	if i.kind != unnamed || next.call == nil || next.call.withinWindow {
 		return false
 	}
 	d, ok := doneAt[prev.key]

@@ -114,11 +114,11 @@ func (f *faultJournal) Reserve(ctx context.Context, rec journal.Record, mode jou
 		}
 	}
 	if f.take(jfFullDisk) {
-		f.logReserve(ctx, rec, false, syscall.ENOSPC)
+		f.logReserve(ctx, rec, journal.Record{}, false, syscall.ENOSPC)
 		return journal.Record{}, false, fmt.Errorf("sim: write journal: %w", syscall.ENOSPC)
 	}
 	got, created, err := f.inner.Reserve(ctx, rec, mode)
-	f.logReserve(ctx, got, created, err)
+	f.logReserve(ctx, rec, got, created, err)
 	if err == nil && f.p.dead.Load() {
 		// Died during the call: whatever it stored, the caller never
 		// learns of it.
@@ -148,10 +148,10 @@ func (f *faultJournal) damage(rec journal.Record) journal.Record {
 	return rec
 }
 
-func (f *faultJournal) logReserve(ctx context.Context, rec journal.Record, created bool, err error) {
+func (f *faultJournal) logReserve(ctx context.Context, want, rec journal.Record, created bool, err error) {
 	c := callOf(ctx)
 	if c != nil {
-		if err == nil && rec.Key != "" {
+		if err == nil && rec.Key != "" && (created || c.kind != callResume) {
 			// Its creator, or, if no call was seen creating it (a Reserve
 			// that stored the record and then failed), the first to find it.
 			f.r.mintOf.LoadOrStore(rec.Key, c)

@@ -136,6 +136,9 @@ type call struct {
 	answer    answerSeen
 	readMode  readMode
 	getBody   bool
+	// withinWindow: a repeat within the duplicate window, which must be
+	// answered with the first's replay, under its key.
+	withinWindow bool
 	heldOpen  bool // its body is left unclosed (readNoClose): exempt from the close check
 	unchecked bool // its process died before it returned: the app never saw the result
 	note      string
@@ -273,6 +276,7 @@ type reserveEvent struct {
 	call      *call
 	actionID  string
 	key       string
+	wantKey   string // the key the Transport asked to create with
 	created   bool
 	createdAt time.Time     // wall, as recorded
 	trueAt    time.Duration // true time of the reservation

@@ -77,7 +77,10 @@ type runner struct {
 	mintOf       sync.Map    // key -> *call that minted it
 	skipped      int         // ops that found nothing to act on
 	damaged      atomic.Bool // the journal layer handed out a damaged record
-	damagedID    sync.Map    // action ids it damaged
+	// withinWindow: the next calls repeat an unnamed payment within the
+	// duplicate window: the same action, answered with its replay.
+	withinWindow bool
+	damagedID    sync.Map // action ids it damaged
 
 	async sync.WaitGroup
 	viol  []violation
@@ -360,6 +363,7 @@ func (r *runner) resolveUnnamed(body int) (*intent, bool) {
 	switch {
 	case earlier.Before(edge.Add(-2 * time.Second)):
 		if c, ok := r.mintOf.Load(rec.Key); ok {
+			r.withinWindow = true // the next calls must get the replay
 			return c.(*call).intent, true
 		}
 		r.skipped++
@@ -462,6 +466,7 @@ func (r *runner) newCall(i *intent, p *process, k callKind) *call {
 // startCalls sends intent i with op o's callers, at once.
 func (r *runner) startCalls(i *intent, o op) {
 	if i == nil || i.name == "" {
+		r.withinWindow = false
 		return // skipped
 	}
 	p := r.procs[r.target]
@@ -469,9 +474,12 @@ func (r *runner) startCalls(i *intent, o op) {
 	if o.callers > 1 {
 		g = &tapGroup{}
 	}
+	within := r.withinWindow
+	r.withinWindow = false
 	cs := make([]*call, o.callers)
 	for k := range cs {
 		cs[k] = r.newCall(i, p, callPay)
+		cs[k].withinWindow = within
 		cs[k].group = g
 		cs[k].readMode = o.read
 		cs[k].getBody = o.getBody
@@ -894,6 +902,7 @@ func (r *runner) finish() {
 		r.waitIdle(time.Second)
 	}
 	r.checkHeldOpen()
+	r.checkDoneIsFinal()
 	r.mu.Lock()
 	held := r.heldOpen
 	r.heldOpen = nil
