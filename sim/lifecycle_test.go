@@ -43,6 +43,9 @@ var knownBugs = []knownBug{
 	// 5: Request.Cancel is retried (and so the call runs on past it).
 	{"26.5", "no-retry-after-cancel", "Request.Cancel"},
 	{"26.5", "bounded", "Request.Cancel"},
+	// 6: an answer read to EOF and never closed holds its attempt (and
+	// what the base hung on it) for as long as the caller's context lives.
+	{"26.6", "released-at-eof", "read-to-EOF"},
 	// 7: a deadline 292 years ahead makes the outcome write run under an
 	// ended context: the caller gets its 201, the journal keeps pending,
 	// and a deliberate repeat of an unnamed payment reuses the key.
@@ -177,7 +180,32 @@ func TestLifecycle(t *testing.T) {
 	for _, f := range s.failures {
 		keep := func(v violation) bool { return v.check == f.check && knownAs(v) == f.known }
 		if f.known != "" {
-			t.Logf("known bug (issue %s), not failing: %s", f.known, reportOf(f.o, nil, f.check, "not measured", keep))
+			if os.Getenv("IDEMRETRY_SIM_SHRINK_KNOWN") == "" {
+				t.Logf("known bug (issue %s), not failing: %s", f.known, reportOf(f.o, nil, f.check, "not measured", keep))
+				continue
+			}
+			still := func(h *history) bool {
+				for range 3 {
+					for _, v := range runHistory(h, e).viol {
+						if keep(v) {
+							return true
+						}
+					}
+				}
+				return false
+			}
+			shrunk := shrinkWith(f.o.h, still, shrinkBudget())
+			n := 0
+			for range 10 {
+				for _, v := range runHistory(shrunk, e).viol {
+					if keep(v) {
+						n++
+						break
+					}
+				}
+			}
+			t.Logf("known bug (issue %s), not failing: %s%s", f.known,
+				reportOf(f.o, shrunk, f.check, fmt.Sprintf("%d of 10 runs of the shrunk history", n), keep), saveTrace(f.o))
 			continue
 		}
 		shrunk := shrink(f.o.h, f.check, 3, shrinkBudget(), e)

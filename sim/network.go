@@ -449,7 +449,7 @@ const hdrAttempt = "Sim-Attempt"
 
 // upgradeStall is how long an upgraded connection stays silent: longer than
 // a short deadline and OutcomeGrace, so that a RoundTrip it holds up shows.
-const upgradeStall = 1500 * time.Millisecond
+const upgradeStall = 3 * time.Second
 
 func attemptOf(h http.Header) int {
 	a, _ := strconv.Atoi(h.Get(hdrAttempt))

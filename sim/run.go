@@ -74,9 +74,12 @@ type runner struct {
 	// air: one may have checked its window just before it.
 	looseAdvance time.Duration
 	heldOpen     []io.ReadCloser
-	mintOf       sync.Map    // key -> *call that minted it
-	skipped      int         // ops that found nothing to act on
-	damaged      atomic.Bool // the journal layer handed out a damaged record
+	// heldCancels end the contexts of the calls whose bodies are held
+	// open, at the history's end.
+	heldCancels []context.CancelFunc
+	mintOf      sync.Map    // key -> *call that minted it
+	skipped     int         // ops that found nothing to act on
+	damaged     atomic.Bool // the journal layer handed out a damaged record
 	// withinWindow: the next calls repeat an unnamed payment within the
 	// duplicate window: the same action, answered with its replay.
 	withinWindow bool
@@ -576,7 +579,15 @@ func (r *runner) doCall(c *call, o op) {
 	if timer != nil {
 		timer.Stop()
 	}
-	cancel()
+	if c.heldOpen {
+		// An app that keeps the body open keeps the context too (a
+		// request's context lives on in its app): cancelled at the end.
+		r.mu.Lock()
+		r.heldCancels = append(r.heldCancels, cancel)
+		r.mu.Unlock()
+	} else {
+		cancel()
+	}
 	if !body.closed.Load() {
 		r.violate("request-body-closed", "%s: RoundTrip returned without closing the request body (http.RoundTripper's contract)", c.name)
 	}
@@ -904,11 +915,14 @@ func (r *runner) finish() {
 	r.checkHeldOpen()
 	r.checkDoneIsFinal()
 	r.mu.Lock()
-	held := r.heldOpen
-	r.heldOpen = nil
+	held, cancels := r.heldOpen, r.heldCancels
+	r.heldOpen, r.heldCancels = nil, nil
 	r.mu.Unlock()
 	for _, b := range held {
 		b.Close()
+	}
+	for _, c := range cancels {
+		c()
 	}
 	for _, p := range r.procs {
 		if p == nil || p.dead.Load() {
