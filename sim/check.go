@@ -51,8 +51,8 @@ var checks = map[string]string{
 	"returned-is-recorded": "what RoundTrip returned is what the journal records: a final answer returned is recorded done " +
 		"(guarantee 6), unless the journal failed that write (then it is held in memory)",
 	"done-survives-crash": "an unnamed action's done is durable before RoundTrip returns (guarantee 2's sync of a done)",
-	"done-is-final": "an action recorded done stays done: no later write (a stale resend, a failed retry) moves it out of done (guarantee 6)",
-	"no-hopeless-wait": "no wait starts that would end after the context's deadline (guarantee 5): a retry wait longer than the time left is not made",
+	"done-is-final":       "an action recorded done stays done: no later write (a stale resend, a failed retry) moves it out of done (guarantee 6)",
+	"no-hopeless-wait":    "no wait starts that would end after the context's deadline (guarantee 5): a retry wait longer than the time left is not made",
 	"request-body-closed": "RoundTrip closes the request body (http.RoundTripper)",
 	"response-or-error":   "a response or an error, never both (guarantee 7)",
 	"bodies-closed":       "every response body is drained and closed: the Transport's discarded ones, and the ones it handed on once their reader closed them (guarantee 7)",

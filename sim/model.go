@@ -127,21 +127,21 @@ type call struct {
 	attempts atomic.Int32 // requests it made, as the network saw them
 
 	// Results, set when it returns.
-	status    int
-	respBody  []byte
-	readErr   error
-	err       error
-	giveUp    error
-	replay    bool
-	answer    answerSeen
-	readMode  readMode
-	getBody   bool
+	status   int
+	respBody []byte
+	readErr  error
+	err      error
+	giveUp   error
+	replay   bool
+	answer   answerSeen
+	readMode readMode
+	getBody  bool
 	// withinWindow: a repeat within the duplicate window, which must be
 	// answered with the first's replay, under its key.
 	withinWindow bool
-	heldOpen  bool // its body is left unclosed (readNoClose): exempt from the close check
-	unchecked bool // its process died before it returned: the app never saw the result
-	note      string
+	heldOpen     bool // its body is left unclosed (readNoClose): exempt from the close check
+	unchecked    bool // its process died before it returned: the app never saw the result
+	note         string
 }
 
 // answerSeen is what the app read of a charge's answer.

@@ -71,13 +71,19 @@ func TestHistoriesAreDrawnFromTheirSeed(t *testing.T) {
 }
 
 func TestFaultPlanIsAFunctionOfCallAndAttempt(t *testing.T) {
-	p := generate(7, genConfig{maxOps: 10}).faults
-	for c := 1; c < 20; c++ {
+	p, q := generate(7, genConfig{maxOps: 10}).faults, generate(7, genConfig{maxOps: 10}).faults
+	kinds := map[faultKind]bool{}
+	for c := 1; c < 50; c++ {
 		for a := 1; a < 6; a++ {
-			if p.draw(c, a) != p.draw(c, a) {
-				t.Fatalf("call %d attempt %d drew two faults", c, a)
+			f := p.draw(c, a)
+			if g := q.draw(c, a); f != g {
+				t.Fatalf("call %d attempt %d drew %v and %v", c, a, f, g)
 			}
+			kinds[f.kind] = true
 		}
+	}
+	if len(kinds) < 3 {
+		t.Fatalf("250 draws gave %d kinds of fault", len(kinds))
 	}
 }
 
