@@ -401,15 +401,12 @@ func (r *runner) check() {
 					ids = append(ids, ch.ID+" under "+ch.Key)
 				}
 				tags := r.causes(cs)
-				for k := 1; k < len(cs); k++ {
-					if b := minted[cs[k].Key]; b.call != nil {
+				for _, ch := range cs {
+					if b := minted[ch.Key]; b.call != nil {
 						if r.woken(b.call, net) {
 							tags = append(tags, "woken-joiner")
 						}
 						tags = append(tags, callTags(b.call)...)
-					}
-					if a := minted[cs[k-1].Key]; a.call != nil {
-						tags = append(tags, callTags(a.call)...)
 					}
 				}
 				r.violateTags("charged-once", tags, "%s (%v %s) was charged %d times: %s", i.name, i.kind, r.actionIDOf(i), len(cs), strings.Join(ids, ", "))

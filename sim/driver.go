@@ -228,7 +228,8 @@ func reportOf(o outcome, shrunk *history, check string, rate string, keep func(v
 		fmt.Fprintf(&b, "  violation: %s\n", v)
 	}
 	if shrunk != nil {
-		fmt.Fprintf(&b, "shrunk to %d of %d steps:\n%s", len(shrunk.ops), len(o.h.ops), shrunk)
+		fmt.Fprintf(&b, "shrunk to %d of %d steps (replay them alone: IDEMRETRY_SIM_SEED=%d IDEMRETRY_SIM_OPS=%s):\n%s",
+			len(shrunk.ops), len(o.h.ops), o.h.seed, shrunk.steps(), shrunk)
 	} else {
 		fmt.Fprintf(&b, "history:\n%s", o.h)
 	}

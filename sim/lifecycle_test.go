@@ -254,6 +254,13 @@ func replay(t *testing.T, list string, g genConfig, e env) {
 			t.Fatalf("IDEMRETRY_SIM_SEED=%q: %v", list, err)
 		}
 		h := generate(seed, g)
+		if steps := os.Getenv("IDEMRETRY_SIM_OPS"); steps != "" {
+			k, err := h.keep(steps)
+			if err != nil {
+				t.Fatalf("IDEMRETRY_SIM_OPS=%q: %v", steps, err)
+			}
+			h = k
+		}
 		o := runHistory(h, e)
 		if o.err != nil {
 			t.Errorf("seed %d: %v", seed, o.err)

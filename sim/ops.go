@@ -83,6 +83,7 @@ var (
 )
 
 type op struct {
+	idx     int // its place in the history as generated (shrinking removes steps)
 	kind    opKind
 	ik      intentKind
 	body    int
@@ -207,10 +208,40 @@ func (h *history) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %v journal, %s network, %d machine(s), options %v, faults %v\n", h.seed, h.jk,
 		map[bool]string{false: "in-memory", true: "loopback"}[h.loopback], h.machines, h.opts, h.faults)
-	for i, o := range h.ops {
-		fmt.Fprintf(&b, "  %2d %v\n", i, o)
+	for _, o := range h.ops {
+		fmt.Fprintf(&b, "  %2d %v\n", o.idx, o)
 	}
 	return b.String()
+}
+
+// steps lists the generated steps h keeps, for IDEMRETRY_SIM_OPS.
+func (h *history) steps() string {
+	var s []string
+	for _, o := range h.ops {
+		s = append(s, fmt.Sprint(o.idx))
+	}
+	return strings.Join(s, ",")
+}
+
+// keep returns h with only the generated steps listed (comma-separated
+// indexes, as steps gives them).
+func (h *history) keep(list string) (*history, error) {
+	want := map[int]bool{}
+	for _, f := range strings.Split(list, ",") {
+		var i int
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &i); err != nil {
+			return nil, fmt.Errorf("step %q: %w", f, err)
+		}
+		want[i] = true
+	}
+	k := *h
+	k.ops = nil
+	for _, o := range h.ops {
+		if want[o.idx] {
+			k.ops = append(k.ops, o)
+		}
+	}
+	return &k, nil
 }
 
 func (p *faultPlan) String() string {
@@ -301,7 +332,9 @@ func generate(seed uint64, g genConfig) *history {
 			}
 			x -= w
 		}
-		h.ops = append(h.ops, drawOp(r, k))
+		o := drawOp(r, k)
+		o.idx = len(h.ops)
+		h.ops = append(h.ops, o)
 	}
 	return h
 }
