@@ -233,8 +233,10 @@ func (r *runner) checkDoneSurvives(old, now *process) {
 	}
 }
 
-// writeFailed reports whether a done write of key by p failed, or a Sync of
-// p failed or was never made after it: the done may then be in memory only.
+// writeFailed reports whether a done write of key by p failed, or the
+// first Sync of p after it failed: the done may then be in memory only, as
+// documented. A Sync never made is the Transport's to make (guarantee 2):
+// no excuse.
 func (r *runner) writeFailed(p *process, key string) bool {
 	r.rec.mu.Lock()
 	defer r.rec.mu.Unlock()
@@ -256,7 +258,7 @@ func (r *runner) writeFailed(p *process, key string) bool {
 			return false
 		}
 	}
-	return doneAt == 0 || r.h.jk == fileJournal
+	return doneAt == 0
 }
 
 // checkHeldOpen checks that the answers the app read to EOF and kept open
@@ -440,6 +442,13 @@ func (r *runner) check() {
 				if owner != nil && i.kind == unnamed && r.doneLost(ch.Key, c.startSeq) {
 					continue // the first's done was lost with its process: documented (Transport.Close)
 				}
+				if i.kind == unnamed && r.heldElsewhere(ch.Key, c) {
+					// README, key windows on the database's clock: an outcome
+					// the database could not take is held by the machine that
+					// got it, and another machine's identical unnamed payment
+					// is taken for a tap of the first and given its replay.
+					continue
+				}
 				if m, ok := minted[ch.Key]; ok && m.call != nil && m.call.intent.kind == unnamed && m.call.intent.finishedSeq != 0 &&
 					m.call.joinSeq.Load() > m.call.intent.finishedSeq {
 					// Its key is a new payment of a tap that came after
@@ -469,6 +478,9 @@ func (r *runner) check() {
 			continue
 		}
 		if len(chargesOf[i.name]) == 0 {
+			if c.resumeKey != "" && len(chargesUnder[c.resumeKey]) > 0 {
+				continue // its key was charged, by a request that reused it (see lostDone)
+			}
 			if i.kind == unnamed && (r.lostDone(i, c.startSeq) || r.lateFlightOverlaps(c, minted)) {
 				continue
 			}
@@ -882,8 +894,46 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 		return false
 	}
 	d, ok := doneAt[prev.key]
+	if ok && r.doneElsewhere(prev.key, next.call.proc) {
+		// Done by another machine: nothing of it was in the air in this
+		// Transport, and the journal said done when this one reserved.
+		return true
+	}
 	j := next.call.joinSeq.Load()
 	return ok && j != 0 && j > d
+}
+
+// heldElsewhere reports whether key's done failed to reach the journal on
+// another machine than c's before c began, and landed nowhere before then.
+func (r *runner) heldElsewhere(key string, c *call) bool {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	failed := false
+	for _, w := range r.rec.writes {
+		if w.sync || w.rec.Key != key || w.rec.State != journal.StateDone || w.seq > c.endSeq {
+			continue
+		}
+		if w.err == nil && w.seq < c.startSeq {
+			return false
+		}
+		if w.err != nil && w.proc.machine != c.proc.machine {
+			failed = true
+		}
+	}
+	return failed
+}
+
+// doneElsewhere reports whether key's done was written by a process other
+// than p (another machine on the same table).
+func (r *runner) doneElsewhere(key string, p *process) bool {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	for _, w := range r.rec.writes {
+		if !w.sync && w.rec.Key == key && w.rec.State == journal.StateDone && w.proc.machine != p.machine {
+			return true
+		}
+	}
+	return false
 }
 
 // mayHaveReached reports whether a request under key may have reached the

@@ -7,7 +7,11 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// epoch is where every history's virtual time starts.
+// epoch is where a history's virtual time starts, unless it runs on
+// PostgreSQL, whose clock the journal keeps (journal.Timekeeper) and stamps
+// creation times with: there it starts at the real time of the history's
+// start, so that the two clocks agree but for the time the history lets
+// pass.
 var epoch = time.Date(2027, 3, 1, 9, 0, 0, 0, time.UTC)
 
 // vclock is the virtual clock of one history: the Transport's Clock
@@ -28,6 +32,7 @@ var epoch = time.Date(2027, 3, 1, 9, 0, 0, 0, time.UTC)
 // DefaultMaxShareTime), OutcomeGrace, the journal timeout and lease polls run
 // on real time.
 type vclock struct {
+	base   time.Time // true time 0: epoch, or the real start
 	mu     sync.Mutex
 	trueD  time.Duration // true time since epoch
 	offset time.Duration // wall minus true
@@ -37,17 +42,24 @@ type vclock struct {
 func (c *vclock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return epoch.Add(c.trueD + c.offset)
+	return c.start().Add(c.trueD + c.offset)
 }
 
 // TrueNow is true time, as the server and the checks read it.
 func (c *vclock) TrueNow() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return epoch.Add(c.trueD)
+	return c.start().Add(c.trueD)
 }
 
-// trueSince is true time since epoch.
+func (c *vclock) start() time.Time {
+	if c.base.IsZero() {
+		return epoch
+	}
+	return c.base
+}
+
+// trueSince is true time since the start.
 func (c *vclock) trueSince() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()

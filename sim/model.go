@@ -142,6 +142,7 @@ type call struct {
 	heldOpen     bool // its body is left unclosed (readNoClose): exempt from the close check
 	unchecked    bool // its process died before it returned: the app never saw the result
 	note         string
+	resumeKey    string // the key of the record Resume listed, for its rebuilt call
 }
 
 // answerSeen is what the app read of a charge's answer.

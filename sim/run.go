@@ -100,6 +100,7 @@ func newRunner(h *history, e env) (*runner, error) {
 		}
 		r.st.root = root
 	case sqlJournal:
+		r.clk.base = time.Now().UTC().Truncate(time.Millisecond)
 		r.st.db = e.db
 		r.st.table = fmt.Sprintf("sim_%d_%s", h.seed%1000000, hex.EncodeToString(randBytes(4)))
 	}
@@ -692,6 +693,7 @@ func (rs *resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Reque
 		return nil, nil // not the app's: left pending
 	}
 	c := r.newCall(i, rs.p, callResume)
+	c.resumeKey = rec.Key
 	rs.mu.Lock()
 	rs.calls[rec.ActionID] = c
 	rs.mu.Unlock()
