@@ -385,7 +385,9 @@ func (r *runner) check() {
 			if !r.mayHaveReached(net, prev.key) {
 				continue // the first never left: nothing of it can exist
 			}
-			r.violateTags("one-key-per-action", append(append(tagIf(r.woken(next.call, net), "woken-joiner"), callTags(next.call)...), callTags(prev.call)...), "%s (%v %s): key %s minted by %s after key %s (minted by %s, %s), whose outcome may exist",
+			tags := append(append(tagIf(r.woken(next.call, net), "woken-joiner"), callTags(next.call)...), callTags(prev.call)...)
+			tags = append(tags, r.causes([]paytest.Charge{{Key: prev.key}})...)
+			r.violateTags("one-key-per-action", tags, "%s (%v %s): key %s minted by %s after key %s (minted by %s, %s), whose outcome may exist",
 				i.name, i.kind, r.actionIDOf(i), next.key, next.call.name, prev.key, prev.call.name, r.stateOf(prev.key, doneAt))
 		}
 		cs := chargesOf[i.name]

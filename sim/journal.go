@@ -156,11 +156,15 @@ func (f *faultJournal) logReserve(ctx context.Context, want, rec journal.Record,
 			// that stored the record and then failed), the first to find it.
 			f.r.mintOf.LoadOrStore(rec.Key, c)
 		}
-		f.r.mu.Lock()
-		if !c.intent.minted {
-			c.intent.minted, c.intent.mintedAt = true, f.r.clk.trueSince()
+		// A record exists (or may: a Reserve cut short by its context
+		// may have stored it); a refused one (a full disk) stores none.
+		if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			f.r.mu.Lock()
+			if !c.intent.minted {
+				c.intent.minted, c.intent.mintedAt = true, f.r.clk.trueSince()
+			}
+			f.r.mu.Unlock()
 		}
-		f.r.mu.Unlock()
 	}
 	f.r.rec.mu.Lock()
 	f.r.rec.reserves = append(f.r.rec.reserves, reserveEvent{seq: f.r.rec.next(), proc: f.p, call: callOf(ctx), actionID: rec.ActionID,

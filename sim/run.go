@@ -346,6 +346,10 @@ func (r *runner) resolveUnnamed(body int) (*intent, bool) {
 	for _, i := range r.intents {
 		if i.kind == unnamed && i.body == body && !i.finished {
 			r.mu.Unlock()
+			if !r.stillItsOwn(i) {
+				r.skipped++
+				return &intent{}, true // the duplicate window makes it another's tap
+			}
 			return i, true
 		}
 	}
