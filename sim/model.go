@@ -169,13 +169,27 @@ func (c *call) final() (int, bool) {
 		return c.status, true
 	case c.err != nil:
 		var ae *idemretry.ActionError
-		if errors.As(c.err, &ae) && errors.Is(c.err, idemretry.ErrResponseNotShared) && ae.Status != 0 {
+		if errors.As(c.err, &ae) && errors.Is(c.err, idemretry.ErrResponseNotShared) && finalStatus(ae.Status) {
 			// The answer's status, without its body (README: "the others
-			// get ErrResponseNotShared with the status").
+			// get ErrResponseNotShared with the status"). A status the
+			// Transport retries (409, 429, 5xx) may be the last of a
+			// flight that gave up: not final.
 			return ae.Status, true
 		}
 	}
 	return 0, false
+}
+
+// finalStatus reports whether DefaultRetryPolicy takes status, alone, for a
+// final answer.
+func finalStatus(status int) bool {
+	switch {
+	case status == 0, status == 409, status == 429:
+		return false
+	case status >= 500:
+		return status == 501 || status == 505
+	}
+	return true
 }
 
 // tapGroup is the callers of one intent started together.

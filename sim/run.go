@@ -78,6 +78,7 @@ type runner struct {
 	// open, at the history's end.
 	heldCancels []context.CancelFunc
 	mintOf      sync.Map    // key -> *call that minted it
+	forgotAt    sync.Map    // key -> seq of the Resolve that let it be forgotten
 	skipped     int         // ops that found nothing to act on
 	damaged     atomic.Bool // the journal layer handed out a damaged record
 	// withinWindow: the next calls repeat an unnamed payment within the
@@ -723,6 +724,7 @@ func (rs *resumer) Resolve(ctx context.Context, rec journal.Record) (bool, error
 	if x == 0 {
 		return false, nil // the app looks later
 	}
+	r.forgotAt.LoadOrStore(rec.Key, ev.seq)
 	if i != nil {
 		r.mu.Lock()
 		if charged {
