@@ -1027,7 +1027,9 @@ func (r *runner) checkShared(c *call, net []*netEvent) {
 		if ev.key != ae.Key || ev.proc != c.proc || ev.status != ae.Status || ev.seq > c.endSeq {
 			continue
 		}
-		if ev.damaged || ev.fault.kind == fUpgrade || int64(len(paytestBody(ev))) > limit || limit < 1024 {
+		// A body cut on the wire is not shareable; one that stalls for
+		// less than DefaultMaxShareTime (every stall here) arrives whole.
+		if ev.fault.kind == fReset || ev.fault.kind == fUpgrade || int64(len(paytestBody(ev))) > limit || limit < 1024 {
 			return
 		}
 	}
@@ -1037,7 +1039,9 @@ func (r *runner) checkShared(c *call, net []*netEvent) {
 	if !c.deadline.IsZero() && c.end.After(c.deadline.Add(-10*time.Millisecond)) {
 		return // its own deadline came
 	}
-	r.violate("shared-answer", "%s (%s, %s) joined a flight and got ErrResponseNotShared (status %d, %v) %v after it began, for an answer that fit the limit and arrived whole",
+	leaders := errors.Is(ae.Err, context.Canceled) || errors.Is(ae.Err, context.DeadlineExceeded) ||
+		ae.Err != nil && strings.Contains(ae.Err.Error(), "request canceled") // the leader's Request.Cancel
+	r.violateTags("shared-answer", tagIf(leaders, "leader-context"), "%s (%s, %s) joined a flight and got ErrResponseNotShared (status %d, %v) %v after it began, for an answer that fit the limit and arrived whole",
 		c.name, c.intent.name, ae.Action, ae.Status, ae.Err, c.end.Sub(c.start).Round(time.Millisecond))
 }
 

@@ -37,6 +37,10 @@ var knownBugs = []knownBug{
 	// resend of a finished unnamed payment; a tap within the duplicate
 	// window) and is answered with its replay, never charged.
 	{"26.1-2", "not-another-intents-replay", "joined-finished-flight"},
+	// 3: a joiner loses the answer to the leader's context: the leader
+	// reads the shared body under its own attempt, which its deadline or
+	// cancel cuts, and the joiner gets ErrResponseNotShared with time left.
+	{"26.3", "shared-answer", "leader-context"},
 	// 4: a 101 Switching Protocols on a shared flight hangs: the leader
 	// copies the upgraded connection for its joiners with no bound.
 	{"26.4", "bounded", "101-upgrade"},
