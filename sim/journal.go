@@ -342,7 +342,7 @@ func (s *store) open(keyWindow time.Duration) (journal.Journal, error) {
 	switch s.kind {
 	case memJournal:
 		if s.mem == nil {
-			s.mem = journal.NewMemory(journal.MemoryClock(s.clk.TrueNow), journal.MemoryRetention(keyWindow+journal.DefaultRetention))
+			s.mem = journal.NewMemory(journal.WithClock(s.clk.TrueNow), journal.WithKeyWindow(keyWindow), journal.WithGrace(journal.DefaultRetention))
 		}
 		return s.mem, nil
 	case fileJournal:
