@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemretry/idemretry/internal/race"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -32,7 +33,7 @@ import (
 // same POST in the plain form (the same Transport with its key taken
 // away), in one run.
 func TestReviewHS1FreshKeyedScratchOfASmallBodyIsSmall(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	probe := fingerprintKey(journal.NewMemory())

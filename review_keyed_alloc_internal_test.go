@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemretry/idemretry/internal/race"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -34,7 +35,7 @@ const reviewHotPathAllocs = 12
 // peers): the keyed fingerprint, which a 1 KiB body takes, must not cost
 // it an allocation.
 func TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	tr, err := NewTransport(answerAtOnce{}, WithJournal(journal.NewMemory()))
