@@ -28,7 +28,9 @@ import (
 // that bounds each read of a streamed body, say) and cancelled must be
 // freed, as context.WithCancel's children are, while the body stays open:
 // the attempt's context must not keep every context ever derived from it.
-func TestReviewCtxDerivedContextsFreedWhileBodyOpen(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxDerivedContextsFreedWhileBodyOpen).
+func TestAttemptContextDerivedContextsFreedWhileBodyOpen(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:derive"), srv.URL, `{"amount":1}`))
@@ -56,7 +58,9 @@ func TestReviewCtxDerivedContextsFreedWhileBodyOpen(t *testing.T) {
 // response's request context and register context.AfterFunc on it: no
 // deadlock, every derived context ends, every AfterFunc runs, and a body
 // closed twice and read after Close behaves as net/http's.
-func TestReviewCtxCloseRacesDerivation(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxCloseRacesDerivation).
+func TestAttemptContextCloseRacesDerivation(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -133,7 +137,9 @@ func TestReviewCtxCloseRacesDerivation(t *testing.T) {
 // HTTP/2 over TLS under a context that can never end: a streamed answer is
 // read whole, and a stalled 503 body is cut after DefaultMaxDrainTime (the
 // retry is answered long before the server would release it).
-func TestReviewCtxHTTP2(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxHTTP2).
+func TestAttemptContextOverHTTP2(t *testing.T) {
 	var n atomic.Int32
 	release := make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -173,7 +179,9 @@ func TestReviewCtxHTTP2(t *testing.T) {
 // Redirects through http.Client (each hop a RoundTrip) and a double tap
 // sharing one flight, under context.Background: every hop's body is
 // closed by the client, the joiners get the answer, and nothing is left.
-func TestReviewCtxRedirectsAndFlights(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxRedirectsAndFlights).
+func TestAttemptContextThroughRedirectsAndFlights(t *testing.T) {
 	var charges atomic.Int32
 	gate := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -240,7 +248,9 @@ func (failingReader) Read([]byte) (int, error) { return 0, errors.New("no entrop
 // A process whose crypto/rand.Reader fails (replaced, or a legacy Linux
 // without getrandom whose /dev/urandom cannot be opened) gets an error from
 // RoundTrip, not a crash: minting a key must not take the process down.
-func TestReviewCtxFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxFailingRandReaderIsAnErrorNotACrash).
+func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
 	if os.Getenv("IDEMRETRY_REVIEW_RAND_CHILD") == "1" {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
@@ -258,7 +268,7 @@ func TestReviewCtxFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
 		fmt.Println("RoundTrip returned:", err)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewCtxFailingRandReaderIsAnErrorNotACrash$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyFromAFailingRandReaderIsAnErrorNotACrash$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_RAND_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	first := strings.SplitN(string(out), "\n", 2)[0]
@@ -279,7 +289,9 @@ func (d detached) Value(key any) any         { return d.parent.Value(key) }
 // context.Canceled: a context derived from it, and the attempt's own, must
 // not report as their cause the cause of a context the caller detached
 // from.
-func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxCauseIsNotADetachedParentsCause).
+func TestAttemptContextCauseIsNotADetachedParentsCause(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -305,7 +317,9 @@ func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
 // own *http.Transport derives from it: no goroutine of the context package
 // may watch an open response's attempt context (as TestNoGoroutineWatches
 // AnAttemptContext requires of a wrapping base).
-func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol).
+func TestAttemptContextNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	type spanKey struct{}
 	inner := &http.Transport{}
@@ -324,7 +338,9 @@ func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
 // A policy of the caller's that takes longer than DefaultMaxDrainTime to
 // call a 201 final (it reads no body: it logs, asks a slow service...)
 // must not cut the body of the answer it lets through.
-func TestReviewCtxSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxSlowPolicyDoesNotCutTheFinalBody).
+func TestSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
 	const size = 1 << 20
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)

@@ -210,7 +210,9 @@ func TestNonBlockerClaimIsNotInherited(t *testing.T) {
 // bounds the whole RoundTrip, its first attempt included. A BackOff made
 // (and reset) only at the first retry measures from there, and retries an
 // action whose budget a slow first attempt had already spent.
-func TestReviewCustomBackOffMeasuresFromRoundTrip(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewCustomBackOffMeasuresFromRoundTrip).
+func TestCustomBackOffMeasuresFromRoundTrip(t *testing.T) {
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -249,7 +251,9 @@ func TestReviewCustomBackOffMeasuresFromRoundTrip(t *testing.T) {
 // after round: a joiner must never wait for a wake-up that does not come
 // (the flight's channel is made only when someone joins). Every call
 // returns well before its generous deadline, with an answer.
-func TestReviewJoinersAtTheLandingAreWoken(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewJoinersAtTheLandingAreWoken).
+func TestFlightJoinersAtTheLandingAreWoken(t *testing.T) {
 	var charges atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -300,7 +304,9 @@ func TestReviewJoinersAtTheLandingAreWoken(t *testing.T) {
 
 // A joiner whose own context ends stops waiting with its context's error;
 // the leader's answer is unaffected, and one request was sent.
-func TestReviewJoinerContextEnds(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewJoinerContextEnds).
+func TestFlightJoinersOwnContextEndsItsWait(t *testing.T) {
 	srv := newSlowPayServer(t, 400*time.Millisecond)
 	tr, _, _ := newTestTransport(t)
 	var leaderResp *http.Response
@@ -328,7 +334,9 @@ func TestReviewJoinerContextEnds(t *testing.T) {
 // The body returned after retries is the last attempt's, its wrapper kept
 // in that attempt's trace: it reads whole, closes twice, and the next
 // actions (whose attempts make new traces) leave it alone.
-func TestReviewBodyAfterRetriesClosedTwice(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewBodyAfterRetriesClosedTwice).
+func TestBodyAfterRetriesClosedTwice(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(http.StatusServiceUnavailable), status(http.StatusBadGateway))
 	tr, _, _ := transportWithConstant(t)
@@ -366,7 +374,9 @@ func transportWithConstant(t *testing.T) (*idemretry.Transport, journal.Journal,
 // 409 whose body stalls after its headers is still cut after the drain
 // time, attempt after attempt, so RoundTrip returns long before its
 // caller's deadline. A stalled 503 is never read by the policy.
-func TestReviewStalledErrorBodiesDoNotHang(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewStalledErrorBodiesDoNotHang).
+func TestStalledErrorBodiesDoNotHang(t *testing.T) {
 	for _, code := range []int{http.StatusConflict, http.StatusServiceUnavailable} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
 			release := make(chan struct{})
@@ -399,7 +409,9 @@ func TestReviewStalledErrorBodiesDoNotHang(t *testing.T) {
 
 // A key refused as reused is still recognised with the default policy on
 // each of the three statuses whose bodies it reads.
-func TestReviewKeyReuseRejectedWithDefaultPolicy(t *testing.T) {
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewKeyReuseRejectedWithDefaultPolicy).
+func TestKeyReuseRejectedWithDefaultPolicy(t *testing.T) {
 	for _, c := range []struct {
 		code int
 		body string
@@ -462,7 +474,9 @@ func (j *fpJournal) last(t *testing.T) journal.Fingerprint {
 // written to after that, or replaced, no longer holds the same bytes
 // (and the retries send GetBody's). Each request here must get the
 // fingerprint of a fresh request whose body is GetBody's bytes.
-func TestReview2FingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2FingerprintIsGetBodysAfterBodyChanged).
+func TestFingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -523,7 +537,9 @@ func TestReview2FingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
 // The same split seen by a named action: a second request of the action,
 // whose GetBody gives the same payload, is the same payload (a resend
 // answered from the journal), not ErrFingerprintMismatch.
-func TestReview2NamedActionResendWithReadBodyIsSamePayload(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2NamedActionResendWithReadBodyIsSamePayload).
+func TestFingerprintOfANamedResendWithReadBodyIsTheSamePayload(t *testing.T) {
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	ctx := idemretry.WithAction(context.Background(), "pay:review2-read-body")
@@ -542,7 +558,9 @@ func TestReview2NamedActionResendWithReadBodyIsSamePayload(t *testing.T) {
 // net/http can rewind, and one it cannot (read into memory), the server
 // gets the whole payload on the first attempt, and the caller's reader is
 // where it was.
-func TestReview2FingerprintLeavesCallerBodyAlone(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2FingerprintLeavesCallerBodyAlone).
+func TestFingerprintLeavesCallerBodyAlone(t *testing.T) {
 	var got atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -584,7 +602,9 @@ func TestReview2FingerprintLeavesCallerBodyAlone(t *testing.T) {
 // non-canonical spelling must reach the wire once, as the one key of every
 // attempt (not twice, under both spellings), beside many values of another
 // header, and nothing the attempts do reaches the caller's header.
-func TestReview2KeyHeaderSpellingsAndIsolation(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2KeyHeaderSpellingsAndIsolation).
+func TestAttemptKeyHeaderSpellingsAndIsolation(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n < 3 {
@@ -618,7 +638,9 @@ func TestReview2KeyHeaderSpellingsAndIsolation(t *testing.T) {
 // body) ends RoundTrip promptly with the caller's error, the stalled
 // request is ended at the server, and the same Transport's next request
 // gets its answer over a working connection.
-func TestReview2CallerCancelDuringStalledBodyAndReuse(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2CallerCancelDuringStalledBodyAndReuse).
+func TestCallerCancelDuringStalledBodyAndReuse(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	var ended atomic.Int32
@@ -679,7 +701,9 @@ func TestReview2CallerCancelDuringStalledBodyAndReuse(t *testing.T) {
 // A final answer whose body the policy peeked at is returned whole, and
 // stays readable after DefaultMaxDrainTime: the timer that would cut a
 // stalled peek must not close a body handed to the caller.
-func TestReview2PeekedFinalBodyNotCutLater(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2PeekedFinalBodyNotCutLater).
+func TestPeekedFinalBodyNotCutLater(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusConflict)
@@ -726,7 +750,9 @@ func (b *lockedBody) Close() error {
 // the server would release it.
 //
 // It runs under a caller context with a deadline and under one without.
-func TestReview2StalledBodyCutThroughRegisteredProtocol(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2StalledBodyCutThroughRegisteredProtocol).
+func TestStalledBodyCutThroughRegisteredProtocol(t *testing.T) {
 	for _, deadline := range []bool{true, false} {
 		t.Run(map[bool]string{true: "deadline", false: "no-deadline"}[deadline], func(t *testing.T) {
 			testStalledBodyCutThroughRegisteredProtocol(t, deadline)
@@ -781,7 +807,9 @@ func testStalledBodyCutThroughRegisteredProtocol(t *testing.T, deadline bool) {
 // wrappers do) still lets the Transport count them, and the caller's
 // context values reach the base. Stats.Attempts counts the requests
 // written: a base that sends each attempt twice (stacked retries) writes 2.
-func TestReview2TracesCompose(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2TracesCompose).
+func TestAttemptTracesCompose(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -844,7 +872,9 @@ func TestReview2TracesCompose(t *testing.T) {
 // action whose first attempt was written (a 503) and whose retry could
 // not even connect may have been processed; one none of whose attempts
 // could connect was not.
-func TestReview2MaybeProcessedAcrossAttempts(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2MaybeProcessedAcrossAttempts).
+func TestMaybeProcessedAcrossAttempts(t *testing.T) {
 	for _, written := range []bool{true, false} {
 		t.Run(fmt.Sprint("first written ", written), func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -897,7 +927,9 @@ func persistConnGoroutines() int {
 // the idle connections leaves no connection goroutine; the server sees
 // the stalled request end; and no goroutine of the package is left. Over
 // HTTP/1 and HTTP/2, and with a second request reusing the connection.
-func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2NothingOfACutAttemptOutlivesIt).
+func TestNothingOfACutAttemptOutlivesIt(t *testing.T) {
 	for _, proto := range []string{"http1", "http2"} {
 		for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
 			t.Run(fmt.Sprint(proto, "/", status), func(t *testing.T) {
@@ -948,7 +980,9 @@ func TestReview2NothingOfACutAttemptOutlivesIt(t *testing.T) {
 // A request with a nil header map gets its key on every attempt, and the
 // caller's map stays nil; a key header present with no value (nil) in the
 // caller's map is not sent beside the minted key.
-func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2NilHeaderAndEmptyKeyHeader).
+func TestAttemptNilHeaderAndEmptyKeyHeader(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n%2 == 1 {
@@ -991,7 +1025,9 @@ func TestReview2NilHeaderAndEmptyKeyHeader(t *testing.T) {
 // is the inner one's caller context, which carries a trace: the inner
 // Transport composes with it, so the outer counts every request the inner
 // one writes, retries included, and both send the outer's key.
-func TestReview2StackedTransportsCountWrites(t *testing.T) {
+//
+// Found in the second review of the hot-path pass (was TestReview2StackedTransportsCountWrites).
+func TestStackedTransportsCountWrites(t *testing.T) {
 	var mu sync.Mutex
 	var keys []string
 	var n atomic.Int32

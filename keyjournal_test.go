@@ -190,7 +190,7 @@ func (deadlineWithoutDone) Done() <-chan struct{} { return nil }
 // context claims an earlier deadline it cannot signal (Done is nil): the
 // deadline stands in for the journal timeout only when it can end the call.
 func TestJournalTimeoutBoundsAContextWithADeadlineButNoDone(t *testing.T) {
-	_, err := rvReserve(t, deadlineWithoutDone{context.Background()})
+	_, err := reserveUnder(t, deadlineWithoutDone{context.Background()})
 	require.ErrorIs(t, err, journal.ErrUnavailable)
 }
 

@@ -90,7 +90,7 @@ func TestNoLeaserSendsAsBefore(t *testing.T) {
 // outlives the Transport.
 func TestLeaseReleaseAfterCloseLeavesNoGoroutine(t *testing.T) {
 	srv := newSlowPayServer(t, 300*time.Millisecond)
-	j := &rlHangingRelease{Memory: journal.NewMemory()}
+	j := &hangingRelease{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

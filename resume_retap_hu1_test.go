@@ -21,18 +21,20 @@ import (
 )
 
 const (
-	envHU1RetapDir = "IDEMRETRY_HU1_RETAP_DIR" // set only in the child
-	envHU1RetapURL = "IDEMRETRY_HU1_RETAP_URL"
+	envRetapDir = "IDEMRETRY_HU1_RETAP_DIR" // set only in the child
+	envRetapURL = "IDEMRETRY_HU1_RETAP_URL"
 )
 
-// TestResumeKillLoopRetapChildHU1 is the app of
-// TestResumeKillLoopRetapRuleHU1: it pays unnamed order 1 through a base
+// TestResumeKillLoopRetapChild is the app of
+// TestResumeKillLoopRetapRule: it pays unnamed order 1 through a base
 // transport that announces the request and never sends it, so that it is
 // killed with the key durably reserved and nothing on the wire.
-func TestResumeKillLoopRetapChildHU1(t *testing.T) {
-	dir := os.Getenv(envHU1RetapDir)
+//
+// Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapChildHU1).
+func TestResumeKillLoopRetapChild(t *testing.T) {
+	dir := os.Getenv(envRetapDir)
 	if dir == "" {
-		t.Skip("child process of TestResumeKillLoopRetapRuleHU1")
+		t.Skip("child process of TestResumeKillLoopRetapRule")
 	}
 	base := rtFunc(func(r *http.Request) (*http.Response, error) {
 		fmt.Fprintf(os.Stdout, "hu1 sending %s\n", r.Header.Get("Idempotency-Key"))
@@ -44,12 +46,12 @@ func TestResumeKillLoopRetapChildHU1(t *testing.T) {
 		fmt.Fprintf(os.Stdout, "hu1 open-error %v\n", err)
 		os.Exit(3)
 	}
-	req, _ := http.NewRequest(http.MethodPost, os.Getenv(envHU1RetapURL)+"/charge", strings.NewReader(rkBody(1, true)))
+	req, _ := http.NewRequest(http.MethodPost, os.Getenv(envRetapURL)+"/charge", strings.NewReader(rkBody(1, true)))
 	_, _ = tr.RoundTrip(req)
 	os.Exit(4)
 }
 
-// TestResumeKillLoopRetapRuleHU1 checks the rule by which TestResumeKillLoop
+// TestResumeKillLoopRetapRule checks the rule by which TestResumeKillLoop
 // has the app tap an unnamed order again (rkMayRetap) against the case it
 // must refuse: the app was killed (SIGKILL) after the order's key was
 // durably reserved and before any request of it reached the server. No
@@ -60,7 +62,9 @@ func TestResumeKillLoopRetapChildHU1(t *testing.T) {
 // second charge. The kill loop then reports "order N (unnamed true) charged
 // 2 times" although the Transport did what it promises. Over real loopback
 // HTTP, with the kill loop's own server, app and rule.
-func TestResumeKillLoopRetapRuleHU1(t *testing.T) {
+//
+// Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapRuleHU1).
+func TestResumeKillLoopRetapRule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("child process")
 	}
@@ -70,8 +74,8 @@ func TestResumeKillLoopRetapRuleHU1(t *testing.T) {
 	dir := t.TempDir()
 
 	// Run 1: killed between the reserve and the send.
-	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopRetapChildHU1$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envHU1RetapDir+"="+dir, envHU1RetapURL+"="+srv.URL)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopRetapChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envRetapDir+"="+dir, envRetapURL+"="+srv.URL)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

@@ -86,7 +86,9 @@ func (o *onlyReaderString) Read(p []byte) (int, error) {
 // 201 (charged), whose done record finds no record (ErrNotFound, dropped).
 // Result: two charges for one order. Before 1d85888 the expired pending
 // action went through RoundTrip and joined the live flight.
-func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeExpireDoesNotResolveAnActionInFlight).
+func TestReconcileExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -141,7 +143,9 @@ func TestReview2ResumeExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 // nothing sent) is gone, and a stale screen's tap on pay:A is charged again
 // under a new key. README: done "is then final"; Resolve is for "an action
 // whose outcome is unknown".
-func TestReview2ResumeExpireDoesNotForgetADoneAction(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeExpireDoesNotForgetADoneAction).
+func TestReconcileExpireDoesNotForgetADoneAction(t *testing.T) {
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true, 2: true} // both charged, answers lost
@@ -243,7 +247,9 @@ func pendingPayA(t *testing.T, srv *payServer, j journal.Journal, body string) j
 // a payment B had reconciled) nor erased under B (then forgotten again, it
 // was: B's next tap was charged a second time): it is recorded
 // outcome-unknown, and B is refused until it is reconciled.
-func TestReview2ResumeNotResumableForgetErasesAnotherMachinesAction(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeNotResumableForgetErasesAnotherMachinesAction).
+func TestResumeNotResumableForgetsOnlyItsOwnAction(t *testing.T) {
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	j := &pausingJournal{Journal: journal.NewMemory()}
@@ -289,7 +295,9 @@ func TestReview2ResumeNotResumableForgetErasesAnotherMachinesAction(t *testing.T
 // database): it joins. It must not be given Resume's own refusal,
 // ErrNotResumable (README: "from Resume"): it carries the action on, and
 // finds what Resume left, the action recorded outcome-unknown.
-func TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal).
+func TestResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	j := &pausingJournal{Journal: journal.NewMemory()}
@@ -351,7 +359,9 @@ func (*forgettingResumer) Resolve(context.Context, journal.Record) (bool, error)
 // goes to Resolve. Here the child is held at that moment by a journal that
 // pauses after the Reserve (the window is otherwise a sync long) and
 // killed for real.
-func TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction).
+func TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown(t *testing.T) {
 	const body = `{"order":"A"}`
 	if dir := os.Getenv("IDEMRETRY_REVIEW2_RECREATE_DIR"); dir != "" {
 		resumeThenHang(t, dir, os.Getenv("IDEMRETRY_REVIEW2_RECREATE_URL"), body)
@@ -364,7 +374,7 @@ func TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction(t *testing.T)
 	listed := pendingPayA(t, srv, fj, body)
 	require.NoError(t, fj.Close())
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction$", "-test.count=1", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW2_RECREATE_DIR="+dir, "IDEMRETRY_REVIEW2_RECREATE_URL="+srv.URL)
 	require.NoError(t, cmd.Start())
 	marker := filepath.Join(dir, "..", filepath.Base(dir)+".recreated")
@@ -425,14 +435,16 @@ func (s *slowRebuild) Rebuild(ctx context.Context, rec journal.Record) (*http.Re
 	return s.providerResumer.Rebuild(ctx, rec)
 }
 
-// The other road to the same loss as TestReview2ResumeExpireDoesNotForgetADoneAction:
+// The other road to the same loss as TestReconcileExpireDoesNotForgetADoneAction:
 // pay:A is within its window when Resume comes to it (so expire leaves it
 // to Rebuild), the app's own resend finishes it (done) while Rebuild runs,
 // and the window ends before the rebuilt request is reserved. The reserve
 // refuses the done action with ErrKeyWindowExpired, which resumeOne takes
 // for "the action is outcome-unknown now" and hands to Resolve, which
 // forgets the done record; a later tap on pay:A is charged again.
-func TestReview2ResumeKeyWindowRefusalDoesNotForgetADoneAction(t *testing.T) {
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeKeyWindowRefusalDoesNotForgetADoneAction).
+func TestReconcileKeyWindowRefusalDoesNotForgetADoneAction(t *testing.T) {
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true} // charged, answer lost

@@ -26,7 +26,9 @@ import (
 // action to Resolve, which forgets it. The done record that would have
 // refused a stale tap of pay:A (ErrKeyWindowExpired, nothing sent) is gone:
 // the tap is charged again under a new key.
-func TestReview3ResumeResolvesAnActionAnotherMachineFinished(t *testing.T) {
+//
+// Found in review 3 of Resume (506577d; was TestReview3ResumeResolvesAnActionAnotherMachineFinished).
+func TestReconcileAnActionAnotherMachineFinished(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -76,7 +78,9 @@ func TestReview3ResumeResolvesAnActionAnotherMachineFinished(t *testing.T) {
 // same, Resolve is told K1 was not charged, and Resume forgets pay:A by its
 // id: it erases K2's record, with K2's request in the air. The app pays
 // order A again (K3); K2's charge lands too.
-func TestReview3ResumeForgetErasesTheActionThatReplacedIt(t *testing.T) {
+//
+// Found in review 3 of Resume (506577d; was TestReview3ResumeForgetErasesTheActionThatReplacedIt).
+func TestReconcileForgetSparesTheActionThatReplacedIt(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -158,7 +162,9 @@ func TestReview3ResumeForgetErasesTheActionThatReplacedIt(t *testing.T) {
 // (README: "one flight per action"). The provider has no charge under the
 // key yet, so the app forgets the action and pays again; A's request is
 // then charged too.
-func TestReview3ResumeResolvesAListedUnknownActionInFlightHere(t *testing.T) {
+//
+// Found in review 3 of Resume (506577d; was TestReview3ResumeResolvesAListedUnknownActionInFlightHere).
+func TestReconcileAListedUnknownActionInFlightHere(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)

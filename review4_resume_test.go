@@ -31,7 +31,9 @@ import (
 // no charge under the key yet, so the app forgets pay:A and pays again;
 // then the abandoned request's charge is made too. README: "Resolve is
 // called only while no request of the action can be in the air".
-func TestReview4ResumeResolvesWhileAnAbandonedRequestIsAtTheServer(t *testing.T) {
+//
+// Found in review 4 of Resume (fefbf4b; was TestReview4ResumeResolvesWhileAnAbandonedRequestIsAtTheServer).
+func TestReconcileWhileAnAbandonedRequestIsAtTheServer(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -130,7 +132,9 @@ func (p *onceResumer) Resolve(_ context.Context, rec journal.Record) (bool, erro
 // from another machine is refused meanwhile, and one here waits for the
 // second Resolve), and Resolve is asked about the same key a second time,
 // and it is forgotten a second time: the app is told twice to pay again.
-func TestReview4TwoResumesResurrectAForgottenAction(t *testing.T) {
+//
+// Found in review 4 of Resume (fefbf4b; was TestReview4TwoResumesResurrectAForgottenAction).
+func TestReconcileTwoResumesOfAForgottenAction(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -200,7 +204,9 @@ func (p *reentrantResumer) Resolve(ctx context.Context, rec journal.Record) (boo
 // joins Resume's own flight and waits for it: it waits for itself, until
 // its context ends (without a deadline: Resume never returns). README
 // guarantee 5, "No hopeless waits".
-func TestReview4ResolveThatSendsTheActionWaitsForItself(t *testing.T) {
+//
+// Found in review 4 of Resume (fefbf4b; was TestReview4ResolveThatSendsTheActionWaitsForItself).
+func TestReconcileResolveThatSendsTheActionWaitsForItself(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -243,7 +249,9 @@ func (panickingResumer) Resolve(context.Context, journal.Record) (bool, error) {
 // stranded"; reconcile's deferred landing does the same, for nothing.) A
 // callback panic should reach Resume's caller, on its own goroutine (as
 // errgroup re-panics in Wait), or become the action's error.
-func TestReview4ResolvePanicIsTheCallersToRecover(t *testing.T) {
+//
+// Found in review 4 of Resume (fefbf4b; was TestReview4ResolvePanicIsTheCallersToRecover).
+func TestResumeResolvePanicIsTheCallersToRecover(t *testing.T) {
 	if os.Getenv("IDEMRETRY_REVIEW4_PANIC_CHILD") == "1" {
 		const body = `{"order":"A"}`
 		srv := newPayServer(t)
@@ -258,7 +266,7 @@ func TestReview4ResolvePanicIsTheCallersToRecover(t *testing.T) {
 		}()
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReview4ResolvePanicIsTheCallersToRecover$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeResolvePanicIsTheCallersToRecover$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW4_PANIC_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	first := strings.SplitN(string(out), "\n", 2)[0]

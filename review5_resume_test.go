@@ -52,7 +52,9 @@ func journalAheadBy(t *testing.T, lead time.Duration) *filejournal.Journal {
 // by the mark, though by the clock the key window has not even ended, and
 // hands it to Resolve while the request is at the provider: no charge yet,
 // the app forgets and pays again, then the first charge is made.
-func TestReview5SettleJudgedByAJournalMarkAhead(t *testing.T) {
+//
+// Found in review 5 of Resume (0825e49; was TestReview5SettleJudgedByAJournalMarkAhead).
+func TestReconcileSettleJudgedByAJournalMarkAhead(t *testing.T) {
 	const body = `{"order":"A"}`
 	j := journalAheadBy(t, 2*time.Hour)
 	srv := newPayServer(t)
@@ -120,7 +122,9 @@ func (j *forgetFailsOnce) Forget(ctx context.Context, id string) error {
 // listing resurrect an action; a read that creates nothing (or a Reserve
 // that creates the record as the app's next payment would find it: absent)
 // would not.
-func TestReview5StillUnknownRecreationOutlivesAFailedForget(t *testing.T) {
+//
+// Found in review 5 of Resume (0825e49; was TestReview5StillUnknownRecreationOutlivesAFailedForget).
+func TestReconcileStillUnknownRecreationOutlivesAFailedForget(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -213,7 +217,9 @@ func (j *gatedJournal) Reserve(ctx context.Context, want journal.Record, mode jo
 // slow database): the tap should get K2's answer (the journal holds pay:A
 // done), but it is refused with ErrOutcomeUnknown and the listed, stale
 // key K1: the app shows "payment status unknown" for a paid order.
-func TestReview5ResolvingRefusalRefusesADoneActionOnAStaleListing(t *testing.T) {
+//
+// Found in review 5 of Resume (0825e49; was TestReview5ResolvingRefusalRefusesADoneActionOnAStaleListing).
+func TestReconcileResolvingRefusalOnAStaleListing(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -302,7 +308,9 @@ func (j *forgetGatedJournal) Forget(ctx context.Context, id string) error {
 // again under K2, at the provider, slow. Now this Resume's Forget erases
 // pay:A: K2's record, with its request in the air. A tap of order A then
 // finds nothing and pays under K3: order A is charged twice.
-func TestReview5StillUnknownForgetErasesAnotherProcesssPayment(t *testing.T) {
+//
+// Found in review 5 of Resume (0825e49; was TestReview5StillUnknownForgetErasesAnotherProcesssPayment).
+func TestReconcileStillUnknownForgetsOnlyWhatItCreated(t *testing.T) {
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)

@@ -41,7 +41,9 @@ func trickle(w http.ResponseWriter, r *http.Request, status int, step time.Durat
 
 // A custom policy reading a trickling 503 body in 1-byte reads, each well
 // under DefaultMaxDrainTime: the total is bounded, the retry is answered.
-func TestRev2PolicyManySmallReadsBounded(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PolicyManySmallReadsBounded).
+func TestPolicyManySmallReadsBounded(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -81,7 +83,9 @@ func TestRev2PolicyManySmallReadsBounded(t *testing.T) {
 // A policy reads the start of a 201, replaces resp.Body with one yielding
 // the same bytes, and keeps the original for later; the body's rest comes
 // after 3*DefaultMaxDrainTime and the caller reads slowly: nothing is cut.
-func TestRev2PolicyReplacesAndKeepsBody(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PolicyReplacesAndKeepsBody).
+func TestPolicyReplacesAndKeepsBody(t *testing.T) {
 	const rest = 64 << 10
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -118,7 +122,9 @@ func TestRev2PolicyReplacesAndKeepsBody(t *testing.T) {
 // KeyReuseRejected peeks at a final 422's JSON body (not a reuse); the
 // rest of the body comes after 3*DefaultMaxDrainTime and the caller reads
 // it slowly: the final body must not be cut.
-func TestRev2PeekThenSlowCallerRead(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PeekThenSlowCallerRead).
+func TestPeekThenSlowCallerRead(t *testing.T) {
 	head := `{"error":{"type":"invalid_request","message":"` + strings.Repeat("a", 9<<10) + `"}}`
 	const tail = 32 << 10
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -142,7 +148,9 @@ func TestRev2PeekThenSlowCallerRead(t *testing.T) {
 
 // Deriving, cancelling and registering AfterFuncs on a response's request
 // context concurrently with its Close (end racing stop), under -race.
-func TestRev2StopRacesEnd(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2StopRacesEnd).
+func TestAttemptContextStopRacesEnd(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for round := range 40 {
@@ -186,7 +194,9 @@ func TestRev2StopRacesEnd(t *testing.T) {
 // body is open: none should need a goroutine of the context package to
 // watch the attempt (none did before 5b944f9, whose attempt context was a
 // context.WithCancel, found through the value layer).
-func TestRev2ValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2ValueWrappedDerivationsNeedNoGoroutine).
+func TestAttemptContextValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:value-derive"), srv.URL, `{}`))
@@ -211,7 +221,9 @@ func TestRev2ValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
 // Printing the context of a returned response's request (a debug log of
 // req.Context() in a base or a handler) must not print the request's
 // headers: an Authorization header is a credential.
-func TestRev2PrintedContextHoldsNoCredential(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextHoldsNoCredential).
+func TestAttemptContextPrintedHoldsNoCredential(t *testing.T) {
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	req := post(t, idemretry.WithAction(context.Background(), "pay:print"), srv.URL, `{"amount":1}`)
@@ -226,7 +238,9 @@ func TestRev2PrintedContextHoldsNoCredential(t *testing.T) {
 // A give-up's context: Deadline, Value and GiveUpReason through contexts
 // derived from it (WithoutCancel, WithDeadline, AfterFunc), and its end
 // with the body's Close.
-func TestRev2GiveUpContextDerived(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2GiveUpContextDerived).
+func TestGiveUpContextDerived(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -279,7 +293,9 @@ func TestRev2GiveUpContextDerived(t *testing.T) {
 // Printing a response's request context while another goroutine closes
 // the body: under -race, fmt's reads of the attempt's fields race with
 // end's writes.
-func TestRev2PrintedContextRacesClose(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextRacesClose).
+func TestAttemptContextPrintedRacesClose(t *testing.T) {
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for i := range 20 {
@@ -295,7 +311,9 @@ func TestRev2PrintedContextRacesClose(t *testing.T) {
 // HTTP/2 under context.Background: open answers' contexts are watched by
 // no goroutine of the context package, and contexts derived and cancelled
 // while a body is open are freed.
-func TestRev2HTTP2OpenBodies(t *testing.T) {
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2HTTP2OpenBodies).
+func TestAttemptContextOfOpenBodiesOverHTTP2(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -358,7 +376,9 @@ func readSlowly(t *testing.T, body io.Reader, chunk int, pause time.Duration) in
 // A custom policy reads the start of a 503 (Retry-After: 0) body, giving it
 // back; the 503 is then discarded, and the 201 that follows, judged by a
 // policy that takes 2x DefaultMaxDrainTime of its own, arrives whole.
-func TestRevFinal503ReadByPolicyThenDiscardThenSlowJudged201(t *testing.T) {
+//
+// Found in the last review of the attempt context (813580d; was TestRevFinal503ReadByPolicyThenDiscardThenSlowJudged201).
+func TestPolicyRead503ThenDiscardThenSlowJudged201(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -404,7 +424,9 @@ func TestRevFinal503ReadByPolicyThenDiscardThenSlowJudged201(t *testing.T) {
 // A policy that goes on reading a stalled 503 body after its budget is
 // spent gets errors at once (no second wait), and the retry's 201 arrives
 // whole.
-func TestRevFinalPolicyReadsAfterBudgetSpent(t *testing.T) {
+//
+// Found in the last review of the attempt context (813580d; was TestRevFinalPolicyReadsAfterBudgetSpent).
+func TestPolicyReadsAfterDrainBudgetSpent(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	var n atomic.Int32
@@ -441,7 +463,9 @@ func TestRevFinalPolicyReadsAfterBudgetSpent(t *testing.T) {
 
 // A base whose body returns its last bytes together with io.EOF, read by
 // a custom policy, and a 201 with no body (net/http's http.NoBody).
-func TestRevFinalDataWithEOFAndNoBody(t *testing.T) {
+//
+// Found in the last review of the attempt context (813580d; was TestRevFinalDataWithEOFAndNoBody).
+func TestPolicyReadsDataWithEOFAndNoBody(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)

@@ -24,20 +24,20 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-const hk2Action = "pay:hk2-large"
+const uncheckableAction = "pay:hk2-large"
 
-var hk2Body = bytes.Repeat([]byte("0123456789abcdef"), 80<<10/16) // 80 KiB: keyed
+var uncheckableBody = bytes.Repeat([]byte("0123456789abcdef"), 80<<10/16) // 80 KiB: keyed
 
-func hk2Request(t testing.TB, ctx context.Context, url string) *http.Request {
-	req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, hk2Action), http.MethodPost, url+"/charges", bytes.NewReader(hk2Body))
+func uncheckableRequest(t testing.TB, ctx context.Context, url string) *http.Request {
+	req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, uncheckableAction), http.MethodPost, url+"/charges", bytes.NewReader(uncheckableBody))
 	require.NoError(t, err)
 	return req
 }
 
-// hk2ForeignRecord returns the pending record of hk2Action made by a
+// foreignKeyedRecord returns the pending record of uncheckableAction made by a
 // Transport over another Memory (another secret), whose attempt the server
 // refused with a 503, on clk: a keyed fingerprint this journal cannot check.
-func hk2ForeignRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
+func foreignKeyedRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
 	t.Helper()
 	other := journal.NewMemory(journal.WithClock(clk.Now))
 	base := &http.Transport{}
@@ -45,7 +45,7 @@ func hk2ForeignRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(other), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
 	require.NoError(t, err)
 	defer tr.Close()
-	resp, err := tr.RoundTrip(hk2Request(t, context.Background(), url))
+	resp, err := tr.RoundTrip(uncheckableRequest(t, context.Background(), url))
 	if err == nil {
 		readAll(t, resp)
 	}
@@ -60,24 +60,24 @@ func hk2ForeignRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
 	return rec
 }
 
-type hk2Resumer struct {
+type uncheckableResumer struct {
 	t        *testing.T
 	url      string
 	resolved atomic.Int32
 }
 
-func (r *hk2Resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
-	return hk2Request(r.t, ctx, r.url), nil
+func (r *uncheckableResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return uncheckableRequest(r.t, ctx, r.url), nil
 }
 
-func (r *hk2Resumer) Resolve(context.Context, journal.Record) (bool, error) {
+func (r *uncheckableResumer) Resolve(context.Context, journal.Record) (bool, error) {
 	r.resolved.Add(1)
 	return true, nil
 }
 
-// hk2Setup: a journal holding the foreign pending record, a Transport over
+// uncheckablePastWindow: a journal holding the foreign pending record, a Transport over
 // it, and the server's count of requests with the record's key.
-func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, journal.Record, *atomic.Int32, string) {
+func uncheckablePastWindow(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, journal.Record, *atomic.Int32, string) {
 	var seen, wrong atomic.Int32
 	var key atomic.Value
 	key.Store("")
@@ -91,7 +91,7 @@ func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, 
 	})
 	t.Cleanup(func() { require.Zero(t, wrong.Load(), "a request under another key was sent") })
 	clk := newFakeClock()
-	rec := hk2ForeignRecord(t, clk, srv.URL)
+	rec := foreignKeyedRecord(t, clk, srv.URL)
 	key.Store(rec.Key)
 	j := journal.NewMemory(journal.WithClock(clk.Now))
 	_, created, err := j.Reserve(context.Background(), rec, journal.ReuseAny)
@@ -106,7 +106,7 @@ func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, 
 	})
 	// Within its window: refused as uncheckable, nothing sent (as the
 	// earlier rounds tested).
-	err = sendErr(tr, hk2Request(t, context.Background(), srv.URL))
+	err = sendErr(tr, uncheckableRequest(t, context.Background(), srv.URL))
 	var ae *idemretry.ActionError
 	require.ErrorAs(t, err, &ae)
 	require.Contains(t, err.Error(), "cannot be checked")
@@ -116,7 +116,7 @@ func hk2Setup(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, 
 	return tr, j, clk, rec, &seen, srv.URL
 }
 
-func hk2State(t *testing.T, j *journal.Memory) journal.State {
+func uncheckableState(t *testing.T, j *journal.Memory) journal.State {
 	recs, err := j.Unfinished(context.Background())
 	require.NoError(t, err)
 	if len(recs) == 0 {
@@ -126,22 +126,26 @@ func hk2State(t *testing.T, j *journal.Memory) journal.State {
 	return recs[0].State
 }
 
-// TestReviewHK2UncheckablePastWindowRoundTrip: after its window, a
+// TestKeyWindowOfAnUncheckableActionRoundTrip: after its window, a
 // RoundTrip of the action finds its key window ended, as for any pending
 // action, and records it outcome-unknown.
-func TestReviewHK2UncheckablePastWindowRoundTrip(t *testing.T) {
-	tr, j, _, _, seen, url := hk2Setup(t)
-	err := sendErr(tr, hk2Request(t, context.Background(), url))
+//
+// Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowRoundTrip).
+func TestKeyWindowOfAnUncheckableActionRoundTrip(t *testing.T) {
+	tr, j, _, _, seen, url := uncheckablePastWindow(t)
+	err := sendErr(tr, uncheckableRequest(t, context.Background(), url))
 	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "past its key window: %v", err)
-	require.Equal(t, journal.StateUnknown, hk2State(t, j), "left pending past its key window")
+	require.Equal(t, journal.StateUnknown, uncheckableState(t, j), "left pending past its key window")
 	require.Zero(t, seen.Load(), "sent")
 }
 
-// TestReviewHK2UncheckablePastWindowResume: Resume hands it to Resolve
+// TestKeyWindowOfAnUncheckableActionResume: Resume hands it to Resolve
 // once its window (and the settle time) have passed, and forgets it.
-func TestReviewHK2UncheckablePastWindowResume(t *testing.T) {
-	tr, j, _, _, seen, url := hk2Setup(t)
-	r := &hk2Resumer{t: t, url: url}
+//
+// Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowResume).
+func TestKeyWindowOfAnUncheckableActionResume(t *testing.T) {
+	tr, j, _, _, seen, url := uncheckablePastWindow(t)
+	r := &uncheckableResumer{t: t, url: url}
 	for round := 0; round < 2; round++ { // a second Resume finds what the first left
 		res, err := tr.Resume(context.Background(), r, 1)
 		require.NoError(t, err)
@@ -152,6 +156,6 @@ func TestReviewHK2UncheckablePastWindowResume(t *testing.T) {
 		t.Logf("Resume %d: %v", round, res[0].Err)
 	}
 	require.EqualValues(t, 1, r.resolved.Load(), "never handed to Resolve: stuck pending for ever")
-	require.Zero(t, hk2State(t, j), "not forgotten")
+	require.Zero(t, uncheckableState(t, j), "not forgotten")
 	require.Zero(t, seen.Load(), "sent")
 }

@@ -32,7 +32,9 @@ import (
 // Transport's first 1 KiB named POST allocates in the keyed form over the
 // same POST in the plain form (the same Transport with its key taken
 // away), in one run.
-func TestReviewHS1FreshKeyedScratchOfASmallBodyIsSmall(t *testing.T) {
+//
+// Found in review hs1 (ebb7e06; was TestReviewHS1FreshKeyedScratchOfASmallBodyIsSmall).
+func TestKeyedScratchOfASmallBodyIsSmall(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
@@ -92,7 +94,9 @@ func median(v []uint64) uint64 {
 // then used again, gives the definition (keyedReference), in any order of
 // sizes, from many goroutines, under two keys at once whose pools must
 // never lend each other a scratch.
-func TestReviewHS1PooledScratchKeepsNothing(t *testing.T) {
+//
+// Found in review hs1 (ebb7e06; was TestReviewHS1PooledScratchKeepsNothing).
+func TestKeyedPooledScratchKeepsNothing(t *testing.T) {
 	key, secret := testKey(t)
 	needKeyed(t, &key)
 	var other [32]byte

@@ -28,20 +28,20 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// hs1Sizes are the body sizes around the keyed threshold and a chunk.
-var hs1Sizes = []int{idemretry.KeyedMinBody - 1, idemretry.KeyedMinBody, idemretry.KeyedMinBody + 1, 1 << 10, 64<<10 - 1, 64 << 10, 64<<10 + 1}
+// smallNamedSizes are the body sizes around the keyed threshold and a chunk.
+var smallNamedSizes = []int{idemretry.KeyedMinBody - 1, idemretry.KeyedMinBody, idemretry.KeyedMinBody + 1, 1 << 10, 64<<10 - 1, 64 << 10, 64<<10 + 1}
 
-// hs1Payload is a JSON-ish payment body of exactly n bytes.
-func hs1Payload(order string, n int) string {
+// smallNamedPayload is a JSON-ish payment body of exactly n bytes.
+func smallNamedPayload(order string, n int) string {
 	line := `{"order":"` + order + `","amount":1000,"iban":"DE00000000000000000000"}` + "\n"
 	return strings.Repeat(line, n/len(line)+1)[:n]
 }
 
-// hs1Request builds a POST of p the way an app may: with GetBody and its
+// smallNamedRequest builds a POST of p the way an app may: with GetBody and its
 // length (http.NewRequest over a strings.Reader), with GetBody and an
 // unknown length (the new fingerprint is then plain), or without GetBody
 // (read into memory by the Transport).
-func hs1Request(t *testing.T, ctx context.Context, url, p, how string) *http.Request {
+func smallNamedRequest(t *testing.T, ctx context.Context, url, p, how string) *http.Request {
 	t.Helper()
 	var req *http.Request
 	var err error
@@ -65,7 +65,7 @@ func hs1Request(t *testing.T, ctx context.Context, url, p, how string) *http.Req
 	return req
 }
 
-var hs1Kinds = []string{"GetBody", "GetBody, length unknown", "no GetBody"}
+var smallNamedKinds = []string{"GetBody", "GetBody, length unknown", "no GetBody"}
 
 // A named payment charged, its answer lost; the app restarts on the same
 // file journal and pays again, its body built another way than the first
@@ -75,20 +75,22 @@ var hs1Kinds = []string{"GetBody", "GetBody, length unknown", "no GetBody"}
 // a payload changed in its first or last byte, or one byte shorter or
 // longer (across the threshold or a chunk boundary), is refused, nothing
 // sent.
-func TestReviewHS1SmallNamedActionAcrossRestartAtTheBoundaries(t *testing.T) {
-	for _, n := range hs1Sizes {
-		for i, first := range hs1Kinds {
-			again := hs1Kinds[(i+1)%len(hs1Kinds)]
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedActionAcrossRestartAtTheBoundaries).
+func TestSmallNamedActionAcrossRestartAtTheBoundaries(t *testing.T) {
+	for _, n := range smallNamedSizes {
+		for i, first := range smallNamedKinds {
+			again := smallNamedKinds[(i+1)%len(smallNamedKinds)]
 			t.Run(fmt.Sprintf("%d/%s then %s", n, first, again), func(t *testing.T) {
 				srv := newPayServer(t)
 				srv.commitThenDrop = map[int]bool{1: true}
 				id := fmt.Sprintf("pay:hs1-%d-%d", n, i)
-				payload := hs1Payload(id, n)
+				payload := smallNamedPayload(id, n)
 				ctx := idemretry.WithAction(context.Background(), id)
 				dir := t.TempDir()
 				tr1, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
 				require.NoError(t, err)
-				_, err = tr1.RoundTrip(hs1Request(t, ctx, srv.URL, payload, first))
+				_, err = tr1.RoundTrip(smallNamedRequest(t, ctx, srv.URL, payload, first))
 				require.Error(t, err, "the answer was lost")
 				keyedHere := idemretry.MakesKeyedFingerprints(tr1)
 				require.NoError(t, tr1.Close())
@@ -103,11 +105,11 @@ func TestReviewHS1SmallNamedActionAcrossRestartAtTheBoundaries(t *testing.T) {
 					assert.Equal(t, legacyFingerprint(http.MethodPost, srv.URL, payload), recs[0].Fingerprint)
 				}
 				for _, other := range []string{changedAt(payload, 0), changedAt(payload, n-1), payload[:n-1], payload + "x"} {
-					err := sendErr(tr, hs1Request(t, ctx, srv.URL, other, again))
+					err := sendErr(tr, smallNamedRequest(t, ctx, srv.URL, other, again))
 					require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch, "%d bytes against %d", len(other), n)
 				}
 				require.Len(t, srv.seen(), 1, "a changed payload was sent")
-				resp := roundTrip(t, tr, hs1Request(t, ctx, srv.URL, payload, again))
+				resp := roundTrip(t, tr, smallNamedRequest(t, ctx, srv.URL, payload, again))
 				assert.Equal(t, http.StatusCreated, resp.StatusCode)
 				assert.True(t, idemretry.IsReplay(resp))
 				srv.requireOnePayment(t, 2)
@@ -121,25 +123,27 @@ func TestReviewHS1SmallNamedActionAcrossRestartAtTheBoundaries(t *testing.T) {
 // salt, and some plain), the leader's either: every tap of the same
 // payload joins the first (one request, one charge, one answer), a tap of
 // another payload is refused.
-func TestReviewHS1SmallNamedDoubleTapMixedForms(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedDoubleTapMixedForms).
+func TestSmallNamedDoubleTapMixedForms(t *testing.T) {
 	for _, n := range []int{idemretry.KeyedMinBody, idemretry.KeyedMinBody + 1, 1 << 10} {
-		for _, leader := range hs1Kinds {
+		for _, leader := range smallNamedKinds {
 			t.Run(fmt.Sprintf("%d/leader %s", n, leader), func(t *testing.T) {
 				srv := newSlowPayServer(t, 300*time.Millisecond)
 				tr, _, _ := newTestTransport(t)
 				id := "pay:hs1-tap"
-				payload := hs1Payload(id, n)
+				payload := smallNamedPayload(id, n)
 				ctx := idemretry.WithAction(context.Background(), id)
 				type tapResult struct {
 					body string
 					err  error
 				}
-				taps := 1 + 2*len(hs1Kinds)
+				taps := 1 + 2*len(smallNamedKinds)
 				res := make([]tapResult, taps+1)
 				var wg sync.WaitGroup
 				tap := func(i int, p, how string) {
 					defer wg.Done()
-					resp, err := tr.RoundTrip(hs1Request(t, ctx, srv.URL, p, how))
+					resp, err := tr.RoundTrip(smallNamedRequest(t, ctx, srv.URL, p, how))
 					res[i].err = err
 					if err == nil {
 						b, rerr := io.ReadAll(resp.Body)
@@ -152,7 +156,7 @@ func TestReviewHS1SmallNamedDoubleTapMixedForms(t *testing.T) {
 				<-srv.arrived
 				for i := 1; i < taps; i++ {
 					wg.Add(1)
-					go tap(i, payload, hs1Kinds[i%len(hs1Kinds)])
+					go tap(i, payload, smallNamedKinds[i%len(smallNamedKinds)])
 				}
 				wg.Add(1)
 				go tap(taps, changedAt(payload, n-1), "GetBody")
@@ -172,13 +176,15 @@ func TestReviewHS1SmallNamedDoubleTapMixedForms(t *testing.T) {
 // A small named payment left pending is resumed after a restart with the
 // same payload (sent under its key, replayed) or another (refused, nothing
 // sent).
-func TestReviewHS1SmallNamedResume(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedResume).
+func TestSmallNamedResume(t *testing.T) {
 	for _, same := range []bool{true, false} {
 		t.Run(fmt.Sprintf("same payload %v", same), func(t *testing.T) {
 			srv := newPayServer(t)
 			srv.commitThenDrop = map[int]bool{1: true}
 			id := "pay:hs1-resume"
-			payload := hs1Payload(id, idemretry.KeyedMinBody)
+			payload := smallNamedPayload(id, idemretry.KeyedMinBody)
 			dir := t.TempDir()
 			tr1, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
 			require.NoError(t, err)
@@ -208,7 +214,9 @@ func TestReviewHS1SmallNamedResume(t *testing.T) {
 // A small named payment's redirect hop keeps the plain form (its id
 // carries 8 bytes of its fingerprint, which every process must compute
 // alike); after a restart the hop goes out again under its own key.
-func TestReviewHS1SmallNamedRedirectHop(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedRedirectHop).
+func TestRedirectHopOfASmallNamedAction(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/redir" {
@@ -220,7 +228,7 @@ func TestReviewHS1SmallNamedRedirectHop(t *testing.T) {
 	}
 	srv.commitThenDrop = map[int]bool{2: true}
 	id := "pay:hs1-hop"
-	payload := hs1Payload(id, 1<<10)
+	payload := smallNamedPayload(id, 1<<10)
 	ctx := idemretry.WithAction(context.Background(), id)
 	dir := t.TempDir()
 	first, err := idemretry.NewTransport(&http.Transport{DisableKeepAlives: true}, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
@@ -249,7 +257,9 @@ func TestReviewHS1SmallNamedRedirectHop(t *testing.T) {
 // around the threshold: each is charged once, its resend replayed, a
 // changed resend refused. A scratch lent across the keys, or state left
 // in one, would refuse a resend or let a changed one through.
-func TestReviewHS1ConcurrentSmallNamedTwoSecrets(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1ConcurrentSmallNamedTwoSecrets).
+func TestSmallNamedConcurrentUnderTwoSecrets(t *testing.T) {
 	srv := newPayServer(t)
 	trs := []*idemretry.Transport{transportOver(t, journal.NewMemory()), transportOver(t, journal.NewMemory())}
 	const workers, each = 12, 6
@@ -262,8 +272,8 @@ func TestReviewHS1ConcurrentSmallNamedTwoSecrets(t *testing.T) {
 			tr := trs[w%2]
 			for i := range each {
 				id := fmt.Sprintf("pay:hs1-c-%d-%d", w, i)
-				n := hs1Sizes[(w+i)%len(hs1Sizes)]
-				p := hs1Payload(id, n)
+				n := smallNamedSizes[(w+i)%len(smallNamedSizes)]
+				p := smallNamedPayload(id, n)
 				ctx := idemretry.WithAction(context.Background(), id)
 				for try := range 2 {
 					req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(p))
@@ -310,7 +320,9 @@ func TestReviewHS1ConcurrentSmallNamedTwoSecrets(t *testing.T) {
 // fails with "directory not empty" and leaves the directory holding the
 // secret and no journal. Seen under -race (12 of 300 rounds here), where
 // TestJournalDirectoryRemovedUnderTransport failed so in a full run.
-func TestReviewHS1RemovedJournalDirIsNotWrittenAgain(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1RemovedJournalDirIsNotWrittenAgain).
+func TestJournalDirectoryRemovedIsNotWrittenAgain(t *testing.T) {
 	srv := newPayServer(t)
 	base := t.TempDir()
 	failed := 0
@@ -348,12 +360,14 @@ func TestReviewHS1RemovedJournalDirIsNotWrittenAgain(t *testing.T) {
 // journal's keyed records, made under another secret, would be
 // uncheckable with no Recovery.FingerprintSecretMade to say why). It does
 // not: Close's last batch finds the journal gone before keepSecret runs.
-func TestReviewHS1ReplacedJournalDirGetsNoSecret(t *testing.T) {
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1ReplacedJournalDirGetsNoSecret).
+func TestJournalDirectoryReplacedGetsNoSecret(t *testing.T) {
 	srv := newPayServer(t)
 	dir := filepath.Join(t.TempDir(), "journal")
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
-	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:replaced"), srv.URL, hs1Payload("r", 1<<10)))
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:replaced"), srv.URL, smallNamedPayload("r", 1<<10)))
 	require.NoError(t, os.Rename(dir, dir+".old"))
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	err = tr.Close()

@@ -9,31 +9,31 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hv1Detached is a context of an app's own type that detaches a request's:
+// detachedParent is a context of an app's own type that detaches a request's:
 // it never ends, but answers every value, the context package's own key
 // too, from the request's.
-type hv1Detached struct{ parent context.Context }
+type detachedParent struct{ parent context.Context }
 
-func (hv1Detached) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (hv1Detached) Done() <-chan struct{}       { return nil }
-func (hv1Detached) Err() error                  { return nil }
-func (d hv1Detached) Value(k any) any           { return d.parent.Value(k) }
+func (detachedParent) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedParent) Done() <-chan struct{}       { return nil }
+func (detachedParent) Err() error                  { return nil }
+func (d detachedParent) Value(k any) any           { return d.parent.Value(k) }
 
-type hv1Key struct{}
+type detachedKey struct{}
 
 // A shared bound over such a context, whose request has ended, has no
 // cause while it runs and the timeout's once it ends, as do the contexts a
 // journal derives from it; the caller's values are still there.
 func TestSharedBoundCauseIgnoresADetachedParent(t *testing.T) {
-	req, cancel := context.WithCancelCause(context.WithValue(context.Background(), hv1Key{}, "v"))
+	req, cancel := context.WithCancelCause(context.WithValue(context.Background(), detachedKey{}, "v"))
 	cancel(errors.New("the request ended"))
 	var s sharedTimeouts
-	b := s.bound(hv1Detached{parent: req}, timeoutShareMin)
+	b := s.bound(detachedParent{parent: req}, timeoutShareMin)
 	derived, stop := context.WithCancelCause(b)
 	defer stop(nil)
 	require.NoError(t, context.Cause(b), "a live shared bound")
 	require.NoError(t, context.Cause(derived), "a live context derived from a shared bound")
-	require.Equal(t, "v", b.Value(hv1Key{}))
+	require.Equal(t, "v", b.Value(detachedKey{}))
 	select {
 	case <-derived.Done():
 	case <-time.After(30 * time.Second):

@@ -19,7 +19,9 @@ import (
 // that sections of exactly 8 and 9 names come up. Each header is read as
 // it came (whichever path its size takes) and again padded past
 // scanHeaders (the lookups), and both agree with the reference.
-func TestHV2WireHeadersScanMatchesLookups(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2WireHeadersScanMatchesLookups).
+func TestHintsWireHeadersScanMatchesLookups(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

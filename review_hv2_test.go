@@ -128,7 +128,9 @@ func pad(n int) string {
 // wins"), whichever line comes first and whatever the header's size (the
 // one-pass scan of at most 8 names and the lookups above). An empty line
 // before "false" does not hide it. Over HTTP/1.1 exact bytes.
-func TestHV2DuplicateRetryHintFalseWins(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2DuplicateRetryHintFalseWins).
+func TestHintDuplicateRetryHintFalseWins(t *testing.T) {
 	cases := []struct {
 		name, lines string
 	}{
@@ -157,7 +159,9 @@ func TestHV2DuplicateRetryHintFalseWins(t *testing.T) {
 }
 
 // The same over HTTP/2 (TLS, ALPN h2): two field lines of one name.
-func TestHV2DuplicateRetryHintFalseWinsHTTP2(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2DuplicateRetryHintFalseWinsHTTP2).
+func TestHintDuplicateRetryHintFalseWinsOverHTTP2(t *testing.T) {
 	for _, extra := range []int{0, 7, 12} {
 		t.Run(fmt.Sprintf("%d extra names", extra), func(t *testing.T) {
 			var n atomic.Int32
@@ -192,7 +196,9 @@ func TestHV2DuplicateRetryHintFalseWinsHTTP2(t *testing.T) {
 
 // A replay mark on a line after an empty one of the same name is a replay:
 // the stored 500 is final, and IsReplay says so, at any header size.
-func TestHV2ReplayOnSecondLine(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2ReplayOnSecondLine).
+func TestHintReplayOnSecondLine(t *testing.T) {
 	for _, extra := range []int{0, 7, 10} {
 		t.Run(fmt.Sprintf("%d extra names", extra), func(t *testing.T) {
 			srv := newRawServer(t, always("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nIdempotent-Replayed:\r\nIdempotent-Replayed: true\r\n"+pad(extra)+"\r\nstored"))
@@ -208,7 +214,9 @@ func TestHV2ReplayOnSecondLine(t *testing.T) {
 // one carry headers that are not the answer's: a retry hint or a replay
 // mark on them changes nothing. A 503 after a 103 saying "false" and
 // "replayed" is retried; a 400 after a 103 saying "true" is final.
-func TestHV2InformationalHeadersAreNotTheAnswers(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2InformationalHeadersAreNotTheAnswers).
+func TestHintsOfInformationalAnswersAreNotTheAnswers(t *testing.T) {
 	srv := newRawServer(t, always("HTTP/1.1 103 Early Hints\r\nX-Should-Retry: false\r\nIdempotent-Replayed: true\r\nLink: </a.css>; rel=preload\r\n\r\n"+
 		"HTTP/1.1 100 Continue\r\nStripe-Should-Retry: false\r\n\r\n"+
 		"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy"))
@@ -228,7 +236,9 @@ func TestHV2InformationalHeadersAreNotTheAnswers(t *testing.T) {
 
 // A hint folded onto a continuation line (obs-fold) or with an empty
 // value: the header net/http builds is what the classifier reads.
-func TestHV2FoldedAndEmptyHints(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2FoldedAndEmptyHints).
+func TestHintsFoldedAndEmpty(t *testing.T) {
 	srv := newRawServer(t, always("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nX-Should-Retry:\r\n false\r\n\r\n"))
 	resp, _, n := sendRaw(t, srv)
 	if resp.Header.Get("X-Should-Retry") == "false" {
@@ -254,7 +264,9 @@ func jsonOf(size int) string {
 // whole, byte for byte, at sizes around the 8 KiB peek, over HTTP/1.1
 // exact bytes, plain and gzip-encoded (decoded by net/http, and left
 // encoded when the caller asked for gzip itself).
-func TestHV2PeekedBodiesWholeAroundThePeekLimit(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2PeekedBodiesWholeAroundThePeekLimit).
+func TestPeekedBodiesWholeAroundThePeekLimit(t *testing.T) {
 	for _, status := range []int{400, 409, 422} {
 		for _, size := range []int{64, 8191, 8192, 8193, 16384, 70000} {
 			for _, enc := range []string{"identity", "gzip", "gzip-asked"} {
@@ -302,7 +314,9 @@ func TestHV2PeekedBodiesWholeAroundThePeekLimit(t *testing.T) {
 // then the connection closes) before and after the 8 KiB peek: the caller
 // reads every byte sent, then an error, as it would without idemretry;
 // never a clean EOF on a short body.
-func TestHV2PeekedBodyThatBreaksOff(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2PeekedBodyThatBreaksOff).
+func TestPeekedBodyThatBreaksOff(t *testing.T) {
 	for _, sent := range []int{100, 8000, 8192, 9000} {
 		t.Run(fmt.Sprint(sent), func(t *testing.T) {
 			body := jsonOf(20000)[:sent]
@@ -335,7 +349,9 @@ func TestHV2PeekedBodyThatBreaksOff(t *testing.T) {
 // the real body, then an error. (README's "gives the body back whole"
 // holds only for a body whose first 8 KiB arrive within 200 ms; without
 // idemretry, the caller reads this one whole.)
-func TestHV2SlowFinalJSONBodyCutNeverShort(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2SlowFinalJSONBodyCutNeverShort).
+func TestPeekedSlowFinalJSONBodyNeverCutShort(t *testing.T) {
 	for _, status := range []int{400, 422} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			body := jsonOf(3000)
@@ -372,7 +388,9 @@ func TestHV2SlowFinalJSONBodyCutNeverShort(t *testing.T) {
 // A hint saying "true" retries a 400 and a 422 (README guarantee 4: "unless
 // a server hint says so"), but never a replayed one, and never one that
 // refuses the key as reused; "false" beats "true" across names on them.
-func TestHV2HintsOn4xx(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2HintsOn4xx).
+func TestHintsOn4xx(t *testing.T) {
 	cases := []struct {
 		name  string
 		wire  string
@@ -408,7 +426,9 @@ func TestHV2HintsOn4xx(t *testing.T) {
 // The same over HTTP/2 (TLS, ALPN h2): final 400/422 and a 409 retried
 // until the retries are spent, at sizes around the 8 KiB peek, come back
 // whole, byte for byte.
-func TestHV2PeekedBodiesWholeHTTP2(t *testing.T) {
+//
+// Found in review hv2 (7ce9851; was TestHV2PeekedBodiesWholeHTTP2).
+func TestPeekedBodiesWholeOverHTTP2(t *testing.T) {
 	var status atomic.Int32
 	var body atomic.Value
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

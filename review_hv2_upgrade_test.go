@@ -21,7 +21,9 @@ import (
 // the upgraded connection, which the caller writes to. Through the
 // Transport, the body handed back must still be one, and carry bytes
 // both ways.
-func TestHV2SwitchingProtocolsBodyStaysWritable(t *testing.T) {
+//
+// Found in review hv2 (c605033; was TestHV2SwitchingProtocolsBodyStaysWritable).
+func TestSwitchingProtocolsBodyStaysWritable(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {

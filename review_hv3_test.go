@@ -19,15 +19,15 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// hv3SlowProgress is a Memory journal whose Update of a pending record
+// slowProgressJournal is a Memory journal whose Update of a pending record
 // (the attempt count written before the first retry's wait) hangs until
 // its context ends.
-type hv3SlowProgress struct {
+type slowProgressJournal struct {
 	*journal.Memory
 	progress atomic.Int32
 }
 
-func (j *hv3SlowProgress) Update(ctx context.Context, rec journal.Record) error {
+func (j *slowProgressJournal) Update(ctx context.Context, rec journal.Record) error {
 	if rec.State == journal.StatePending {
 		j.progress.Add(1)
 		<-ctx.Done()
@@ -44,13 +44,15 @@ func (j *hv3SlowProgress) Update(ctx context.Context, rec journal.Record) error 
 // the 3 s wait that fitted the 3.5 s left no longer fits, and must not
 // start. Before the fix the sleep started anyway and RoundTrip returned
 // only at the deadline, with context.DeadlineExceeded.
-func TestHV3NoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3NoHopelessRetryWaitAfterASlowProgressWrite).
+func TestNoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
 	var hits atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	j := &slowProgressJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j, idemretry.WithJournalTimeout(time.Second),
 		idemretry.WithBackOff(constant(3*time.Second)), idemretry.WithMaxRetries(3))
 	ctx, cancel := context.WithTimeout(idemretry.WithAction(context.Background(), "pay:hv3-hopeless"), 3500*time.Millisecond)
@@ -69,41 +71,41 @@ func TestHV3NoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
 	require.True(t, beforeDeadline, "RoundTrip waited for the deadline instead of returning at once")
 }
 
-// hv3DrainOnClose is a base RoundTripper over a real *http.Transport
+// drainOnClose is a base RoundTripper over a real *http.Transport
 // whose response bodies drain what is left when closed, to keep the
 // connection, as many middlewares do: its Close returns once the body
 // ends or the request's context does.
-type hv3DrainOnClose struct{ base http.RoundTripper }
+type drainOnClose struct{ base http.RoundTripper }
 
-func (d hv3DrainOnClose) RoundTrip(r *http.Request) (*http.Response, error) {
+func (d drainOnClose) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := d.base.RoundTrip(r)
 	if err == nil {
-		resp.Body = &hv3DrainingBody{ReadCloser: resp.Body}
+		resp.Body = &drainingBody{ReadCloser: resp.Body}
 	}
 	return resp, err
 }
 
-type hv3DrainingBody struct{ io.ReadCloser }
+type drainingBody struct{ io.ReadCloser }
 
-func (b *hv3DrainingBody) Close() error {
+func (b *drainingBody) Close() error {
 	_, _ = io.Copy(io.Discard, b.ReadCloser)
 	return b.ReadCloser.Close()
 }
 
-// hv3Resumer rebuilds every pending action as a POST of body to url, and
+// bodyResumer rebuilds every pending action as a POST of body to url, and
 // resolves nothing.
-type hv3Resumer struct{ url, body string }
+type bodyResumer struct{ url, body string }
 
-func (r hv3Resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+func (r bodyResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
 	return http.NewRequestWithContext(context.Background(), http.MethodPost, r.url, strings.NewReader(r.body))
 }
 
-func (hv3Resumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+func (bodyResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
 
-// hv3FirstDropped is a server whose first request's connection is cut
+// firstDropped is a server whose first request's connection is cut
 // without an answer (the action is left pending), and which answers the
 // others with h.
-func hv3FirstDropped(t *testing.T, h http.HandlerFunc) string {
+func firstDropped(t *testing.T, h http.HandlerFunc) string {
 	var n atomic.Int32
 	return newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if n.Add(1) == 1 {
@@ -114,9 +116,9 @@ func hv3FirstDropped(t *testing.T, h http.HandlerFunc) string {
 	}).URL
 }
 
-// hv3StreamForever answers status and then a body that never ends, until
+// streamForever answers status and then a body that never ends, until
 // the request does.
-func hv3StreamForever(status int) http.HandlerFunc {
+func streamForever(status int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(status)
 		chunk := []byte(strings.Repeat("x", 4096))
@@ -136,21 +138,23 @@ func hv3StreamForever(status int) http.HandlerFunc {
 // drains on Close, over a body that never ends) held Resume until its
 // context ended: here never. The Transport's own discard closes the body
 // within the timer, which cuts the attempt.
-func TestHV3ResumeDrainBoundsTheBodysClose(t *testing.T) {
-	url := hv3FirstDropped(t, hv3StreamForever(http.StatusCreated))
+//
+// Found in review hv3 (8c60b37; was TestHV3ResumeDrainBoundsTheBodysClose).
+func TestResumeDrainBoundsTheBodysClose(t *testing.T) {
+	url := firstDropped(t, streamForever(http.StatusCreated))
 	j := journal.NewMemory()
 	const body = `{"amount":7}`
 	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:hv3-resume-drain"), url, body))
 
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
-	tr, err := idemretry.NewTransport(hv3DrainOnClose{base}, idemretry.WithJournal(j))
+	tr, err := idemretry.NewTransport(drainOnClose{base}, idemretry.WithJournal(j))
 	require.NoError(t, err)
 	t.Cleanup(func() { tr.Close() })
 
 	rctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := resumeAsync(rctx, tr, hv3Resumer{url: url, body: body}, 1)
+	done := resumeAsync(rctx, tr, bodyResumer{url: url, body: body}, 1)
 	var got resumed
 	select {
 	case got = <-done:
@@ -173,9 +177,11 @@ func TestHV3ResumeDrainBoundsTheBodysClose(t *testing.T) {
 // rebuilt request only its own context's deadline (none here), so a
 // Retry-After of 3 s was waited for under a Resume with 1.5 s left, which
 // ended it as a cancellation.
-func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3ResumeDeadlineStopsHopelessWaits).
+func TestResumeDeadlineStopsHopelessWaits(t *testing.T) {
 	var hits atomic.Int32
-	url := hv3FirstDropped(t, func(w http.ResponseWriter, r *http.Request) {
+	url := firstDropped(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		w.Header().Set("Retry-After", "3")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -187,7 +193,7 @@ func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
 	tr := transportOver(t, j, idemretry.WithMaxRetries(3))
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	res, err := tr.Resume(ctx, hv3Resumer{url: url, body: body}, 1)
+	res, err := tr.Resume(ctx, bodyResumer{url: url, body: body}, 1)
 	beforeDeadline := ctx.Err() == nil
 	require.Len(t, res, 1)
 	require.Equal(t, int32(1), hits.Load())
@@ -204,13 +210,15 @@ func TestHV3ResumeDeadlineStopsHopelessWaits(t *testing.T) {
 // the journal timeout): the 3 s wait that fitted the 4 s window when drawn
 // no longer did, started all the same, and RoundTrip found the window over
 // only when it ended, 5 s on.
-func TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite).
+func TestKeyWindowNoRetryWaitPastItAfterASlowProgressWrite(t *testing.T) {
 	var hits atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	j := &slowProgressJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j, idemretry.WithJournalTimeout(2*time.Second), idemretry.WithKeyWindow(4*time.Second),
 		idemretry.WithBackOff(constant(3*time.Second)), idemretry.WithMaxRetries(3))
 	start := time.Now()
@@ -222,29 +230,31 @@ func TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite(t *testing.T) {
 	require.Less(t, took, 4*time.Second, "a wait past the key window's end was started: RoundTrip returned %v on, the window being 4 s", took)
 }
 
-// hv3NoDone reports a deadline and has no Done channel, as a broken
+// noDoneUntil reports a deadline and has no Done channel, as a broken
 // context does: the Transport's own waits end at its deadline all the
 // same (README guarantee 5: the journal calls; the lease's polls), as they
 // cannot be told through Done.
-type hv3NoDone struct {
+type noDoneUntil struct {
 	context.Context
 	dl time.Time
 }
 
-func (c hv3NoDone) Deadline() (time.Time, bool) { return c.dl, true }
-func (hv3NoDone) Done() <-chan struct{}         { return nil }
+func (c noDoneUntil) Deadline() (time.Time, bool) { return c.dl, true }
+func (noDoneUntil) Done() <-chan struct{}         { return nil }
 
 // A caller that joins an action's flight waits for its leader "bounded by
 // its own context" (RoundTrip's doc). A context with a deadline and no
 // Done channel did not bound it: the joiner, due back at 300 ms, waited
 // the leader's 4 s attempt out (and got its answer), where the lease's
 // polls and every journal call end at such a deadline.
-func TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline).
+func TestFlightJoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
 	srv := newSlowPayServer(t, 4*time.Second)
 	tr := transportOver(t, journal.NewMemory())
 	lead := sendAsync(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-nodone-join"), srv.URL, `{"amount":4}`))
 	<-srv.arrived // the leader's attempt is on the wire
-	ctx := idemretry.WithAction(hv3NoDone{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
+	ctx := idemretry.WithAction(noDoneUntil{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
 	start := time.Now()
 	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":4}`))
 	took := time.Since(start)
@@ -256,9 +266,11 @@ func TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
 // The recheck before a retry's wait (above) leaves a context that ended
 // during the attempt count's write to be reported as the caller's own end:
 // the deadline passed, it was not a wait refused for it.
-func TestHV3DeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3DeadlineDuringTheProgressWriteIsTheCallers).
+func TestDeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
-	j := &hv3SlowProgress{Memory: journal.NewMemory()}
+	j := &slowProgressJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j, idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(3))
 	for _, ctx := range []context.Context{
 		idemretry.WithAction(context.Background(), "pay:hv3-progress-deadline"),
@@ -267,7 +279,7 @@ func TestHV3DeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
 		dl := time.Now().Add(500 * time.Millisecond)
 		var cancel context.CancelFunc = func() {}
 		if id, _ := idemretry.ActionFromContext(ctx); strings.HasSuffix(id, "nodone") {
-			ctx = hv3NoDone{Context: ctx, dl: dl}
+			ctx = noDoneUntil{Context: ctx, dl: dl}
 		} else {
 			ctx, cancel = context.WithDeadline(ctx, dl)
 		}
@@ -283,7 +295,9 @@ func TestHV3DeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
 // contexts that never end; a body that stalls is cut, the leader gets what
 // was read followed by the error, the joiner ErrResponseNotShared, and the
 // outcome stays recorded. (No test held the leader to it.)
-func TestHV3SharedCopyOfAStalledBodyIsCutAtMaxShareTime(t *testing.T) {
+//
+// Found in review hv3 (8c60b37; was TestHV3SharedCopyOfAStalledBodyIsCutAtMaxShareTime).
+func TestFlightSharedCopyOfAStalledBodyIsCutAtMaxShareTime(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	var n atomic.Int32

@@ -25,11 +25,11 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// hw1Ledger is a loopback payment server with Stripe's semantics (a key is
+// deadlineLedger is a loopback payment server with Stripe's semantics (a key is
 // charged once; a repeat replays; a repeat while the charge runs is 409),
 // whose charges take a random few milliseconds, so that answers land
 // around the clients' deadlines.
-type hw1Ledger struct {
+type deadlineLedger struct {
 	mu       sync.Mutex
 	stored   map[string]int // key -> status
 	inflight map[string]bool
@@ -37,12 +37,12 @@ type hw1Ledger struct {
 	rnd      *rand.Rand
 }
 
-func newHW1Ledger(seed uint64) *hw1Ledger {
-	return &hw1Ledger{stored: map[string]int{}, inflight: map[string]bool{}, charges: map[string]int{},
+func newDeadlineLedger(seed uint64) *deadlineLedger {
+	return &deadlineLedger{stored: map[string]int{}, inflight: map[string]bool{}, charges: map[string]int{},
 		rnd: rand.New(rand.NewPCG(seed, 7))}
 }
 
-func (l *hw1Ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (l *deadlineLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	key := r.Header.Get("Idempotency-Key")
 	l.mu.Lock()
@@ -88,9 +88,9 @@ func (l *hw1Ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, `"ok"}`)
 }
 
-// hw1KeyOf returns the key an outcome carried: the response's request's
+// keyOfAnswer returns the key an outcome carried: the response's request's
 // header, or the ActionError's key; "" when neither says.
-func hw1KeyOf(resp *http.Response, err error) string {
+func keyOfAnswer(resp *http.Response, err error) string {
 	if resp != nil && resp.Request != nil {
 		return resp.Request.Header.Get("Idempotency-Key")
 	}
@@ -101,10 +101,11 @@ func hw1KeyOf(resp *http.Response, err error) string {
 	return ""
 }
 
-func TestHW1WhatTheCallerIsToldIsWhatTheNextTapFinds(t *testing.T) {
+// Found in review hw1 (03eab9b; was TestHW1WhatTheCallerIsToldIsWhatTheNextTapFinds).
+func TestOutcomeToldIsWhatTheNextTapFinds(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	ledger := newHW1Ledger(seed)
+	ledger := newDeadlineLedger(seed)
 	srv := newServer(t, ledger.ServeHTTP)
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
@@ -146,7 +147,7 @@ func TestHW1WhatTheCallerIsToldIsWhatTheNextTapFinds(t *testing.T) {
 				}
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
 				resp, err := c.Do(req)
-				key := hw1KeyOf(resp, err)
+				key := keyOfAnswer(resp, err)
 				pending := true
 				what := fmt.Sprintf("round %d mode %d after %v: ", i, mode, d)
 				if resp != nil {

@@ -22,10 +22,10 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// hw1Request is a POST of body for action id: buffered (no GetBody), or
+// boundaryRequest is a POST of body for action id: buffered (no GetBody), or
 // with a GetBody whose reader yields the body in odd pieces and a known
 // ContentLength.
-func hw1Request(t *testing.T, url, id string, body []byte, getBody bool) *http.Request {
+func boundaryRequest(t *testing.T, url, id string, body []byte, getBody bool) *http.Request {
 	ctx := idemretry.WithAction(context.Background(), id)
 	if !getBody {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, struct{ io.Reader }{bytes.NewReader(body)})
@@ -41,7 +41,8 @@ func hw1Request(t *testing.T, url, id string, body []byte, getBody bool) *http.R
 	return req
 }
 
-func TestHW1KeyedFingerprintAtItsBoundaries(t *testing.T) {
+// Found in review hw1 (f949e43; was TestHW1KeyedFingerprintAtItsBoundaries).
+func TestKeyedFingerprintAtItsBoundaries(t *testing.T) {
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
@@ -50,12 +51,12 @@ func TestHW1KeyedFingerprintAtItsBoundaries(t *testing.T) {
 		for _, firstGetBody := range []bool{false, true} {
 			id := fmt.Sprintf("pay:%d-%v", size, firstGetBody)
 			body := bytes.Repeat([]byte("0123456789abcdef"), size/16+1)[:size]
-			resp, err := tr.RoundTrip(hw1Request(t, srv.URL, id, body, firstGetBody))
+			resp, err := tr.RoundTrip(boundaryRequest(t, srv.URL, id, body, firstGetBody))
 			require.NoError(t, err)
 			readAll(t, resp)
 			key := resp.Request.Header.Get("Idempotency-Key")
 			// The same payload, read the other way: the same action.
-			resp, err = tr.RoundTrip(hw1Request(t, srv.URL, id, body, !firstGetBody))
+			resp, err = tr.RoundTrip(boundaryRequest(t, srv.URL, id, body, !firstGetBody))
 			require.NoError(t, err, "size %d: the same payload refused", size)
 			readAll(t, resp)
 			assert.Equal(t, key, resp.Request.Header.Get("Idempotency-Key"), "size %d", size)
@@ -68,11 +69,11 @@ func TestHW1KeyedFingerprintAtItsBoundaries(t *testing.T) {
 				}
 				other := bytes.Clone(body)
 				other[at] ^= 1
-				_, err = tr.RoundTrip(hw1Request(t, srv.URL, id, other, !firstGetBody))
+				_, err = tr.RoundTrip(boundaryRequest(t, srv.URL, id, other, !firstGetBody))
 				assert.ErrorIs(t, err, idemretry.ErrFingerprintMismatch, "size %d, byte %d changed", size, at)
 			}
 			for _, other := range [][]byte{body[:size-1], append(bytes.Clone(body), '0')} {
-				_, err = tr.RoundTrip(hw1Request(t, srv.URL, id, other, firstGetBody))
+				_, err = tr.RoundTrip(boundaryRequest(t, srv.URL, id, other, firstGetBody))
 				assert.ErrorIs(t, err, idemretry.ErrFingerprintMismatch, "size %d, %d bytes", size, len(other))
 			}
 		}
@@ -99,7 +100,9 @@ func (h *halfReadingBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // A body the base read part of before failing is sent whole on the retry,
 // under the same key, and the action is then one payload with a later
 // resend of it.
-func TestHW1BodyCutByTheBaseIsResentWhole(t *testing.T) {
+//
+// Found in review hw1 (f949e43; was TestHW1BodyCutByTheBaseIsResentWhole).
+func TestBodyCutByTheBaseIsResentWhole(t *testing.T) {
 	for _, getBody := range []bool{false, true} {
 		for _, size := range []int{513, 64<<10 + 1} {
 			var got []int
@@ -112,10 +115,10 @@ func TestHW1BodyCutByTheBaseIsResentWhole(t *testing.T) {
 			tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(t.TempDir()), idemretry.WithBackOff(constant(0)))
 			require.NoError(t, err)
 			body := bytes.Repeat([]byte{'x'}, size)
-			resp, err := tr.RoundTrip(hw1Request(t, srv.URL, "pay:cut", body, getBody))
+			resp, err := tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, getBody))
 			require.NoError(t, err)
 			readAll(t, resp)
-			resp, err = tr.RoundTrip(hw1Request(t, srv.URL, "pay:cut", body, !getBody))
+			resp, err = tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, !getBody))
 			require.NoError(t, err, "the same payload refused")
 			readAll(t, resp)
 			assert.Equal(t, []int{size, size}, got, "GetBody %v", getBody)

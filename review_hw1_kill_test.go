@@ -29,14 +29,14 @@ import (
 )
 
 const (
-	envHW1KillDir = "IDEMRETRY_HW1_KILL_DIR"
-	envHW1KillURL = "IDEMRETRY_HW1_KILL_URL"
+	envKillDir = "IDEMRETRY_HW1_KILL_DIR"
+	envKillURL = "IDEMRETRY_HW1_KILL_URL"
 )
 
-// hw1HoldingLedger charges a key once and replays it after; the first
+// holdingLedger charges a key once and replays it after; the first
 // charge of each payload is committed and then its answer is held until
 // the test ends (the app is killed meanwhile).
-type hw1HoldingLedger struct {
+type holdingLedger struct {
 	mu        sync.Mutex
 	charged   map[string]bool
 	held      bool
@@ -45,7 +45,7 @@ type hw1HoldingLedger struct {
 	keys      []string
 }
 
-func (l *hw1HoldingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (l *holdingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	if r.URL.Path == "/redir" {
 		w.Header().Set("Location", "/pay")
@@ -73,23 +73,25 @@ func (l *hw1HoldingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusCreated)
 }
 
-func (l *hw1HoldingLedger) charges() int {
+func (l *holdingLedger) charges() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.charged)
 }
 
-// TestHW1KillChild is the app the tests below kill: it pays one unnamed
+// TestKilledUnnamedPaymentChild is the app the tests below kill: it pays one unnamed
 // payment through an http.Client over the default file journal and never
 // closes anything.
-func TestHW1KillChild(t *testing.T) {
-	dir := os.Getenv(envHW1KillDir)
+//
+// Found in review hw1 (f949e43; was TestHW1KillChild).
+func TestKilledUnnamedPaymentChild(t *testing.T) {
+	dir := os.Getenv(envKillDir)
 	if dir == "" {
 		t.Skip("the child process of review_hw1_kill_test.go")
 	}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
-	resp, err := (&http.Client{Transport: tr}).Post(os.Getenv(envHW1KillURL), "application/json", strings.NewReader(`{"amount":42}`))
+	resp, err := (&http.Client{Transport: tr}).Post(os.Getenv(envKillURL), "application/json", strings.NewReader(`{"amount":42}`))
 	if err == nil {
 		resp.Body.Close()
 	}
@@ -97,16 +99,17 @@ func TestHW1KillChild(t *testing.T) {
 	select {}
 }
 
-// hw1Resumer rebuilds the unnamed payment.
-type hw1Resumer struct{ url string }
+// urlResumer rebuilds the unnamed payment.
+type urlResumer struct{ url string }
 
-func (r hw1Resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+func (r urlResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
 	return http.NewRequestWithContext(ctx, http.MethodPost, r.url, strings.NewReader(`{"amount":42}`))
 }
 
-func (hw1Resumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+func (urlResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
 
-func TestHW1KilledMidChargeThenTapOrResume(t *testing.T) {
+// Found in review hw1 (f949e43; was TestHW1KilledMidChargeThenTapOrResume).
+func TestKilledMidChargeThenTapOrResume(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}
@@ -119,13 +122,13 @@ func TestHW1KilledMidChargeThenTapOrResume(t *testing.T) {
 		{"tap, the charge on a 307's hop", "/redir", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := &hw1HoldingLedger{charged: map[string]bool{}, committed: make(chan struct{}), release: make(chan struct{})}
+			l := &holdingLedger{charged: map[string]bool{}, committed: make(chan struct{}), release: make(chan struct{})}
 			srv := httptest.NewServer(l)
 			defer srv.Close()
 			defer close(l.release)
 			dir := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestHW1KillChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), envHW1KillDir+"="+dir, envHW1KillURL+"="+srv.URL+c.path)
+			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledUnnamedPaymentChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), envKillDir+"="+dir, envKillURL+"="+srv.URL+c.path)
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
 			require.NoError(t, cmd.Start())
@@ -146,7 +149,7 @@ func TestHW1KilledMidChargeThenTapOrResume(t *testing.T) {
 			require.NoError(t, err)
 			require.NotEmpty(t, un, "the killed payment is not pending")
 			if c.resume {
-				res, err := tr.Resume(context.Background(), hw1Resumer{srv.URL + c.path}, 0)
+				res, err := tr.Resume(context.Background(), urlResumer{srv.URL + c.path}, 0)
 				require.NoError(t, err)
 				require.Len(t, res, 1)
 				require.NoError(t, res[0].Err)
@@ -175,16 +178,18 @@ func TestHW1KilledMidChargeThenTapOrResume(t *testing.T) {
 // also when the app is killed right after (no Close, within the file
 // journal's lazy second): the hop's done is as durable as an unnamed
 // action's own.
-func TestHW1KilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
+//
+// Found in review hw1 (f949e43; was TestHW1KilledAfterARedirectedUnnamedPaymentThenRepeat).
+func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}
-	l := &hw1HoldingLedger{charged: map[string]bool{}}
+	l := &holdingLedger{charged: map[string]bool{}}
 	srv := httptest.NewServer(l)
 	defer srv.Close()
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHW1KillChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envHW1KillDir+"="+dir, envHW1KillURL+"="+srv.URL+"/redir")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledUnnamedPaymentChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envKillDir+"="+dir, envKillURL+"="+srv.URL+"/redir")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

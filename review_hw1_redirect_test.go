@@ -34,7 +34,9 @@ func redirectingPayServer(t *testing.T, code int, delay time.Duration) *payServe
 // request while the first is in flight ... joins it"). The first tap's
 // http.Client follows a 307 (or 308); the second tap, made while the
 // first's hop is at the server, must not pay again.
-func TestHW1UnnamedTapWhileTheHopIsInFlightIsOnePayment(t *testing.T) {
+//
+// Found in review hw1 (03eab9b; was TestHW1UnnamedTapWhileTheHopIsInFlightIsOnePayment).
+func TestRedirectHopTapInFlightIsOnePayment(t *testing.T) {
 	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
 		t.Run(http.StatusText(code), func(t *testing.T) {
 			srv := redirectingPayServer(t, code, 500*time.Millisecond)
@@ -66,7 +68,9 @@ func TestHW1UnnamedTapWhileTheHopIsInFlightIsOnePayment(t *testing.T) {
 // unnamed payment is finished, and an identical request is a deliberate
 // repeat: a new payment under a new key. So is a repeat of a 307 the caller
 // did not follow (a RoundTrip of its own): no hop, nothing unfinished.
-func TestHW1UnnamedRepeatAfterTheHopFinishedIsANewPayment(t *testing.T) {
+//
+// Found in review hw1 (03eab9b; was TestHW1UnnamedRepeatAfterTheHopFinishedIsANewPayment).
+func TestRedirectHopRepeatAfterItFinishedIsANewPayment(t *testing.T) {
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
@@ -97,7 +101,9 @@ func TestHW1UnnamedRepeatAfterTheHopFinishedIsANewPayment(t *testing.T) {
 // same process or after a restart on the same journal, is a tap of it: it
 // goes out under the parent's key, follows to the hop under the hop's key,
 // and the server replays the charge instead of charging again.
-func TestHW1UnnamedTapOfAPaymentWhoseHopIsPendingIsOnePayment(t *testing.T) {
+//
+// Found in review hw1 (03eab9b; was TestHW1UnnamedTapOfAPaymentWhoseHopIsPendingIsOnePayment).
+func TestRedirectHopTapWhilePendingIsOnePayment(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		t.Run(map[bool]string{false: "same process", true: "after a restart"}[restart], func(t *testing.T) {
 			srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)

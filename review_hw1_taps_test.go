@@ -24,11 +24,11 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// hw1TapLedger is hw1Ledger's semantics, keeping for each payload the keys
+// tapLedger is deadlineLedger's semantics, keeping for each payload the keys
 // it was sent under, and refusing (as a test failure) the start of a
 // charge of a payload under one key while another key's charge of the
 // same payload is under way: one tap pair, two payments.
-type hw1TapLedger struct {
+type tapLedger struct {
 	mu       sync.Mutex
 	rnd      *rand.Rand
 	stored   map[string]int
@@ -39,7 +39,7 @@ type hw1TapLedger struct {
 	overlaps []string
 }
 
-func (l *hw1TapLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (l *tapLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	sum := sha256.Sum256(b)
 	key := r.Header.Get("Idempotency-Key")
@@ -85,19 +85,20 @@ func (l *hw1TapLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, `{"charge":"ok"}`)
 }
 
-// hw1Body is the body of payload i: sizes at and around the keyed
+// tapBody is the body of payload i: sizes at and around the keyed
 // fingerprint's threshold and its chunk.
-func hw1Body(i int) []byte {
+func tapBody(i int) []byte {
 	sizes := []int{100, 511, 512, 513, 64 << 10, 64<<10 + 1}
 	b := bytes.Repeat([]byte{'a' + byte(i)}, sizes[i%len(sizes)])
 	copy(b, fmt.Sprintf(`{"p":%d}`, i))
 	return b
 }
 
-func TestHW1TapsAroundDeadlinesAndARestart(t *testing.T) {
+// Found in review hw1 (03eab9b; was TestHW1TapsAroundDeadlinesAndARestart).
+func TestFlightTapsAroundDeadlinesAndARestart(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	l := &hw1TapLedger{rnd: rand.New(rand.NewPCG(seed, 1)), stored: map[string]int{}, inflight: map[string]bool{},
+	l := &tapLedger{rnd: rand.New(rand.NewPCG(seed, 1)), stored: map[string]int{}, inflight: map[string]bool{},
 		charging: map[[32]byte]string{}, keys: map[[32]byte]map[string]bool{}, charges: map[string]int{}}
 	srv := newServer(t, l.ServeHTTP)
 	dir := t.TempDir()
@@ -113,7 +114,7 @@ func TestHW1TapsAroundDeadlinesAndARestart(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					rnd := rand.New(rand.NewPCG(seed, uint64(1000*phase+10*p+g)))
-					body := hw1Body(p % payloads)
+					body := tapBody(p % payloads)
 					if p >= payloads {
 						body = append(body, 'u') // unnamed: another payload
 					}
@@ -181,7 +182,7 @@ func TestHW1TapsAroundDeadlinesAndARestart(t *testing.T) {
 		t.Error(o)
 	}
 	for p := range payloads {
-		sum := sha256.Sum256(hw1Body(p))
+		sum := sha256.Sum256(tapBody(p))
 		if n := len(l.keys[sum]); n > 1 {
 			t.Errorf("named action pay:%d went out under %d keys", p, n)
 		}

@@ -19,7 +19,8 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-func TestHW3KeyReuseInGzipOverLoopback(t *testing.T) {
+// Found in review hw3 (ca18fb8; was TestHW3KeyReuseInGzipOverLoopback).
+func TestKeyReuseInGzipOverLoopback(t *testing.T) {
 	refusal := `{"error":{"type":"idempotency_error","message":"` // the rest follows
 	bomb := func() []byte {
 		var b bytes.Buffer

@@ -10,7 +10,8 @@ import (
 	"testing"
 )
 
-func TestHW3FoldedHintsQuotedAndEmpty(t *testing.T) {
+// Found in review hw3 (ca18fb8; was TestHW3FoldedHintsQuotedAndEmpty).
+func TestHintsFoldedQuotedAndEmpty(t *testing.T) {
 	for _, c := range []struct {
 		h         http.Header
 		retry, ok bool

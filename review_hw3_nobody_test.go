@@ -25,7 +25,8 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-func TestHW3AnswerWithoutABodyOverBothProtocols(t *testing.T) {
+// Found in review hw3 (ca18fb8; was TestHW3AnswerWithoutABodyOverBothProtocols).
+func TestAnswerWithoutABodyOverBothProtocols(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		for _, early := range []bool{false, true} {
 			t.Run(fmt.Sprintf("h2=%v early=%v", h2, early), func(t *testing.T) {

@@ -42,7 +42,9 @@ func (j *hopFlakyJournal) Update(ctx context.Context, rec journal.Record) error 
 // again); the journal then heals. The repeat must be a new payment, not a
 // tap of a hop the journal still lists as pending, answered with the first
 // payment's replay and charged nothing.
-func TestHW3RepeatAfterAHopWhoseDoneIsUnlandedIsANewPayment(t *testing.T) {
+//
+// Found in review hw3 (a2bb679; was TestHW3RepeatAfterAHopWhoseDoneIsUnlandedIsANewPayment).
+func TestRedirectHopRepeatAfterAnUnlandedDoneIsANewPayment(t *testing.T) {
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	j := &hopFlakyJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j)
@@ -66,7 +68,9 @@ func TestHW3RepeatAfterAHopWhoseDoneIsUnlandedIsANewPayment(t *testing.T) {
 // Guarantee 3: a hop whose outcome is unknown (the server refused its key
 // as used with another payload) is never sent again, under its key or a
 // new one: an identical request is not a new payment either.
-func TestHW3RepeatOfAPaymentWhoseHopIsUnknownIsNotPaid(t *testing.T) {
+//
+// Found in review hw3 (a2bb679; was TestHW3RepeatOfAPaymentWhoseHopIsUnknownIsNotPaid).
+func TestRedirectHopUnknownRepeatIsNotPaid(t *testing.T) {
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	script := srv.script
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
@@ -92,7 +96,9 @@ func TestHW3RepeatOfAPaymentWhoseHopIsUnknownIsNotPaid(t *testing.T) {
 
 // A hop to another host, tapped while in flight, with taps that all arrive
 // at once, and with a duplicate window that has passed: one payment.
-func TestHW3TapsWhileAHopToAnotherHostIsInFlight(t *testing.T) {
+//
+// Found in review hw3 (a2bb679; was TestHW3TapsWhileAHopToAnotherHostIsInFlight).
+func TestRedirectHopToAnotherHostTapsInFlight(t *testing.T) {
 	for _, dw := range []time.Duration{0, time.Nanosecond} {
 		t.Run(dw.String(), func(t *testing.T) {
 			pay := newSlowPayServer(t, 400*time.Millisecond)
@@ -131,7 +137,9 @@ func TestHW3TapsWhileAHopToAnotherHostIsInFlight(t *testing.T) {
 // restart, a journal that hashes action ids". In the same process, on a
 // journal that hashes ids, the hop whose answer was lost is pending: the
 // tap must not pay again.
-func TestHW3TapOfAPendingHopOnAHashingJournalSameProcess(t *testing.T) {
+//
+// Found in review hw3 (a2bb679; was TestHW3TapOfAPendingHopOnAHashingJournalSameProcess).
+func TestRedirectHopTapWhilePendingOnAHashingJournal(t *testing.T) {
 	srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)
 	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
 	fj, err := filejournal.Open(t.TempDir(), filejournal.WithHashedIDs())
@@ -163,7 +171,9 @@ func (h hopResumer) Resolve(context.Context, journal.Record) (bool, error) { ret
 // After a restart, Resume resends the hop left pending; an identical
 // request made while it is in flight is a tap of the payment: it joins the
 // resumed hop, and nothing is charged again.
-func TestHW3TapWhileResumeResendsThePendingHop(t *testing.T) {
+//
+// Found in review hw3 (a2bb679; was TestHW3TapWhileResumeResendsThePendingHop).
+func TestRedirectHopTapWhileResumeResendsIt(t *testing.T) {
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
 	tapArrived := make(chan struct{})

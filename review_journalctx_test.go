@@ -17,32 +17,32 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// rvNoDone reports a fixed deadline and no Done channel; its Err is
+// noDoneContext reports a fixed deadline and no Done channel; its Err is
 // Background's (nil): a Done that never closes has nothing to report.
-type rvNoDone struct {
+type noDoneContext struct {
 	context.Context
 	dl time.Time
 }
 
-func (c rvNoDone) Deadline() (time.Time, bool) { return c.dl, true }
-func (rvNoDone) Done() <-chan struct{}         { return nil }
+func (c noDoneContext) Deadline() (time.Time, bool) { return c.dl, true }
+func (noDoneContext) Done() <-chan struct{}         { return nil }
 
-// rvLyingDeadline has a working Done (and Err) but reports a deadline
+// lyingDeadline has a working Done (and Err) but reports a deadline
 // that is not the one its Done closes at.
-type rvLyingDeadline struct {
+type lyingDeadline struct {
 	context.Context
 	dl time.Time
 }
 
-func (c rvLyingDeadline) Deadline() (time.Time, bool) { return c.dl, true }
+func (c lyingDeadline) Deadline() (time.Time, bool) { return c.dl, true }
 
-const rvJournalTimeout = 300 * time.Millisecond
+const journalCtxTimeout = 300 * time.Millisecond
 
-func rvReserve(t *testing.T, ctx context.Context) (took time.Duration, err error) {
+func reserveUnder(t *testing.T, ctx context.Context) (took time.Duration, err error) {
 	t.Helper()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
-		idemretry.WithJournalTimeout(rvJournalTimeout))
+		idemretry.WithJournalTimeout(journalCtxTimeout))
 	require.NoError(t, err)
 	defer tr.Close()
 	req := post(t, ctx, srv.URL, `{"amount":1}`)
@@ -58,7 +58,7 @@ func rvReserve(t *testing.T, ctx context.Context) (took time.Duration, err error
 	select {
 	case err = <-done:
 	case <-time.After(20 * time.Second):
-		t.Fatalf("RoundTrip still waiting for the journal 20 s after a %v journal timeout", rvJournalTimeout)
+		t.Fatalf("RoundTrip still waiting for the journal 20 s after a %v journal timeout", journalCtxTimeout)
 	}
 	require.Empty(t, srv.seen(), "sent without a reserved key")
 	return time.Since(start), err
@@ -67,12 +67,14 @@ func rvReserve(t *testing.T, ctx context.Context) (took time.Duration, err error
 // The caller's context or the journal timeout, whichever first; the
 // caller's own error when its context ended the wait, ErrUnavailable when
 // the timeout did: for well-formed contexts.
-func TestReviewJournalContextNormalContexts(t *testing.T) {
+//
+// Found in the review of journalError (8fea022; was TestReviewJournalContextNormalContexts).
+func TestJournalContextNormalContexts(t *testing.T) {
 	slack := 3 * time.Second // a noisy 2-core machine
 	t.Run("deadline before the timeout", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		took, err := rvReserve(t, ctx)
+		took, err := reserveUnder(t, ctx)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.NotErrorIs(t, err, journal.ErrUnavailable, "the caller's deadline reported as the journal's")
 		require.Less(t, took, slack)
@@ -80,26 +82,26 @@ func TestReviewJournalContextNormalContexts(t *testing.T) {
 	t.Run("deadline after the timeout", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		took, err := rvReserve(t, ctx)
+		took, err := reserveUnder(t, ctx)
 		require.ErrorIs(t, err, journal.ErrUnavailable)
 		require.Less(t, took, slack)
 	})
 	t.Run("no deadline", func(t *testing.T) {
-		took, err := rvReserve(t, context.Background())
+		took, err := reserveUnder(t, context.Background())
 		require.ErrorIs(t, err, journal.ErrUnavailable)
 		require.Less(t, took, slack)
 	})
 	t.Run("cancelled before", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		_, err := rvReserve(t, ctx)
+		_, err := reserveUnder(t, ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.NotErrorIs(t, err, journal.ErrUnavailable)
 	})
 	t.Run("cancelled during", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel)
-		took, err := rvReserve(t, ctx)
+		took, err := reserveUnder(t, ctx)
 		require.ErrorIs(t, err, context.Canceled)
 		require.NotErrorIs(t, err, journal.ErrUnavailable)
 		require.Less(t, took, slack)
@@ -107,7 +109,7 @@ func TestReviewJournalContextNormalContexts(t *testing.T) {
 	t.Run("deadline already passed", func(t *testing.T) {
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 		defer cancel()
-		_, err := rvReserve(t, ctx)
+		_, err := reserveUnder(t, ctx)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.NotErrorIs(t, err, journal.ErrUnavailable)
 	})
@@ -115,20 +117,22 @@ func TestReviewJournalContextNormalContexts(t *testing.T) {
 
 // A context with a deadline but no Done channel: bounded by the earlier of
 // its deadline and the journal timeout, and labelled by which ended it.
-func TestReviewJournalContextDeadlineButNoDone(t *testing.T) {
+//
+// Found in the review of journalError (8fea022; was TestReviewJournalContextDeadlineButNoDone).
+func TestJournalContextDeadlineButNoDone(t *testing.T) {
 	slack := 3 * time.Second
 	t.Run("deadline after the timeout", func(t *testing.T) {
-		took, err := rvReserve(t, rvNoDone{context.Background(), time.Now().Add(time.Hour)})
+		took, err := reserveUnder(t, noDoneContext{context.Background(), time.Now().Add(time.Hour)})
 		require.ErrorIs(t, err, journal.ErrUnavailable)
 		require.Less(t, took, slack)
 	})
 	t.Run("deadline already passed", func(t *testing.T) {
-		took, err := rvReserve(t, rvNoDone{context.Background(), time.Now().Add(-time.Second)})
+		took, err := reserveUnder(t, noDoneContext{context.Background(), time.Now().Add(-time.Second)})
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Less(t, took, slack)
 	})
 	t.Run("deadline before the timeout", func(t *testing.T) {
-		took, err := rvReserve(t, rvNoDone{context.Background(), time.Now().Add(50 * time.Millisecond)})
+		took, err := reserveUnder(t, noDoneContext{context.Background(), time.Now().Add(50 * time.Millisecond)})
 		require.Less(t, took, slack)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		// The journal answered nothing within 50 ms of a 300 ms timeout:
@@ -141,25 +145,27 @@ func TestReviewJournalContextDeadlineButNoDone(t *testing.T) {
 // (One whose Deadline reports an earlier end than its Done signals is not
 // bounded by the journal timeout: a deadline before the timeout is trusted,
 // as context.WithTimeout trusts it, to spare the request path a timer.)
-func TestReviewJournalContextLyingDeadline(t *testing.T) {
+//
+// Found in the review of journalError (8fea022; was TestReviewJournalContextLyingDeadline).
+func TestJournalContextLyingDeadline(t *testing.T) {
 	t.Run("reports a far deadline, is cancelled early", func(t *testing.T) {
 		base, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel)
-		took, err := rvReserve(t, rvLyingDeadline{base, time.Now().Add(time.Hour)})
+		took, err := reserveUnder(t, lyingDeadline{base, time.Now().Add(time.Hour)})
 		require.ErrorIs(t, err, context.Canceled)
 		require.NotErrorIs(t, err, journal.ErrUnavailable)
 		require.Less(t, took, 3*time.Second)
 	})
 }
 
-// rvOutcomes is a blocking journal whose Update fails (mode 1) or hangs
+// heldOutcomes is a blocking journal whose Update fails (mode 1) or hangs
 // until its context ends (mode 2); it passes in mode 0.
-type rvOutcomes struct {
+type heldOutcomes struct {
 	*journal.Memory
 	mode atomic.Int32
 }
 
-func (j *rvOutcomes) Update(ctx context.Context, rec journal.Record) error {
+func (j *heldOutcomes) Update(ctx context.Context, rec journal.Record) error {
 	switch j.mode.Load() {
 	case 1:
 		return errors.New("disk full")
@@ -175,10 +181,12 @@ func (j *rvOutcomes) Update(ctx context.Context, rec journal.Record) error {
 // the caller's context still open and without a deadline, the error says
 // the journal is unavailable, as for any journal call cut by it (README,
 // "Errors": journal.ErrUnavailable when it did not answer in time).
-func TestReviewLandOutcomeCutByJournalTimeoutIsUnavailable(t *testing.T) {
+//
+// Found in the review of journalError (8fea022; was TestReviewLandOutcomeCutByJournalTimeoutIsUnavailable).
+func TestLandOutcomeCutByJournalTimeoutIsUnavailable(t *testing.T) {
 	srv := newPayServer(t)
-	j := &rvOutcomes{Memory: journal.NewMemory()}
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(rvJournalTimeout))
+	j := &heldOutcomes{Memory: journal.NewMemory()}
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(journalCtxTimeout))
 	require.NoError(t, err)
 	defer tr.Close()
 	ctx := idemretry.WithAction(context.Background(), "pay:rv-land")
@@ -202,7 +210,9 @@ func TestReviewLandOutcomeCutByJournalTimeoutIsUnavailable(t *testing.T) {
 // journalContext) on a stalled journal ends within the journal timeout for
 // a caller's context whose deadline is later, or that has none, and the
 // action is sent all the same (a renewal that fails changes nothing).
-func TestReviewLeaseRenewalBoundedForNormalContexts(t *testing.T) {
+//
+// Found in the review of journalError (8fea022; was TestReviewLeaseRenewalBoundedForNormalContexts).
+func TestLeaseRenewalBoundedForNormalContexts(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
@@ -216,7 +226,7 @@ func TestReviewLeaseRenewalBoundedForNormalContexts(t *testing.T) {
 			srv := newPayServer(t)
 			j := &stallingLeaser{Memory: journal.NewMemory()}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithLeaseTTL(time.Millisecond),
-				idemretry.WithJournalTimeout(rvJournalTimeout))
+				idemretry.WithJournalTimeout(journalCtxTimeout))
 			require.NoError(t, err)
 			defer tr.Close()
 			ctx, cancel := tc.ctx()

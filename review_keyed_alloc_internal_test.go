@@ -25,16 +25,18 @@ func (answerAtOnce) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: http.StatusCreated, Body: http.NoBody, Request: req, Header: http.Header{}}, nil
 }
 
-// reviewHotPathAllocs is what a RoundTrip below made before the keyed
+// smallNamedPostAllocs is what a RoundTrip below made before the keyed
 // fingerprint (commit 4346228), measured by this test on that commit (11),
 // plus the one newUUIDKey has added since it reads the key's bytes through
 // uuid.NewRandomFromReader (issue 27).
-const reviewHotPathAllocs = 12
+const smallNamedPostAllocs = 12
 
 // The 1 KiB named POST of issue 12's goal 1 (B/op and allocs/op below both
 // peers): the keyed fingerprint, which a 1 KiB body takes, must not cost
 // it an allocation.
-func TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation).
+func TestKeyedFormCostsTheSmallNamedPostNoAllocation(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
@@ -65,7 +67,7 @@ func TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation(t *testing.T) {
 	send() // warm up
 	n := testing.AllocsPerRun(1000, send)
 	t.Logf("%v allocations per RoundTrip", n)
-	if n > reviewHotPathAllocs {
-		t.Fatalf("a 1 KiB named POST made %v allocations per RoundTrip, %d before the keyed form", n, reviewHotPathAllocs)
+	if n > smallNamedPostAllocs {
+		t.Fatalf("a 1 KiB named POST made %v allocations per RoundTrip, %d before the keyed form", n, smallNamedPostAllocs)
 	}
 }

@@ -61,7 +61,9 @@ func (j *gatedReserveJournal) Reserve(ctx context.Context, rec journal.Record, m
 // on: Resume must return once the live request has landed, not hang until
 // its own context ends (README "Resuming after a crash": Resume leads the
 // action's flight; guarantee 5: no hopeless waits).
-func TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand).
+func TestReconcileWaitsForAKeyedLiveFlightToLand(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	payload := largePayload("R-1")
@@ -117,15 +119,15 @@ func TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand(t *testing.T) {
 }
 
 const (
-	envReviewKeyedChild = "IDEMRETRY_REVIEW_KEYED_CHILD"
-	envReviewKeyedURL   = "IDEMRETRY_REVIEW_KEYED_URL"
+	envKeyedSecretChild = "IDEMRETRY_REVIEW_KEYED_CHILD"
+	envKeyedSecretURL   = "IDEMRETRY_REVIEW_KEYED_URL"
 )
 
-// reviewKeyedChild runs TestReviewKeyedChild in a child process with env
+// keyedSecretChild runs TestKeyedSecretChild in a child process with env
 // added, and returns the line it printed after "RoundTrip returned: ".
-func reviewKeyedChild(t *testing.T, env ...string) string {
+func keyedSecretChild(t *testing.T, env ...string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewKeyedChild$", "-test.count=1", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedSecretChild$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child process failed: %s", out)
@@ -138,14 +140,16 @@ func reviewKeyedChild(t *testing.T, env ...string) string {
 	return ""
 }
 
-// TestReviewKeyedChild is the child process of the test below: it sends
+// TestKeyedSecretChild is the child process of the test below: it sends
 // the large named payment of its parent with crypto/rand.Reader failing.
-func TestReviewKeyedChild(t *testing.T) {
-	mode := os.Getenv(envReviewKeyedChild)
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedChild).
+func TestKeyedSecretChild(t *testing.T) {
+	mode := os.Getenv(envKeyedSecretChild)
 	if mode == "" {
 		t.Skip("the child process of the tests in review_keyed_test.go")
 	}
-	url := os.Getenv(envReviewKeyedURL)
+	url := os.Getenv(envKeyedSecretURL)
 	j := journal.NewMemory() // its secret drawn before the reader fails
 	rand.Reader = failingReader{}
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j), idemretry.WithMaxRetries(0))
@@ -163,9 +167,11 @@ func TestReviewKeyedChild(t *testing.T) {
 
 // crypto/rand.Reader failing when a large named body draws its
 // fingerprint's secret: an error, nothing sent, no crash, prefixed once.
-func TestReviewKeyedSecretFailingRandReader(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedSecretFailingRandReader).
+func TestKeyedSecretFromAFailingRandReader(t *testing.T) {
 	srv := newPayServer(t)
-	got := reviewKeyedChild(t, envReviewKeyedChild+"=rand", envReviewKeyedURL+"="+srv.URL)
+	got := keyedSecretChild(t, envKeyedSecretChild+"=rand", envKeyedSecretURL+"="+srv.URL)
 	t.Logf("child: %s", got)
 	assert.Equal(t, 1, strings.Count(got, "idemretry: "), "the error carries the prefix once: %s", got)
 	assert.NotContains(t, got, "<nil>")
@@ -178,7 +184,9 @@ func TestReviewKeyedSecretFailingRandReader(t *testing.T) {
 // journal and pays again: the hop must go out under the key it was
 // charged under (guarantee 2), and a second tap while the hop is in the
 // air must not charge again.
-func TestReviewLargeNamedRedirectHopKeepsItsKeyAcrossRestart(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedRedirectHopKeepsItsKeyAcrossRestart).
+func TestRedirectHopOfALargeNamedActionKeepsItsKeyAcrossRestart(t *testing.T) {
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/redir" {
@@ -238,7 +246,9 @@ func TestReviewLargeNamedRedirectHopKeepsItsKeyAcrossRestart(t *testing.T) {
 // pays it live (its own secret s2), in either order: the two share one
 // flight (guarantee 2: a double tap sends one request), one charge under
 // the record's key, both answered.
-func TestReviewLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedResumeAndLiveShareOneFlightHashedIDs).
+func TestLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
 	type tc struct {
 		first, size string
 		hashed      bool
@@ -309,7 +319,9 @@ func TestReviewLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
 // the same named action, with another URL (path or query) or method, is
 // another payload, refused with nothing sent, whether the first request is
 // recorded or still in flight (a joiner).
-func TestReviewLargeNamedActionOtherURLOrMethodIsRefused(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedActionOtherURLOrMethodIsRefused).
+func TestLargeNamedActionOtherURLOrMethodIsRefused(t *testing.T) {
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	payload := largePayload("U-1")
 	ctx := idemretry.WithAction(context.Background(), "pay:U-1")
@@ -339,7 +351,9 @@ func TestReviewLargeNamedActionOtherURLOrMethodIsRefused(t *testing.T) {
 // own context while a tap of unknown length (plain form, checked in the
 // leader's keyed form to join) waits: the tap carries the action on under
 // the same key (guarantee 2), one charge, and is answered.
-func TestReviewLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp).
+func TestLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp(t *testing.T) {
 	srv := newSlowPayServer(t, 0)
 	release := make(chan struct{})
 	var releaseOnce sync.Once
@@ -382,7 +396,9 @@ func TestReviewLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp(t *testing.T) {
 // MaybeProcessed (README "Errors": MaybeProcessed is false only when no
 // attempt, in this run or an earlier one, can have reached the server),
 // not a bare error an app takes for "nothing happened".
-func TestReviewLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError).
+func TestLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	payload := largePayload("G-1")
@@ -433,7 +449,9 @@ func requireCheckFailed(t *testing.T, err, cause error, action string) {
 // The same for a tap of a large named payment in flight: its check in the
 // leader's form fails (GetBody, on its second call); the action is in the
 // air, so the error is an *ActionError with MaybeProcessed.
-func TestReviewLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
+//
+// Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError).
+func TestLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	payload := largePayload("G-2")
 	ctx := idemretry.WithAction(context.Background(), "pay:G-2")

@@ -18,16 +18,16 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// r3FirstLeaseHangs is a Leaser over Memory whose first Lease says it
+// firstLeaseHangs is a Leaser over Memory whose first Lease says it
 // started (entered) and hangs until its context ends; every later Lease
 // is granted.
-type r3FirstLeaseHangs struct {
+type firstLeaseHangs struct {
 	*journal.Memory
 	entered chan struct{}
 	leases  atomic.Int32
 }
 
-func (j *r3FirstLeaseHangs) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
+func (j *firstLeaseHangs) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
 	if j.leases.Add(1) == 1 {
 		close(j.entered)
 		<-ctx.Done()
@@ -36,7 +36,7 @@ func (j *r3FirstLeaseHangs) Lease(ctx context.Context, _, _ string, ttl time.Dur
 	return true, time.Now().Add(ttl), nil
 }
 
-func (j *r3FirstLeaseHangs) Release(context.Context, string, string) error { return nil }
+func (j *firstLeaseHangs) Release(context.Context, string, string) error { return nil }
 
 // A flight's joiner carries the action on when the leader's own context
 // ended it (lead's cutShort: "a waiting caller carries it on instead").
@@ -44,11 +44,13 @@ func (j *r3FirstLeaseHangs) Release(context.Context, string, string) error { ret
 // context is fine, must then lease and send, also when the leader's
 // context has a deadline and no Done (which its Err cannot report: cutShort
 // asks callerEnded).
-func TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline).
+func TestLeaseJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T) {
 	for _, tc := range deadlineContexts(time.Second) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
-			j := &r3FirstLeaseHangs{Memory: journal.NewMemory(), entered: make(chan struct{})}
+			j := &firstLeaseHangs{Memory: journal.NewMemory(), entered: make(chan struct{})}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()
@@ -87,30 +89,32 @@ func TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T
 	}
 }
 
-// r3LeaseFails is a Leaser over Memory whose Lease fails at once with a
+// leaseFails is a Leaser over Memory whose Lease fails at once with a
 // journal error (not the caller's).
-type r3LeaseFails struct {
+type leaseFails struct {
 	*journal.Memory
 	leases atomic.Int32
 }
 
-var errHR3LeaseTable = errors.New("r3: relation \"idemretry_leases\" does not exist")
+var errLeaseTable = errors.New("r3: relation \"idemretry_leases\" does not exist")
 
-func (j *r3LeaseFails) Lease(context.Context, string, string, time.Duration) (bool, time.Time, error) {
+func (j *leaseFails) Lease(context.Context, string, string, time.Duration) (bool, time.Time, error) {
 	j.leases.Add(1)
-	return false, time.Time{}, errHR3LeaseTable
+	return false, time.Time{}, errLeaseTable
 }
 
-func (j *r3LeaseFails) Release(context.Context, string, string) error { return nil }
+func (j *leaseFails) Release(context.Context, string, string) error { return nil }
 
 // WithLeaseTTL: "a Lease call that fails is logged at Warn and the action
 // is sent without one" — while the caller's context is fine, whatever
 // kind it is.
-func TestReviewFailingLeaseStillSendsWhileTheCallerIsFine(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewFailingLeaseStillSendsWhileTheCallerIsFine).
+func TestLeaseFailingStillSendsWhileTheCallerIsFine(t *testing.T) {
 	for _, tc := range healthyContexts(time.Minute) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
-			j := &r3LeaseFails{Memory: journal.NewMemory()}
+			j := &leaseFails{Memory: journal.NewMemory()}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()
@@ -126,14 +130,14 @@ func TestReviewFailingLeaseStillSendsWhileTheCallerIsFine(t *testing.T) {
 	}
 }
 
-// r3LeaseHangs is a Leaser over Memory whose Lease says it started and
+// leaseHangs is a Leaser over Memory whose Lease says it started and
 // hangs until its context ends.
-type r3LeaseHangs struct {
+type leaseHangs struct {
 	*journal.Memory
 	entered chan struct{}
 }
 
-func (j *r3LeaseHangs) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
+func (j *leaseHangs) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
 	select {
 	case j.entered <- struct{}{}:
 	default:
@@ -142,12 +146,14 @@ func (j *r3LeaseHangs) Lease(ctx context.Context, _, _ string, _ time.Duration) 
 	return false, time.Time{}, ctx.Err()
 }
 
-func (j *r3LeaseHangs) Release(context.Context, string, string) error { return nil }
+func (j *leaseHangs) Release(context.Context, string, string) error { return nil }
 
 // A Lease call (not a wait for another machine) that the caller's context
 // ends: an *ActionError, no ErrLeaseHeld, the context's error, not
 // ErrUnavailable, nothing sent, and its message says so.
-func TestReviewLeaseCutByTheCallerWithoutWaiting(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewLeaseCutByTheCallerWithoutWaiting).
+func TestLeaseCutByTheCallerWithoutWaiting(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
@@ -158,12 +164,12 @@ func TestReviewLeaseCutByTheCallerWithoutWaiting(t *testing.T) {
 			return context.WithTimeout(context.Background(), 300*time.Millisecond)
 		}, context.DeadlineExceeded},
 		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(300 * time.Millisecond)}, func() {}
+			return noDoneContext{context.Background(), time.Now().Add(300 * time.Millisecond)}, func() {}
 		}, context.DeadlineExceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
-			j := &r3LeaseHangs{Memory: journal.NewMemory(), entered: make(chan struct{}, 1)}
+			j := &leaseHangs{Memory: journal.NewMemory(), entered: make(chan struct{}, 1)}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()
@@ -203,18 +209,18 @@ func countPrefix(s string) int {
 	return n
 }
 
-// r3HeldElsewhereReadHangs is a Leaser over Memory whose lease is held
+// heldElsewhereReadHangs is a Leaser over Memory whose lease is held
 // by another machine for an hour (Lease answers so at once); with
 // hangReread, every Reserve after the first hangs until its context ends
 // (the journal stalls while the caller waits for the lease).
-type r3HeldElsewhereReadHangs struct {
+type heldElsewhereReadHangs struct {
 	*journal.Memory
 	hangReread bool
 	reserves   atomic.Int32
 	leases     atomic.Int32
 }
 
-func (j *r3HeldElsewhereReadHangs) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+func (j *heldElsewhereReadHangs) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
 	if j.reserves.Add(1) > 1 && j.hangReread {
 		<-ctx.Done()
 		return journal.Record{}, false, ctx.Err()
@@ -222,7 +228,7 @@ func (j *r3HeldElsewhereReadHangs) Reserve(ctx context.Context, rec journal.Reco
 	return j.Memory.Reserve(ctx, rec, mode)
 }
 
-func (j *r3HeldElsewhereReadHangs) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
+func (j *heldElsewhereReadHangs) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
 	j.leases.Add(1)
 	if err := ctx.Err(); err != nil {
 		return false, time.Time{}, err
@@ -230,7 +236,7 @@ func (j *r3HeldElsewhereReadHangs) Lease(ctx context.Context, _, _ string, _ tim
 	return false, time.Now().Add(time.Hour), nil
 }
 
-func (j *r3HeldElsewhereReadHangs) Release(context.Context, string, string) error { return nil }
+func (j *heldElsewhereReadHangs) Release(context.Context, string, string) error { return nil }
 
 // README, "One machine in flight per action": a machine that finds the
 // lease held waits; "If the caller's context ends first (also in the
@@ -240,7 +246,9 @@ func (j *r3HeldElsewhereReadHangs) Release(context.Context, string, string) erro
 // or, for a context with a deadline and no Done, the deadline passing in
 // the sleep between two looks, which is capped at it) ends with
 // ErrLeaseHeld too, and soon after the deadline.
-func TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld).
+func TestLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		ctx        func() (context.Context, context.CancelFunc)
@@ -250,12 +258,12 @@ func TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
 			return context.WithTimeout(context.Background(), 300*time.Millisecond)
 		}, true},
 		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(300 * time.Millisecond)}, func() {}
+			return noDoneContext{context.Background(), time.Now().Add(300 * time.Millisecond)}, func() {}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
-			j := &r3HeldElsewhereReadHangs{Memory: journal.NewMemory(), hangReread: tc.hangReread}
+			j := &heldElsewhereReadHangs{Memory: journal.NewMemory(), hangReread: tc.hangReread}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()
@@ -292,14 +300,14 @@ type ctxCase struct {
 
 // deadlineContexts are the two kinds of context with a deadline d from
 // when they are made: context.WithTimeout's, and one that reports the
-// deadline with no Done channel to signal it (rvNoDone).
+// deadline with no Done channel to signal it (noDoneContext).
 func deadlineContexts(d time.Duration) []ctxCase {
 	return []ctxCase{
 		{"WithTimeout", func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), d)
 		}},
 		{"deadline without Done", func() (context.Context, context.CancelFunc) {
-			return rvNoDone{context.Background(), time.Now().Add(d)}, func() {}
+			return noDoneContext{context.Background(), time.Now().Add(d)}, func() {}
 		}},
 	}
 }

@@ -17,22 +17,22 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// rlHangingRelease is a Leaser over Memory that grants every lease and
+// hangingRelease is a Leaser over Memory that grants every lease and
 // whose Release hangs until its context ends.
-type rlHangingRelease struct {
+type hangingRelease struct {
 	*journal.Memory
 	releases atomic.Int32 // begun
 	ended    atomic.Int32
 }
 
-func (j *rlHangingRelease) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
+func (j *hangingRelease) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return false, time.Time{}, err
 	}
 	return true, time.Now().Add(ttl), nil
 }
 
-func (j *rlHangingRelease) Release(ctx context.Context, _, _ string) error {
+func (j *hangingRelease) Release(ctx context.Context, _, _ string) error {
 	j.releases.Add(1)
 	defer j.ended.Add(1)
 	<-ctx.Done()
@@ -45,11 +45,13 @@ func (j *rlHangingRelease) Release(ctx context.Context, _, _ string) error {
 // (issue 26, item 12): it runs after RoundTrip has returned, bounded by
 // that second all the same (a release cut short leaves the lease held, and
 // the next request of the action waiting for its TTL; see
-// TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace), and
+// TestLeaseJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace), and
 // Close waits for it, leaving no goroutine behind.
-func TestReviewLeaseReleaseBoundedAfterTheCallersContext(t *testing.T) {
+//
+// Found in the review of leases (5a75ef1; was TestReviewLeaseReleaseBoundedAfterTheCallersContext).
+func TestLeaseReleaseBoundedAfterTheCallersContext(t *testing.T) {
 	srv := newSlowPayServer(t, 3*time.Second)
-	j := &rlHangingRelease{Memory: journal.NewMemory()}
+	j := &hangingRelease{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -80,9 +82,11 @@ func TestReviewLeaseReleaseBoundedAfterTheCallersContext(t *testing.T) {
 // Close's landAll now judges a write cut by the journal timeout against
 // context.Background: the error says the journal is unavailable (README,
 // "Errors"), and still unwraps to context.DeadlineExceeded.
-func TestReviewCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
+//
+// Found in the review of leases (5a75ef1; was TestReviewCloseLandingCutByJournalTimeoutIsUnavailable).
+func TestCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
 	srv := newPayServer(t)
-	j := &rvOutcomes{Memory: journal.NewMemory()}
+	j := &heldOutcomes{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(200*time.Millisecond))
 	require.NoError(t, err)
 	j.mode.Store(2) // Update hangs until its context ends
@@ -97,16 +101,16 @@ func TestReviewCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
 	require.False(t, errors.Is(err, context.Canceled), "Close: %v", err)
 }
 
-// rlHeldElsewhere is a Leaser over Memory whose lease is held by another
+// leaseHeldElsewhere is a Leaser over Memory whose lease is held by another
 // machine for an hour: the first Lease says so, and every later Lease
 // hangs until its context ends (a journal that stalls while the caller
 // waits for the lease).
-type rlHeldElsewhere struct {
+type leaseHeldElsewhere struct {
 	*journal.Memory
 	leases atomic.Int32
 }
 
-func (j *rlHeldElsewhere) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
+func (j *leaseHeldElsewhere) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
 	if j.leases.Add(1) == 1 {
 		return false, time.Now().Add(time.Hour), nil
 	}
@@ -114,12 +118,12 @@ func (j *rlHeldElsewhere) Lease(ctx context.Context, _, _ string, _ time.Duratio
 	return false, time.Time{}, ctx.Err()
 }
 
-func (j *rlHeldElsewhere) Release(context.Context, string, string) error { return nil }
+func (j *leaseHeldElsewhere) Release(context.Context, string, string) error { return nil }
 
-func rlLeaseWait(t *testing.T, ctx context.Context) (srv *payServer, j *rlHeldElsewhere, took time.Duration, err error) {
+func leaseWait(t *testing.T, ctx context.Context) (srv *payServer, j *leaseHeldElsewhere, took time.Duration, err error) {
 	t.Helper()
 	srv = newPayServer(t)
-	j = &rlHeldElsewhere{Memory: journal.NewMemory()}
+	j = &leaseHeldElsewhere{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(5*time.Second))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -146,10 +150,12 @@ func rlLeaseWait(t *testing.T, ctx context.Context) (srv *payServer, j *rlHeldEl
 // deadline ending a Lease call of that wait (rather than the sleep between
 // two) is taken for a journal that could not lease: it is logged as such
 // and the action goes on to its attempts "without a lease".
-func TestReviewLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
+//
+// Found in the review of leases (5a75ef1; was TestReviewLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld).
+func TestLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	srv, j, took, err := rlLeaseWait(t, ctx)
+	srv, j, took, err := leaseWait(t, ctx)
 	require.GreaterOrEqual(t, j.leases.Load(), int32(2), "no second Lease: the test proves nothing")
 	require.Less(t, took, 5*time.Second)
 	require.Empty(t, srv.seen(), "sent while another machine holds the lease")
@@ -162,19 +168,21 @@ func TestReviewLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
 // deadline by journalContext's own timer, that is taken for a journal that
 // could not lease, and the action is sent, after its deadline, while
 // another machine holds its lease.
-func TestReviewLeaseWaitOnADeadlineWithoutDoneSendsNothing(t *testing.T) {
-	srv, j, took, err := rlLeaseWait(t, rvNoDone{context.Background(), time.Now().Add(300 * time.Millisecond)})
+//
+// Found in the review of leases (5a75ef1; was TestReviewLeaseWaitOnADeadlineWithoutDoneSendsNothing).
+func TestLeaseWaitOnADeadlineWithoutDoneSendsNothing(t *testing.T) {
+	srv, j, took, err := leaseWait(t, noDoneContext{context.Background(), time.Now().Add(300 * time.Millisecond)})
 	require.GreaterOrEqual(t, j.leases.Load(), int32(2), "no second Lease: the test proves nothing")
 	require.Less(t, took, 5*time.Second)
 	require.Empty(t, srv.seen(), "sent after the caller's deadline while another machine holds the lease")
 	require.ErrorIs(t, err, context.DeadlineExceeded, "%v", err)
 }
 
-// rlHangingGet is a blocking journal whose Get hangs until its context
+// hangingGet is a blocking journal whose Get hangs until its context
 // ends.
-type rlHangingGet struct{ *journal.Memory }
+type hangingGet struct{ *journal.Memory }
 
-func (j rlHangingGet) Get(ctx context.Context, _ string) (journal.Record, bool, error) {
+func (j hangingGet) Get(ctx context.Context, _ string) (journal.Record, bool, error) {
 	<-ctx.Done()
 	return journal.Record{}, false, ctx.Err()
 }
@@ -183,7 +191,9 @@ func (j rlHangingGet) Get(ctx context.Context, _ string) (journal.Record, bool, 
 // journalError) on a context with a deadline and no Done: bounded by the
 // earlier of the deadline and the journal timeout, and labelled by which
 // ended them.
-func TestReviewResumeReadOnADeadlineWithoutDone(t *testing.T) {
+//
+// Found in the review of leases (5a75ef1; was TestReviewResumeReadOnADeadlineWithoutDone).
+func TestResumeReadOnADeadlineWithoutDone(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		in          time.Duration
@@ -199,12 +209,12 @@ func TestReviewResumeReadOnADeadlineWithoutDone(t *testing.T) {
 			require.NoError(t, err)
 			old.State = journal.StateUnknown
 			require.NoError(t, m.Update(context.Background(), old))
-			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(rlHangingGet{m}), idemretry.WithJournalTimeout(rvJournalTimeout))
+			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingGet{m}), idemretry.WithJournalTimeout(journalCtxTimeout))
 			require.NoError(t, err)
 			defer tr.Close()
 			app := &appResumer{}
 			start := time.Now()
-			results, err := tr.Resume(rvNoDone{context.Background(), time.Now().Add(tc.in)}, app, 1)
+			results, err := tr.Resume(noDoneContext{context.Background(), time.Now().Add(tc.in)}, app, 1)
 			require.Less(t, time.Since(start), 3*time.Second)
 			require.NoError(t, err)
 			require.Len(t, results, 1)

@@ -16,15 +16,15 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// r4AlwaysHeld is a Leaser over Memory whose lease is always held by
+// alwaysHeld is a Leaser over Memory whose lease is always held by
 // another machine, ending at once (so the wait sleeps about 1 ms a time).
-type r4AlwaysHeld struct{ *journal.Memory }
+type alwaysHeld struct{ *journal.Memory }
 
-func (r4AlwaysHeld) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
+func (alwaysHeld) Lease(ctx context.Context, _, _ string, _ time.Duration) (bool, time.Time, error) {
 	return false, time.Now(), nil
 }
 
-func (r4AlwaysHeld) Release(context.Context, string, string) error { return nil }
+func (alwaysHeld) Release(context.Context, string, string) error { return nil }
 
 // A caller that cancels its context (context.WithCancel, no deadline)
 // while the lease wait runs must get an error that says so:
@@ -33,9 +33,11 @@ func (r4AlwaysHeld) Release(context.Context, string, string) error { return nil 
 // context, so a cancel that lands as the sleep's timer fires (sleepReal's
 // select picks the timer, or the cancel comes between its return and the
 // check) is reported as a deadline the caller never had.
-func TestReviewLeaseWaitCancelIsReportedAsCanceled(t *testing.T) {
+//
+// Found in the review of the lease wait (de94a0c; was TestReviewLeaseWaitCancelIsReportedAsCanceled).
+func TestLeaseWaitCancelIsReportedAsCanceled(t *testing.T) {
 	srv := newPayServer(t)
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(r4AlwaysHeld{journal.NewMemory()}))
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(alwaysHeld{journal.NewMemory()}))
 	require.NoError(t, err)
 	defer tr.Close()
 	bad := 0
@@ -66,12 +68,14 @@ func TestReviewLeaseWaitCancelIsReportedAsCanceled(t *testing.T) {
 // context.DeadlineExceeded, 0 attempts, not maybe processed. The same
 // action sent again with a working context is sent once, under the same
 // key, and succeeds.
-func TestReviewPastNoDoneDeadlineThenRetry(t *testing.T) {
+//
+// Found in the review of the lease wait (de94a0c; was TestReviewPastNoDoneDeadlineThenRetry).
+func TestPastNoDoneDeadlineSendsNothingThenRetry(t *testing.T) {
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()))
 	require.NoError(t, err)
 	defer tr.Close()
-	ctx := rvNoDone{context.Background(), time.Now().Add(-time.Millisecond)}
+	ctx := noDoneContext{context.Background(), time.Now().Add(-time.Millisecond)}
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:r4-late"), srv.URL, `{"amount":1}`))
 	if resp != nil {
 		resp.Body.Close()

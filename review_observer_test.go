@@ -17,18 +17,18 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-type rvEvents struct {
+type attemptEvents struct {
 	mu sync.Mutex
 	ev []idemretry.Event
 }
 
-func (e *rvEvents) observe(ev idemretry.Event) {
+func (e *attemptEvents) observe(ev idemretry.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.ev = append(e.ev, ev)
 }
 
-func (e *rvEvents) attempts() []idemretry.Event {
+func (e *attemptEvents) attempts() []idemretry.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []idemretry.Event
@@ -40,7 +40,8 @@ func (e *rvEvents) attempts() []idemretry.Event {
 	return out
 }
 
-func TestReviewObserversSeeEveryAttempt(t *testing.T) {
+// Found in the review of journalError (8fea022; was TestReviewObserversSeeEveryAttempt).
+func TestObserverSeesEveryAttempt(t *testing.T) {
 	const delay = 30 * time.Millisecond
 	var n atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +55,7 @@ func TestReviewObserversSeeEveryAttempt(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		}
 	})
-	var first, second rvEvents
+	var first, second attemptEvents
 	// No keep-alive: net/http would otherwise resend the request cut on a
 	// reused connection by itself (one attempt, two writes).
 	base := &http.Transport{DisableKeepAlives: true}
@@ -72,7 +73,7 @@ func TestReviewObserversSeeEveryAttempt(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.EqualValues(t, 3, n.Load())
 	require.EqualValues(t, 3, tr.Stats().Attempts)
-	for _, e := range []*rvEvents{&first, &second} {
+	for _, e := range []*attemptEvents{&first, &second} {
 		at := e.attempts()
 		require.Len(t, at, 3, "EventAttempts seen")
 		for i, ev := range at {

@@ -17,11 +17,11 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// r3SlowReleaseLeaser is a Leaser over Memory that keeps one lease per
+// slowReleaseLeaser is a Leaser over Memory that keeps one lease per
 // action as a database would (holder and end), and whose Release takes
 // slow to complete (a database under load); a Release whose context ends
 // first does not happen, as a cancelled query does not.
-type r3SlowReleaseLeaser struct {
+type slowReleaseLeaser struct {
 	*journal.Memory
 	slow time.Duration
 
@@ -32,7 +32,7 @@ type r3SlowReleaseLeaser struct {
 	cut      atomic.Int32
 }
 
-func (j *r3SlowReleaseLeaser) Lease(ctx context.Context, id, holder string, ttl time.Duration) (bool, time.Time, error) {
+func (j *slowReleaseLeaser) Lease(ctx context.Context, id, holder string, ttl time.Duration) (bool, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return false, time.Time{}, err
 	}
@@ -46,7 +46,7 @@ func (j *r3SlowReleaseLeaser) Lease(ctx context.Context, id, holder string, ttl 
 	return true, j.until[id], nil
 }
 
-func (j *r3SlowReleaseLeaser) Release(ctx context.Context, id, holder string) error {
+func (j *slowReleaseLeaser) Release(ctx context.Context, id, holder string) error {
 	select {
 	case <-time.After(j.slow):
 	case <-ctx.Done():
@@ -68,7 +68,9 @@ func (j *r3SlowReleaseLeaser) Release(ctx context.Context, id, holder string) er
 // takes 400 ms, past OutcomeGrace but within the release's own second: it
 // completes, so the joiner is not left waiting for its own Transport's
 // lease to end (the TTL, 30 s by default) as if another machine held it.
-func TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace).
+func TestLeaseJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
 	joinerCarriesOn(t, 400*time.Millisecond)
 }
 
@@ -83,10 +85,10 @@ func TestLeaseJoinerReentersALeaseWhoseReleaseFailed(t *testing.T) {
 
 // joinerCarriesOn: a leader cancelled while its attempt is on the wire,
 // whose Release takes slow, and a joiner of its flight that carries the
-// action on (see TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace).
+// action on (see TestLeaseJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace).
 func joinerCarriesOn(t *testing.T, slow time.Duration) {
 	srv := newSlowPayServer(t, 2*time.Second)
-	j := &r3SlowReleaseLeaser{Memory: journal.NewMemory(), slow: slow,
+	j := &slowReleaseLeaser{Memory: journal.NewMemory(), slow: slow,
 		holder: map[string]string{}, until: map[string]time.Time{}}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 	require.NoError(t, err)
@@ -128,11 +130,13 @@ func joinerCarriesOn(t *testing.T, slow time.Duration) {
 // deadline, a far one, or a far one without Done): the journal timeout and
 // 1 s, not the caller's deadline. It runs after RoundTrip has returned,
 // and Close waits for it.
-func TestReviewReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
+//
+// Found in the second review of leases (5062b32; was TestReviewReleaseBoundedWhileTheCallerIsFine).
+func TestLeaseReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
 	for _, tc := range healthyContexts(time.Hour) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
-			j := &rlHangingRelease{Memory: journal.NewMemory()}
+			j := &hangingRelease{Memory: journal.NewMemory()}
 			tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
 			require.NoError(t, err)
 			defer tr.Close()

@@ -56,7 +56,9 @@ func (g *gatedResumer) Resolve(context.Context, journal.Record) (bool, error) { 
 // resumedIdentity says a resumed request is "exactly rec's action ... never
 // a new one", and the README says Resume sends a pending action "under its
 // stored key".
-func TestReviewResumeNeverMintsANewKey(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeNeverMintsANewKey).
+func TestResumeNeverMintsANewKey(t *testing.T) {
 	const body = `{"order":"U","amount":100}`
 	for _, tc := range []struct {
 		name string
@@ -136,7 +138,9 @@ func TestReviewResumeNeverMintsANewKey(t *testing.T) {
 // memory for the joiner (flight.share: io.ReadAll up to 1 MiB), with no
 // time bound: a body that stalls holds Resume, under a context without a
 // deadline, forever.
-func TestReviewResumeStalledBodyWithJoiner(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeStalledBodyWithJoiner).
+func TestResumeStalledBodyWithJoiner(t *testing.T) {
 	var n atomic.Int32
 	arrived, release := make(chan struct{}), make(chan struct{})
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -199,7 +203,9 @@ func TestReviewResumeStalledBodyWithJoiner(t *testing.T) {
 // action entirely: it is sent without the key, unchecked, retried as an
 // idempotent method, and reported Sent with the server's status, while the
 // payment stays pending under its key.
-func TestReviewResumeChecksTheMethod(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeChecksTheMethod).
+func TestResumeChecksTheMethod(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -222,7 +228,9 @@ func TestReviewResumeChecksTheMethod(t *testing.T) {
 // one refused before anything was written (here, a rebuilt body that is not
 // the action's: ErrFingerprintMismatch), so an app cannot tell "sent, no
 // answer" from "never sent".
-func TestReviewResumeSentMeansSent(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeSentMeansSent).
+func TestResumeSentMeansSent(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -247,7 +255,9 @@ func TestReviewResumeSentMeansSent(t *testing.T) {
 // both ready), so it goes on handing actions to Rebuild (and Resolve, which
 // may forget them) with an ended ctx, about half the time each. The
 // journal here (journal.Memory) lists without looking at ctx.
-func TestReviewResumeStartsNothingOnceCtxEnded(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeStartsNothingOnceCtxEnded).
+func TestResumeStartsNothingOnceCtxEnded(t *testing.T) {
 	j := journal.NewMemory()
 	for i := range 8 {
 		_, _, err := j.Reserve(context.Background(), journal.Record{ActionID: fmt.Sprintf("pay:%d", i), Key: fmt.Sprintf("k-%d", i),
@@ -286,7 +296,9 @@ func (nilRebuild) Resolve(context.Context, journal.Record) (bool, error) { retur
 // refused (ErrKeyWindowExpired, the record turned outcome-unknown), the
 // result says Sent, and Resolve is not called: the app must call Resume a
 // second time to reconcile it.
-func TestReviewResumeResolvesAnExpiredPendingAction(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeResolvesAnExpiredPendingAction).
+func TestReconcileAnExpiredPendingAction(t *testing.T) {
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -313,12 +325,14 @@ func TestReviewResumeResolvesAnExpiredPendingAction(t *testing.T) {
 // panic ends the app at start-up. "Bad input ... never a panic." Run in a
 // child process, since the panic is on a goroutine of Resume's and cannot
 // be recovered by the test.
-func TestReviewResumeNilBodyDoesNotPanic(t *testing.T) {
+//
+// Found in the review of Resume (1d85888; was TestReviewResumeNilBodyDoesNotPanic).
+func TestResumeNilBodyDoesNotPanic(t *testing.T) {
 	if os.Getenv("IDEMRETRY_REVIEW_NILBODY") == "1" {
 		resumeOverNilBodyBase(t)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewResumeNilBodyDoesNotPanic$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeNilBodyDoesNotPanic$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_NILBODY=1")
 	out, err := cmd.CombinedOutput()
 	first := string(out)
