@@ -10,11 +10,18 @@ package idemretry_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -207,4 +214,212 @@ func TestOneKeyUnderTwoActions(t *testing.T) {
 	require.ErrorIs(t, err, idemretry.ErrKeyReused)
 	assert.Equal(t, []string{"order-42", "order-42"}, keysOf(srv.seen()))
 	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// A process whose crypto/rand.Reader fails (replaced, or a legacy Linux
+// without getrandom whose /dev/urandom cannot be opened) gets an error from
+// RoundTrip, not a crash: minting a key must not take the process down.
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxFailingRandReaderIsAnErrorNotACrash).
+func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
+	if os.Getenv("IDEMRETRY_REVIEW_RAND_CHILD") == "1" {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		defer srv.Close()
+		tr, err := idemretry.NewTransport(&http.Transport{}, inMemory())
+		require.NoError(t, err)
+		defer tr.Close()
+		rand.Reader = failingReader{}
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rand"), srv.URL, `{"amount":1}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		fmt.Println("RoundTrip returned:", err)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyFromAFailingRandReaderIsAnErrorNotACrash$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_RAND_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	first := strings.SplitN(string(out), "\n", 2)[0]
+	require.NoError(t, err, "the child process crashed: %s", first)
+}
+
+// I2 across a restart: a new Transport over the same journal resends the
+// unfinished action with the same key.
+func TestSameKeyAfterRestart(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:restart")
+	_, err := first.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.Error(t, err, "the answer was lost")
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, "pay:restart", un[0].ActionID)
+
+	second, _ := newTestTransportOver(t, j)
+	resp, err := second.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	assert.True(t, idemretry.IsReplay(resp))
+	readAll(t, resp)
+	srv.requireOnePayment(t, 2)
+}
+
+// An explicit action keeps its key after it is done: a repeat is replayed.
+func TestExplicitActionKeepsKeyAfterDone(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:again")
+	for range 2 {
+		roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+	}
+	srv.requireOnePayment(t, 2)
+}
+
+// A key the caller set is kept as is, bare or quoted; a bad one is refused.
+func TestCallerSuppliedKey(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, v := range []string{"order-77-attempt", `"order-77-attempt"`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", v)
+		roundTrip(t, tr, req)
+	}
+	assert.Equal(t, []string{"order-77-attempt", "order-77-attempt"}, keysOf(srv.seen()))
+
+	for _, bad := range []string{strings.Repeat("k", 256), "has space", "caf\u00e9", `""`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", bad)
+		_, err := tr.RoundTrip(req)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidKey, bad)
+	}
+	assert.Len(t, srv.seen(), 2)
+}
+
+// The IETF draft's form: a quoted Structured Field string.
+func TestQuotedKeyOption(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithQuotedKey())
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
+	k := srv.seen()[0].Key
+	require.True(t, strings.HasPrefix(k, `"`) && strings.HasSuffix(k, `"`), k)
+	assert.NoError(t, uuidCheck(strings.Trim(k, `"`)))
+}
+
+// I8 for caller keys: without a WithAction id the key names the action, so
+// a key already used for one payload refuses another before sending. (With
+// one, the id names it: TestOneKeyUnderTwoActions.)
+func TestCallerKeyNamesTheAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	var errs []error
+	for _, body := range []string{"amount=1", "amount=999"} {
+		req := post(t, context.Background(), srv.URL, body)
+		req.Header.Set("Idempotency-Key", "order-42")
+		err := sendErr(tr, req)
+		errs = append(errs, err)
+	}
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], idemretry.ErrFingerprintMismatch)
+	assert.Len(t, srv.seen(), 1, "the second payload was not sent")
+}
+
+// Issue 7, item 7: a caller key set under a non-canonical header name is the
+// request's key: one Idempotency-Key value goes out, the caller's.
+func TestLowerCaseCallerKeyHeader(t *testing.T) {
+	var got [][]string
+	var mu sync.Mutex
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Values("Idempotency-Key"))
+		mu.Unlock()
+		w.WriteHeader(201)
+	})
+	tr, j, _ := newTestTransport(t)
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"order-77-pay"}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, got, 1)
+	assert.Equal(t, []string{"order-77-pay"}, got[0], "the request left with these Idempotency-Key values")
+	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x", CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created, "the caller's key did not name the action")
+	assert.Equal(t, "order-77-pay", rec.Key)
+
+	// Two spellings with two values are two keys: refused.
+	req = post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"a-1"}
+	req.Header.Set("Idempotency-Key", "b-2")
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrInvalidKey)
+}
+
+// WithRequireAction: a keyed request that names no action is refused before
+// anything is sent; a named one, a caller key, and an unkeyed GET go out.
+func TestRequireAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithRequireAction())
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	require.ErrorIs(t, err, idemretry.ErrActionRequired)
+	assert.Empty(t, srv.seen())
+
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header.Set("Idempotency-Key", "caller-key-2")
+	resp, err = tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	resp, err = tr.RoundTrip(httptestGet(t, srv.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Len(t, srv.seen(), 3)
+}
+
+// WithDuplicateWindow: an identical unnamed request within the window of the
+// first is the same action (same key, the server replays); after it, a new
+// one.
+func TestDuplicateWindow(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
+	send := func() *http.Response {
+		resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":30}`))
+		return resp
+	}
+	send()
+	clk.Advance(10 * time.Second)
+	second := send()
+	assert.True(t, idemretry.IsReplay(second), "a repeat within the window is answered with the replay")
+	assert.Equal(t, 1, srv.chargeCount())
+	clk.Advance(25 * time.Second)
+	send()
+	assert.Equal(t, 2, srv.chargeCount(), "a repeat after the window is a new payment")
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, keys[0], keys[1])
+	assert.NotEqual(t, keys[1], keys[2])
+
+	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(-time.Second))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(48*time.Hour))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+// WithAction ids that are empty or look like derived ids are refused.
+func TestInvalidActionIDs(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, id := range []string{"", "key:order-1", "fp:abc"} {
+		_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), id), srv.URL, "x"))
+		assert.ErrorIs(t, err, idemretry.ErrInvalidAction, "%q", id)
+	}
+	assert.Empty(t, srv.seen())
 }

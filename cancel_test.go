@@ -33,10 +33,6 @@ func postCancel(t *testing.T, ctx context.Context, url, body string) (*http.Requ
 	return req, func() { once.Do(func() { close(ch) }) }
 }
 
-// liveness bounds how long a test waits for a RoundTrip that must end
-// because its caller cancelled: it fails the test, it measures nothing.
-const liveness = 30 * time.Second
-
 // rtResult is what a RoundTrip run by goRoundTrip returned.
 type rtResult struct {
 	resp *http.Response

@@ -8,10 +8,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/idemretry/idemretry/journal"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // A key whose creation lies in the clock's future (the clock was set back
@@ -507,4 +507,266 @@ func TestClockTimerForms(t *testing.T) {
 	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithClock(wrongTimerClock{}))
 	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
 	assert.Contains(t, err.Error(), "NewTimer")
+}
+
+// The key window: past it, no attempt is made with the key, no new key is
+// minted (I3), and the action is marked outcome-unknown.
+func TestKeyWindowExpired(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	tr, j, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:window")
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+
+	clk.Advance(idemretry.DefaultKeyWindow)
+	for range 2 { // the second time the journal already says unknown
+		_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+		var ae *idemretry.ActionError
+		require.ErrorAs(t, err, &ae)
+		assert.True(t, ae.MaybeProcessed)
+	}
+	// The same request without the action id is another action (named by its
+	// fingerprint), with a key of its own.
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
+	assert.NotEqual(t, srv.seen()[0].Key, srv.seen()[1].Key)
+	assert.Len(t, srv.seen(), 2)
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, journal.StateUnknown, un[0].State)
+	assert.Equal(t, srv.seen()[0].Key, un[0].Key)
+}
+
+// I3 for fingerprint-identified actions: an unknown outcome is never resent
+// under a new key.
+func TestUnknownFingerprintActionNotRekeyed(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = scriptFirst(status(503))
+	tr, _, clk := newTestTransport(t, idemretry.WithMaxRetries(0))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "y"))
+	clk.Advance(idemretry.DefaultKeyWindow + time.Hour)
+	for range 2 {
+		_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "y"))
+		require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	}
+	assert.Len(t, srv.seen(), 1)
+}
+
+// I5 for the key window: a wait that would cross it is not started.
+func TestNoWaitPastKeyWindow(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, j, clk := newTestTransport(t, idemretry.WithKeyWindow(time.Minute), idemretry.WithBackOff(constant(40*time.Second)))
+	ctx := idemretry.WithAction(context.Background(), "pay:near-window")
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	assert.Len(t, srv.seen(), 2, "one wait of 40 s fits in the minute, the second does not")
+	assert.Equal(t, []time.Duration{40 * time.Second}, clk.Waits())
+	un, _ := j.Unfinished(context.Background())
+	require.Len(t, un, 1)
+	assert.Equal(t, journal.StateUnknown, un[0].State)
+}
+
+// I3: once an action is outcome-unknown it stays so, even if the clock
+// jumps back or the window is widened: only the application's Forget, after
+// reconciling, lets the action id be used again.
+func TestUnknownSurvivesClockJumpBack(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	j := journal.NewMemory()
+	tr, clk := newTestTransportOver(t, j, idemretry.WithKeyWindow(time.Minute),
+		idemretry.WithBackOff(constant(50*time.Second)))
+	ctx := idemretry.WithAction(context.Background(), "pay:jump")
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	sent := len(srv.seen())
+
+	clk.Advance(-time.Hour)
+	wider, _ := newTestTransportOver(t, j, idemretry.WithClock(clk))
+	_, err = wider.RoundTrip(post(t, ctx, srv.URL, "x"))
+	// By the set-back clock the window has not ended: the refusal says the
+	// outcome is unknown, without guessing why.
+	require.ErrorIs(t, err, idemretry.ErrOutcomeUnknown)
+	assert.Len(t, srv.seen(), sent, "nothing sent for an outcome-unknown action")
+
+	require.NoError(t, j.Forget(context.Background(), "pay:jump"))
+	srv.script = nil
+	resp, err := wider.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	readAll(t, resp)
+	reqs := srv.seen()
+	assert.NotEqual(t, reqs[0].Key, reqs[len(reqs)-1].Key, "after Forget, a new key")
+}
+
+// hK2's review: a pending action whose keyed fingerprint cannot be checked
+// here (made under another secret: fingerprint.key deleted, the record
+// copied from another journal) is refused "until its key window ends"
+// (README, "What it stores"). After that it must go the way of every
+// pending action past its window: recorded outcome-unknown, refused with
+// ErrKeyWindowExpired, and handed to Resume's Resolve, never sent. It must
+// not stay pending, refused as uncheckable, at every RoundTrip and every
+// Resume for ever.
+
+const uncheckableAction = "pay:hk2-large"
+
+var uncheckableBody = bytes.Repeat([]byte("0123456789abcdef"), 80<<10/16) // 80 KiB: keyed
+
+func uncheckableRequest(t testing.TB, ctx context.Context, url string) *http.Request {
+	req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, uncheckableAction), http.MethodPost, url+"/charges", bytes.NewReader(uncheckableBody))
+	require.NoError(t, err)
+	return req
+}
+
+// foreignKeyedRecord returns the pending record of uncheckableAction made by a
+// Transport over another Memory (another secret), whose attempt the server
+// refused with a 503, on clk: a keyed fingerprint this journal cannot check.
+func foreignKeyedRecord(t *testing.T, clk *fakeClock, url string) journal.Record {
+	t.Helper()
+	other := journal.NewMemory(journal.WithClock(clk.Now))
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(other), idemretry.WithClock(clk), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(uncheckableRequest(t, context.Background(), url))
+	if err == nil {
+		readAll(t, resp)
+	}
+	recs, err := other.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	rec := recs[0]
+	require.Equal(t, journal.StatePending, rec.State)
+	if string(rec.Fingerprint[:4]) != "irk\x01" {
+		t.Skip("this CPU makes plain fingerprints: nothing keyed to check")
+	}
+	return rec
+}
+
+type uncheckableResumer struct {
+	t        *testing.T
+	url      string
+	resolved atomic.Int32
+}
+
+func (r *uncheckableResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return uncheckableRequest(r.t, ctx, r.url), nil
+}
+
+func (r *uncheckableResumer) Resolve(context.Context, journal.Record) (bool, error) {
+	r.resolved.Add(1)
+	return true, nil
+}
+
+// uncheckablePastWindow: a journal holding the foreign pending record, a Transport over
+// it, and the server's count of requests with the record's key.
+func uncheckablePastWindow(t *testing.T) (*idemretry.Transport, *journal.Memory, *fakeClock, journal.Record, *atomic.Int32, string) {
+	var seen, wrong atomic.Int32
+	var key atomic.Value
+	key.Store("")
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if k := key.Load().(string); k != "" && r.Header.Get("Idempotency-Key") == k {
+			seen.Add(1)
+		} else if k != "" {
+			wrong.Add(1)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	t.Cleanup(func() { require.Zero(t, wrong.Load(), "a request under another key was sent") })
+	clk := newFakeClock()
+	rec := foreignKeyedRecord(t, clk, srv.URL)
+	key.Store(rec.Key)
+	j := journal.NewMemory(journal.WithClock(clk.Now))
+	_, created, err := j.Reserve(context.Background(), rec, journal.ReuseAny)
+	require.NoError(t, err)
+	require.True(t, created)
+	base := &http.Transport{}
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithClock(clk))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, tr.Close())
+		base.CloseIdleConnections()
+	})
+	// Within its window: refused as uncheckable, nothing sent (as the
+	// earlier rounds tested).
+	err = sendErr(tr, uncheckableRequest(t, context.Background(), srv.URL))
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	require.Contains(t, err.Error(), "cannot be checked")
+	require.ErrorIs(t, err, idemretry.ErrFingerprintUncheckable)
+	require.Zero(t, seen.Load())
+	clk.Advance(idemretry.DefaultKeyWindow + 2*time.Hour)
+	return tr, j, clk, rec, &seen, srv.URL
+}
+
+func uncheckableState(t *testing.T, j *journal.Memory) journal.State {
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	if len(recs) == 0 {
+		return 0
+	}
+	require.Len(t, recs, 1)
+	return recs[0].State
+}
+
+// TestKeyWindowOfAnUncheckableActionRoundTrip: after its window, a
+// RoundTrip of the action finds its key window ended, as for any pending
+// action, and records it outcome-unknown.
+//
+// Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowRoundTrip).
+func TestKeyWindowOfAnUncheckableActionRoundTrip(t *testing.T) {
+	tr, j, _, _, seen, url := uncheckablePastWindow(t)
+	err := sendErr(tr, uncheckableRequest(t, context.Background(), url))
+	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "past its key window: %v", err)
+	require.Equal(t, journal.StateUnknown, uncheckableState(t, j), "left pending past its key window")
+	require.Zero(t, seen.Load(), "sent")
+}
+
+// TestKeyWindowOfAnUncheckableActionResume: Resume hands it to Resolve
+// once its window (and the settle time) have passed, and forgets it.
+//
+// Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowResume).
+func TestKeyWindowOfAnUncheckableActionResume(t *testing.T) {
+	tr, j, _, _, seen, url := uncheckablePastWindow(t)
+	r := &uncheckableResumer{t: t, url: url}
+	for round := 0; round < 2; round++ { // a second Resume finds what the first left
+		res, err := tr.Resume(context.Background(), r, 1)
+		require.NoError(t, err)
+		if r.resolved.Load() > 0 {
+			break
+		}
+		require.Len(t, res, 1)
+		t.Logf("Resume %d: %v", round, res[0].Err)
+	}
+	require.EqualValues(t, 1, r.resolved.Load(), "never handed to Resolve: stuck pending for ever")
+	require.Zero(t, uncheckableState(t, j), "not forgotten")
+	require.Zero(t, seen.Load(), "sent")
+}
+
+// README guarantee 5: no wait starts that would end after "the key
+// window". As with the deadline (above), the window was checked before the
+// discarded answer's drain and the attempt count's journal write (here 2 s,
+// the journal timeout): the 3 s wait that fitted the 4 s window when drawn
+// no longer did, started all the same, and RoundTrip found the window over
+// only when it ended, 5 s on.
+//
+// Found in review hv3 (8c60b37; was TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite).
+func TestKeyWindowNoRetryWaitPastItAfterASlowProgressWrite(t *testing.T) {
+	var hits atomic.Int32
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	j := &slowProgressJournal{Memory: journal.NewMemory()}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(2*time.Second), idemretry.WithKeyWindow(4*time.Second),
+		idemretry.WithBackOff(constant(3*time.Second)), idemretry.WithMaxRetries(3))
+	start := time.Now()
+	err := sendErr(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-window"), srv.URL, `{"amount":2}`))
+	took := time.Since(start)
+	require.NotZero(t, j.progress.Load(), "the attempt count was not written: the test proves nothing")
+	require.Equal(t, int32(1), hits.Load())
+	require.ErrorIs(t, err, idemretry.ErrKeyWindowExpired)
+	require.Less(t, took, 4*time.Second, "a wait past the key window's end was started: RoundTrip returned %v on, the window being 4 s", took)
 }

@@ -49,3 +49,10 @@ func TestActionErrorSaysWhichAttemptsAreEarlier(t *testing.T) {
 	assert.Equal(t, 2, ae.Attempts)
 	assert.Equal(t, `idemretry: action "pay:1" (key `+ae.Key+`): 1 attempt (2 with earlier ones): attempts exhausted: `+ae.Err.Error(), err.Error())
 }
+
+func TestActionErrorMessage(t *testing.T) {
+	keyed := &idemretry.ActionError{Action: "pay:1", Key: "k", Attempts: 6, Status: 503, Reason: idemretry.ErrAttemptsExhausted}
+	assert.Equal(t, `idemretry: action "pay:1" (key k): 6 attempts, last status 503: attempts exhausted`, keyed.Error())
+	unkeyed := &idemretry.ActionError{Attempts: 1, Err: errors.New("boom")}
+	assert.Equal(t, "idemretry: 1 attempt: boom", unkeyed.Error())
+}

@@ -15,56 +15,6 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// awaitJoiners waits until n callers have joined flights of tr (bounded by
-// 10 s), so that what a test does next happens while they wait.
-func awaitJoiners(t *testing.T, tr *idemretry.Transport, n int) {
-	t.Helper()
-	require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) >= n }, 10*time.Second, time.Millisecond,
-		"%d caller(s) joined a flight", n)
-}
-
-// holdRequest makes srv hold its request number n, once it has arrived
-// (told on the channel returned), until release is called (or the test
-// ends); then the idempotency layer answers it as usual.
-func holdRequest(t *testing.T, srv *payServer, n int) (arrived <-chan struct{}, release func()) {
-	in, gate := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(release)
-	srv.script = func(m int, _ http.ResponseWriter, _ *http.Request) bool {
-		if m == n {
-			close(in)
-			<-gate
-		}
-		return false
-	}
-	return in, release
-}
-
-// payAsync sends req through tr on its own goroutine; the channel gives
-// its status, body and whether it was a replay.
-func payAsync(tr http.RoundTripper, req *http.Request) <-chan paid {
-	out := make(chan paid, 1)
-	go func() {
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			out <- paid{err: err}
-			return
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		out <- paid{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
-	}()
-	return out
-}
-
-type paid struct {
-	status int
-	body   string
-	replay bool
-	err    error
-}
-
 // Issue 26, item 1: an unnamed payment is charged and its answer lost;
 // while Resume rebuilds it the user taps again (the tap gets the replay,
 // the action is done); Resume then resends it under its old key, and while

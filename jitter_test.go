@@ -10,11 +10,6 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// maxRand always draws the top of the range, to show each ceiling.
-type maxRand struct{}
-
-func (maxRand) Int64N(n int64) int64 { return n - 1 }
-
 func TestFullJitterCeilings(t *testing.T) {
 	b := idemretry.NewFullJitter(500*time.Millisecond, 8*time.Second, maxRand{})
 	var got []time.Duration

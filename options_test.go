@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -158,4 +159,42 @@ func TestUnkeyedMethodsSentOnceWithoutKey(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, sendErr(tr, req), idemretry.ErrActionRequired, "PATCH is still keyed")
 	assert.Len(t, srv.seen(), 1)
+}
+
+func TestInvalidOptions(t *testing.T) {
+	j := inMemory()
+	for name, o := range map[string]idemretry.Option{
+		"zero window":       idemretry.WithKeyWindow(0),
+		"negative cap":      idemretry.WithMaxRetryAfter(-time.Second),
+		"empty header":      idemretry.WithKeyHeader(""),
+		"header with colon": idemretry.WithKeyHeader("Idempotency:Key"),
+		"header with space": idemretry.WithKeyHeader("Idempotency Key"),
+		"negative buffer":   idemretry.WithMaxBufferedBody(-1),
+		"negative retries":  idemretry.WithMaxRetries(-1),
+		"negative share":    idemretry.WithMaxSharedResponse(-1),
+		"zero jtimeout":     idemretry.WithJournalTimeout(0),
+	} {
+		_, err := idemretry.NewTransport(nil, j, o)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, name)
+	}
+	_, err := idemretry.NewTransport(nil, j, idemretry.WithKeyHeader("X-Idempotency-Key"), nil)
+	assert.NoError(t, err, "a nil Option is skipped")
+	_, err = idemretry.NewTransport(nil, j, idemretry.WithBackOff(nil), idemretry.WithRetryPolicy(nil),
+		idemretry.WithClock(nil), idemretry.WithKeyGenerator(nil))
+	assert.NoError(t, err, "a nil function restores the default")
+}
+
+// A method that carries no key and is not idempotent by definition is sent
+// once: retrying it without a key could perform it twice.
+func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, _, _ := newTestTransport(t, idemretry.WithUnkeyedMethods(http.MethodPost))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
+	assert.Equal(t, []string{""}, keysOf(srv.seen()))
+
+	req, err := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
+	require.NoError(t, err)
+	roundTrip(t, tr, req)
+	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
 }

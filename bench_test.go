@@ -46,3 +46,14 @@ func BenchmarkFingerprint(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNewUUIDKey is the cost of one action's key, from crypto/rand's
+// own Reader.
+func BenchmarkNewUUIDKey(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := newUUIDKey(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
