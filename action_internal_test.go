@@ -20,6 +20,9 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Internals of action.go: the UUIDv4 keys newUUIDKey makes from
+// crypto/rand.Reader (a replaced one too), and WithAction's context.
+
 // newUUIDKey's keys are canonical random (version 4, RFC 9562 variant)
 // UUIDs, as uuid.NewRandom makes them, and no two alike.
 func TestNewUUIDKeyIsCanonicalV4(t *testing.T) {

@@ -16,6 +16,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Allocation and memory budgets of the request path, measured over
+// RoundTrip with testing.AllocsPerRun and runtime.MemStats. Both count the
+// whole process, so none of these tests runs in parallel.
+
 // blockingMemory is a Memory journal whose claim never to block is not
 // passed on (the Transport trusts it only from the journal itself): its
 // calls get the journal timeout's bounds.
@@ -39,9 +43,6 @@ func TestJournalContextSharedCostsOneAllocation(t *testing.T) {
 		require.LessOrEqual(t, allocs, 1.0, "%s", name)
 	}
 }
-
-// hS1's review of the keyed fingerprint for bodies of keyedMinBody bytes
-// or more (commit 175a114): the per-key pool of scratch (fpKey.scratch).
 
 // A keyed fingerprint's scratch made for a small body (here 1 KiB) must
 // not take a whole keyedChunk (64 KiB) of memory: a scratch is made on

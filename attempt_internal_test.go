@@ -16,6 +16,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Internals of attempt.go and attemptctx.go: the request an attempt sends
+// (its key, its header copy), the answers whose bodies the policy may read,
+// and the attempt's context.
+
 // The attempt builder sends no keyed method without a key, whatever the
 // record it was given (issue 26, item 14: an empty key in a crafted record
 // went out as a request without an Idempotency-Key); a method that is not

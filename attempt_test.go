@@ -23,6 +23,11 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Attempts (attempt.go): the answers an attempt discards or peeks at, cut
+// in time and bytes; the caller's request and header copied for each
+// attempt; its writes counted; the waits between attempts held to the
+// caller's deadline; what a policy that reads bodies sees.
+
 // A policy of the caller's that takes longer than DefaultMaxDrainTime to
 // call a 201 final (it reads no body: it logs, asks a slow service...)
 // must not cut the body of the answer it lets through.

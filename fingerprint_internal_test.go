@@ -24,6 +24,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Internals of fingerprint.go: the keyed and plain forms held to their
+// definitions, the URL as URL.String writes it, hashing in place, and the
+// pooled scratch.
+
 // keeper is a journal that keeps a secret it is given.
 type keeper struct {
 	journal.Journal
@@ -495,6 +499,9 @@ func TestAppendURLIsURLStringForEveryByte(t *testing.T) {
 		}
 	}
 }
+
+// hS1's review of the keyed fingerprint for bodies of keyedMinBody bytes
+// or more (commit 175a114): the per-key pool of scratch (fpKey.scratch).
 
 // The pooled scratch keeps nothing of one fingerprint into the next: a
 // scratch used for a body cut short by its reader's error (a partial chunk

@@ -12,6 +12,10 @@ import (
 	"testing"
 )
 
+// Internals of hints.go: the one-pass scan of a small header against
+// lookups by name, over random headers and headers net/http built from
+// wire bytes.
+
 // The hints read in one pass over a small header (scanHeaders) and by name
 // over a larger one find what a lookup of each hint's name finds (the
 // reference below, every line of each name): over random headers of 0 to

@@ -1,8 +1,9 @@
 package idemretry_test
 
 // How the Transport uses its journal: errors it passes on, the directory it
-// locks, the journal it opens and closes (also when dropped), and the key
-// that survives a SIGKILL in the default file journal.
+// locks, the journal it opens and closes (also when dropped or removed),
+// and the key it holds before the first attempt leaves. The key that
+// survives a SIGKILL is in kill_test.go.
 
 import (
 	"context"

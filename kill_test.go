@@ -33,6 +33,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Processes killed with SIGKILL in the middle of a payment (the test
+// binary run again as a child): what the journal holds after, and what a
+// restarted process resends, taps again or resumes.
+
 const (
 	envE2EChild = "IDEMRETRY_E2E_CHILD" // the journal directory
 	envE2EURL   = "IDEMRETRY_E2E_URL"

@@ -18,6 +18,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Resume's reconciliation of the actions it may not send (reconcile.go):
+// Resolve is asked only while no request of the action can be in the air,
+// and a forget erases only the record it judged.
+
 // providerResumer is an app that reconciles an action by asking the
 // payment provider (the test server) whether its key was charged: if it
 // was, the order is paid and the action may be forgotten; if it was not,

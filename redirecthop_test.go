@@ -20,6 +20,10 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// A 307/308 hop of a keyed request (redirecthop.go): a sub-action with a
+// key of its own, and a tap of the payment while its hop is in flight or
+// pending, in this process or after a restart.
+
 // The previous release paid "pay:H" through a 307: the parent is done (the
 // 307), its hop "pay:H redirect:<8 bytes of the hop's fingerprint>" was
 // charged by the redirect target and its answer lost. The upgraded app

@@ -25,6 +25,11 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// The Transport as a drop-in http.RoundTripper (transport.go): the
+// caller's request left as it was, its body sent whole on every attempt,
+// an answer without a body kept http.NoBody, a 101's body writable,
+// invalid requests refused.
+
 // Every attempt carries the same bytes, with GetBody and without.
 func TestBodyIdenticalOnEveryAttempt(t *testing.T) {
 	payload := strings.Repeat(`{"line":"0123456789abcdef"}`, 2000)
@@ -72,6 +77,53 @@ func TestNonRewindableBodyOverLimitRefused(t *testing.T) {
 	roundTrip(t, tr, req)
 	assert.Len(t, srv.seen(), 2)
 	assert.True(t, body.isClosed())
+}
+
+// halfReadingBase reads part of the first attempt's body and fails as a
+// dropped connection would; later attempts go through.
+type halfReadingBase struct {
+	base  http.RoundTripper
+	calls atomic.Int32
+}
+
+func (h *halfReadingBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	if h.calls.Add(1) == 1 {
+		_, _ = io.CopyN(io.Discard, req.Body, 300)
+		req.Body.Close()
+		return nil, errors.New("test: connection reset by peer")
+	}
+	return h.base.RoundTrip(req)
+}
+
+// A body the base read part of before failing is sent whole on the retry,
+// under the same key, and the action is then one payload with a later
+// resend of it.
+//
+// Found in review hw1 (f949e43; was TestHW1BodyCutByTheBaseIsResentWhole).
+func TestBodyCutByTheBaseIsResentWhole(t *testing.T) {
+	for _, getBody := range []bool{false, true} {
+		for _, size := range []int{513, 64<<10 + 1} {
+			var got []int
+			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				got = append(got, len(b))
+				w.WriteHeader(http.StatusCreated)
+			})
+			base := &halfReadingBase{base: &http.Transport{}}
+			tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(t.TempDir()), idemretry.WithBackOff(constant(0)))
+			require.NoError(t, err)
+			body := bytes.Repeat([]byte{'x'}, size)
+			resp, err := tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, getBody))
+			require.NoError(t, err)
+			readAll(t, resp)
+			resp, err = tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, !getBody))
+			require.NoError(t, err, "the same payload refused")
+			readAll(t, resp)
+			assert.Equal(t, []int{size, size}, got, "GetBody %v", getBody)
+			require.NoError(t, tr.Close())
+			base.base.(*http.Transport).CloseIdleConnections()
+		}
+	}
 }
 
 // I6: the caller's request is left exactly as it was.
@@ -281,53 +333,6 @@ func TestSwitchingProtocolsBodyStaysWritable(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "echo hi\n", got)
 		rwc.Close()
-	}
-}
-
-// halfReadingBase reads part of the first attempt's body and fails as a
-// dropped connection would; later attempts go through.
-type halfReadingBase struct {
-	base  http.RoundTripper
-	calls atomic.Int32
-}
-
-func (h *halfReadingBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	if h.calls.Add(1) == 1 {
-		_, _ = io.CopyN(io.Discard, req.Body, 300)
-		req.Body.Close()
-		return nil, errors.New("test: connection reset by peer")
-	}
-	return h.base.RoundTrip(req)
-}
-
-// A body the base read part of before failing is sent whole on the retry,
-// under the same key, and the action is then one payload with a later
-// resend of it.
-//
-// Found in review hw1 (f949e43; was TestHW1BodyCutByTheBaseIsResentWhole).
-func TestBodyCutByTheBaseIsResentWhole(t *testing.T) {
-	for _, getBody := range []bool{false, true} {
-		for _, size := range []int{513, 64<<10 + 1} {
-			var got []int
-			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-				b, _ := io.ReadAll(r.Body)
-				got = append(got, len(b))
-				w.WriteHeader(http.StatusCreated)
-			})
-			base := &halfReadingBase{base: &http.Transport{}}
-			tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(t.TempDir()), idemretry.WithBackOff(constant(0)))
-			require.NoError(t, err)
-			body := bytes.Repeat([]byte{'x'}, size)
-			resp, err := tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, getBody))
-			require.NoError(t, err)
-			readAll(t, resp)
-			resp, err = tr.RoundTrip(boundaryRequest(t, srv.URL, "pay:cut", body, !getBody))
-			require.NoError(t, err, "the same payload refused")
-			readAll(t, resp)
-			assert.Equal(t, []int{size, size}, got, "GetBody %v", getBody)
-			require.NoError(t, tr.Close())
-			base.base.(*http.Transport).CloseIdleConnections()
-		}
 	}
 }
 
