@@ -130,7 +130,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string, deadline bool) 
 		srv.Start()
 		hb := &http.Transport{}
 		defer hb.CloseIdleConnections()
-		base = roundTripperFunc(hb.RoundTrip)
+		base = rtFunc(hb.RoundTrip)
 	default:
 		srv.Start()
 		hb := &http.Transport{}
@@ -443,7 +443,7 @@ func testStalledBodyCutThroughRegisteredProtocol(t *testing.T, deadline bool) {
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
 	base := &http.Transport{}
-	base.RegisterProtocol("http", roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+	base.RegisterProtocol("http", rtFunc(func(r *http.Request) (*http.Response, error) {
 		resp, err := inner.RoundTrip(r)
 		if err == nil {
 			resp.Body = &lockedBody{rc: resp.Body}
@@ -1021,7 +1021,7 @@ func TestPolicyReadsDataWithEOFAndNoBody(t *testing.T) {
 	defer srv.Close()
 	hb := &http.Transport{}
 	defer hb.CloseIdleConnections()
-	base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
 		resp, err := hb.RoundTrip(r)
 		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
 			resp.Body = struct {
@@ -1129,7 +1129,7 @@ func TestDeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
 		dl := time.Now().Add(500 * time.Millisecond)
 		var cancel context.CancelFunc = func() {}
 		if id, _ := idemretry.ActionFromContext(ctx); strings.HasSuffix(id, "nodone") {
-			ctx = noDoneUntil{Context: ctx, dl: dl}
+			ctx = noDoneContext{Context: ctx, dl: dl}
 		} else {
 			ctx, cancel = context.WithDeadline(ctx, dl)
 		}

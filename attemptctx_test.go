@@ -239,16 +239,6 @@ func TestAttemptContextThroughRedirectsAndFlights(t *testing.T) {
 	checkNoPackageGoroutines(t)
 }
 
-// detached is a context that keeps its parent's values but never ends, as
-// hand-written "detach" contexts did before context.WithoutCancel (its
-// Value passes every key on, the context package's own too).
-type detached struct{ parent context.Context }
-
-func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detached) Done() <-chan struct{}       { return nil }
-func (detached) Err() error                  { return nil }
-func (d detached) Value(key any) any         { return d.parent.Value(key) }
-
 // An attempt ended by the Transport (its body closed) is cancelled with
 // context.Canceled: a context derived from it, and the attempt's own, must
 // not report as their cause the cause of a context the caller detached
@@ -266,7 +256,7 @@ func TestAttemptContextCauseIsNotADetachedParentsCause(t *testing.T) {
 	handlerDone := errors.New("the handler that sent the payment returned")
 	parent, cancel := context.WithCancelCause(context.Background())
 	cancel(handlerDone)
-	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(detached{parent}, "pay:cause"), srv.URL, `{"amount":1}`))
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(detachedContext{parent}, "pay:cause"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	derived, dcancel := context.WithCancel(resp.Request.Context())
 	defer dcancel()
@@ -289,7 +279,7 @@ func TestAttemptContextNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T)
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
 	base := &http.Transport{}
-	base.RegisterProtocol("http", roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+	base.RegisterProtocol("http", rtFunc(func(r *http.Request) (*http.Response, error) {
 		return inner.RoundTrip(r.WithContext(context.WithValue(r.Context(), spanKey{}, "span")))
 	}))
 	tr, err := idemretry.NewTransport(base, inMemory())
@@ -326,7 +316,7 @@ func TestAttemptTracesCompose(t *testing.T) {
 			defer inner.CloseIdleConnections()
 			var baseWrites, callerWrites atomic.Int32
 			var sawValue atomic.Bool
-			base := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			base := rtFunc(func(r *http.Request) (*http.Response, error) {
 				sawValue.Store(r.Context().Value(ctxKey{}) == "v")
 				if kind == "base-trace" {
 					r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
@@ -417,7 +407,7 @@ func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
 			defer hb.CloseIdleConnections()
 			var base http.RoundTripper = hb
 			if wrap {
-				base = roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				base = rtFunc(func(r *http.Request) (*http.Response, error) {
 					return hb.RoundTrip(r.WithContext(context.WithValue(r.Context(), traceKey{}, "span")))
 				})
 			}

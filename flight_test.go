@@ -620,7 +620,7 @@ func TestFlightJoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
 	tr := transportOver(t, journal.NewMemory())
 	lead := sendAsync(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-nodone-join"), srv.URL, `{"amount":4}`))
 	<-srv.arrived // the leader's attempt is on the wire
-	ctx := idemretry.WithAction(noDoneUntil{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
+	ctx := idemretry.WithAction(noDoneContext{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
 	start := time.Now()
 	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":4}`))
 	took := time.Since(start)

@@ -627,10 +627,6 @@ func answer(code int, body string, hdr ...string) func(http.ResponseWriter) {
 	}
 }
 
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
 func transportWithConstant(t *testing.T) (*idemretry.Transport, journal.Journal, struct{}) {
 	t.Helper()
 	j := journal.NewMemory()
@@ -744,20 +740,9 @@ func uuidCheck(s string) error {
 	return nil
 }
 
-func stringsReader(s string) io.Reader { return &onlyReaderString{s: s} }
-
-// onlyReaderString is a strings.Reader without its other methods, so the
+// stringsReader is a strings.Reader without its other methods, so the
 // request is buffered by the Transport like any streamed body.
-type onlyReaderString struct{ s string }
-
-func (o *onlyReaderString) Read(p []byte) (int, error) {
-	if o.s == "" {
-		return 0, io.EOF
-	}
-	n := copy(p, o.s)
-	o.s = o.s[n:]
-	return n, nil
-}
+func stringsReader(s string) io.Reader { return onlyReader{strings.NewReader(s)} }
 
 // pausingJournal is a journal.Memory whose Reserve can be held: before
 // (if set) runs before the inner Reserve of want, after (if set) once it
@@ -835,17 +820,16 @@ func (j *slowProgressJournal) Update(ctx context.Context, rec journal.Record) er
 	return j.Memory.Update(ctx, rec)
 }
 
-// noDoneUntil reports a deadline and has no Done channel, as a broken
-// context does: the Transport's own waits end at its deadline all the
-// same (README guarantee 5: the journal calls; the lease's polls), as they
-// cannot be told through Done.
-type noDoneUntil struct {
-	context.Context
-	dl time.Time
-}
+// detachedContext is the context an app detaches from a request's with
+// its own type (as before context.WithoutCancel, e.g. x/tools' xcontext):
+// it never ends and has no deadline, but its values, all of them, are its
+// parent's.
+type detachedContext struct{ parent context.Context }
 
-func (c noDoneUntil) Deadline() (time.Time, bool) { return c.dl, true }
-func (noDoneUntil) Done() <-chan struct{}         { return nil }
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (d detachedContext) Value(k any) any           { return d.parent.Value(k) }
 
 // noDoneContext reports a fixed deadline and no Done channel; its Err is
 // Background's (nil): a Done that never closes has nothing to report.

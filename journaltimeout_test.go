@@ -281,17 +281,6 @@ func TestLeaseRenewalBoundsAContextWithADeadlineButNoDone(t *testing.T) {
 	require.Len(t, srv.seen(), 1)
 }
 
-// detachedContext is the context an app detaches from a request's with
-// its own type (as before context.WithoutCancel, e.g. x/tools' xcontext):
-// it never ends and has no deadline, but its values, all of them, are its
-// parent's.
-type detachedContext struct{ parent context.Context }
-
-func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detachedContext) Done() <-chan struct{}       { return nil }
-func (detachedContext) Err() error                  { return nil }
-func (d detachedContext) Value(k any) any           { return d.parent.Value(k) }
-
 // remoteJournal is a Memory journal whose Reserve first asks a journal
 // service over HTTP, with the call's context, as a journal that is a
 // client of a remote store does; the service can hang.
