@@ -16,8 +16,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -222,7 +221,7 @@ func TestOneKeyUnderTwoActions(t *testing.T) {
 //
 // Found in the review of the attempt context (a684ae8; was TestReviewCtxFailingRandReaderIsAnErrorNotACrash).
 func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
-	if os.Getenv("IDEMRETRY_REVIEW_RAND_CHILD") == "1" {
+	if childtest.IsChild() {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
 			w.WriteHeader(http.StatusCreated)
@@ -239,8 +238,7 @@ func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
 		fmt.Println("RoundTrip returned:", err)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyFromAFailingRandReaderIsAnErrorNotACrash$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_RAND_CHILD=1")
+	cmd := childtest.Command("TestKeyFromAFailingRandReaderIsAnErrorNotACrash")
 	out, err := cmd.CombinedOutput()
 	first := strings.SplitN(string(out), "\n", 2)[0]
 	require.NoError(t, err, "the child process crashed: %s", first)

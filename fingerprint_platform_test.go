@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -37,7 +38,8 @@ const (
 // have charged), its text with the "idemretry: " prefix once. By a live
 // resend and by Resume.
 func TestKeyedRecordMetUnderFIPS140Only(t *testing.T) {
-	if dir := os.Getenv(envPlatformFIPSDir); dir != "" {
+	if childtest.IsChild() {
+		dir := os.Getenv(envPlatformFIPSDir)
 		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
 		require.NoError(t, err)
 		defer tr.Close()
@@ -83,8 +85,8 @@ func TestKeyedRecordMetUnderFIPS140Only(t *testing.T) {
 		t.Skip("this process makes no keyed fingerprints (no AES instructions, or fips140=only): the record is plain")
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedRecordMetUnderFIPS140Only$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envPlatformFIPSDir+"="+dir, envPlatformFIPSURL+"="+srv.URL, "GODEBUG=fips140=only")
+	cmd := childtest.Command("TestKeyedRecordMetUnderFIPS140Only", envPlatformFIPSDir+"="+dir, envPlatformFIPSURL+"="+srv.URL, "GODEBUG=fips140=only")
+	cmd.Args = append(cmd.Args, "-test.v")
 	out, err := cmd.CombinedOutput()
 	t.Logf("child:\n%s", out)
 	require.NoError(t, err, "the fips140=only process failed its checks")
@@ -173,6 +175,9 @@ func TestKeyedTestsHoldWhereNewFingerprintsArePlain(t *testing.T) {
 		"TestKeyedFormCostsTheSmallNamedPostNoAllocation|TestKeyedForgedPayloadOverHTTP|TestKeyedRecordMetUnderFIPS140Only)$"
 	for _, godebug := range []string{"cpu.aes=off,cpu.pclmulqdq=off,cpu.pmull=off", "fips140=only"} {
 		t.Run(godebug, func(t *testing.T) {
+			// Not childtest.Command: this process runs the keyed tests
+			// themselves, as parents, under another GODEBUG, and a child
+			// of childtest would take their children's branches.
 			cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.v")
 			cmd.Env = append(os.Environ(), "GODEBUG="+godebug)
 			out, err := cmd.CombinedOutput()

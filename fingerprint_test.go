@@ -20,7 +20,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -1096,16 +1096,15 @@ func TestKeyedFingerprintAtItsBoundaries(t *testing.T) {
 // b358e2b): each test holds a README guarantee over loopback HTTP.
 
 const (
-	envKeyedSecretChild = "IDEMRETRY_REVIEW_KEYED_CHILD"
-	envKeyedSecretURL   = "IDEMRETRY_REVIEW_KEYED_URL"
+	envKeyedSecretURL = "IDEMRETRY_KEYED_SECRET_URL"
 )
 
 // keyedSecretChild runs TestKeyedSecretChild in a child process with env
 // added, and returns the line it printed after "RoundTrip returned: ".
 func keyedSecretChild(t *testing.T, env ...string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedSecretChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), env...)
+	cmd := childtest.Command("TestKeyedSecretChild", env...)
+	cmd.Args = append(cmd.Args, "-test.v")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child process failed: %s", out)
 	for _, line := range strings.Split(string(out), "\n") {
@@ -1122,9 +1121,8 @@ func keyedSecretChild(t *testing.T, env ...string) string {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedChild).
 func TestKeyedSecretChild(t *testing.T) {
-	mode := os.Getenv(envKeyedSecretChild)
-	if mode == "" {
-		t.Skip("the child process of the tests in review_keyed_test.go")
+	if !childtest.IsChild() {
+		t.Skip("the child process of TestKeyedSecretFromAFailingRandReader")
 	}
 	url := os.Getenv(envKeyedSecretURL)
 	j := journal.NewMemory() // its secret drawn before the reader fails
@@ -1148,7 +1146,7 @@ func TestKeyedSecretChild(t *testing.T) {
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedSecretFailingRandReader).
 func TestKeyedSecretFromAFailingRandReader(t *testing.T) {
 	srv := newPayServer(t)
-	got := keyedSecretChild(t, envKeyedSecretChild+"=rand", envKeyedSecretURL+"="+srv.URL)
+	got := keyedSecretChild(t, envKeyedSecretURL+"="+srv.URL)
 	t.Logf("child: %s", got)
 	assert.Equal(t, 1, strings.Count(got, "idemretry: "), "the error carries the prefix once: %s", got)
 	assert.NotContains(t, got, "<nil>")
@@ -1409,10 +1407,10 @@ func secretRequest(t testing.TB, ctx context.Context, url string) *http.Request 
 // large order through a Transport on the journal in envSecretDir. The
 // parent kills it once the server has committed the charge.
 func TestSecretRestartChild(t *testing.T) {
-	dir := os.Getenv(envSecretDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestSecretRestart")
 	}
+	dir := os.Getenv(envSecretDir)
 	tr, err := idemretry.NewTransport(http.DefaultTransport, idemretry.WithJournalDir(dir))
 	if err != nil {
 		fmt.Println("error", err)
@@ -1477,12 +1475,7 @@ func (l *secretLedger) seen() (keys []string, charges int) {
 // SIGKILLs it. It returns the key the charge was made under.
 func chargeAndKill(t *testing.T, dir string, l *secretLedger, url string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSecretRestartChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envSecretDir+"="+dir, envSecretURL+"="+url)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
+	cmd, out := childtest.Start(t, "TestSecretRestartChild", envSecretDir+"="+dir, envSecretURL+"="+url)
 	go func() { _, _ = io.Copy(io.Discard, bufio.NewReader(out)) }()
 	select {
 	case <-l.committed:

@@ -30,6 +30,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -47,10 +48,10 @@ const (
 // directory, and prints the response's status. It does nothing in a normal
 // run.
 func TestJournalE2EChild(t *testing.T) {
-	dir := os.Getenv(envE2EChild)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestJournalSurvivesKill")
 	}
+	dir := os.Getenv(envE2EChild)
 	c, err := idemretry.NewClient(idemretry.WithJournalDir(dir))
 	if err != nil {
 		fmt.Println("error", err)
@@ -100,12 +101,7 @@ func TestJournalSurvivesKill(t *testing.T) {
 	dir := t.TempDir()
 
 	run := func() (*exec.Cmd, *bufio.Reader) {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestJournalE2EChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
+		cmd, out := childtest.Start(t, "TestJournalE2EChild", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
 		return cmd, bufio.NewReader(out)
 	}
 
@@ -148,8 +144,7 @@ func TestUnfinishedCountsTheFirstAttemptAfterAKill(t *testing.T) {
 		<-r.Context().Done()
 	})
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestJournalE2EChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
+	cmd := childtest.Command("TestJournalE2EChild", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	select {
@@ -604,10 +599,10 @@ func rkInts(s string) []int {
 // TestResumeKillLoopChild is the app of TestResumeKillLoop; it does nothing
 // in a normal run.
 func TestResumeKillLoopChild(t *testing.T) {
-	dir := os.Getenv(envRKDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestResumeKillLoop")
 	}
+	dir := os.Getenv(envRKDir)
 	var outMu sync.Mutex
 	say := func(format string, a ...any) {
 		outMu.Lock()
@@ -860,12 +855,11 @@ func TestResumeKillLoop(t *testing.T) {
 
 	prevCommitKill := false
 	runChild := func(round int, env []string, final bool) {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopChild$", "-test.count=1")
 		if hashed {
 			env = append(env, envRKHashed+"=1")
 		}
-		cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0",
-			envRKDir + "=" + dir, envRKURL + "=" + srv.URL, fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
+		cmd := childtest.Command("TestResumeKillLoopChild", append([]string{envRKDir + "=" + dir, envRKURL + "=" + srv.URL,
+			fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr bytes.Buffer
@@ -1243,8 +1237,8 @@ func rkCount(m map[int][]string) int {
 }
 
 const (
-	envRetapDir = "IDEMRETRY_HU1_RETAP_DIR" // set only in the child
-	envRetapURL = "IDEMRETRY_HU1_RETAP_URL"
+	envRetapDir = "IDEMRETRY_RETAP_DIR"
+	envRetapURL = "IDEMRETRY_RETAP_URL"
 )
 
 // TestResumeKillLoopRetapChild is the app of
@@ -1254,18 +1248,18 @@ const (
 //
 // Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapChildHU1).
 func TestResumeKillLoopRetapChild(t *testing.T) {
-	dir := os.Getenv(envRetapDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestResumeKillLoopRetapRule")
 	}
+	dir := os.Getenv(envRetapDir)
 	base := rtFunc(func(r *http.Request) (*http.Response, error) {
-		fmt.Fprintf(os.Stdout, "hu1 sending %s\n", r.Header.Get("Idempotency-Key"))
+		fmt.Fprintf(os.Stdout, "retap sending %s\n", r.Header.Get("Idempotency-Key"))
 		time.Sleep(time.Hour) // killed here
 		return nil, context.Canceled
 	})
 	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithKeyWindow(time.Minute))
 	if err != nil {
-		fmt.Fprintf(os.Stdout, "hu1 open-error %v\n", err)
+		fmt.Fprintf(os.Stdout, "retap open-error %v\n", err)
 		os.Exit(3)
 	}
 	req, _ := http.NewRequest(http.MethodPost, os.Getenv(envRetapURL)+"/charge", strings.NewReader(rkBody(1, true)))
@@ -1296,16 +1290,12 @@ func TestResumeKillLoopRetapRule(t *testing.T) {
 	dir := t.TempDir()
 
 	// Run 1: killed between the reserve and the send.
-	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopRetapChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envRetapDir+"="+dir, envRetapURL+"="+srv.URL)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, out := childtest.Start(t, "TestResumeKillLoopRetapChild", envRetapDir+"="+dir, envRetapURL+"="+srv.URL)
 	keyc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if k, ok := strings.CutPrefix(sc.Text(), "hu1 sending "); ok {
+			if k, ok := strings.CutPrefix(sc.Text(), "retap sending "); ok {
 				keyc <- k
 			}
 		}
@@ -1389,8 +1379,8 @@ func (*forgettingResumer) Resolve(context.Context, journal.Record) (bool, error)
 // Found in review 2 of Resume (e80c783; was TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction).
 func TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown(t *testing.T) {
 	const body = `{"order":"A"}`
-	if dir := os.Getenv("IDEMRETRY_REVIEW2_RECREATE_DIR"); dir != "" {
-		resumeThenHang(t, dir, os.Getenv("IDEMRETRY_REVIEW2_RECREATE_URL"), body)
+	if childtest.IsChild() {
+		resumeThenHang(t, os.Getenv("IDEMRETRY_RECREATE_DIR"), os.Getenv("IDEMRETRY_RECREATE_URL"), body)
 		return
 	}
 	srv := newPayServer(t)
@@ -1400,8 +1390,8 @@ func TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown(t *testing.T) 
 	listed := pendingPayA(t, srv, fj, body)
 	require.NoError(t, fj.Close())
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW2_RECREATE_DIR="+dir, "IDEMRETRY_REVIEW2_RECREATE_URL="+srv.URL)
+	cmd := childtest.Command("TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown", "IDEMRETRY_RECREATE_DIR="+dir, "IDEMRETRY_RECREATE_URL="+srv.URL)
+	cmd.Args = append(cmd.Args, "-test.v")
 	require.NoError(t, cmd.Start())
 	marker := filepath.Join(dir, "..", filepath.Base(dir)+".recreated")
 	deadline := time.Now().Add(20 * time.Second)
@@ -1455,8 +1445,8 @@ func resumeThenHang(t *testing.T, dir, url, body string) {
 // resumes.
 
 const (
-	envKillDir = "IDEMRETRY_HW1_KILL_DIR"
-	envKillURL = "IDEMRETRY_HW1_KILL_URL"
+	envKillDir = "IDEMRETRY_KILL_DIR"
+	envKillURL = "IDEMRETRY_KILL_URL"
 )
 
 // holdingLedger charges a key once and replays it after; the first
@@ -1511,10 +1501,10 @@ func (l *holdingLedger) charges() int {
 //
 // Found in review hw1 (f949e43; was TestHW1KillChild).
 func TestKilledUnnamedPaymentChild(t *testing.T) {
-	dir := os.Getenv(envKillDir)
-	if dir == "" {
-		t.Skip("the child process of review_hw1_kill_test.go")
+	if !childtest.IsChild() {
+		t.Skip("the child process of TestKilledMidChargeThenTapOrResume and TestKilledAfterARedirectedUnnamedPaymentThenRepeat")
 	}
+	dir := os.Getenv(envKillDir)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
 	resp, err := (&http.Client{Transport: tr}).Post(os.Getenv(envKillURL), "application/json", strings.NewReader(`{"amount":42}`))
@@ -1553,8 +1543,7 @@ func TestKilledMidChargeThenTapOrResume(t *testing.T) {
 			defer srv.Close()
 			defer close(l.release)
 			dir := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledUnnamedPaymentChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), envKillDir+"="+dir, envKillURL+"="+srv.URL+c.path)
+			cmd := childtest.Command("TestKilledUnnamedPaymentChild", envKillDir+"="+dir, envKillURL+"="+srv.URL+c.path)
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
 			require.NoError(t, cmd.Start())
@@ -1614,8 +1603,7 @@ func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
 	srv := httptest.NewServer(l)
 	defer srv.Close()
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledUnnamedPaymentChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envKillDir+"="+dir, envKillURL+"="+srv.URL+"/redir")
+	cmd := childtest.Command("TestKilledUnnamedPaymentChild", envKillDir+"="+dir, envKillURL+"="+srv.URL+"/redir")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

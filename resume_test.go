@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -536,7 +536,7 @@ func (panickingResumer) Resolve(context.Context, journal.Record) (bool, error) {
 //
 // Found in review 4 of Resume (fefbf4b; was TestReview4ResolvePanicIsTheCallersToRecover).
 func TestResumeResolvePanicIsTheCallersToRecover(t *testing.T) {
-	if os.Getenv("IDEMRETRY_REVIEW4_PANIC_CHILD") == "1" {
+	if childtest.IsChild() {
 		const body = `{"order":"A"}`
 		srv := newPayServer(t)
 		mem := journal.NewMemory()
@@ -550,8 +550,7 @@ func TestResumeResolvePanicIsTheCallersToRecover(t *testing.T) {
 		}()
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeResolvePanicIsTheCallersToRecover$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW4_PANIC_CHILD=1")
+	cmd := childtest.Command("TestResumeResolvePanicIsTheCallersToRecover")
 	out, err := cmd.CombinedOutput()
 	first := strings.SplitN(string(out), "\n", 2)[0]
 	require.NoError(t, err, "the process died of the app's panic in Resolve, which Resume's caller recovers: %s", first)
@@ -945,12 +944,11 @@ func (nilRebuild) Resolve(context.Context, journal.Record) (bool, error) { retur
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeNilBodyDoesNotPanic).
 func TestResumeNilBodyDoesNotPanic(t *testing.T) {
-	if os.Getenv("IDEMRETRY_REVIEW_NILBODY") == "1" {
+	if childtest.IsChild() {
 		resumeOverNilBodyBase(t)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestResumeNilBodyDoesNotPanic$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_NILBODY=1")
+	cmd := childtest.Command("TestResumeNilBodyDoesNotPanic")
 	out, err := cmd.CombinedOutput()
 	first := string(out)
 	if i := strings.Index(first, "\n\ngoroutine "); i > 0 {
