@@ -154,6 +154,19 @@ func (fs *flights) inAir(prefix string) bool {
 	return false
 }
 
+// leave takes back the join of a caller that stopped waiting for f (its
+// context ended) or never meant to take its answer (Resume waiting for it
+// to land): if f is still in the air, its leader makes no copy of the
+// answer for that caller (see land), and so neither holds nor reads its
+// own answer for one.
+func (fs *flights) leave(f *flight) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m[f.id] == f && f.joiners > 0 {
+		f.joiners--
+	}
+}
+
 func (fs *flights) setKey(f *flight, key string) {
 	fs.mu.Lock()
 	f.key = key

@@ -290,3 +290,69 @@ func TestFlightSharedCopyOfAStalledBodyIsCutAtMaxShareTime(t *testing.T) {
 	require.Equal(t, journal.StateDone, rec.State)
 	require.Equal(t, int32(1), n.Load())
 }
+
+// A caller that joined a flight and stopped waiting (its context ended,
+// or its Request.Cancel was closed before it even arrived) takes no copy
+// of the answer, so the leader makes none for it: the leader's answer, a
+// 201 that streams (an SDK's streamed completion, a long receipt), is
+// handed to it at once and read whole. Before: the caller that left still
+// counted, and the leader's RoundTrip read the body for it until
+// DefaultMaxShareTime (5 s) cut it: the leader got the first chunk, then
+// context.Canceled.
+func TestFlightJoinerThatLeftIsNotCopiedFor(t *testing.T) {
+	for _, how := range []string{"context cancelled", "Request.Cancel closed before it arrived"} {
+		t.Run(how, func(t *testing.T) {
+			left := make(chan struct{})     // the joiner has stopped waiting
+			returned := make(chan struct{}) // the leader's RoundTrip has returned
+			srv := newPayServer(t)
+			srv.arrived = make(chan int, 10)
+			srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+				<-left
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "data: 1\n")
+				w.(http.Flusher).Flush()
+				select { // the rest once the leader has its answer in hand
+				case <-returned:
+				case <-r.Context().Done():
+					return true
+				case <-time.After(liveness):
+				}
+				io.WriteString(w, "data: 2\n")
+				return true
+			}
+			tr, _, _ := newTestTransport(t) // checks at cleanup that no goroutine of the package is left
+			ctx := idemretry.WithAction(context.Background(), "chat:stream-1")
+			const body = `{"prompt":"hello"}`
+			leader := make(chan rtResult, 1)
+			go func() {
+				resp, err := tr.RoundTrip(post(t, ctx, srv.URL, body))
+				close(returned)
+				leader <- rtResult{resp, err}
+			}()
+			<-srv.arrived
+
+			var err error
+			if how == "context cancelled" {
+				jctx, cancel := context.WithCancel(ctx)
+				joiner := goRoundTrip(tr, post(t, jctx, srv.URL, body))
+				awaitJoiners(t, tr, 1)
+				cancel()
+				err = awaitResult(t, joiner, "a joiner").err
+			} else {
+				req, cancel := postCancel(t, ctx, srv.URL, body)
+				cancel()
+				_, err = tr.RoundTrip(req)
+			}
+			close(left)
+			require.ErrorIs(t, err, context.Canceled, "the caller that left")
+			var ae *idemretry.ActionError
+			require.ErrorAs(t, err, &ae, "it had joined the flight")
+
+			l := awaitResult(t, leader, "the leader")
+			require.NoError(t, l.err)
+			require.Equal(t, http.StatusCreated, l.resp.StatusCode)
+			require.Equal(t, "data: 1\ndata: 2\n", readAll(t, l.resp), "the leader's streamed answer, whole")
+			require.Len(t, srv.seen(), 1)
+		})
+	}
+}

@@ -92,6 +92,7 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		arrived := t.earlierNow()
 		hopLive, judged := t.hopOnArrival(ctx, f, &who)
 		if err := f.wait(ctx); err != nil {
+			t.flights.leave(f) // flight.go: no copy is made for it
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
 		if !judged {
@@ -485,7 +486,11 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 		}
 		// In flight: with a keyed fingerprint, perhaps of the same payload
 		// with another salt, which only the flight's request can tell.
-		// Either way it lands first.
+		// Either way it lands first; its answer is not Resume's, so its
+		// leader makes no copy of it for Resume.
+		if !mismatch {
+			t.flights.leave(f)
+		}
 		if err := f.wait(ctx); err != nil {
 			return nil, &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true, Err: err}
 		}

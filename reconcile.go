@@ -21,6 +21,14 @@ import (
 // else reconciled it (ErrNotResumable). res.Err is the reason, or Resolve's
 // or the journal's error, or it is left as it was when the action is kept.
 func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Record, res *ResumeResult) {
+	// A listed record that journal.CheckRecord refuses (a journal that
+	// does not check what it reads back) is never resolved: Resolve asks
+	// the provider about its key, which may not be the key the action was
+	// sent under, and a "no charge" would have the app pay again.
+	if err := journal.CheckStored(listed); err != nil {
+		res.leave(wrapf(err, "resolve"))
+		return
+	}
 	f, err := t.holdFlight(ctx, listed)
 	if err != nil {
 		res.leave(err)
@@ -78,8 +86,9 @@ func (t *Transport) reconcile(ctx context.Context, r Resumer, listed journal.Rec
 }
 
 // readListed reads listed's record again: found false if it is gone
-// (someone reconciled it). A journal.Getter reads it without creating
-// anything. Another journal is read with a Reserve, which creates a record
+// (someone reconciled it); one that journal.CheckRecord refuses is an
+// error (journal.ErrCorruptRecord). A journal.Getter reads it without
+// creating anything. Another journal is read with a Reserve, which creates a record
 // that is gone: outcome-unknown, so that nothing is sent under its key,
 // and forgotten again at once (a Forget that a crash, or another process's
 // new record of the action in between, can defeat; one that fails is
@@ -101,6 +110,9 @@ func (t *Transport) readListed(ctx context.Context, listed journal.Record) (cur 
 				return cur, false, notResumableError(listed.ActionID, &listed, err)
 			}
 		}
+	}
+	if err == nil && found {
+		err = journal.CheckStored(cur)
 	}
 	if err != nil {
 		return cur, false, wrapf(journalError(ctx, err), "read action %q", listed.ActionID)

@@ -150,6 +150,9 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 // synced as one.
 func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (identity, error) {
 	rec := m.rec
+	if err := journal.CheckStored(rec); err != nil {
+		return identity{}, wrapf(err, "resume") // listed damaged: nothing of it is sent
+	}
 	fp, same, err := matchFingerprint(req, b, rec.Fingerprint, key)
 	if errors.Is(err, ErrFingerprintUncheckable) {
 		// Never sent; reserve refuses it, or finds its key window ended

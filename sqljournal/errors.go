@@ -22,8 +22,9 @@ var (
 	// not positive, a negative grace, a nil clock). Nothing is clamped or
 	// replaced by a default: the error says which value is wrong.
 	ErrInvalidOption = errors.New("idemretry: invalid sqljournal option")
-	// ErrMalformedRecord: a row holds values no Journal writes (a
-	// fingerprint that is not 32 bytes, a state other than the three, a
+	// ErrMalformedRecord: a row holds values no Journal writes (a NULL in
+	// a table made without Open's NOT NULL, a fingerprint that is not 32
+	// bytes, a state other than the three, a
 	// record that journal.CheckRecord refuses: an empty key, attempts out of
 	// range, ...). It was written by something else and is left as it is
 	// for a person to see; errors.Is matches journal.ErrCorruptRecord too.

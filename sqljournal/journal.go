@@ -220,25 +220,36 @@ func (j *Journal) usable(ctx context.Context, op string) error {
 func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	var (
 		r         journal.Record
+		key       sql.NullString
 		fp        []byte
-		createdMs int64
-		state     int16
-		att, stat int64
+		createdMs sql.NullInt64
+		state     sql.NullInt16
+		att, stat sql.NullInt64
 	)
-	if err := row.Scan(&r.ActionID, &r.Key, &fp, &createdMs, &state, &att, &stat); err != nil {
+	if err := row.Scan(&r.ActionID, &key, &fp, &createdMs, &state, &att, &stat); err != nil {
 		return journal.Record{}, err
 	}
+	// A table made by hand may allow NULL where Open's has NOT NULL.
+	for _, c := range []struct {
+		name  string
+		valid bool
+	}{{"key", key.Valid}, {"created_at", createdMs.Valid}, {"state", state.Valid}, {"attempts", att.Valid}, {"status", stat.Valid}} {
+		if !c.valid {
+			return journal.Record{}, fmt.Errorf("action %q: %s is NULL: %w", r.ActionID, c.name, ErrMalformedRecord)
+		}
+	}
+	r.Key = key.String
 	// Not ours to guess at: a fingerprint that cannot match would make
 	// every resend fail as a different request.
 	if len(fp) != len(r.Fingerprint) {
 		return journal.Record{}, fmt.Errorf("action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
 	}
-	if st := journal.State(state); state < 0 || state > 255 || st < journal.StatePending || st > journal.StateUnknown {
-		return journal.Record{}, fmt.Errorf("action %q: state %d: %w", r.ActionID, state, ErrMalformedRecord)
+	if st := journal.State(state.Int16); state.Int16 < 0 || state.Int16 > 255 || st < journal.StatePending || st > journal.StateUnknown {
+		return journal.Record{}, fmt.Errorf("action %q: state %d: %w", r.ActionID, state.Int16, ErrMalformedRecord)
 	}
 	copy(r.Fingerprint[:], fp)
-	r.CreatedAt = time.UnixMilli(createdMs)
-	r.State, r.Attempts, r.Status = journal.State(state), int(att), int(stat)
+	r.CreatedAt = time.UnixMilli(createdMs.Int64)
+	r.State, r.Attempts, r.Status = journal.State(state.Int16), int(att.Int64), int(stat.Int64)
 	// Nor is a record that no Reserve or Update would have stored: the
 	// Transport would send it as it is (an empty key as no key at all).
 	if err := journal.CheckRecord(r); err != nil {

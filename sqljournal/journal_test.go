@@ -171,6 +171,62 @@ func TestMalformedRecord(t *testing.T) {
 	malformed("Unfinished with a malformed record", err)
 }
 
+// A table made by hand (a DBA's, opened WithoutCreateTable, or before
+// Open created it) may lack the NOT NULL of Open's columns: a row with a
+// NULL in one is a record no Journal writes, ErrMalformedRecord (and
+// journal.ErrCorruptRecord) from Reserve, Get and Unfinished, and a
+// payment of its action is refused with nothing sent (Unfinished may
+// leave out a row whose state is NULL: it is none of the unfinished
+// states). Before: each failed
+// with database/sql's "converting NULL to string is unsupported", which
+// wraps neither, so the app could not tell it from any other failure.
+func TestMalformedRecordNullColumns(t *testing.T) {
+	db := testDB(t)
+	lost := newUnstartedChargeServer(t) // charges, and loses every answer
+	lost.dropAnswers = true
+	lost.Start()
+	srv := newChargeServer(t)
+	nullable := strings.NewReplacer(" NOT NULL", "").Replace(currentDDL)
+	for _, col := range []string{"key", "fingerprint", "created_at", "state", "attempts", "status"} {
+		t.Run(col, func(t *testing.T) {
+			table := newTable(t, db)
+			if _, err := db.Exec(`CREATE TABLE "` + table + `" ` + nullable); err != nil {
+				t.Fatal(err)
+			}
+			j := openOn(t, db, table, sqljournal.WithoutCreateTable())
+			tr := transportOn(t, j, idemretry.WithMaxRetries(0))
+			if p := post(context.Background(), tr, lost.URL, "pay:null-"+col, `{"order":"null-`+col+`"}`); p.err == nil {
+				t.Fatalf("the first answer was not lost: %+v", p)
+			}
+			if _, err := db.Exec(`UPDATE "`+table+`" SET `+col+` = NULL WHERE action_id = $1`, "pay:null-"+col); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			check := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, sqljournal.ErrMalformedRecord) || !errors.Is(err, journal.ErrCorruptRecord) {
+					t.Errorf("%s of a row with a NULL %s: %v, want ErrMalformedRecord", what, col, err)
+				}
+			}
+			_, _, err := j.Reserve(ctx, rec("pay:null-"+col, "k2", 0, journal.StatePending), journal.ReuseAny)
+			check("Reserve", err)
+			_, _, err = j.Get(ctx, "pay:null-"+col)
+			check("Get", err)
+			un, err := j.Unfinished(ctx)
+			if col == "state" && err == nil && len(un) == 0 {
+				// Left out: a NULL state is none of the unfinished ones.
+			} else {
+				check("Unfinished", err)
+			}
+			p := post(ctx, tr, srv.URL, "pay:null-"+col, `{"order":"null-`+col+`"}`)
+			check("a payment", p.err)
+			if keys := srv.keysOf(`{"order":"null-` + col + `"}`); len(keys) != 0 {
+				t.Errorf("the payment was sent again, under %q", keys)
+			}
+		})
+	}
+}
+
 // markLine is the line of a table's comment that records its id mode, as
 // Open documents it.
 const markLine = "idemretry.sqljournal.action_ids="

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -517,5 +518,82 @@ func TestResumeStillUnknownForgetDeletesAnotherMachinesPayment(t *testing.T) {
 	t.Logf("a tap of order A: %d %v; rows: %+v", tap.status, tap.err, rowsOf(t, probe, table))
 	if n := srv.chargeCount(); n != 1 {
 		t.Errorf("order A charged %d times", n)
+	}
+}
+
+// orderResumer rebuilds the payment of order rec.ActionID names
+// ("pay:<order>") to url; Resolve keeps every action.
+type orderResumer struct{ url string }
+
+func (r orderResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	order := strings.TrimPrefix(rec.ActionID, "pay:")
+	return http.NewRequestWithContext(ctx, http.MethodPost, r.url, strings.NewReader(`{"order":"`+order+`"}`))
+}
+
+func (orderResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// Three payments were charged and their answers lost; then one row was
+// damaged (attempts -1, by hand). At start-up Resume must still resend the
+// two intact ones (each answered by the server's replay, no new charge)
+// and report the damaged one, its result's Err journal.ErrCorruptRecord,
+// left as it is for a person. On main, Unfinished fails whole on the one
+// row, so Resume returns no result at all and an error naming pay:bad: the
+// app resumes nothing until someone repairs or deletes the row by hand,
+// and cannot even Forget it itself (the error is a string; the action id
+// is in it only as text). Their live resends still work: only the
+// start-up recovery is blocked.
+func TestResumeResendsTheIntactActionsBesideADamagedRow(t *testing.T) {
+	t.Skip("known: Unfinished fails whole on one damaged row (journal contract: \"fails so too or leaves it out\"); the journal must list the intact records and report the damaged ones by id (a typed error, errors.As), and Resume must give each of those a result of its own")
+	db := testDB(t)
+	j, table := openJournal(t, db)
+	lost := newUnstartedChargeServer(t)
+	lost.dropAnswers = true
+	lost.Start()
+	orders := []string{"good-1", "bad", "good-2"}
+	tr := transportOn(t, j, idemretry.WithMaxRetries(0))
+	for _, o := range orders {
+		if p := post(context.Background(), tr, lost.URL, "pay:"+o, `{"order":"`+o+`"}`); p.err == nil {
+			t.Fatalf("%s: the answer was not lost: %+v", o, p)
+		}
+	}
+	if _, err := db.Exec(`UPDATE "`+table+`" SET attempts = -1 WHERE action_id = $1`, "pay:bad"); err != nil {
+		t.Fatal(err)
+	}
+
+	srv := newChargeServer(t) // the provider, as reached after the restart
+	srv.before = func(w http.ResponseWriter, r *http.Request) bool {
+		// it knows the keys the lost server charged
+		key := r.Header.Get("Idempotency-Key")
+		lost.mu.Lock()
+		answer, ok := lost.stored[key]
+		lost.mu.Unlock()
+		if ok {
+			w.Header().Set("Idempotent-Replayed", "true")
+			io.WriteString(w, answer)
+			return true
+		}
+		return false
+	}
+	res, err := transportOn(t, j).Resume(context.Background(), orderResumer{srv.URL}, 0)
+	for _, r := range res {
+		t.Logf("%s: sent %v, status %d, %v", r.Record.ActionID, r.Sent, r.Status, r.Err)
+	}
+	if err != nil {
+		t.Fatalf("Resume: %v (%d results): the intact actions were not resumed", err, len(res))
+	}
+	byID := map[string]idemretry.ResumeResult{}
+	for _, r := range res {
+		byID[r.Record.ActionID] = r
+	}
+	for _, o := range []string{"good-1", "good-2"} {
+		if r := byID["pay:"+o]; r.Err != nil || r.Status != http.StatusOK {
+			t.Errorf("pay:%s: %+v, want resent and answered", o, r)
+		}
+	}
+	if r, ok := byID["pay:bad"]; !ok || !errors.Is(r.Err, journal.ErrCorruptRecord) {
+		t.Errorf("pay:bad: %+v, want its own result, journal.ErrCorruptRecord", r)
+	}
+	if n := srv.chargeCount(); n != 0 {
+		t.Errorf("%d new charges", n)
 	}
 }

@@ -583,7 +583,7 @@ func invalid(id string) []struct {
 		{"KeyWithControlByte", with(func(r *journal.Record) { r.Key = "k\x01" })},
 		{"KeyTooLong", with(func(r *journal.Record) { r.Key = string(make255()) + "!" })},
 		{"NegativeAttempts", with(func(r *journal.Record) { r.Attempts = -1 })},
-		{"AttemptsOverMax", with(func(r *journal.Record) { r.Attempts = journal.MaxAttempts + 1 })},
+		{"AttemptsOverMax", with(func(r *journal.Record) { r.Attempts = int(attemptsOverMax) })},
 		{"NegativeStatus", with(func(r *journal.Record) { r.Status = -1 })},
 		{"StateZero", with(func(r *journal.Record) { r.State = 0 })},
 		{"StateFour", with(func(r *journal.Record) { r.State = 4 })},
@@ -593,6 +593,12 @@ func invalid(id string) []struct {
 		{"CreatedAtAfterMax", with(func(r *journal.Record) { r.CreatedAt = time.UnixMilli(journal.MaxCreatedAtUnixMilli + 1) })},
 	}
 }
+
+// attemptsOverMax is one over journal.MaxAttempts, a variable so that the
+// suite compiles where an int is 32 bits (GOARCH 386, arm: Android's
+// armeabi-v7a), where it converts to a negative int: no int is over
+// journal.MaxAttempts there.
+var attemptsOverMax int64 = journal.MaxAttempts + 1
 
 // refusesInvalidRecords: Reserve refuses, with journal.ErrInvalidRecord,
 // a record that journal.CheckRecord refuses, and stores nothing of it;
