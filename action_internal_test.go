@@ -26,6 +26,7 @@ import (
 // newUUIDKey's keys are canonical random (version 4, RFC 9562 variant)
 // UUIDs, as uuid.NewRandom makes them, and no two alike.
 func TestNewUUIDKeyIsCanonicalV4(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for range 10000 {
 		k, err := newUUIDKey()
@@ -103,6 +104,7 @@ func TestWithActionIsAContextValue(t *testing.T) {
 // secrets, and may be written meanwhile); a nil parent gives a context that
 // http.NewRequestWithContext refuses, not one that fails deep in a send.
 func TestWithActionStringAndNilParent(t *testing.T) {
+	t.Parallel()
 	type appCtx struct {
 		context.Context
 		apiToken string

@@ -221,6 +221,7 @@ func TestOneKeyUnderTwoActions(t *testing.T) {
 //
 // Found in the review of the attempt context (a684ae8; was TestReviewCtxFailingRandReaderIsAnErrorNotACrash).
 func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
+	t.Parallel()
 	if childtest.IsChild() {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)

@@ -25,6 +25,7 @@ import (
 // went out as a request without an Idempotency-Key); a method that is not
 // keyed goes out without one.
 func TestNewAttemptRefusesAKeyedMethodWithoutAKey(t *testing.T) {
+	t.Parallel()
 	tr, err := NewTransport(nil, WithJournal(journal.NewMemory()), WithKeyedMethods(http.MethodGet), WithUnkeyedMethods(http.MethodPatch))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -52,6 +53,7 @@ func TestNewAttemptRefusesAKeyedMethodWithoutAKey(t *testing.T) {
 // The default policy reads no body but on the statuses where a server
 // refuses a key as reused; any other policy may read any body.
 func TestMayReadBody(t *testing.T) {
+	t.Parallel()
 	custom := func(_ context.Context, resp *http.Response, err error) bool { return false }
 	for _, tc := range []struct {
 		policy RetryPolicy
@@ -78,6 +80,7 @@ func TestMayReadBody(t *testing.T) {
 // slices kept as Clone keeps them, and no value slice able to overwrite
 // another's or the caller's by an append.
 func TestCloneHeaderIsCloneWithoutTheKey(t *testing.T) {
+	t.Parallel()
 	const name = "Idempotency-Key"
 	for _, nv := range []int{0, 1, 3, 7, 8, 9, 20} {
 		for _, many := range []bool{false, true} {
@@ -142,6 +145,7 @@ type probeKey struct{}
 // the deadline, Done and Err are the caller's; a caller's context that
 // already carries a trace gets httptrace's own composition under it.
 func TestAttemptTraceIsTheAttemptsContext(t *testing.T) {
+	t.Parallel()
 	if clientTraceKey == nil {
 		t.Fatal("httptrace's key was not learnt: every attempt pays for a context of its own")
 	}

@@ -34,6 +34,7 @@ import (
 //
 // Found in the review of the attempt context (a684ae8; was TestReviewCtxSlowPolicyDoesNotCutTheFinalBody).
 func TestSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
+	t.Parallel()
 	const size = 1 << 20
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -76,6 +77,7 @@ func TestSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
 // never end (no deadline, as most apps send): the attempt's own cancel
 // must cut in both.
 func TestStalledBodyIsCutOnEveryBase(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
 		for _, kind := range []string{"http1", "http1-gzip", "http2", "wrapped"} {
 			for _, deadline := range []bool{true, false} {
@@ -169,6 +171,7 @@ func testStalledBodyIsCut(t *testing.T, status int, kind string, deadline bool) 
 //
 // Found in the review of the hot-path pass (2d31af3; was TestReviewCustomBackOffMeasuresFromRoundTrip).
 func TestCustomBackOffMeasuresFromRoundTrip(t *testing.T) {
+	t.Parallel()
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -272,6 +275,7 @@ func TestStalledErrorBodiesDoNotHang(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2KeyHeaderSpellingsAndIsolation).
 func TestAttemptKeyHeaderSpellingsAndIsolation(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n < 3 {
@@ -308,6 +312,7 @@ func TestAttemptKeyHeaderSpellingsAndIsolation(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2CallerCancelDuringStalledBodyAndReuse).
 func TestCallerCancelDuringStalledBodyAndReuse(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	defer close(release)
 	var ended atomic.Int32
@@ -371,6 +376,7 @@ func TestCallerCancelDuringStalledBodyAndReuse(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2PeekedFinalBodyNotCutLater).
 func TestPeekedFinalBodyNotCutLater(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusConflict)
@@ -420,6 +426,7 @@ func (b *lockedBody) Close() error {
 //
 // Found in the second review of the hot-path pass (was TestReview2StalledBodyCutThroughRegisteredProtocol).
 func TestStalledBodyCutThroughRegisteredProtocol(t *testing.T) {
+	t.Parallel()
 	for _, deadline := range []bool{true, false} {
 		t.Run(map[bool]string{true: "deadline", false: "no-deadline"}[deadline], func(t *testing.T) {
 			testStalledBodyCutThroughRegisteredProtocol(t, deadline)
@@ -474,6 +481,7 @@ func testStalledBodyCutThroughRegisteredProtocol(t *testing.T, deadline bool) {
 //
 // Found in the second review of the hot-path pass (was TestReview2MaybeProcessedAcrossAttempts).
 func TestMaybeProcessedAcrossAttempts(t *testing.T) {
+	t.Parallel()
 	for _, written := range []bool{true, false} {
 		t.Run(fmt.Sprint("first written ", written), func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -567,6 +575,7 @@ func TestNothingOfACutAttemptOutlivesIt(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2NilHeaderAndEmptyKeyHeader).
 func TestAttemptNilHeaderAndEmptyKeyHeader(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n%2 == 1 {
@@ -683,6 +692,7 @@ func (w *watchedBody) drained() bool { w.mu.Lock(); defer w.mu.Unlock(); return 
 // A base RoundTripper that breaks the contract by returning a response and
 // an error: the error wins and the response body is closed.
 func TestBaseReturningBothIsClosed(t *testing.T) {
+	t.Parallel()
 	body := &closeTracker{Reader: strings.NewReader("x")}
 	base := rtFunc(func(r *http.Request) (*http.Response, error) {
 		r.Body.Close()
@@ -836,6 +846,7 @@ func TestPolicyManySmallReadsBounded(t *testing.T) {
 //
 // Found in review 2 of the attempt context (e5cb2d5; was TestRev2PolicyReplacesAndKeepsBody).
 func TestPolicyReplacesAndKeepsBody(t *testing.T) {
+	t.Parallel()
 	const rest = 64 << 10
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -875,6 +886,7 @@ func TestPolicyReplacesAndKeepsBody(t *testing.T) {
 //
 // Found in review 2 of the attempt context (e5cb2d5; was TestRev2PeekThenSlowCallerRead).
 func TestPeekThenSlowCallerRead(t *testing.T) {
+	t.Parallel()
 	head := `{"error":{"type":"invalid_request","message":"` + strings.Repeat("a", 9<<10) + `"}}`
 	const tail = 32 << 10
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -920,6 +932,7 @@ func readSlowly(t *testing.T, body io.Reader, chunk int, pause time.Duration) in
 //
 // Found in the last review of the attempt context (813580d; was TestRevFinal503ReadByPolicyThenDiscardThenSlowJudged201).
 func TestPolicyRead503ThenDiscardThenSlowJudged201(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -968,6 +981,7 @@ func TestPolicyRead503ThenDiscardThenSlowJudged201(t *testing.T) {
 //
 // Found in the last review of the attempt context (813580d; was TestRevFinalPolicyReadsAfterBudgetSpent).
 func TestPolicyReadsAfterDrainBudgetSpent(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	defer close(release)
 	var n atomic.Int32
@@ -1007,6 +1021,7 @@ func TestPolicyReadsAfterDrainBudgetSpent(t *testing.T) {
 //
 // Found in the last review of the attempt context (813580d; was TestRevFinalDataWithEOFAndNoBody).
 func TestPolicyReadsDataWithEOFAndNoBody(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -1089,6 +1104,7 @@ func (d *dataWithEOF) Read(p []byte) (int, error) {
 //
 // Found in review hv3 (8c60b37; was TestHV3NoHopelessRetryWaitAfterASlowProgressWrite).
 func TestNoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
+	t.Parallel()
 	var hits atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
@@ -1119,6 +1135,7 @@ func TestNoHopelessRetryWaitAfterASlowProgressWrite(t *testing.T) {
 //
 // Found in review hv3 (8c60b37; was TestHV3DeadlineDuringTheProgressWriteIsTheCallers).
 func TestDeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
 	j := &slowProgressJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j, idemretry.WithBackOff(constant(time.Millisecond)), idemretry.WithMaxRetries(3))
@@ -1148,6 +1165,7 @@ func TestDeadlineDuringTheProgressWriteIsTheCallers(t *testing.T) {
 //
 // Found in the review of the lease wait (de94a0c; was TestReviewPastNoDoneDeadlineThenRetry).
 func TestPastNoDoneDeadlineSendsNothingThenRetry(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(journal.NewMemory()))
 	require.NoError(t, err)

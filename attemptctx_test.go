@@ -138,6 +138,7 @@ func TestAttemptContextCloseRacesDerivation(t *testing.T) {
 //
 // Found in the review of the attempt context (a684ae8; was TestReviewCtxHTTP2).
 func TestAttemptContextOverHTTP2(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	release := make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -246,6 +247,7 @@ func TestAttemptContextThroughRedirectsAndFlights(t *testing.T) {
 //
 // Found in the review of the attempt context (a684ae8; was TestReviewCtxCauseIsNotADetachedParentsCause).
 func TestAttemptContextCauseIsNotADetachedParentsCause(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -299,6 +301,7 @@ func TestAttemptContextNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T)
 //
 // Found in the second review of the hot-path pass (was TestReview2TracesCompose).
 func TestAttemptTracesCompose(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -364,6 +367,7 @@ func TestAttemptTracesCompose(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2StackedTransportsCountWrites).
 func TestStackedTransportsCountWrites(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var keys []string
 	var n atomic.Int32
@@ -425,6 +429,7 @@ func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
 //
 // Found in review 2 of the attempt context (e5cb2d5; was TestRev2StopRacesEnd).
 func TestAttemptContextStopRacesEnd(t *testing.T) {
+	t.Parallel()
 	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for round := range 40 {
@@ -498,6 +503,7 @@ func TestAttemptContextValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
 //
 // Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextHoldsNoCredential).
 func TestAttemptContextPrintedHoldsNoCredential(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	req := post(t, idemretry.WithAction(context.Background(), "pay:print"), srv.URL, `{"amount":1}`)
@@ -570,6 +576,7 @@ func TestGiveUpContextDerived(t *testing.T) {
 //
 // Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextRacesClose).
 func TestAttemptContextPrintedRacesClose(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	for i := range 20 {

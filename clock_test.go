@@ -25,6 +25,7 @@ import (
 // since, and the journal has no later time to judge by) has an age nobody can
 // know: it is refused with ErrClockSkew, never sent, and stays as it was.
 func TestKeyCreatedInClockFutureRefused(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := newFakeClock()
@@ -54,6 +55,7 @@ func TestKeyCreatedInClockFutureRefused(t *testing.T) {
 
 // NewTransport warns when its clock is behind times its journal has seen.
 func TestClockBehindJournalLogged(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	clk := newFakeClock()
 	srv := newPayServer(t)
@@ -97,6 +99,7 @@ func (t *suspendTimer) C() <-chan time.Time { return t.ch }
 // The window is checked again before the attempt that follows a wait: a
 // wait can last longer than asked (a device asleep).
 func TestWindowRecheckedBeforeAttempt(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := suspendClock{fakeClock: newFakeClock(), jump: 25 * time.Hour}
@@ -115,6 +118,7 @@ func TestWindowRecheckedBeforeAttempt(t *testing.T) {
 // again. HEAD~3 refused it (TestKeyWindowSurvivesClockSetBack, rewritten by
 // e52afa0).
 func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	tr, ctx, base := pendingOnFileJournal(t, clk, "pay:old")
 
@@ -133,6 +137,7 @@ func TestSetBackAfterWindowKeepsKeyForgotten(t *testing.T) {
 // clock past the creation) the action is still refused: a transient skew
 // became a permanent outcome-unknown needing manual reconciliation.
 func TestFleetSkewKeepsPending(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	clkA, clkB := newFakeClock(), newFakeClock()
 	clkA.Advance(5 * time.Minute)
@@ -157,6 +162,7 @@ func TestFleetSkewKeepsPending(t *testing.T) {
 // README (guarantee 5): "NewTransport logs a clock that is behind times its
 // journal has seen". Not when the caller passes a filejournal.Journal.
 func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	clk := newFakeClock()
 	j, err := filejournal.Open(dir, filejournal.WithClock(clk.Now))
@@ -183,6 +189,7 @@ func TestClockBehindLoggedWithCallerJournal(t *testing.T) {
 // one expiry uses) and warns at every start for a year that windows "may look
 // younger", though the clock is right.
 func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	clk := newFakeClock()
 	base := &stubServer{status: 201}
@@ -205,6 +212,7 @@ func TestNoClockWarningAfterCorrectedForwardJump(t *testing.T) {
 // those 2 min is refused (ErrClockSkew) but stays pending, and goes out
 // again once the clock has passed its creation.
 func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	tr, ctx, _ := pendingOnFileJournal(t, clk, "pay:ntp")
 	clk.Advance(-2 * time.Minute)
@@ -219,6 +227,7 @@ func TestTwoMinuteStepBackKeepsPending(t *testing.T) {
 // the later of the two: a fake clock that lags the real one can never end a
 // window, so a key is sent 25 fake hours after its creation.
 func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
+	t.Parallel()
 	j, err := filejournal.Open(t.TempDir())
 	require.NoError(t, err)
 	defer j.Close()
@@ -242,6 +251,7 @@ func TestFakeClockRulesWindowWithOwnFileJournal(t *testing.T) {
 // CreatedAt, and its window never ends: 25 real hours later the key is sent
 // again although the server may have forgotten it (I3/I5).
 func TestClockSetForwardThenBackKeepsWindows(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	clk := newFakeClock()
@@ -273,6 +283,7 @@ func TestClockSetForwardThenBackKeepsWindows(t *testing.T) {
 // repeat of the explicit action never gets a new key inside its window (the
 // Transport, judging by the later time, may refuse it instead: safe).
 func TestForwardBlipNeverRekeysDoneInsideWindow(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	base := &stubServer{status: 201}
 	tr, err := idemretry.NewTransport(base,
@@ -303,6 +314,7 @@ func TestForwardBlipNeverRekeysDoneInsideWindow(t *testing.T) {
 // correction its age cannot be known, so a repeat is refused with
 // ErrClockSkew (nothing sent) until the application forgets it.
 func TestDoneFromClockFutureRefusedUntilForgotten(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	base := &stubServer{status: 201}
 	tr := onFileJournal(t, base, clk)
@@ -321,6 +333,7 @@ func TestDoneFromClockFutureRefusedUntilForgotten(t *testing.T) {
 // later time: a key minted now is aged from its minting, not judged by the
 // journal's later time, so a new action is sent, not refused.
 func TestSetBackDoesNotRefuseNewActions(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	base := &stubServer{status: 201}
 	tr := onFileJournal(t, base, clk, idemretry.WithKeyWindow(time.Hour), idemretry.WithMaxRetries(0))
@@ -334,6 +347,7 @@ func TestSetBackDoesNotRefuseNewActions(t *testing.T) {
 // The same with the default window and a set-back of 23h59m: a new action
 // keeps its whole window for its retries.
 func TestSetBackDoesNotShrinkNewWindows(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	n := 0
 	base := rtFunc(func(r *http.Request) (*http.Response, error) {
@@ -353,6 +367,7 @@ func TestSetBackDoesNotShrinkNewWindows(t *testing.T) {
 // A never-sent action is never left outcome-unknown by a set-back, nor
 // reported as maybe processed.
 func TestSetBackNeverPoisonsNeverSentAction(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	base := &stubServer{status: 201}
 	tr := onFileJournal(t, base, clk, idemretry.WithKeyWindow(time.Hour), idemretry.WithMaxRetries(0))
@@ -420,6 +435,7 @@ func sendOK(t *testing.T, tr *idemretry.Transport, action, body string) {
 // minted. The Transport refuses it (its window, judged by the clock, is
 // over) or sends the same key; never a new one.
 func TestNamedActionAfterClockCorrectionNotRekeyed(t *testing.T) {
+	t.Parallel()
 	for _, behind := range []time.Duration{25 * time.Hour, 49 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(behind.String(), func(t *testing.T) {
 			srv := newPayServer(t)
@@ -478,6 +494,7 @@ func (wrongTimerClock) NewTimer() *time.Timer { return time.NewTimer(time.Hour) 
 // NewTimer of another signature is refused rather than quietly replaced
 // by the system's timers.
 func TestClockTimerForms(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		clk   func(*fakeClock) idemretry.Clock
 		delay time.Duration // between attempts
@@ -717,6 +734,7 @@ func uncheckableState(t *testing.T, j *journal.Memory) journal.State {
 //
 // Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowRoundTrip).
 func TestKeyWindowOfAnUncheckableActionRoundTrip(t *testing.T) {
+	t.Parallel()
 	tr, j, _, _, seen, url := uncheckablePastWindow(t)
 	err := sendErr(tr, uncheckableRequest(t, context.Background(), url))
 	require.True(t, errors.Is(err, idemretry.ErrKeyWindowExpired), "past its key window: %v", err)
@@ -729,6 +747,7 @@ func TestKeyWindowOfAnUncheckableActionRoundTrip(t *testing.T) {
 //
 // Found in review hk2 (2b5c04c; was TestReviewHK2UncheckablePastWindowResume).
 func TestKeyWindowOfAnUncheckableActionResume(t *testing.T) {
+	t.Parallel()
 	tr, j, _, _, seen, url := uncheckablePastWindow(t)
 	r := &uncheckableResumer{t: t, url: url}
 	for round := 0; round < 2; round++ { // a second Resume finds what the first left
@@ -754,6 +773,7 @@ func TestKeyWindowOfAnUncheckableActionResume(t *testing.T) {
 //
 // Found in review hv3 (8c60b37; was TestHV3NoRetryWaitPastTheKeyWindowAfterASlowProgressWrite).
 func TestKeyWindowNoRetryWaitPastItAfterASlowProgressWrite(t *testing.T) {
+	t.Parallel()
 	var hits atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)

@@ -48,6 +48,7 @@ var attemptsOverMax int64 = journal.MaxAttempts + 1
 // journal.ErrCorruptRecord, nothing sent, as the journal created it or as
 // it returned it again.
 func TestTransportSendsNoUncheckedRecord(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		craft func(*journal.Record)
@@ -137,6 +138,7 @@ func (r *resolveCounter) Resolve(_ context.Context, rec journal.Record) (bool, e
 // was asked about key "" and the action forgotten; the pending one was
 // refused as journal.ErrInvalidRecord, as if the app had passed it.
 func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		craft   func(*journal.Record)
@@ -197,6 +199,7 @@ func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
 // request of the action was refused ("its last outcome (done, status 201)
 // is not yet in the journal") until the process ended.
 func TestAttemptsAtTheBoundTakeTheirOutcome(t *testing.T) {
+	t.Parallel()
 	if strconv.IntSize == 32 {
 		t.Skip("known: outcome.go sums r.prior()+r.sent in an int, which wraps at journal.MaxAttempts where an int is 32 bits; the sum must saturate (limits.go)")
 	}

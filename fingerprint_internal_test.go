@@ -152,6 +152,7 @@ func keyedRequest(t *testing.T, p []byte, split bool, seed uint64) (*http.Reques
 // gives its bytes in, at and around the chunk boundaries; and checked
 // against a request, in place or split, it matches the same bytes only.
 func TestKeyedFingerprintDefinition(t *testing.T) {
+	t.Parallel()
 	key, secret := testKey(t)
 	needKeyed(t, &key)
 	for _, n := range []int{keyedMinBody, keyedChunk + 1, 2*keyedChunk - 1, 3 * keyedChunk, 5*keyedChunk + 777} {
@@ -197,6 +198,7 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 // record would have let them, does not get a body that passes; one who has
 // the journal's secret does, which is why the secret stays in the journal.
 func TestKeyedFingerprintIsNotForgedFromTheRecord(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	needKeyed(t, &key)
 	p := bytes.Repeat([]byte(`{"amount":1000,"iban":"DE00000000000000000000"}`+"\n"), 3*keyedChunk/48)
@@ -258,6 +260,7 @@ func ghashMul(x, y [16]byte) [16]byte {
 // a small body, a body of unknown length. Plain is the legacy definition,
 // which matchFingerprint checks as before.
 func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
+	t.Parallel()
 	large := []byte(strings.Repeat("x", keyedMinBody))
 	plain := func(req *http.Request, p []byte) journal.Fingerprint {
 		sum := sha256.Sum256(p)
@@ -295,6 +298,7 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 // payload. Nor can one be checked by a Transport whose journal keeps no
 // secret.
 func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	needKeyed(t, &key)
 	p := bytes.Repeat([]byte("x"), keyedMinBody+1)
@@ -313,6 +317,7 @@ func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
 // appendURL writes the bytes of URL.String, which the fingerprint hashes:
 // one byte of difference would give a stored action another fingerprint.
 func TestAppendURLIsURLString(t *testing.T) {
+	t.Parallel()
 	for _, s := range appendURLSeeds {
 		u, err := url.Parse(s)
 		if err != nil {
@@ -371,6 +376,7 @@ func FuzzAppendURL(f *testing.F) {
 // it does not know (which still goes through GetBody); and reading it must
 // leave what the first attempt sends untouched.
 func TestFingerprintInPlaceIsTheCopysFingerprint(t *testing.T) {
+	t.Parallel()
 	for _, size := range []int{0, 1, 1024, 2048, 2049, 5000, 70000} {
 		payload := bytes.Repeat([]byte("0123456789abcdefghij"), size/20+1)[:size]
 		for _, skip := range []int{0, 1, size / 2} {
@@ -457,6 +463,7 @@ func TestFingerprintInPlaceIsTheCopysFingerprint(t *testing.T) {
 // its GetBody copy, as before: a NopCloser around a reader that is not one
 // of http.NewRequest's.
 func TestFingerprintOtherBodyUsesGetBody(t *testing.T) {
+	t.Parallel()
 	payload := []byte(`{"amount":1}`)
 	req, err := http.NewRequest(http.MethodPost, "http://example.test/pay", nil)
 	if err != nil {
@@ -487,6 +494,7 @@ func TestFingerprintOtherBodyUsesGetBody(t *testing.T) {
 // The URL in a fingerprint is URL.String's, whichever way appendURL takes:
 // every byte value in a host and a path, one at a time.
 func TestAppendURLIsURLStringForEveryByte(t *testing.T) {
+	t.Parallel()
 	for c := 0; c < 256; c++ {
 		for _, u := range []*url.URL{
 			{Scheme: "https", Host: "pay.example" + string(rune(c)) + ":8443", Path: "/v1/charges"},
@@ -512,6 +520,7 @@ func TestAppendURLIsURLStringForEveryByte(t *testing.T) {
 //
 // Found in review hs1 (ebb7e06; was TestReviewHS1PooledScratchKeepsNothing).
 func TestKeyedPooledScratchKeepsNothing(t *testing.T) {
+	t.Parallel()
 	key, secret := testKey(t)
 	needKeyed(t, &key)
 	var other [32]byte

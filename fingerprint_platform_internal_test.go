@@ -37,6 +37,7 @@ func platformPayload() []byte {
 // fingerprint of the payload, so it is uncheckable, never a match; and
 // a plain record does not match a changed body.
 func TestKeyedFallbackMatchesOnlyThePayload(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	p := platformPayload()
 	req, b := keyedRequest(t, p, false, 0)
@@ -148,6 +149,7 @@ func TestKeyedRecordCheckedWithoutAESInstructions(t *testing.T) {
 // ErrFingerprintUncheckable, for the payload and for another alike, never
 // a match nor a mismatch; samePayload's error is prefixed once.
 func TestKeyedRecordUnderFIPS140Only(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	p := platformPayload()
 	if childtest.IsChild() {

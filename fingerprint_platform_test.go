@@ -38,6 +38,7 @@ const (
 // have charged), its text with the "idemretry: " prefix once. By a live
 // resend and by Resume.
 func TestKeyedRecordMetUnderFIPS140Only(t *testing.T) {
+	t.Parallel()
 	if childtest.IsChild() {
 		dir := os.Getenv(envPlatformFIPSDir)
 		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
@@ -123,6 +124,7 @@ func forgeGHASH(t *testing.T, p string, aesKey []byte, at int) string {
 // server's replay taken as its answer): the forgery is a real one, and
 // the secret is what keeps it out.
 func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -160,6 +162,7 @@ func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
 // GODEBUG, which x/sys/cpu and the standard library both read, and the
 // tests are run in a child process.
 func TestKeyedTestsHoldWhereNewFingerprintsArePlain(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("GODEBUG") != "" {
 		t.Skip("GODEBUG is set: this process is already one of the environments")
 	}

@@ -55,6 +55,7 @@ func legacyFingerprint(method, url, body string) journal.Fingerprint {
 // key per action ... across restarts") and "Resuming after a crash". The
 // same for an action named by a key the caller set.
 func TestUpgradeResumesNamedActionsLeftPendingByThePreviousRelease(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		for _, how := range []string{"resume", "live resend"} {
 			for _, kind := range []string{"WithAction", "caller key"} {
@@ -347,6 +348,7 @@ var keyedPrefix = []byte{'i', 'r', 'k', 1}
 // a payload changed in its first chunk, its last byte, or its length, with
 // nothing sent. By a live resend and by Resume.
 func TestLargeNamedActionIsOneActionAcrossRestarts(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"live resend", "resume"} {
 		t.Run(how, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -458,6 +460,7 @@ func TestLargeNamedDoubleTapIsOnePayment(t *testing.T) {
 // it pending under a secret the second never drew. It must go out under
 // the first key (replayed), and another payload must be refused.
 func TestLargeNamedActionSharedJournal(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -477,6 +480,7 @@ func TestLargeNamedActionSharedJournal(t *testing.T) {
 // restart; an unnamed large one keeps the plain form, which names it, and
 // is one payment when tapped twice.
 func TestLargeBodyForms(t *testing.T) {
+	t.Parallel()
 	payload := largePayload("L-5")
 	for _, kind := range []string{"unknown length", "caller key"} {
 		t.Run(kind, func(t *testing.T) {
@@ -528,6 +532,7 @@ func TestLargeBodyForms(t *testing.T) {
 // the previous release stored plain fingerprints for every action, and
 // the upgraded Transport must recognise its large named payload by them.
 func TestUpgradeLargeNamedActionLeftPendingByThePreviousRelease(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	payload := largePayload("L-6")
@@ -588,6 +593,7 @@ func (j *fpJournal) last(t *testing.T) journal.Fingerprint {
 //
 // Found in the second review of the hot-path pass (was TestReview2FingerprintIsGetBodysAfterBodyChanged).
 func TestFingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -651,6 +657,7 @@ func TestFingerprintIsGetBodysAfterBodyChanged(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2NamedActionResendWithReadBodyIsSamePayload).
 func TestFingerprintOfANamedResendWithReadBodyIsTheSamePayload(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	ctx := idemretry.WithAction(context.Background(), "pay:review2-read-body")
@@ -672,6 +679,7 @@ func TestFingerprintOfANamedResendWithReadBodyIsTheSamePayload(t *testing.T) {
 //
 // Found in the second review of the hot-path pass (was TestReview2FingerprintLeavesCallerBodyAlone).
 func TestFingerprintLeavesCallerBodyAlone(t *testing.T) {
+	t.Parallel()
 	var got atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -836,6 +844,7 @@ var smallNamedKinds = []string{"GetBody", "GetBody, length unknown", "no GetBody
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedActionAcrossRestartAtTheBoundaries).
 func TestSmallNamedActionAcrossRestartAtTheBoundaries(t *testing.T) {
+	t.Parallel()
 	for _, n := range smallNamedSizes {
 		for i, first := range smallNamedKinds {
 			again := smallNamedKinds[(i+1)%len(smallNamedKinds)]
@@ -937,6 +946,7 @@ func TestSmallNamedDoubleTapMixedForms(t *testing.T) {
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedResume).
 func TestSmallNamedResume(t *testing.T) {
+	t.Parallel()
 	for _, same := range []bool{true, false} {
 		t.Run(fmt.Sprintf("same payload %v", same), func(t *testing.T) {
 			srv := newPayServer(t)
@@ -977,6 +987,7 @@ func TestSmallNamedResume(t *testing.T) {
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1ConcurrentSmallNamedTwoSecrets).
 func TestSmallNamedConcurrentUnderTwoSecrets(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	trs := []*idemretry.Transport{transportOver(t, journal.NewMemory()), transportOver(t, journal.NewMemory())}
 	const workers, each = 12, 6
@@ -1054,6 +1065,7 @@ func boundaryRequest(t *testing.T, url, id string, body []byte, getBody bool) *h
 
 // Found in review hw1 (f949e43; was TestHW1KeyedFingerprintAtItsBoundaries).
 func TestKeyedFingerprintAtItsBoundaries(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
@@ -1145,6 +1157,7 @@ func TestKeyedSecretChild(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewKeyedSecretFailingRandReader).
 func TestKeyedSecretFromAFailingRandReader(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	got := keyedSecretChild(t, envKeyedSecretURL+"="+srv.URL)
 	t.Logf("child: %s", got)
@@ -1161,6 +1174,7 @@ func TestKeyedSecretFromAFailingRandReader(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedResumeAndLiveShareOneFlightHashedIDs).
 func TestLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
+	t.Parallel()
 	type tc struct {
 		first, size string
 		hashed      bool
@@ -1234,6 +1248,7 @@ func TestLargeNamedResumeAndLiveShareOneFlightHashedIDs(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedActionOtherURLOrMethodIsRefused).
 func TestLargeNamedActionOtherURLOrMethodIsRefused(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	payload := largePayload("U-1")
 	ctx := idemretry.WithAction(context.Background(), "pay:U-1")
@@ -1266,6 +1281,7 @@ func TestLargeNamedActionOtherURLOrMethodIsRefused(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp).
 func TestLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 0)
 	release := make(chan struct{})
 	var releaseOnce sync.Once
@@ -1311,6 +1327,7 @@ func TestLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError).
 func TestLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	payload := largePayload("G-1")
@@ -1364,6 +1381,7 @@ func requireCheckFailed(t *testing.T, err, cause error, action string) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError).
 func TestLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	payload := largePayload("G-2")
 	ctx := idemretry.WithAction(context.Background(), "pay:G-2")
@@ -1524,6 +1542,7 @@ func (r secretResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.R
 func (r secretResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
 
 func TestSecretRestartResends(t *testing.T) {
+	t.Parallel()
 	l, url := newSecretLedger(t)
 	dir := t.TempDir()
 	key := chargeAndKill(t, dir, l, url)
@@ -1589,12 +1608,14 @@ func testSecretRestartRefused(t *testing.T, damage func(path string)) *bytes.Buf
 }
 
 func TestSecretRestartKeyDeleted(t *testing.T) {
+	t.Parallel()
 	logs := testSecretRestartRefused(t, func(path string) { require.NoError(t, os.Remove(path)) })
 	require.Contains(t, logs.String(), "made a fingerprint secret for a journal that holds records",
 		"NewTransport did not warn of a secret made anew:\n%s", logs.String())
 }
 
 func TestSecretRestartKeyDamaged(t *testing.T) {
+	t.Parallel()
 	var path string
 	logs := testSecretRestartRefused(t, func(p string) {
 		path = p

@@ -13,6 +13,7 @@ import (
 // unnamed request a second payment. When both are ready, wait must not
 // pick at random.
 func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	f := &flight{done: make(chan struct{})}
@@ -32,6 +33,7 @@ func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
 // its digest): whichever arrives first leads, and the other joins, in both
 // orders; the flights then land and the next request leads anew.
 func TestFlightsIDAndDigestShareOneFlight(t *testing.T) {
+	t.Parallel()
 	fp := journal.Fingerprint{1}
 	for _, order := range [][2]string{{"pay:1", journal.Digest("pay:1")}, {journal.Digest("pay:1"), "pay:1"}} {
 		var fs flights
@@ -61,6 +63,7 @@ func TestFlightsIDAndDigestShareOneFlight(t *testing.T) {
 // A request with the same id and another fingerprint cannot join, whether
 // it names the action by its id or its digest.
 func TestFlightsDigestMismatch(t *testing.T) {
+	t.Parallel()
 	var fs flights
 	fs.join("pay:1", journal.Fingerprint{1})
 	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}); !mismatch {

@@ -23,6 +23,7 @@ import (
 // done): it must not join Resume's flight and be handed the first payment's
 // replay.
 func TestFlightResumeResendOfADonePaymentIsNotJoinedByANewOne(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":1200}`
 	srv := newPayServer(t)
 	j := journal.NewMemory()
@@ -155,6 +156,7 @@ func TestFlightRepeatsThatJoinADoneActionsResend(t *testing.T) {
 // (Found reviewing the fix of items 1-2: a handed-over flight's joiners
 // carried its done action on, whoever they were.)
 func TestFlightResumeCutShortDoesNotHandItsDonePaymentToANewOne(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":1300}`
 	srv := newPayServer(t)
 	j := journal.NewMemory()
@@ -224,6 +226,7 @@ func (j *heldElsewhere) free() {
 // the flight lands (what a flight's reservation found first decides, not
 // what came of it since).
 func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4400}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
@@ -259,6 +262,7 @@ func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
 // was unfinished: it carries that payment on, under its key, and gets its
 // replay; it is not a new payment.
 func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4500}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
@@ -299,6 +303,7 @@ func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
 // is the same payment, though the hop finishes before the flight lands;
 // made once the hop has finished, it is a new payment.
 func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":7100}`
 	for _, tc := range []struct {
 		name      string
@@ -385,6 +390,7 @@ func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
 // the first payment: it must never go out under the second one's key (and
 // be answered with its charge).
 func TestFlightLeaderWaitingForALeaseKeepsItsActionsKey(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4600}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}

@@ -26,6 +26,7 @@ import (
 // for the joiner. The joiner, with 9 s left, must get the answer, not
 // ErrResponseNotShared: for an unnamed payment it would be lost for good.
 func TestFlightJoinerGetsTheAnswerThatOutlivesTheLeadersDeadline(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":5100}`
 	srv := newPayServer(t)
 	leaderCtx, cancelLeader := context.WithTimeout(context.Background(), time.Second)
@@ -83,6 +84,7 @@ func TestFlightJoinerGetsTheAnswerThatOutlivesTheLeadersDeadline(t *testing.T) {
 // at once, writable, and the joiner ErrResponseNotShared with status 101;
 // nothing copies the connection (it would hang past every deadline).
 func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
+	t.Parallel()
 	joined, arrived := make(chan struct{}), make(chan struct{}, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		arrived <- struct{}{}
@@ -168,6 +170,7 @@ func TestFlightSwitchingProtocolsIsNeverShared(t *testing.T) {
 // is the first caller's own, as its context's end would be, and the tap
 // carries the payment on under its key.
 func TestFlightLeadersRequestCancelIsNotTheJoiners(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":5200}`
 	srv := newPayServer(t)
 	atServer, release := holdRequest(t, srv, 1)
@@ -197,6 +200,7 @@ func TestFlightLeadersRequestCancelIsNotTheJoiners(t *testing.T) {
 // of any action: its key and the attempts sent under it, in all runs
 // recorded (here two: a 503, then the 201), as the journal records them.
 func TestFlightNotSharedSaysTheActionsAttempts(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":5300}`
 	big := strings.Repeat("z", 4096)
 	srv := newPayServer(t)
@@ -245,6 +249,7 @@ func TestFlightNotSharedSaysTheActionsAttempts(t *testing.T) {
 //
 // Found in review hv3 (8c60b37; was TestHV3SharedCopyOfAStalledBodyIsCutAtMaxShareTime).
 func TestFlightSharedCopyOfAStalledBodyIsCutAtMaxShareTime(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	defer close(release)
 	var n atomic.Int32

@@ -83,6 +83,7 @@ func (h hangPendingJournal) Update(ctx context.Context, rec journal.Record) erro
 // outcomeContext (WithoutCancel): a caller who cancels while the journal is
 // slow waits the whole journal timeout (5 s), not "promptly".
 func TestFlightCancelDuringPendingWriteIsPrompt(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	j := hangPendingJournal{journal.NewMemory()}
@@ -118,6 +119,7 @@ func TestFlightDeadlineDuringAttemptReasonNil(t *testing.T) {
 // R5: a joiner with no deadline is handed the leader's give-up made for the
 // leader's own short deadline (ErrWaitExceedsDeadline), instead of carrying on.
 func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 200*time.Millisecond)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
@@ -242,6 +244,7 @@ func (s *slowReserveJournal) Reserve(ctx context.Context, rec journal.Record, m 
 }
 
 func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &slowReserveJournal{journal.NewMemory(), make(chan struct{})}
 	tr := transportOver(t, j)
@@ -271,6 +274,7 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 
 // unlanded outcome, journal recovers only after Forget; other actions unaffected.
 func TestFlightUnlandedForgetOtherAction(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &flakyJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j)
@@ -381,6 +385,7 @@ func TestNamedActionCallersShareTheFlight(t *testing.T) {
 // When the caller leading a flight gives up (its context ends), a caller
 // that joined it carries the action on, with the same key.
 func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	// The real clock: the 409s while the first charge is in progress are
 	// waited out.
@@ -616,6 +621,7 @@ func TestConcurrentSameActionOneKey(t *testing.T) {
 //
 // Found in review hv3 (8c60b37; was TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline).
 func TestFlightJoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 4*time.Second)
 	tr := transportOver(t, journal.NewMemory())
 	lead := sendAsync(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-nodone-join"), srv.URL, `{"amount":4}`))

@@ -4,14 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +28,25 @@ import (
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/journal"
 )
+
+// TestMain runs the tests that call t.Parallel up to 8 at a time, more
+// than there are cores: they wait (on loopback servers, timers, journals
+// that hang, child processes) far more than they compute. A -parallel
+// given on the command line wins, and fuzzing keeps its own default.
+// The tests that read or change what the whole process holds (its
+// goroutines, newTestTransport's check at cleanup included; the heap and
+// allocation counts; crypto/rand.Reader; the environment and working
+// directory) do not call t.Parallel: they run one at a time, before the
+// parallel ones start.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if fuzz := flag.Lookup("test.fuzz"); !given && (fuzz == nil || fuzz.Value.String() == "") {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+	}
+	os.Exit(m.Run())
+}
 
 // seen is one request as the test server received it.
 type seen struct {

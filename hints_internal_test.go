@@ -22,6 +22,7 @@ import (
 // 20 names, with the hints' names, other spellings of them, and values
 // read, misread and absent.
 func TestHintsScanFindsWhatLookupsFind(t *testing.T) {
+	t.Parallel()
 	names := []string{"Content-Type", "Date", "Content-Length", "X-Request-Id",
 		"stripe-should-retry", "IDEMPOTENT-REPLAYED", "Idempotent-replayed"}
 	names = append(names, retryHeaders[:]...)
@@ -96,6 +97,7 @@ func refRetryHint(h http.Header) (retry, ok bool) {
 // written, without canonicalising them: each must be in canonical form, as
 // net/http stores the headers it reads, or the lookup would miss.
 func TestHintHeaderNamesAreCanonical(t *testing.T) {
+	t.Parallel()
 	for _, names := range [][]string{replayHeaders[:], retryHeaders[:]} {
 		for _, name := range names {
 			if c := http.CanonicalHeaderKey(name); c != name {
@@ -116,6 +118,7 @@ func TestHintHeaderNamesAreCanonical(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2WireHeadersScanMatchesLookups).
 func TestHintsWireHeadersScanMatchesLookups(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -217,6 +220,7 @@ func TestHintsWireHeadersScanMatchesLookups(t *testing.T) {
 
 // Found in review hw3 (ca18fb8; was TestHW3FoldedHintsQuotedAndEmpty).
 func TestHintsFoldedQuotedAndEmpty(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		h         http.Header
 		retry, ok bool

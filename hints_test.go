@@ -210,6 +210,7 @@ func TestInFlightConflictRetried(t *testing.T) {
 // still reads the whole body, also one far larger than what is peeked, and
 // closing it returns the connection for reuse.
 func TestKeyReuseRejectedKeepsBodyOverHTTP(t *testing.T) {
+	t.Parallel()
 	big := `{"title":"Idempotency-Key is already used","type":"https://developer.example.com/idempotency","detail":"` +
 		strings.Repeat("x", 100<<10) + `"}`
 	var conns atomic.Int32
@@ -266,6 +267,7 @@ func response(status int, ctype, body string, hdr ...string) (*http.Response, *c
 // The classifier's table: what is a payload-mismatch refusal and what is
 // not, and what each verdict costs the body.
 func TestKeyReuseRejectedTable(t *testing.T) {
+	t.Parallel()
 	for _, c := range keyReuseAnswers {
 		t.Run("yes/"+c.name, func(t *testing.T) {
 			resp, _ := response(c.status, c.ctype, c.body, c.hdr...)
@@ -324,6 +326,7 @@ func TestKeyReuseRejectedTable(t *testing.T) {
 // can, and its replacement body yields every byte, passes on a read error
 // after the bytes before it, and closes the original.
 func TestKeyReuseRejectedPeekBounds(t *testing.T) {
+	t.Parallel()
 	resp, b := response(409, "text/plain", "idempotency_key_reused")
 	assert.False(t, idemretry.KeyReuseRejected(resp))
 	assert.Zero(t, b.n, "a body that is not JSON is not read")
@@ -362,6 +365,7 @@ func (f *failing) Read([]byte) (int, error) { return 0, f.err }
 
 // IsReplay's table.
 func TestIsReplayTable(t *testing.T) {
+	t.Parallel()
 	yes := [][]string{
 		{"Idempotent-Replayed", "true"}, {"idempotent-replayed", "TRUE"}, {"Idempotency-Replayed", " true "},
 		{"X-Idempotency-Replayed", `"true"`}, {"Idempotency-Replay", "True"}, {"X-Idempotency-Replay", "true"},
@@ -383,6 +387,7 @@ func TestIsReplayTable(t *testing.T) {
 
 // DefaultRetryPolicy's table, over the hints, replays and refusals alone.
 func TestDefaultPolicyHintTable(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cases := []struct {
 		name   string
@@ -413,6 +418,7 @@ func TestDefaultPolicyHintTable(t *testing.T) {
 // A 400 with a JSON body is final by its status: the policy does not read
 // it (a refusal it would find changes nothing).
 func TestDefaultPolicyReadsOnlyToVeto(t *testing.T) {
+	t.Parallel()
 	resp, b := response(400, "application/json", `{"error":{"type":"idempotency_error"}}`)
 	assert.False(t, idemretry.DefaultRetryPolicy(context.Background(), resp, nil))
 	assert.Zero(t, b.n)
@@ -452,6 +458,7 @@ func TestKeyReusedResendRefused(t *testing.T) {
 // that merely mentions the words, or a field the server echoes, is not a
 // refusal.
 func TestKeyReuseRejectedInCommonErrorShapes(t *testing.T) {
+	t.Parallel()
 	const ctype = "application/json; charset=utf-8"
 	yes := []struct {
 		name   string
@@ -622,6 +629,7 @@ func TestKeyReuseRecognisedInAGzipEncodedAnswer(t *testing.T) {
 // JSON is still one), one cut inside its compressed stream, and one that is
 // not valid deflate: never a panic, the body whole for the caller.
 func TestKeyReuseRejectedOnBadGzip(t *testing.T) {
+	t.Parallel()
 	refusal := `{"error":{"code":"idempotency_key_reused"}}`
 	for _, c := range []struct {
 		name string
@@ -647,6 +655,7 @@ func TestKeyReuseRejectedOnBadGzip(t *testing.T) {
 // otherwise is not recognised (and net/http's own decompression, which
 // leaves no Content-Encoding, needs none).
 func TestKeyReuseRejectedDecodesGzipOnly(t *testing.T) {
+	t.Parallel()
 	enc := gzipped(t, `{"error":{"code":"idempotency_key_reused"}}`)
 	for _, ce := range []string{"GZIP", " x-gzip "} {
 		resp, _ := response(http.StatusConflict, "application/json", string(enc), "Content-Encoding", ce)
@@ -828,6 +837,7 @@ func pad(n int) string {
 //
 // Found in review hv2 (7ce9851; was TestHV2DuplicateRetryHintFalseWins).
 func TestHintDuplicateRetryHintFalseWins(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, lines string
 	}{
@@ -859,6 +869,7 @@ func TestHintDuplicateRetryHintFalseWins(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2DuplicateRetryHintFalseWinsHTTP2).
 func TestHintDuplicateRetryHintFalseWinsOverHTTP2(t *testing.T) {
+	t.Parallel()
 	for _, extra := range []int{0, 7, 12} {
 		t.Run(fmt.Sprintf("%d extra names", extra), func(t *testing.T) {
 			var n atomic.Int32
@@ -896,6 +907,7 @@ func TestHintDuplicateRetryHintFalseWinsOverHTTP2(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2ReplayOnSecondLine).
 func TestHintReplayOnSecondLine(t *testing.T) {
+	t.Parallel()
 	for _, extra := range []int{0, 7, 10} {
 		t.Run(fmt.Sprintf("%d extra names", extra), func(t *testing.T) {
 			srv := newRawServer(t, always("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nIdempotent-Replayed:\r\nIdempotent-Replayed: true\r\n"+pad(extra)+"\r\nstored"))
@@ -914,6 +926,7 @@ func TestHintReplayOnSecondLine(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2InformationalHeadersAreNotTheAnswers).
 func TestHintsOfInformationalAnswersAreNotTheAnswers(t *testing.T) {
+	t.Parallel()
 	srv := newRawServer(t, always("HTTP/1.1 103 Early Hints\r\nX-Should-Retry: false\r\nIdempotent-Replayed: true\r\nLink: </a.css>; rel=preload\r\n\r\n"+
 		"HTTP/1.1 100 Continue\r\nStripe-Should-Retry: false\r\n\r\n"+
 		"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy"))
@@ -936,6 +949,7 @@ func TestHintsOfInformationalAnswersAreNotTheAnswers(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2FoldedAndEmptyHints).
 func TestHintsFoldedAndEmpty(t *testing.T) {
+	t.Parallel()
 	srv := newRawServer(t, always("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nX-Should-Retry:\r\n false\r\n\r\n"))
 	resp, _, n := sendRaw(t, srv)
 	if resp.Header.Get("X-Should-Retry") == "false" {
@@ -964,6 +978,7 @@ func jsonOf(size int) string {
 //
 // Found in review hv2 (7ce9851; was TestHV2PeekedBodiesWholeAroundThePeekLimit).
 func TestPeekedBodiesWholeAroundThePeekLimit(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{400, 409, 422} {
 		for _, size := range []int{64, 8191, 8192, 8193, 16384, 70000} {
 			for _, enc := range []string{"identity", "gzip", "gzip-asked"} {
@@ -1014,6 +1029,7 @@ func TestPeekedBodiesWholeAroundThePeekLimit(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2PeekedBodyThatBreaksOff).
 func TestPeekedBodyThatBreaksOff(t *testing.T) {
+	t.Parallel()
 	for _, sent := range []int{100, 8000, 8192, 9000} {
 		t.Run(fmt.Sprint(sent), func(t *testing.T) {
 			body := jsonOf(20000)[:sent]
@@ -1049,6 +1065,7 @@ func TestPeekedBodyThatBreaksOff(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2SlowFinalJSONBodyCutNeverShort).
 func TestPeekedSlowFinalJSONBodyNeverCutShort(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{400, 422} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			body := jsonOf(3000)
@@ -1088,6 +1105,7 @@ func TestPeekedSlowFinalJSONBodyNeverCutShort(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2HintsOn4xx).
 func TestHintsOn4xx(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		wire  string
@@ -1126,6 +1144,7 @@ func TestHintsOn4xx(t *testing.T) {
 //
 // Found in review hv2 (7ce9851; was TestHV2PeekedBodiesWholeHTTP2).
 func TestPeekedBodiesWholeOverHTTP2(t *testing.T) {
+	t.Parallel()
 	var status atomic.Int32
 	var body atomic.Value
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -1166,6 +1185,7 @@ func TestPeekedBodiesWholeOverHTTP2(t *testing.T) {
 
 // Found in review hw3 (ca18fb8; was TestHW3KeyReuseInGzipOverLoopback).
 func TestKeyReuseInGzipOverLoopback(t *testing.T) {
+	t.Parallel()
 	refusal := `{"error":{"type":"idempotency_error","message":"` // the rest follows
 	bomb := func() []byte {
 		var b bytes.Buffer

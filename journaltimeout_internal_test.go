@@ -14,6 +14,7 @@ import (
 // context; a call after that gets a new one, as does one with another
 // timeout.
 func TestSharedTimeoutsShareWithinTheSlack(t *testing.T) {
+	t.Parallel()
 	var s sharedTimeouts
 	a := s.bound(context.Background(), time.Hour)
 	b := s.bound(context.Background(), time.Hour)
@@ -72,6 +73,7 @@ type detachedKey struct{}
 // cause while it runs and the timeout's once it ends, as do the contexts a
 // journal derives from it; the caller's values are still there.
 func TestSharedBoundCauseIgnoresADetachedParent(t *testing.T) {
+	t.Parallel()
 	req, cancel := context.WithCancelCause(context.WithValue(context.Background(), detachedKey{}, "v"))
 	cancel(errors.New("the request ended"))
 	var s sharedTimeouts
@@ -95,6 +97,7 @@ func TestSharedBoundCauseIgnoresADetachedParent(t *testing.T) {
 // deadline no later than the journal timeout after bound returned, and no
 // earlier than 99 % of it after bound was called.
 func TestSharedBoundsUnderContention(t *testing.T) {
+	t.Parallel()
 	const d = timeoutShareMin // a slack of 1 ms: many epochs
 	var s sharedTimeouts
 	errs := make(chan error, 8)

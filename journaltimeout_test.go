@@ -60,6 +60,7 @@ func (s *ctxSpy) Update(ctx context.Context, rec journal.Record) error {
 // and a deadline no later than the journal timeout from its start and no
 // earlier than 99 % of it.
 func TestSharedJournalBoundKeepsValuesAndTheTimeout(t *testing.T) {
+	t.Parallel()
 	const timeout = 10 * time.Second
 	srv := newPayServer(t)
 	spy := &ctxSpy{Memory: journal.NewMemory()}
@@ -92,6 +93,7 @@ func TestSharedJournalBoundKeepsValuesAndTheTimeout(t *testing.T) {
 // by the journal timeout through its shared bound: RoundTrip returns the
 // answer, the outcome is kept in memory, and Close lands it.
 func TestSharedJournalBoundCutsAHangingOutcomeWrite(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &flakyJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j, idemretry.WithJournalTimeout(200*time.Millisecond))
@@ -116,6 +118,7 @@ func TestSharedJournalBoundCutsAHangingOutcomeWrite(t *testing.T) {
 // own end, not an unavailable journal), and otherwise still by the journal
 // timeout (journal.ErrUnavailable), both with nothing sent (guarantee 5).
 func TestJournalCallBoundedByTheEarlierOfDeadlineAndTimeout(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name              string
 		deadline, timeout time.Duration
@@ -160,6 +163,7 @@ func (s stallingMemory) Reserve(ctx context.Context, _ journal.Record, _ journal
 // it never blocks (journal.NonBlocker), never for one that inherits the
 // method.
 func TestNonBlockerClaimIsNotInherited(t *testing.T) {
+	t.Parallel()
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
@@ -202,6 +206,7 @@ func (h hangingReserve) Reserve(ctx context.Context, rec journal.Record, mode jo
 // A journal that does not answer within the journal timeout is reported as
 // unavailable, and nothing is sent.
 func TestJournalTimeoutIsUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
 		idemretry.WithJournalTimeout(100*time.Millisecond))
@@ -229,6 +234,7 @@ func (deadlineWithoutDone) Done() <-chan struct{} { return nil }
 // context claims an earlier deadline it cannot signal (Done is nil): the
 // deadline stands in for the journal timeout only when it can end the call.
 func TestJournalTimeoutBoundsAContextWithADeadlineButNoDone(t *testing.T) {
+	t.Parallel()
 	_, err := reserveUnder(t, deadlineWithoutDone{context.Background()})
 	require.ErrorIs(t, err, journal.ErrUnavailable)
 }
@@ -256,6 +262,7 @@ func (l *stallingLeaser) Release(context.Context, string, string) error { return
 // call: a caller's context that reports a deadline but has no Done channel
 // does not leave it waiting on a stalled journal.
 func TestLeaseRenewalBoundsAContextWithADeadlineButNoDone(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &stallingLeaser{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithLeaseTTL(time.Millisecond),
@@ -311,6 +318,7 @@ func (j *remoteJournal) Reserve(ctx context.Context, rec journal.Record, mode jo
 // context.Cause of its request, which must be the timeout's, not the
 // cause the ended request context left in the values.
 func TestSharedBoundCauseIsTheTimeoutsUnderADetachedContext(t *testing.T) {
+	t.Parallel()
 	hung := newServer(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	pay := newPayServer(t)
 	client := &http.Client{Transport: &http.Transport{}}
@@ -379,6 +387,7 @@ func reserveUnder(t *testing.T, ctx context.Context) (took time.Duration, err er
 //
 // Found in the review of journalError (8fea022; was TestReviewJournalContextNormalContexts).
 func TestJournalContextNormalContexts(t *testing.T) {
+	t.Parallel()
 	slack := 3 * time.Second // a noisy 2-core machine
 	t.Run("deadline before the timeout", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -429,6 +438,7 @@ func TestJournalContextNormalContexts(t *testing.T) {
 //
 // Found in the review of journalError (8fea022; was TestReviewJournalContextDeadlineButNoDone).
 func TestJournalContextDeadlineButNoDone(t *testing.T) {
+	t.Parallel()
 	slack := 3 * time.Second
 	t.Run("deadline after the timeout", func(t *testing.T) {
 		took, err := reserveUnder(t, noDoneContext{context.Background(), time.Now().Add(time.Hour)})
@@ -457,6 +467,7 @@ func TestJournalContextDeadlineButNoDone(t *testing.T) {
 //
 // Found in the review of journalError (8fea022; was TestReviewJournalContextLyingDeadline).
 func TestJournalContextLyingDeadline(t *testing.T) {
+	t.Parallel()
 	t.Run("reports a far deadline, is cancelled early", func(t *testing.T) {
 		base, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel)
@@ -493,6 +504,7 @@ func (j *heldOutcomes) Update(ctx context.Context, rec journal.Record) error {
 //
 // Found in the review of journalError (8fea022; was TestReviewLandOutcomeCutByJournalTimeoutIsUnavailable).
 func TestLandOutcomeCutByJournalTimeoutIsUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &heldOutcomes{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(journalCtxTimeout))
@@ -522,6 +534,7 @@ func TestLandOutcomeCutByJournalTimeoutIsUnavailable(t *testing.T) {
 //
 // Found in the review of journalError (8fea022; was TestReviewLeaseRenewalBoundedForNormalContexts).
 func TestLeaseRenewalBoundedForNormalContexts(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
@@ -557,6 +570,7 @@ func TestLeaseRenewalBoundedForNormalContexts(t *testing.T) {
 //
 // Found in the review of leases (5a75ef1; was TestReviewCloseLandingCutByJournalTimeoutIsUnavailable).
 func TestCloseLandingCutByJournalTimeoutIsUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &heldOutcomes{Memory: journal.NewMemory()}
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithJournalTimeout(200*time.Millisecond))
@@ -589,6 +603,7 @@ func (j hangingGet) Get(ctx context.Context, _ string) (journal.Record, bool, er
 //
 // Found in the review of leases (5a75ef1; was TestReviewResumeReadOnADeadlineWithoutDone).
 func TestResumeReadOnADeadlineWithoutDone(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name        string
 		in          time.Duration

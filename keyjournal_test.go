@@ -29,6 +29,7 @@ import (
 // `idemretry: reserve key for action "pay:1": idemretry: journal reserve
 // "pay:1": idemretry: journal closed`. The prefix comes once.
 func TestFileJournalErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -41,6 +42,7 @@ func TestFileJournalErrorPrefixOnce(t *testing.T) {
 // A bad option of the file journal given to WithJournalDir is a bad option
 // of NewTransport: it wraps ErrInvalidOption (and the file journal's).
 func TestJournalDirBadOption(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "j")
 	_, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, filejournal.WithLockWait(-time.Second)))
 	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
@@ -52,6 +54,7 @@ func TestJournalDirBadOption(t *testing.T) {
 // Two Transports on one directory: the second is refused with
 // filejournal.ErrLocked, and the error says what to do.
 func TestSecondTransportOnDirLocked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
@@ -113,6 +116,7 @@ func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
 // be kept), Close reports it, and after a restart the action goes out once,
 // under one key.
 func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	dir := filepath.Join(t.TempDir(), "journal")
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
@@ -143,6 +147,7 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 
 // Error messages carry the package prefix once, however deep the wrapping.
 func TestErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	require.NoError(t, j.Close())
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
@@ -155,6 +160,7 @@ func TestErrorPrefixOnce(t *testing.T) {
 
 // A huge key window must not overflow the retention of the journal it opens.
 func TestHugeKeyWindowOpensJournal(t *testing.T) {
+	t.Parallel()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()), idemretry.WithKeyWindow(1<<62))
 	require.NoError(t, err)
 	require.NoError(t, tr.Close())
@@ -194,6 +200,7 @@ func TestJournalFailureSendsNothing(t *testing.T) {
 // The file journal the Transport opens keeps done records for the whole key
 // window, even one longer than the journal's default retention.
 func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	clk := newFakeClock()
 	dir := t.TempDir()
@@ -233,6 +240,7 @@ func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1RemovedJournalDirIsNotWrittenAgain).
 func TestJournalDirectoryRemovedIsNotWrittenAgain(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	base := t.TempDir()
 	failed := 0
@@ -273,6 +281,7 @@ func TestJournalDirectoryRemovedIsNotWrittenAgain(t *testing.T) {
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1ReplacedJournalDirGetsNoSecret).
 func TestJournalDirectoryReplacedGetsNoSecret(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	dir := filepath.Join(t.TempDir(), "journal")
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))

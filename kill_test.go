@@ -76,6 +76,7 @@ func TestJournalE2EChild(t *testing.T) {
 // answer came back. The restarted process resends; the server sees the same
 // Idempotency-Key and charges once.
 func TestJournalSurvivesKill(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var keys []string
 	charges := map[string]int{} // key -> charges made
@@ -134,6 +135,7 @@ func TestJournalSurvivesKill(t *testing.T) {
 // listed with 0 attempts, which reads as "nothing sent". The first attempt
 // is counted when the key is reserved, durably, before it leaves.
 func TestUnfinishedCountsTheFirstAttemptAfterAKill(t *testing.T) {
+	t.Parallel()
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}
@@ -1281,6 +1283,7 @@ func TestResumeKillLoopRetapChild(t *testing.T) {
 //
 // Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapRuleHU1).
 func TestResumeKillLoopRetapRule(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("child process")
 	}
@@ -1378,6 +1381,7 @@ func (*forgettingResumer) Resolve(context.Context, journal.Record) (bool, error)
 //
 // Found in review 2 of Resume (e80c783; was TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction).
 func TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"A"}`
 	if childtest.IsChild() {
 		resumeThenHang(t, os.Getenv("IDEMRETRY_RECREATE_DIR"), os.Getenv("IDEMRETRY_RECREATE_URL"), body)
@@ -1526,6 +1530,7 @@ func (urlResumer) Resolve(context.Context, journal.Record) (bool, error) { retur
 
 // Found in review hw1 (f949e43; was TestHW1KilledMidChargeThenTapOrResume).
 func TestKilledMidChargeThenTapOrResume(t *testing.T) {
+	t.Parallel()
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}
@@ -1596,6 +1601,7 @@ func TestKilledMidChargeThenTapOrResume(t *testing.T) {
 //
 // Found in review hw1 (f949e43; was TestHW1KilledAfterARedirectedUnnamedPaymentThenRepeat).
 func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
+	t.Parallel()
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}

@@ -21,6 +21,7 @@ import (
 // WithLeaseTTL: zero is the default, a negative value or one under a
 // millisecond is refused by NewTransport.
 func TestWithLeaseTTLValidated(t *testing.T) {
+	t.Parallel()
 	for _, d := range []time.Duration{-time.Second, time.Microsecond, time.Millisecond - 1} {
 		_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithLeaseTTL(d))
 		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, "WithLeaseTTL(%v)", d)
@@ -141,6 +142,7 @@ func (j *firstLeaseHangs) Release(context.Context, string, string) error { retur
 //
 // Found in the second review of leases (5062b32; was TestReviewJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline).
 func TestLeaseJoinerCarriesOnWhenTheLeadersLeaseIsCutByItsDeadline(t *testing.T) {
+	t.Parallel()
 	for _, tc := range deadlineContexts(time.Second) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -205,6 +207,7 @@ func (j *leaseFails) Release(context.Context, string, string) error { return nil
 //
 // Found in the second review of leases (5062b32; was TestReviewFailingLeaseStillSendsWhileTheCallerIsFine).
 func TestLeaseFailingStillSendsWhileTheCallerIsFine(t *testing.T) {
+	t.Parallel()
 	for _, tc := range healthyContexts(time.Minute) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -248,6 +251,7 @@ func (j *leaseHangs) Release(context.Context, string, string) error { return nil
 //
 // Found in the second review of leases (5062b32; was TestReviewLeaseCutByTheCallerWithoutWaiting).
 func TestLeaseCutByTheCallerWithoutWaiting(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
@@ -343,6 +347,7 @@ func (j *heldElsewhereReadHangs) Release(context.Context, string, string) error 
 //
 // Found in the second review of leases (5062b32; was TestReviewLeaseWaitEndedDuringTheReReadIsLeaseHeld).
 func TestLeaseWaitEndedDuringTheReReadIsLeaseHeld(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		ctx        func() (context.Context, context.CancelFunc)
@@ -524,6 +529,7 @@ func leaseWait(t *testing.T, ctx context.Context) (srv *payServer, j *leaseHeldE
 //
 // Found in the review of leases (5a75ef1; was TestReviewLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld).
 func TestLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	srv, j, took, err := leaseWait(t, ctx)
@@ -542,6 +548,7 @@ func TestLeaseWaitEndedByTheCallersDeadlineIsLeaseHeld(t *testing.T) {
 //
 // Found in the review of leases (5a75ef1; was TestReviewLeaseWaitOnADeadlineWithoutDoneSendsNothing).
 func TestLeaseWaitOnADeadlineWithoutDoneSendsNothing(t *testing.T) {
+	t.Parallel()
 	srv, j, took, err := leaseWait(t, noDoneContext{context.Background(), time.Now().Add(300 * time.Millisecond)})
 	require.GreaterOrEqual(t, j.leases.Load(), int32(2), "no second Lease: the test proves nothing")
 	require.Less(t, took, 5*time.Second)
@@ -571,6 +578,7 @@ func (alwaysHeld) Release(context.Context, string, string) error { return nil }
 //
 // Found in the review of the lease wait (de94a0c; was TestReviewLeaseWaitCancelIsReportedAsCanceled).
 func TestLeaseWaitCancelIsReportedAsCanceled(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(alwaysHeld{journal.NewMemory()}))
 	require.NoError(t, err)
@@ -655,6 +663,7 @@ func (j *slowReleaseLeaser) Release(ctx context.Context, id, holder string) erro
 //
 // Found in the second review of leases (5062b32; was TestReviewJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace).
 func TestLeaseJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.T) {
+	t.Parallel()
 	joinerCarriesOn(t, 400*time.Millisecond)
 }
 
@@ -664,6 +673,7 @@ func TestLeaseJoinerWaitsForItsOwnTransportsReleaseCutByOutcomeGrace(t *testing.
 // re-enters it instead of waiting for it as for another machine's (issue
 // 26, item 13).
 func TestLeaseJoinerReentersALeaseWhoseReleaseFailed(t *testing.T) {
+	t.Parallel()
 	joinerCarriesOn(t, time.Hour)
 }
 
@@ -717,6 +727,7 @@ func joinerCarriesOn(t *testing.T, slow time.Duration) {
 //
 // Found in the second review of leases (5062b32; was TestReviewReleaseBoundedWhileTheCallerIsFine).
 func TestLeaseReleaseBoundedWhileTheCallerIsFine(t *testing.T) {
+	t.Parallel()
 	for _, tc := range healthyContexts(time.Hour) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -769,6 +780,7 @@ func (j *slowLeaseGranted) Release(context.Context, string, string) error { retu
 //
 // Found in the second review of leases (5062b32; was TestReviewLeaseGrantedAfterTheCallersDeadlineSendsNothing).
 func TestLeaseGrantedAfterTheCallersDeadlineSendsNothing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range deadlineContexts(200 * time.Millisecond) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -804,6 +816,7 @@ func (j slowReserve) Reserve(_ context.Context, rec journal.Record, mode journal
 //
 // Found in the second review of leases (5062b32; was TestReviewReserveAfterTheDeadlineWithoutDoneSendsNothing).
 func TestReserveAfterTheDeadlineWithoutDoneSendsNothing(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(slowReserve{journal.NewMemory(), 500 * time.Millisecond}))
 	require.NoError(t, err)

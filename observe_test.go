@@ -144,6 +144,7 @@ func TestStatsConcurrent(t *testing.T) {
 // parked or its window ends, and never carry a body or a credential;
 // neither does the journal on disk.
 func TestLogsAndJournalHoldNoSecrets(t *testing.T) {
+	t.Parallel()
 	const secret, marker = "Bearer sk_live_SECRET123", "BODY-MARKER-4242"
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
@@ -215,6 +216,7 @@ func (e *attemptEvents) attempts() []idemretry.Event {
 
 // Found in the review of journalError (8fea022; was TestReviewObserversSeeEveryAttempt).
 func TestObserverSeesEveryAttempt(t *testing.T) {
+	t.Parallel()
 	const delay = 30 * time.Millisecond
 	var n atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {

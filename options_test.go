@@ -80,6 +80,7 @@ func TestJournalDirRelativeRefused(t *testing.T) {
 // The journal is named once: a second WithJournalDir or WithJournal is
 // refused instead of replacing the first in silence.
 func TestJournalGivenTwiceRefused(t *testing.T) {
+	t.Parallel()
 	a, b := t.TempDir(), t.TempDir()
 	for name, opts := range map[string][]idemretry.Option{
 		"two dirs":        {idemretry.WithJournalDir(a), idemretry.WithJournalDir(b)},
@@ -123,6 +124,7 @@ func TestKeyedMethodsAddToPostAndPatch(t *testing.T) {
 // would send as methods of their own, are refused, as are names that are
 // not tokens. So is a method both keyed and unkeyed.
 func TestKeyedMethodsBadNamesRefused(t *testing.T) {
+	t.Parallel()
 	for name, o := range map[string]idemretry.Option{
 		"lower case":        idemretry.WithKeyedMethods("get"),
 		"mixed case":        idemretry.WithKeyedMethods("Post"),
@@ -162,6 +164,7 @@ func TestUnkeyedMethodsSentOnceWithoutKey(t *testing.T) {
 }
 
 func TestInvalidOptions(t *testing.T) {
+	t.Parallel()
 	j := inMemory()
 	for name, o := range map[string]idemretry.Option{
 		"zero window":       idemretry.WithKeyWindow(0),

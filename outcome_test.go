@@ -34,6 +34,7 @@ import (
 // I3: a 503 whose context ended as it arrived is not a definitive answer: the
 // action stays pending, and a fingerprint-identified resend keeps its key.
 func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	var keys []string
 	var cancel context.CancelFunc
@@ -78,6 +79,7 @@ func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
 // action: a pending record that this RoundTrip did not create, even one that
 // says Attempts == 0 (a crash during the first attempt leaves that).
 func TestMaybeProcessedAfterRestart(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	clk := newFakeClock()
 	url := "http://" + closedAddr(t) + "/v1/charges" // the resend's dial is refused
@@ -147,6 +149,7 @@ func TestDoneActionStaysDoneAfterFailedResend(t *testing.T) {
 // deliberate repeat of the same request reuse the old key, which the server
 // would answer with the first payment's replay.
 func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(&http.Transport{},
@@ -185,6 +188,7 @@ func (j syncJournal) Sync(ctx context.Context) error { return j.sync(ctx) }
 // journal) holds RoundTrip past the caller's deadline although the response
 // is in hand.
 func TestDoneSyncHonoursDeadline(t *testing.T) {
+	t.Parallel()
 	block := make(chan struct{})
 	defer close(block)
 	j := syncJournal{journal.NewMemory(), func(ctx context.Context) error {
@@ -216,6 +220,7 @@ func TestDoneSyncHonoursDeadline(t *testing.T) {
 // not returned, not logged, although README promises the done is durable
 // before RoundTrip returns.
 func TestDoneSyncFailureLogged(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	j := syncJournal{journal.NewMemory(), func(context.Context) error { return errors.New("injected EIO") }}
 	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
@@ -231,6 +236,7 @@ func TestDoneSyncFailureLogged(t *testing.T) {
 // written; if that hidden resend fails to dial, only the dial error is seen.
 // The server did charge: MaybeProcessed must say so.
 func TestMaybeProcessedAfterHiddenResend(t *testing.T) {
+	t.Parallel()
 	var charges atomic.Int32
 	var srv *httptest.Server
 	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -279,6 +285,7 @@ func (c *cancelAtAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
 // returned, so it must be recorded done; else a deliberate repeat of an
 // unnamed payment reuses its key and gets a replay instead of a charge.
 func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := journal.NewMemory()
 	http1 := &http.Transport{}
@@ -317,6 +324,7 @@ func overFlakyJournal(t *testing.T) (*payServer, *flakyJournal, *idemretry.Trans
 // the next deliberate identical payment reuse the old key (two payments, one
 // charge, and a 201 that nobody paid).
 func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
+	t.Parallel()
 	srv, j, tr := overFlakyJournal(t)
 
 	j.failDone.Store(true)
@@ -343,6 +351,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 // Issue 7, item 5: a journal that hangs when the outcome is recorded must not hold
 // RoundTrip past the caller's deadline (beyond a documented grace).
 func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
+	t.Parallel()
 	srv, j, tr := overFlakyJournal(t)
 
 	j.hang.Store(true)
@@ -437,6 +446,7 @@ func openFailDone(t *testing.T, hashed bool) *failDoneFile {
 // by its digest; a live request names it by its id. The two share a flight
 // (flights compare digests), but not the table of unlanded outcomes.
 func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
 			srv := newPayServer(t)
@@ -483,6 +493,7 @@ func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
 // the live request was named: a caller key, WithAction, or nothing (the
 // default: by its fingerprint).
 func TestHeldOutcomeOfLiveRequestBlocksResume(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		for _, kind := range []string{"caller key", "WithAction", "unnamed"} {
 			t.Run(fmt.Sprintf("%s/%s", map[bool]string{false: "plain", true: "hashed"}[hashed], kind), func(t *testing.T) {
@@ -545,6 +556,7 @@ func (h *hangDoneJournal) Update(ctx context.Context, rec journal.Record) error 
 // RoundTrip back within OutcomeGrace of the cancel (here: well within the
 // journal timeout of 20 s), and the outcome is kept and landed at Close.
 func TestOutcomeWriteOutlastsACancelByOutcomeGraceAtMost(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &hangDoneJournal{Memory: journal.NewMemory(), entered: make(chan struct{}, 1)}
 	tr := transportOver(t, j, idemretry.WithJournalTimeout(20*time.Second))
@@ -667,6 +679,7 @@ func keyOfAnswer(resp *http.Response, err error) string {
 
 // Found in review hw1 (03eab9b; was TestHW1WhatTheCallerIsToldIsWhatTheNextTapFinds).
 func TestOutcomeToldIsWhatTheNextTapFinds(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	ledger := newDeadlineLedger(seed)

@@ -229,6 +229,7 @@ func TestReconcileKeyWindowRefusalDoesNotForgetADoneAction(t *testing.T) {
 //
 // Found in review 3 of Resume (506577d; was TestReview3ResumeResolvesAnActionAnotherMachineFinished).
 func TestReconcileAnActionAnotherMachineFinished(t *testing.T) {
+	t.Parallel()
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -281,6 +282,7 @@ func TestReconcileAnActionAnotherMachineFinished(t *testing.T) {
 //
 // Found in review 3 of Resume (506577d; was TestReview3ResumeForgetErasesTheActionThatReplacedIt).
 func TestReconcileForgetSparesTheActionThatReplacedIt(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -365,6 +367,7 @@ func TestReconcileForgetSparesTheActionThatReplacedIt(t *testing.T) {
 //
 // Found in review 3 of Resume (506577d; was TestReview3ResumeResolvesAListedUnknownActionInFlightHere).
 func TestReconcileAListedUnknownActionInFlightHere(t *testing.T) {
+	t.Parallel()
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -424,6 +427,7 @@ func TestReconcileAListedUnknownActionInFlightHere(t *testing.T) {
 //
 // Found in review 4 of Resume (fefbf4b; was TestReview4ResumeResolvesWhileAnAbandonedRequestIsAtTheServer).
 func TestReconcileWhileAnAbandonedRequestIsAtTheServer(t *testing.T) {
+	t.Parallel()
 	const window = 1500 * time.Millisecond
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -525,6 +529,7 @@ func (p *onceResumer) Resolve(_ context.Context, rec journal.Record) (bool, erro
 //
 // Found in review 4 of Resume (fefbf4b; was TestReview4TwoResumesResurrectAForgottenAction).
 func TestReconcileTwoResumesOfAForgottenAction(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -597,6 +602,7 @@ func (p *reentrantResumer) Resolve(ctx context.Context, rec journal.Record) (boo
 //
 // Found in review 4 of Resume (fefbf4b; was TestReview4ResolveThatSendsTheActionWaitsForItself).
 func TestReconcileResolveThatSendsTheActionWaitsForItself(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -659,6 +665,7 @@ func journalAheadBy(t *testing.T, lead time.Duration) *filejournal.Journal {
 //
 // Found in review 5 of Resume (0825e49; was TestReview5SettleJudgedByAJournalMarkAhead).
 func TestReconcileSettleJudgedByAJournalMarkAhead(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"A"}`
 	j := journalAheadBy(t, 2*time.Hour)
 	srv := newPayServer(t)
@@ -729,6 +736,7 @@ func (j *forgetFailsOnce) Forget(ctx context.Context, id string) error {
 //
 // Found in review 5 of Resume (0825e49; was TestReview5StillUnknownRecreationOutlivesAFailedForget).
 func TestReconcileStillUnknownRecreationOutlivesAFailedForget(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -915,6 +923,7 @@ func (j *forgetGatedJournal) Forget(ctx context.Context, id string) error {
 //
 // Found in review 5 of Resume (0825e49; was TestReview5StillUnknownForgetErasesAnotherProcesssPayment).
 func TestReconcileStillUnknownForgetsOnlyWhatItCreated(t *testing.T) {
+	t.Parallel()
 	const window = time.Second
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
@@ -1026,6 +1035,7 @@ func (j *gatedReserveJournal) Reserve(ctx context.Context, rec journal.Record, m
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand).
 func TestReconcileWaitsForAKeyedLiveFlightToLand(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	payload := largePayload("R-1")
@@ -1090,6 +1100,7 @@ func TestReconcileWaitsForAKeyedLiveFlightToLand(t *testing.T) {
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeResolvesAnExpiredPendingAction).
 func TestReconcileAnExpiredPendingAction(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()

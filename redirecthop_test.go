@@ -31,6 +31,7 @@ import (
 // parent's 307 comes back and the hop must go out under the hop's key, so
 // that the target replays instead of charging again.
 func TestUpgradeNamedRedirectHopKeepsItsKey(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) {
 			srv := newPayServer(t)
@@ -197,6 +198,7 @@ func TestRedirectHopIsSubAction(t *testing.T) {
 //
 // Found in review hs1 (ebb2b86; was TestReviewHS1SmallNamedRedirectHop).
 func TestRedirectHopOfASmallNamedAction(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/redir" {
@@ -257,6 +259,7 @@ func redirectingPayServer(t *testing.T, code int, delay time.Duration) *payServe
 //
 // Found in review hw1 (03eab9b; was TestHW1UnnamedTapWhileTheHopIsInFlightIsOnePayment).
 func TestRedirectHopTapInFlightIsOnePayment(t *testing.T) {
+	t.Parallel()
 	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
 		t.Run(http.StatusText(code), func(t *testing.T) {
 			srv := redirectingPayServer(t, code, 500*time.Millisecond)
@@ -291,6 +294,7 @@ func TestRedirectHopTapInFlightIsOnePayment(t *testing.T) {
 //
 // Found in review hw1 (03eab9b; was TestHW1UnnamedRepeatAfterTheHopFinishedIsANewPayment).
 func TestRedirectHopRepeatAfterItFinishedIsANewPayment(t *testing.T) {
+	t.Parallel()
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
@@ -324,6 +328,7 @@ func TestRedirectHopRepeatAfterItFinishedIsANewPayment(t *testing.T) {
 //
 // Found in review hw1 (03eab9b; was TestHW1UnnamedTapOfAPaymentWhoseHopIsPendingIsOnePayment).
 func TestRedirectHopTapWhilePendingIsOnePayment(t *testing.T) {
+	t.Parallel()
 	for _, restart := range []bool{false, true} {
 		t.Run(map[bool]string{false: "same process", true: "after a restart"}[restart], func(t *testing.T) {
 			srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)
@@ -383,6 +388,7 @@ func (j *hopFlakyJournal) Update(ctx context.Context, rec journal.Record) error 
 //
 // Found in review hw3 (a2bb679; was TestHW3RepeatAfterAHopWhoseDoneIsUnlandedIsANewPayment).
 func TestRedirectHopRepeatAfterAnUnlandedDoneIsANewPayment(t *testing.T) {
+	t.Parallel()
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	j := &hopFlakyJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j)
@@ -409,6 +415,7 @@ func TestRedirectHopRepeatAfterAnUnlandedDoneIsANewPayment(t *testing.T) {
 //
 // Found in review hw3 (a2bb679; was TestHW3RepeatOfAPaymentWhoseHopIsUnknownIsNotPaid).
 func TestRedirectHopUnknownRepeatIsNotPaid(t *testing.T) {
+	t.Parallel()
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	script := srv.script
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
@@ -437,6 +444,7 @@ func TestRedirectHopUnknownRepeatIsNotPaid(t *testing.T) {
 //
 // Found in review hw3 (a2bb679; was TestHW3TapsWhileAHopToAnotherHostIsInFlight).
 func TestRedirectHopToAnotherHostTapsInFlight(t *testing.T) {
+	t.Parallel()
 	for _, dw := range []time.Duration{0, time.Nanosecond} {
 		t.Run(dw.String(), func(t *testing.T) {
 			pay := newSlowPayServer(t, 400*time.Millisecond)
@@ -478,6 +486,7 @@ func TestRedirectHopToAnotherHostTapsInFlight(t *testing.T) {
 //
 // Found in review hw3 (a2bb679; was TestHW3TapOfAPendingHopOnAHashingJournalSameProcess).
 func TestRedirectHopTapWhilePendingOnAHashingJournal(t *testing.T) {
+	t.Parallel()
 	srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)
 	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
 	fj, err := filejournal.Open(t.TempDir(), filejournal.WithHashedIDs())
@@ -512,6 +521,7 @@ func (h hopResumer) Resolve(context.Context, journal.Record) (bool, error) { ret
 //
 // Found in review hw3 (a2bb679; was TestHW3TapWhileResumeResendsThePendingHop).
 func TestRedirectHopTapWhileResumeResendsIt(t *testing.T) {
+	t.Parallel()
 	srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
 	srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt
 	tapArrived := make(chan struct{})
@@ -561,6 +571,7 @@ func TestRedirectHopTapWhileResumeResendsIt(t *testing.T) {
 //
 // Found in the review of the keyed fingerprint (e064b6d; was TestReviewLargeNamedRedirectHopKeepsItsKeyAcrossRestart).
 func TestRedirectHopOfALargeNamedActionKeepsItsKeyAcrossRestart(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/redir" {

@@ -28,6 +28,7 @@ import (
 // replays, charging nothing more), each unknown one is resolved and
 // forgotten.
 func TestResumeAfterRestart(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true, 2: true, 3: true} // charged, answers lost
 	j := journal.NewMemory()
@@ -85,6 +86,7 @@ func TestResumeAfterRestart(t *testing.T) {
 // body: the README says the fingerprint is checked; instead a new action is
 // minted and sent (a second payment).
 func TestResumeRefusesAnotherPayload(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -110,6 +112,7 @@ func TestResumeRefusesAnotherPayload(t *testing.T) {
 // named WithAction("sha256:..."), so it is no longer "by fingerprint": its
 // done is not synced (Stats.Syncs), unlike on a plain journal.
 func TestResumeHashedFingerprintDoneSynced(t *testing.T) {
+	t.Parallel()
 	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
 		res, err := second.Resume(context.Background(), resumerOfU(t, second, srv), 0)
 		require.NoError(t, err)
@@ -123,6 +126,7 @@ func TestResumeHashedFingerprintDoneSynced(t *testing.T) {
 // "sha256:..." while a live identical request is named "fp:...": two
 // flights of one action, two sends of one key, the second drawing 409s.
 func TestResumeHashedJoinsLiveFlight(t *testing.T) {
+	t.Parallel()
 	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
 		srv.mu.Lock()
 		srv.delay = 300 * time.Millisecond
@@ -150,6 +154,7 @@ func TestResumeHashedJoinsLiveFlight(t *testing.T) {
 // identical repeat then reuses the old key and is answered with the old
 // payment's replay: charged once, told twice.
 func TestResumeHashedCrashThenRepeatIsCharged(t *testing.T) {
+	t.Parallel()
 	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, dir string, fo []filejournal.Option, second *idemretry.Transport) {
 		_, err := second.Resume(context.Background(), resumerOfU(t, second, srv), 0)
 		require.NoError(t, err)
@@ -235,6 +240,7 @@ func copyDir(t *testing.T, from string) string {
 // payment again to learn its charge id. The answer's header and body reach
 // it through the ResumeResult, with its outcome.
 func TestResumeKeepsTheAnswer(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true} // charged, the answer lost
 	j := journal.NewMemory()
@@ -261,6 +267,7 @@ func TestResumeKeepsTheAnswer(t *testing.T) {
 
 // A body longer than DefaultMaxResumeBody is cut there, and says so.
 func TestResumeCutsALongAnswer(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("x", idemretry.DefaultMaxResumeBody+100)
 	srv := newPayServer(t)
 	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
@@ -290,6 +297,7 @@ func TestResumeCutsALongAnswer(t *testing.T) {
 // Refused (nothing of it is sent), the one the app could not rebuild is
 // Pending.
 func TestResumeResultOutcomes(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true, 2: true}
 	j := journal.NewMemory()
@@ -328,6 +336,7 @@ func TestResumeResultOutcomes(t *testing.T) {
 // Client.Resume: at start-up, a new Client on the directory of one that
 // died resends its payment and hands the app the charge id.
 func TestClientResumeHandsTheChargeID(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	dir := t.TempDir()
@@ -433,6 +442,7 @@ func TestResumeBoundsTheFinalBodyDrain(t *testing.T) {
 //
 // Found in review 2 of Resume (e80c783; was TestReview2ResumeNotResumableForgetErasesAnotherMachinesAction).
 func TestResumeNotResumableForgetsOnlyItsOwnAction(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	j := &pausingJournal{Journal: journal.NewMemory()}
@@ -481,6 +491,7 @@ func TestResumeNotResumableForgetsOnlyItsOwnAction(t *testing.T) {
 //
 // Found in review 2 of Resume (e80c783; was TestReview2ResumeLiveJoinerIsNotGivenResumesRefusal).
 func TestResumeLiveJoinerIsNotGivenResumesRefusal(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"A"}`
 	srv := newPayServer(t)
 	j := &pausingJournal{Journal: journal.NewMemory()}
@@ -536,6 +547,7 @@ func (panickingResumer) Resolve(context.Context, journal.Record) (bool, error) {
 //
 // Found in review 4 of Resume (fefbf4b; was TestReview4ResolvePanicIsTheCallersToRecover).
 func TestResumeResolvePanicIsTheCallersToRecover(t *testing.T) {
+	t.Parallel()
 	if childtest.IsChild() {
 		const body = `{"order":"A"}`
 		srv := newPayServer(t)
@@ -627,6 +639,7 @@ func streamForever(status int) http.HandlerFunc {
 //
 // Found in review hv3 (8c60b37; was TestHV3ResumeDrainBoundsTheBodysClose).
 func TestResumeDrainBoundsTheBodysClose(t *testing.T) {
+	t.Parallel()
 	url := firstDropped(t, streamForever(http.StatusCreated))
 	j := journal.NewMemory()
 	const body = `{"amount":7}`
@@ -666,6 +679,7 @@ func TestResumeDrainBoundsTheBodysClose(t *testing.T) {
 //
 // Found in review hv3 (8c60b37; was TestHV3ResumeDeadlineStopsHopelessWaits).
 func TestResumeDeadlineStopsHopelessWaits(t *testing.T) {
+	t.Parallel()
 	var hits atomic.Int32
 	url := firstDropped(t, func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
@@ -703,6 +717,7 @@ func TestResumeDeadlineStopsHopelessWaits(t *testing.T) {
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeNeverMintsANewKey).
 func TestResumeNeverMintsANewKey(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"U","amount":100}`
 	for _, tc := range []struct {
 		name string
@@ -850,6 +865,7 @@ func TestResumeStalledBodyWithJoiner(t *testing.T) {
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeChecksTheMethod).
 func TestResumeChecksTheMethod(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -875,6 +891,7 @@ func TestResumeChecksTheMethod(t *testing.T) {
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeSentMeansSent).
 func TestResumeSentMeansSent(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -902,6 +919,7 @@ func TestResumeSentMeansSent(t *testing.T) {
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeStartsNothingOnceCtxEnded).
 func TestResumeStartsNothingOnceCtxEnded(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	for i := range 8 {
 		_, _, err := j.Reserve(context.Background(), journal.Record{ActionID: fmt.Sprintf("pay:%d", i), Key: fmt.Sprintf("k-%d", i),
@@ -944,6 +962,7 @@ func (nilRebuild) Resolve(context.Context, journal.Record) (bool, error) { retur
 //
 // Found in the review of Resume (1d85888; was TestReviewResumeNilBodyDoesNotPanic).
 func TestResumeNilBodyDoesNotPanic(t *testing.T) {
+	t.Parallel()
 	if childtest.IsChild() {
 		resumeOverNilBodyBase(t)
 		return
@@ -992,6 +1011,7 @@ func resumeOverNilBodyBase(t *testing.T) {
 // brought back (the journal is a journal.Getter: nothing is created to
 // find out).
 func TestResumeSendsNothingForAnActionNoLongerListed(t *testing.T) {
+	t.Parallel()
 	const body = `{"order":"U","amount":100}`
 	for _, tc := range []struct {
 		name string

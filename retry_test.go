@@ -364,6 +364,7 @@ func TestLogger(t *testing.T) {
 }
 
 func TestRetryAfterParsing(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	cases := []struct {
 		status int
@@ -436,6 +437,7 @@ func (b *retryingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 // Retries stacked on a base that retries by itself: every request written
 // is counted, and the last status is kept when the base returns it.
 func TestStackedRetriesCountedAndStatusKept(t *testing.T) {
+	t.Parallel()
 	var requests atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -547,6 +549,7 @@ func TestRetryAfterBeyondCapOnConflict(t *testing.T) {
 // behind: a pending record would make a later Resume (or a resend) send a
 // payment the app was told had failed.
 func TestNilBackOffLeavesNoPendingAction(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	for _, tc := range []struct {
 		name string

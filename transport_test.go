@@ -101,6 +101,7 @@ func (h *halfReadingBase) RoundTrip(req *http.Request) (*http.Response, error) {
 //
 // Found in review hw1 (f949e43; was TestHW1BodyCutByTheBaseIsResentWhole).
 func TestBodyCutByTheBaseIsResentWhole(t *testing.T) {
+	t.Parallel()
 	for _, getBody := range []bool{false, true} {
 		for _, size := range []int{513, 64<<10 + 1} {
 			var got []int
@@ -298,6 +299,7 @@ func TestJoinerOfAnAnswerWithoutABodyGetsNoBody(t *testing.T) {
 //
 // Found in review hv2 (c605033; was TestHV2SwitchingProtocolsBodyStaysWritable).
 func TestSwitchingProtocolsBodyStaysWritable(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -343,6 +345,7 @@ func TestSwitchingProtocolsBodyStaysWritable(t *testing.T) {
 
 // Found in review hw3 (ca18fb8; was TestHW3AnswerWithoutABodyOverBothProtocols).
 func TestAnswerWithoutABodyOverBothProtocols(t *testing.T) {
+	t.Parallel()
 	for _, h2 := range []bool{false, true} {
 		for _, early := range []bool{false, true} {
 			t.Run(fmt.Sprintf("h2=%v early=%v", h2, early), func(t *testing.T) {
