@@ -765,9 +765,10 @@ func TestKeyWindowOfAnUncheckableActionResume(t *testing.T) {
 }
 
 // README guarantee 5: no wait starts that would end after "the key
-// window". As with the deadline (above), the window was checked before the
-// discarded answer's drain and the attempt count's journal write (here 2 s,
-// the journal timeout): the 3 s wait that fitted the 4 s window when drawn
+// window". As with the deadline (attempt_test.go's
+// TestNoHopelessRetryWaitAfterASlowProgressWrite), the window was checked
+// before the discarded answer's drain and the attempt count's journal
+// write (here 2 s, the journal timeout): the 3 s wait that fitted the 4 s window when drawn
 // no longer did, started all the same, and RoundTrip found the window over
 // only when it ended, 5 s on.
 //
