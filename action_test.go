@@ -422,3 +422,86 @@ func TestInvalidActionIDs(t *testing.T) {
 	}
 	assert.Empty(t, srv.seen())
 }
+
+// A request of a named action that carries a key idemretry cannot use
+// (two Idempotency-Key headers, one too long) is refused before anything
+// is sent, as a request of that action: after the action's first request
+// was charged and its answer lost, the refusal says it may have been
+// performed, with its key and attempts, never that nothing of it reached
+// the server; of an action never sent, it says nothing did. (Refused as an
+// unnamed request's invalid key, with MaybeProcessed false, the app could
+// make the charged payment a new one.)
+func TestNamedActionInvalidRequestKeyRefusedAsTheAction(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	tr, j, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	_, err := tr.RoundTrip(sdkPost(t, "pay:bad-key", "sdk-key-1", srv.URL, `{"amount":1}`))
+	require.Error(t, err, "the answer was lost")
+	require.Equal(t, 1, srv.chargeCount())
+
+	invalid := map[string]func(*http.Request){
+		"two key headers": func(r *http.Request) { r.Header["idempotency-key"] = []string{"sdk-key-3"} },
+		"a key too long":  func(r *http.Request) { r.Header.Set("Idempotency-Key", strings.Repeat("k", 256)) },
+	}
+	for name, spoil := range invalid {
+		t.Run(name, func(t *testing.T) {
+			req := sdkPost(t, "pay:bad-key", "sdk-key-2", srv.URL, `{"amount":1}`)
+			spoil(req)
+			resp, err := tr.RoundTrip(req)
+			require.ErrorIs(t, err, idemretry.ErrInvalidKey)
+			o := idemretry.OutcomeOf(resp, err)
+			assert.Equal(t, idemretry.Outcome{Kind: idemretry.Refused, Action: "pay:bad-key", Key: "sdk-key-1", Attempts: 1,
+				MaybeProcessed: true, Reason: o.Reason}, o)
+			assert.ErrorIs(t, o.Reason, idemretry.ErrInvalidKey)
+
+			req = sdkPost(t, "pay:never-sent-"+strings.ReplaceAll(name, " ", "-"), "sdk-key-2", srv.URL, `{"amount":1}`)
+			spoil(req)
+			resp, err = tr.RoundTrip(req)
+			require.ErrorIs(t, err, idemretry.ErrInvalidKey)
+			o = idemretry.OutcomeOf(resp, err)
+			assert.Equal(t, idemretry.Refused, o.Kind)
+			assert.False(t, o.MaybeProcessed, "an action never sent: %v", err)
+		})
+	}
+	assert.Len(t, srv.seen(), 1, "nothing sent with an invalid key")
+	rec, found, err := j.Get(context.Background(), "pay:bad-key")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, journal.StatePending, rec.State)
+}
+
+// Resume sends a named action under its listed key even when the rebuilt
+// request carries two keys of its own (an SDK's and the app's): the keys
+// on a rebuilt request are not the action's, and are replaced. (It was
+// refused with ErrInvalidKey, its Outcome saying MaybeProcessed false for
+// a payment that was charged.)
+func TestResumeRebuiltRequestWithTwoKeys(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
+	_, err := first.RoundTrip(sdkPost(t, "pay:resume-two", "sdk-key-1", srv.URL, `{"amount":1}`))
+	require.Error(t, err, "the answer was lost")
+
+	second, _ := newTestTransportOver(t, j)
+	results, err := second.Resume(context.Background(), twoKeysResumer{keyedResumer{url: srv.URL, key: "sdk-key-2", body: `{"amount":1}`}}, 1)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.NoError(t, results[0].Err)
+	assert.Equal(t, idemretry.Done, results[0].Outcome.Kind)
+	assert.True(t, results[0].Outcome.Replayed)
+	assert.Equal(t, []string{"sdk-key-1", "sdk-key-1"}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// twoKeysResumer rebuilds as keyedResumer does, with a second key header
+// under another spelling.
+type twoKeysResumer struct{ keyedResumer }
+
+func (r twoKeysResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	req, err := r.keyedResumer.Rebuild(ctx, rec)
+	if err == nil {
+		req.Header["idempotency-key"] = []string{"app-key"}
+	}
+	return req, err
+}

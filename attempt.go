@@ -27,7 +27,7 @@ import (
 // flight's, to need no allocation of its own).
 func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, first *attemptTrace) (resp *http.Response, pending bool, err error) {
 	ctx := req.Context()
-	r := &run{t: t, ctx: ctx, a: a, first: first}
+	r := &run{t: t, ctx: ctx, a: a, first: first, afterKeyed: a == nil && followsKeyedAnswer(req)}
 	bo := s.bo // the default's is made for the first retry: most actions need none
 	maxRetries := s.maxRetries
 	for n := 0; ; n++ {
@@ -240,12 +240,17 @@ func (t *Transport) nextWait(ctx context.Context, bo backoff.BackOff, n, maxRetr
 
 // run is the state of one RoundTrip's attempts.
 type run struct {
-	t          *Transport
-	ctx        context.Context
-	a          *action // nil without a key
-	sent       int
-	maybe      bool // an attempt may have reached the server
-	lastStatus int  // of the previous attempt: 0 if none, or a transport error
+	t     *Transport
+	ctx   context.Context
+	a     *action // nil without a key
+	sent  int
+	maybe bool // an attempt may have reached the server
+	// afterKeyed: the request, sent without a key, follows a redirect
+	// answered to a keyed request (a GET to a 303's receipt): whatever
+	// becomes of it, the server has answered that one, and may have
+	// performed it.
+	afterKeyed bool
+	lastStatus int // of the previous attempt: 0 if none, or a transport error
 	lastErr    error
 	out        *http.Request // the last attempt's request
 	// tr is the last attempt's trace, whose end cancels the attempt's
@@ -291,14 +296,15 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	// Requests written, as far as the base reports them: a base that
 	// retries by itself (stacked retries), or net/http's own resend, writes
 	// more than one per attempt.
-	n := max(1, int(writes.Load()))
+	w := writes.Load()
+	n := max(1, int(w))
 	r.sent += n
 	r.t.counters.attempts.Add(int64(n))
 	if timed {
 		// Only the observers hear of an attempt (emit counts none): with
 		// none, no Event is made.
 		defer func() {
-			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent,
+			r.t.emit(r.ctx, Event{Kind: EventAttempt, Action: r.id(), Key: r.key(), Attempt: r.total(),
 				Requests: n, Status: r.lastStatus, Err: r.lastErr, Elapsed: time.Since(start)})
 		}()
 	}
@@ -310,7 +316,12 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 		r.discard(resp)
 		resp = nil
 	}
-	r.maybe = r.maybe || resp != nil || writes.Load() > 0 || mayHaveReachedServer(err)
+	// A dial error says that nothing was written only from a base that
+	// was told of this attempt's writes: one that looked up its trace (a
+	// base that sends tries of its own, without the attempt's context,
+	// may have written an earlier one).
+	told := tr.flags.Load()&traced != 0 || clientTraceKey == nil
+	r.maybe = r.maybe || resp != nil || w > 0 || !told || mayHaveReachedServer(err)
 	if r.maybe && r.a != nil && r.a.resumed != nil {
 		r.a.resumed.sent.Store(true)
 	}
@@ -325,12 +336,14 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 // requests they saw written, its request, and the wrapper of its
 // response's body if it is returned, in one allocation.
 type attemptTrace struct {
-	trace  httptrace.ClientTrace
+	trace httptrace.ClientTrace
+	// writes counts the requests the base wrote (WroteRequest).
 	writes atomic.Int32
-	// read: the body of the response returned to the caller was read to
-	// its end, and so closed (attemptBody).
-	read atomic.Bool
-	req  http.Request
+	// flags: bodyRead, the body of the response returned to the caller
+	// was read to its end, and so closed (attemptBody); traced, the base
+	// looked up the attempt's trace (see run.send).
+	flags atomic.Uint32
+	req   http.Request
 	// resp is the body of the response returned to the caller, which
 	// the caller reads through the attemptTrace itself (attemptBody), so
 	// that closing it ends the attempt's context.
@@ -353,6 +366,14 @@ type attemptTrace struct {
 }
 
 func (a *attemptTrace) wrote(httptrace.WroteRequestInfo) { a.writes.Add(1) }
+
+// The flags of an attemptTrace. traced is set when the base looks up the
+// attempt's trace, as net/http does for every request it is given: only
+// then can the count of writes say that none was made.
+const (
+	bodyRead uint32 = 1 << iota
+	traced
+)
 
 // discard drains and closes a response that is not returned: at most
 // maxDrain bytes, for at most DefaultMaxDrainTime (a body that stalls is
@@ -451,8 +472,8 @@ func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
 
 // mayHaveReachedServer is false only for errors raised before a connection
 // existed: failing to resolve or to connect. Anything later may have
-// delivered the request. It is the fallback for base RoundTrippers that do
-// not report writes through httptrace.
+// delivered the request. It is the fallback for base RoundTrippers that
+// look up the attempt's trace and do not report writes through it.
 func mayHaveReachedServer(err error) bool {
 	if err == nil {
 		return true

@@ -66,6 +66,7 @@ func (a *attemptTrace) Value(key any) any {
 	switch key {
 	case clientTraceKey:
 		if clientTraceKey != nil {
+			a.flags.Or(traced) // the base is told of the writes (see run.send)
 			return &a.trace
 		}
 	case attemptKey{}:
@@ -131,13 +132,13 @@ func (p *keyProbe) Value(key any) any {
 type attemptBody attemptTrace
 
 func (b *attemptBody) Read(p []byte) (int, error) {
-	if b.read.Load() {
+	if b.flags.Load()&bodyRead != 0 {
 		return 0, io.EOF
 	}
 	n, err := b.resp.Read(p)
 	switch {
 	case err == io.EOF:
-		if b.read.CompareAndSwap(false, true) {
+		if b.flags.Or(bodyRead)&bodyRead == 0 {
 			b.resp.Close()
 		}
 		(*attemptTrace)(b).end()
@@ -149,7 +150,7 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 
 func (b *attemptBody) Close() error {
 	var err error
-	if !b.read.Load() { // else closed at its end
+	if b.flags.Load()&bodyRead == 0 { // else closed at its end
 		err = b.resp.Close()
 	}
 	(*attemptTrace)(b).end()

@@ -2,6 +2,7 @@ package idemretry
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,8 +28,19 @@ func newBody(req *http.Request, limit int64) (body, error) {
 		return body{orig: req.Body, getBody: req.GetBody}, nil
 	}
 	defer req.Body.Close()
+	// The read ends with the caller's context: a body that stalls (a pipe
+	// whose writer never writes) is closed when it ends, which ends a read
+	// that honours Close. net/http itself would wait for it.
+	ctx := req.Context()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { req.Body.Close() })
+		defer stop()
+	}
 	buf, err := io.ReadAll(io.LimitReader(req.Body, addSize(limit, 1)))
 	if err != nil {
+		if cerr := callerErr(ctx); cerr != nil {
+			return body{}, fmt.Errorf("idemretry: read request body: %w (%w)", cerr, err)
+		}
 		return body{}, fmt.Errorf("idemretry: read request body: %w", err)
 	}
 	if int64(len(buf)) > limit {

@@ -240,3 +240,39 @@ func TestRequestCancelWatchEndsWithTheAnswer(t *testing.T) {
 		require.False(t, errors.Is(err, context.Canceled), "a refused dial is not a cancel: %v", err)
 	})
 }
+
+// A request body without GetBody is read into memory before anything is
+// reserved; one that stalls (a pipe whose writer never writes) must not
+// hold RoundTrip past the caller's context, nor past its Request.Cancel.
+// net/http itself waits for such a body (golang/go#78555). Found in review2.
+func TestStalledRequestBodyEndsWithTheCaller(t *testing.T) {
+	for _, how := range []string{"deadline", "Request.Cancel"} {
+		t.Run(how, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, j, _ := newTestTransport(t)
+			pr, pw := io.Pipe()
+			t.Cleanup(func() { pw.Close() })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if how == "deadline" {
+				ctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+			}
+			req, err := http.NewRequestWithContext(idemretry.WithAction(ctx, "pay:stalled-body"), http.MethodPost, srv.URL+"/v1/charges", pr)
+			require.NoError(t, err)
+			require.Nil(t, req.GetBody)
+			if how == "Request.Cancel" {
+				ch := make(chan struct{})
+				req.Cancel = ch //lint:ignore SA1019 what is tested
+				time.AfterFunc(100*time.Millisecond, func() { close(ch) })
+			}
+			r := awaitResult(t, goRoundTrip(tr, req), how)
+			require.Error(t, r.err)
+			require.Truef(t, errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled), "%v: want the caller's end", r.err)
+			require.Zero(t, srv.chargeCount(), "nothing was sent")
+			recs, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Empty(t, recs, "nothing was reserved")
+		})
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -200,9 +199,6 @@ func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
 // is not yet in the journal") until the process ended.
 func TestAttemptsAtTheBoundTakeTheirOutcome(t *testing.T) {
 	t.Parallel()
-	if strconv.IntSize == 32 {
-		t.Skip("known: outcome.go sums r.prior()+r.sent in an int, which wraps at journal.MaxAttempts where an int is 32 bits; the sum must saturate (limits.go)")
-	}
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true // charged, its answer lost
 	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {

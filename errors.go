@@ -46,7 +46,12 @@ var (
 		"or the journal keeps none for this Transport, or AES-GCM is refused (GODEBUG=fips140=only)")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
 	// 255 characters, has characters other than visible ASCII or has a '"' or
-	// '\', or the request has more than one such header.
+	// '\', or the request has more than one such header. Nothing is sent.
+	// On a request of a WithAction action it comes in an *ActionError that
+	// names the action, with its key, attempts and MaybeProcessed as the
+	// journal holds them: an earlier request of it may have been sent. The
+	// keys on a request Resume rebuilt are replaced by its listed one,
+	// never refused.
 	ErrInvalidKey = errors.New("idemretry: invalid idempotency key")
 	// ErrBodyTooLarge: a request body without GetBody is larger than the
 	// buffering limit (WithMaxBufferedBody), so it could not be resent
@@ -156,7 +161,9 @@ type ActionError struct {
 	// run or an earlier one, can have reached the server (every one failed
 	// to connect, or none was made). When true, the server may have
 	// performed the action: resend it with the same key (the journal keeps
-	// it) or reconcile; never with a new key.
+	// it) or reconcile; never with a new key. For a request without a key
+	// that follows a redirect answered to a keyed one (a GET to a 303's
+	// receipt), it is true: the keyed request was answered.
 	MaybeProcessed bool
 	// Reason says why the retries stopped: a sentinel of this package, or
 	// nil when the last attempt's own error (Err) ended them — one that is
@@ -173,14 +180,18 @@ type ActionError struct {
 	counted bool
 }
 
-// Error names the action and its key (for keyed requests), the attempts
+// Error names the action and its key (for keyed requests; the key when
+// known), the attempts
 // (this request's, and the action's earlier ones), the last status, the
 // reason and the cause.
 func (e *ActionError) Error() string {
 	var b strings.Builder
 	b.WriteString("idemretry: ")
-	if e.Action != "" {
+	switch {
+	case e.Action != "" && e.Key != "":
 		fmt.Fprintf(&b, "action %q (key %s): ", e.Action, e.Key)
+	case e.Action != "":
+		fmt.Fprintf(&b, "action %q: ", e.Action) // refused before its key was known
 	}
 	switch {
 	case e.counted && e.sent == 0:

@@ -9,6 +9,8 @@ package idemretry
 import (
 	"math"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // addSat returns a+b, or the nearest of math.MaxInt64 and math.MinInt64
@@ -42,4 +44,15 @@ func untilPlus(t time.Time, d time.Duration) time.Duration {
 // will be after a wait of d.
 func sincePlus(now, t time.Time, d time.Duration) time.Duration {
 	return addDuration(now.Sub(t), d)
+}
+
+// addCount returns a+b for attempt counts, neither negative, saturated at
+// journal.MaxAttempts, the bound every journal holds: a record at that
+// bound (2^31-1) must take its outcome on a 32-bit int too, where a+b
+// would wrap around.
+func addCount(a, b int) int {
+	if a > journal.MaxAttempts-b {
+		return journal.MaxAttempts
+	}
+	return a + b
 }

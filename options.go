@@ -64,16 +64,16 @@ const (
 )
 
 // An Option configures a Transport (and a Client). Options apply in order;
-// a later one overrides an earlier one, with two exceptions: the journal is
-// named once (WithJournal or WithJournalDir), and WithKeyedMethods and
-// WithUnkeyedMethods add to the methods named before. NewTransport
-// validates them all in one place: a value an option cannot use (a
-// negative count or duration, a header name that is not a token, an empty
-// journal directory...) makes it fail with an error wrapping
-// ErrInvalidOption; a nil function restores the option's default. A size
-// or duration limit may be as large as math.MaxInt64, the usual way to say
-// "no limit": the Transport's sums of limits saturate, never wrap.
-
+// a later one overrides an earlier one, with three exceptions: the journal
+// is named once (WithJournal or WithJournalDir), WithKeyedMethods and
+// WithUnkeyedMethods add to the methods named before, and WithObserver adds
+// an observer (a nil one adds none). NewTransport validates them all in one
+// place: a value an option cannot use (a negative count or duration, a
+// header name that is not a token, an empty journal directory...) makes it
+// fail with an error wrapping ErrInvalidOption; a nil function given to
+// another option restores its default. A size or duration limit may be as
+// large as math.MaxInt64, the usual way to say "no limit": the Transport's
+// sums of limits saturate, never wrap.
 type Option func(*config)
 
 type config struct {
@@ -238,9 +238,28 @@ func validMethod(m string) bool {
 func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
 
 // WithKeyHeader sets the header that carries the key (default
-// DefaultKeyHeader).
+// DefaultKeyHeader; X-Idempotency-Key for some servers). A header HTTP
+// gives a meaning of its own fails NewTransport with ErrInvalidOption:
+// Host, Content-Length, Transfer-Encoding, Trailer and Expect (net/http
+// never sends them as given, or the server refuses the request), the
+// hop-by-hop headers a proxy drops (Connection, Keep-Alive,
+// Proxy-Connection, TE, Upgrade), and the Content-* headers, Authorization,
+// Proxy-Authorization and Cookie (the key would replace the request's own,
+// which would be taken for its key).
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
+}
+
+// meaningfulHeader reports whether name, canonical, is a header that
+// WithKeyHeader refuses.
+func meaningfulHeader(name string) bool {
+	switch name {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer", "Expect",
+		"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Upgrade",
+		"Authorization", "Proxy-Authorization", "Cookie":
+		return true
+	}
+	return strings.HasPrefix(name, "Content-")
 }
 
 // WithLogger makes the Transport log to l: each retry at Debug level, and a
@@ -365,6 +384,8 @@ func (c *config) validate() error {
 		return bad("max Retry-After %v, want >= 0", c.maxRetryAfter)
 	case !httptoken.Valid(c.header):
 		return bad("key header name %q is not an HTTP token", c.header)
+	case meaningfulHeader(c.header):
+		return bad("key header %s has a meaning of its own in HTTP: the key would not reach the server as sent, or would replace what the request says", c.header)
 	case len(c.journalBy) > 1:
 		return bad("the journal is named %d times (%s): give one WithJournal or WithJournalDir", len(c.journalBy), strings.Join(c.journalBy, ", "))
 	case len(c.journalBy) == 1 && c.journalBy[0] == "WithJournal" && isNil(c.journal):

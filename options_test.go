@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,4 +201,51 @@ func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
 	require.NoError(t, err)
 	roundTrip(t, tr, req)
 	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
+}
+
+// WithKeyHeader refuses a header HTTP gives a meaning of its own: net/http
+// sends Host and Content-Length from the request's fields and never as
+// given, a proxy drops the hop-by-hop ones, an Expect the server does not
+// know fails the request, and a Content-* header or a credential would be
+// replaced by the key (and the request's own value, "application/json"
+// say, taken for its key: one key for every payment). Accepted, the key
+// never reached the server, or was not the action's.
+func TestKeyHeaderWithAMeaningOfItsOwnRefused(t *testing.T) {
+	t.Parallel()
+	names := []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Connection", "Keep-Alive",
+		"Proxy-Connection", "TE", "Upgrade", "Expect", "Content-Type", "content-encoding", "Authorization",
+		"Proxy-Authorization", "Cookie"}
+	for _, name := range names {
+		var mu sync.Mutex
+		var got string
+		srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = r.Header.Get(name)
+			mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
+		})
+		j := journal.NewMemory()
+		tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithKeyHeader(name))
+		if err == nil {
+			req := post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, `{"amount":1}`)
+			req.Header.Set("Content-Type", "application/json")
+			resp, rerr := tr.RoundTrip(req)
+			if rerr == nil {
+				resp.Body.Close()
+			}
+			rec, _, _ := j.Get(context.Background(), "pay:1")
+			mu.Lock()
+			t.Errorf("WithKeyHeader(%q) accepted: the server saw %q under it, the action's key is %q (%v)", name, got, rec.Key, rerr)
+			mu.Unlock()
+			require.NoError(t, tr.Close())
+			continue
+		}
+		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, name)
+		wantPrefixOnce(t, err)
+	}
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key", "Idempotency-Token"} {
+		tr, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithKeyHeader(name))
+		require.NoError(t, err, name)
+		require.NoError(t, tr.Close())
+	}
 }

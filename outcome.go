@@ -64,7 +64,7 @@ func (t *Transport) logUnknown(ctx context.Context, rec journal.Record, reason e
 // retrying reports a retry about to happen and frees the attempt.
 func (r *run) retrying(resp *http.Response, err error, wait time.Duration) {
 	t := r.t
-	ev := Event{Kind: EventRetry, Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Wait: wait, Status: statusOf(resp), Err: err}
+	ev := Event{Kind: EventRetry, Action: r.id(), Key: r.key(), Attempt: r.total(), Wait: wait, Status: statusOf(resp), Err: err}
 	t.emit(r.ctx, ev)
 	if t.cfg.logger != nil {
 		t.cfg.logger.LogAttrs(r.ctx, slog.LevelDebug, "idemretry: retrying", slog.String("action", ev.Action),
@@ -117,7 +117,7 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 			resp.Request = r.out // where OutcomeOf and GiveUpReason look
 		}
 		if r.a != nil && r.tr != nil {
-			r.a.attempts, r.tr.act = clampInt32(r.prior()+r.sent), r.a
+			r.a.attempts, r.tr.act = clampInt32(r.total()), r.a
 		}
 		if reason != nil {
 			markGiveUp(resp, r.out, reason)
@@ -146,15 +146,15 @@ func (r *run) end(state journal.State, resp *http.Response, reason, cause error)
 	if reason == ErrKeyWindowExpired && cause == nil {
 		cause = r.lastErr
 	}
-	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.prior() + r.sent, Status: r.lastStatus,
-		MaybeProcessed: r.maybe || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause,
+	return nil, state != journal.StateDone, &ActionError{Action: r.id(), Key: r.key(), Attempts: r.total(), Status: r.lastStatus,
+		MaybeProcessed: r.maybe || r.afterKeyed || (r.a != nil && (!r.a.fresh || r.prior() > 0)), Reason: reason, Err: cause,
 		sent: r.sent, counted: true}
 }
 
 // record returns the action's record as it stands after this run.
 func (r *run) record(state journal.State, status int) journal.Record {
 	rec := r.a.rec
-	rec.State, rec.Attempts, rec.Status = state, min(r.prior()+r.sent, journal.MaxAttempts), status // no further: the journals' bound
+	rec.State, rec.Attempts, rec.Status = state, r.total(), status // no further: the journals' bound
 	return rec
 }
 
@@ -171,6 +171,10 @@ func (r *run) key() string {
 	}
 	return r.a.rec.Key
 }
+
+// total is the action's attempts: the earlier ones and this run's,
+// saturated at journal.MaxAttempts.
+func (r *run) total() int { return addCount(r.prior(), r.sent) }
 
 func (r *run) prior() int {
 	if r.a == nil {
@@ -190,7 +194,7 @@ func statusOf(resp *http.Response) int {
 // ended.
 func (r *run) report(state journal.State, resp *http.Response, reason, cause error) {
 	t := r.t
-	ev := Event{Action: r.id(), Key: r.key(), Attempt: r.prior() + r.sent, Status: r.lastStatus, Err: r.lastErr, Reason: reason}
+	ev := Event{Action: r.id(), Key: r.key(), Attempt: r.total(), Status: r.lastStatus, Err: r.lastErr, Reason: reason}
 	switch {
 	case state == journal.StateUnknown:
 		ev.Kind = EventUnknown

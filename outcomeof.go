@@ -7,9 +7,7 @@ package idemretry
 import (
 	"errors"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -27,8 +25,10 @@ const (
 	// The action stays pending under its key: resend it as the same
 	// action (the same WithAction id, or the same request) to get its
 	// answer, now, later or through Resume at the next start. Never send
-	// it as a new action: that may perform it twice. Pending is the zero
-	// Kind, so that an Outcome that says nothing reads the safe way.
+	// it as a new action: that may perform it twice. A request of a
+	// method sent without a key is no action: a resend of a POST or PATCH
+	// sent so (WithUnkeyedMethods) may perform it twice. Pending is the
+	// zero Kind, so that an Outcome that says nothing reads the safe way.
 	Pending Kind = 0
 	// Done: the response is the server's final answer (a status the
 	// RetryPolicy does not retry: a 201, and a 400 or 422 too), recorded
@@ -111,10 +111,16 @@ type Outcome struct {
 // from a keyed request (a 303 to a receipt, say), they are the keyed
 // request's, found through resp.Request.Response.
 //
-// An error OutcomeOf does not know (none of this package's, nor a
-// journal's) is Pending with MaybeProcessed: it cannot say that nothing
-// was sent. So is a nil response with a nil error, which RoundTrip never
-// returns.
+// A response that did not come from a Transport (one the caller, or a
+// RoundTripper above the Transport, made) is Pending if its status is one
+// DefaultRetryPolicy retries: no Transport judged it final. An error
+// OutcomeOf does not know (none of this package's, nor a journal's) is
+// Pending with MaybeProcessed: it cannot say that nothing was sent. So is
+// an error that joins the errors of several actions (errors.Join), and a
+// nil response with a nil error, which RoundTrip never returns. NotSent
+// needs a base that was told of the attempt's writes: a base that sends
+// its tries with a context of its own, not the attempt's, cannot say that
+// none was written, and its dial errors are Pending too.
 func OutcomeOf(resp *http.Response, err error) Outcome {
 	var o Outcome
 	switch {
@@ -135,23 +141,64 @@ func OutcomeOf(resp *http.Response, err error) Outcome {
 var errNoResult = errors.New("idemretry: neither a response nor an error")
 
 // responseOutcome is OutcomeOf a response: Done, or Pending if the retries
-// stopped at it.
+// stopped at it, or if it did not come from a Transport and its status is
+// one DefaultRetryPolicy retries.
 func responseOutcome(resp *http.Response) Outcome {
 	o := Outcome{Kind: Done, Status: resp.StatusCode, MaybeProcessed: true}
-	if reason := GiveUpReason(resp); reason != nil {
+	switch reason := GiveUpReason(resp); {
+	case reason != nil:
 		o.Kind, o.Reason = Pending, reason
-	} else {
+	case !fromTransport(resp) && mayHeal(resp):
+		// No Transport judged it final (a response the caller, or a
+		// RoundTripper above the Transport, made): a 503 is no final
+		// answer, whoever built it.
+		o.Kind, o.Reason = Pending, errNotFromTransport
+	default:
 		o.Replayed = IsReplay(resp)
 	}
-	// The attempt that got resp, or, after redirects http.Client followed,
-	// the nearest keyed one before it.
-	for r, hops := resp, 0; r != nil && r.Request != nil && hops <= maxRedirectChain; r, hops = r.Request.Response, hops+1 {
-		if a := attemptOf(r.Request.Context()); a != nil && a.act != nil {
-			o.Action, o.Key, o.Attempts = a.act.rec.ActionID, a.act.rec.Key, int(a.act.attempts)
-			break
-		}
+	if a := keyedAttempt(resp); a != nil {
+		o.Action, o.Key, o.Attempts = a.act.rec.ActionID, a.act.rec.Key, int(a.act.attempts)
 	}
 	return o
+}
+
+// errNotFromTransport is the Reason of a response that no Transport
+// returned, whose status may heal.
+var errNotFromTransport = errors.New("idemretry: a response that did not come from a Transport, with a status that is retried")
+
+// fromTransport reports whether resp is an answer a Transport returned:
+// its request is one of a Transport's attempts.
+func fromTransport(resp *http.Response) bool {
+	return resp.Request != nil && attemptOf(resp.Request.Context()) != nil
+}
+
+// mayHeal reports whether DefaultRetryPolicy would retry resp, judged by
+// its status, its retry hints and whether it is a replay (its body is not
+// read).
+func mayHeal(resp *http.Response) bool {
+	retry, hinted := retryHint(resp.Header)
+	if !hinted {
+		retry = retryableStatus(resp.StatusCode)
+	}
+	return retry && !IsReplay(resp)
+}
+
+// keyedAttempt returns the attempt of a keyed request that got resp or,
+// after redirects http.Client followed, the nearest one before it, or nil.
+func keyedAttempt(resp *http.Response) *attemptTrace {
+	for r, hops := resp, 0; r != nil && r.Request != nil && hops <= maxRedirectChain; r, hops = r.Request.Response, hops+1 {
+		if a := attemptOf(r.Request.Context()); a != nil && a.act != nil {
+			return a
+		}
+	}
+	return nil
+}
+
+// followsKeyedAnswer reports whether req is a redirect http.Client
+// follows from an answer to a keyed request (a GET to a 303's receipt,
+// say): the server answered that request, and may have performed it.
+func followsKeyedAnswer(req *http.Request) bool {
+	return req.Response != nil && keyedAttempt(req.Response) != nil
 }
 
 // maxRedirectChain bounds the walk back along the redirects that led to a
@@ -161,8 +208,7 @@ const maxRedirectChain = 16
 // errorOutcome is OutcomeOf an error.
 func errorOutcome(err error) Outcome {
 	o := Outcome{MaybeProcessed: true, Reason: err}
-	var ae *ActionError
-	if errors.As(err, &ae) {
+	if ae, ok := actionErrorIn(err); ae != nil {
 		o.Action, o.Key, o.Attempts, o.Status, o.MaybeProcessed = ae.Action, ae.Key, ae.Attempts, ae.Status, ae.MaybeProcessed
 		o.Reason = ae.Reason
 		if o.Reason == nil && ae.Err != nil {
@@ -175,11 +221,15 @@ func errorOutcome(err error) Outcome {
 			o.Kind, o.MaybeProcessed = Pending, true
 		case refuses(ae.Reason) || errors.Is(ae.Err, ErrFingerprintUncheckable):
 			o.Kind = Refused
-		case ae.MaybeProcessed || followedRedirect(err, ae):
-			o.Kind, o.MaybeProcessed = Pending, true
+		case ae.MaybeProcessed:
+			o.Kind = Pending
 		default:
 			o.Kind = NotSent
 		}
+		return o
+	} else if !ok {
+		// Errors of several actions, joined by the caller: no one
+		// outcome is theirs, and one of them may have been performed.
 		return o
 	}
 	switch {
@@ -196,10 +246,56 @@ func errorOutcome(err error) Outcome {
 	return o
 }
 
+// actionErrorIn returns the *ActionError in err's tree that OutcomeOf
+// reads (ok), or nil if there is none (ok). The tree may hold several of
+// one action (a client above the Transport that joins the errors of its
+// tries): the first that says MaybeProcessed is read, else the first. If
+// it holds errors of more than one action, there is no one to read (ok
+// false).
+func actionErrorIn(err error) (_ *ActionError, ok bool) {
+	all := actionErrors(err, nil)
+	if len(all) == 0 {
+		return nil, true
+	}
+	first := all[0]
+	for _, ae := range all[1:] {
+		if ae.Action != first.Action || ae.Key != first.Key {
+			return nil, false
+		}
+	}
+	for _, ae := range all {
+		if ae.MaybeProcessed {
+			return ae, true
+		}
+	}
+	return first, true
+}
+
+// actionErrors appends to out every *ActionError in err's tree, as
+// errors.As walks it (an ActionError's own causes are not searched).
+func actionErrors(err error, out []*ActionError) []*ActionError {
+	for err != nil {
+		switch e := err.(type) {
+		case *ActionError:
+			return append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				out = actionErrors(inner, out)
+			}
+			return out
+		case interface{ Unwrap() error }:
+			err = e.Unwrap()
+		default:
+			return out
+		}
+	}
+	return out
+}
+
 // refuses reports whether reason is one that refuses the action as it is,
 // now and at every resend until something else changes.
 func refuses(reason error) bool {
-	for _, r := range [...]error{ErrKeyWindowExpired, ErrOutcomeUnknown, ErrKeyReused, ErrFingerprintMismatch,
+	for _, r := range [...]error{ErrInvalidKey, ErrKeyWindowExpired, ErrOutcomeUnknown, ErrKeyReused, ErrFingerprintMismatch,
 		ErrFingerprintUncheckable, ErrClockSkew, ErrNotResumable} {
 		if errors.Is(reason, r) {
 			return true
@@ -216,24 +312,6 @@ func isJournalError(err error) bool {
 		}
 	}
 	return false
-}
-
-// followedRedirect reports whether err, which ae is in, may be
-// http.Client's after following a redirect that a keyed request was
-// answered with: the *url.Error's method (the first request's) is not one
-// that is sent without a key, and the request that failed named no action
-// (a GET to a 303's receipt, say). The keyed request was then answered:
-// the server may have performed it.
-func followedRedirect(err error, ae *ActionError) bool {
-	var ue *url.Error
-	if ae.Action != "" || !errors.As(err, &ue) {
-		return false
-	}
-	switch strings.ToUpper(ue.Op) {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return false
-	}
-	return true
 }
 
 func clampInt32(n int) int32 {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,6 +275,41 @@ func TestOutcomeOfEveryShape(t *testing.T) {
 		}, want: idemretry.Outcome{Kind: idemretry.Done, Action: action, Attempts: 1, Status: 303, MaybeProcessed: true},
 			wantReason: errStopRedirect},
 
+		{name: "a PUT through an http.Client, every dial refused", run: func(t *testing.T) shapeResult {
+			// http.Client's *url.Error says "Put": no redirect followed.
+			c := &http.Client{Transport: transportOver(t, journal.NewMemory(), fast...)}
+			req, err := http.NewRequest(http.MethodPut, "http://"+closedAddr(t)+"/orders/1", strings.NewReader(`{"amount":1}`))
+			require.NoError(t, err)
+			resp, err := c.Do(req)
+			return shapeResult{resp: resp, err: err}
+		}, want: idemretry.Outcome{Kind: idemretry.NotSent, Attempts: 3}, wantReason: idemretry.ErrAttemptsExhausted},
+
+		{name: "an unkeyed POST through an http.Client, its dial refused", run: func(t *testing.T) shapeResult {
+			c := &http.Client{Transport: transportOver(t, journal.NewMemory(), append(fast, idemretry.WithUnkeyedMethods(http.MethodPost))...)}
+			resp, err := c.Do(post(t, context.Background(), "http://"+closedAddr(t)+"/", `{"amount":1}`))
+			return shapeResult{resp: resp, err: err}
+		}, want: idemretry.Outcome{Kind: idemretry.NotSent, Attempts: 1}, wantReason: idemretry.ErrAttemptsExhausted},
+
+		{name: "errors.Join of two actions' errors, one of them maybe paid", run: func(t *testing.T) shapeResult {
+			srv := newPayServer(t)
+			srv.script = func(_ int, w http.ResponseWriter, _ *http.Request) bool { hijackAndClose(w); return true }
+			tr := transportOver(t, journal.NewMemory(), fast...)
+			_, notSent := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:order-2"), "http://"+closedAddr(t)+"/", `{"amount":2}`))
+			_, maybe := tr.RoundTrip(post(t, named(context.Background()), srv.URL, `{"amount":1}`))
+			require.Error(t, notSent)
+			require.Error(t, maybe)
+			return shapeResult{err: errors.Join(notSent, maybe)}
+		}, want: idemretry.Outcome{Kind: idemretry.Pending, MaybeProcessed: true}, wantReason: errAny},
+
+		{name: "a 503 the caller built, not from a Transport", run: func(t *testing.T) shapeResult {
+			req := post(t, named(context.Background()), "http://"+closedAddr(t)+"/", `{"amount":1}`)
+			return shapeResult{resp: &http.Response{StatusCode: http.StatusServiceUnavailable, Request: req, Body: http.NoBody}}
+		}, want: idemretry.Outcome{Kind: idemretry.Pending, Status: 503, MaybeProcessed: true}, wantReason: errAny},
+
+		{name: "a 201 the caller built, not from a Transport", run: func(t *testing.T) shapeResult {
+			return shapeResult{resp: &http.Response{StatusCode: http.StatusCreated, Body: http.NoBody}}
+		}, want: idemretry.Outcome{Kind: idemretry.Done, Status: 201, MaybeProcessed: true}},
+
 		{name: "neither a response nor an error", run: func(t *testing.T) shapeResult { return shapeResult{} },
 			want: idemretry.Outcome{Kind: idemretry.Pending, MaybeProcessed: true}, wantReason: errAny},
 	}
@@ -390,4 +426,46 @@ func joinOneFlight(t *testing.T, srv *payServer, tr http.RoundTripper, ctx conte
 	})
 	require.Len(t, srv.seen(), 1, "the second request did not join the first's flight")
 	return out
+}
+
+// A retrying base that sends its tries with requests of its own, without
+// the attempt's context (so the Transport's trace never sees them
+// written): its first try reaches the server, which charges and drops the
+// connection; its retry, to a host that is down, is refused, and that dial
+// error is what it returns. The Transport cannot tell from the error that
+// nothing was written: only a base that looked up the attempt's trace has
+// told it what it wrote. So the payment is Pending, never NotSent.
+func TestOutcomeOfUnderABaseThatHidesItsTries(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	down := "http://" + closedAddr(t)
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		var err error
+		for _, host := range []string{srv.URL, down} {
+			body, gerr := r.GetBody()
+			if gerr != nil {
+				return nil, gerr
+			}
+			try, nerr := http.NewRequest(r.Method, host+r.URL.Path, body) // context.Background()
+			if nerr != nil {
+				return nil, nerr
+			}
+			try.Header = r.Header.Clone()
+			var resp *http.Response
+			if resp, err = http.DefaultTransport.RoundTrip(try); err == nil {
+				return resp, nil
+			}
+		}
+		return nil, err
+	})
+	tr, err := idemretry.NewTransport(base, inMemory(), idemretry.WithMaxRetries(0))
+	require.NoError(t, err)
+	defer tr.Close()
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:hidden"), srv.URL+"/charges", `{"amount":1}`))
+	require.Error(t, err)
+	require.Equal(t, 1, srv.chargeCount(), "the first try was charged")
+	o := idemretry.OutcomeOf(resp, err)
+	assert.Equal(t, idemretry.Pending, o.Kind, "%v", err)
+	assert.True(t, o.MaybeProcessed)
 }

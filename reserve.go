@@ -108,21 +108,21 @@ func (t *Transport) samePayload(p payload, who *identity, fp journal.Fingerprint
 
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
-	var callerKey string
-	if vs := headerValues(req.Header, t.cfg.header); len(vs) > 1 {
-		return identity{}, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
-	} else if len(vs) == 1 {
-		var err error
-		if callerKey, err = parseKey(vs[0]); err != nil {
-			return identity{}, err
-		}
-	}
 	if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
+		// Resume's action goes out under its listed key, whatever keys
+		// the rebuilt request carries.
 		return resumedIdentity(req, b, m, &t.fpKey)
+	}
+	named, explicit := actionOf(req.Context())
+	callerKey, err := t.requestKey(req)
+	if err != nil {
+		if explicit && checkActionID(named) == nil {
+			return identity{}, t.invalidKeyOf(req.Context(), named, err)
+		}
+		return identity{}, err
 	}
 	// A named action's first hop may have a keyed fingerprint: its id
 	// does not depend on it.
-	named, explicit := actionOf(req.Context())
 	fp, err := newFingerprint(req, b, (callerKey != "" || explicit) && req.Response == nil, &t.fpKey)
 	if err != nil {
 		return identity{}, err
@@ -140,6 +140,44 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 	// id to carry to it) is the hop of an action named by its fingerprint.
 	hop := callerKey == "" && !explicit && req.Response != nil && strings.HasPrefix(id, keyActionPrefix)
 	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP, syncDone: byFP || hop}, nil
+}
+
+// requestKey returns the key req carries, bare, or "" if none;
+// ErrInvalidKey if it carries more than one, or one that is not a key.
+func (t *Transport) requestKey(req *http.Request) (string, error) {
+	switch vs := headerValues(req.Header, t.cfg.header); len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+		return parseKey(vs[0])
+	default:
+		return "", fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
+	}
+}
+
+// invalidKeyOf refuses a request of action id (a WithAction id) whose key
+// is invalid (cause): nothing is sent, and the refusal is the action's,
+// with its key and attempts and MaybeProcessed as the journal has them.
+// An earlier request of the action may have reached the server: only a
+// journal that says it holds no record of id (a journal.Getter), with no
+// request of it in flight here, makes MaybeProcessed false.
+func (t *Transport) invalidKeyOf(ctx context.Context, id string, cause error) error {
+	ae := &ActionError{Action: id, MaybeProcessed: true, Reason: cause, counted: true}
+	g, ok := t.journal.(journal.Getter)
+	if !ok || t.flights.find(id) != nil {
+		return ae
+	}
+	jctx, cancel := t.journalContext(ctx)
+	defer cancel()
+	rec, found, err := g.Get(jctx, id)
+	switch {
+	case err != nil:
+	case found:
+		ae.Key, ae.Attempts, ae.Status = rec.Key, rec.Attempts, rec.Status
+	default:
+		ae.MaybeProcessed = false
+	}
+	return ae
 }
 
 // resumedIdentity names a request Resume rebuilt for the record m lists:

@@ -55,7 +55,8 @@ type ResumeResult struct {
 	// (as a discarded body is drained: a body that never ends cannot hold
 	// Resume up); BodyTruncated says that the body was cut, longer than
 	// that, failing or stalling (the answer is recorded all the same: a
-	// resend of the action gets the server's replay, body and all).
+	// resend of the action gets the server's replay, body and all). A 101
+	// Switching Protocols has no Body: its connection is closed unread.
 	Status        int
 	Header        http.Header
 	Body          []byte
@@ -204,7 +205,13 @@ func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record
 // is recorded already: a body that never ends is cut by ending the
 // request's context (cut), which cannot change it.
 func (t *Transport) keepBody(resp *http.Response, res *ResumeResult, cut context.CancelFunc) {
-	if resp.Body == nil {
+	switch {
+	case resp.Body == nil:
+		return
+	case resp.StatusCode == http.StatusSwitchingProtocols:
+		// Its body is the upgraded connection, no one's once Resume
+		// returns; an ended context does not cut a read of it.
+		resp.Body.Close()
 		return
 	}
 	// The Close too: a body may drain the rest on Close.

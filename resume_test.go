@@ -1061,3 +1061,48 @@ func TestResumeSendsNothingForAnActionNoLongerListed(t *testing.T) {
 		})
 	}
 }
+
+// A resent action answered 101 Switching Protocols: its body is the
+// upgraded connection, which no one holds once Resume returns, and which
+// an ended context does not cut. Resume closes it unread and returns
+// (it read it for a body, and hung for as long as the server kept the
+// connection open).
+func TestResumeUpgradedAnswerClosedUnread(t *testing.T) {
+	t.Parallel()
+	hold := make(chan struct{})
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 {
+			hijackAndClose(w) // the first answer lost
+			return true
+		}
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return true
+		}
+		defer conn.Close()
+		go func() { <-hold; conn.Close() }() // at the test's end, whatever the client did
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: charge-stream\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		_, _ = conn.Read(make([]byte, 1)) // until the client closes it
+		return true
+	}
+	defer close(hold)
+	j := journal.NewMemory()
+	ctx := context.Background()
+	leftPending(t, j, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, `{"order":"A"}`))
+	got := resumeAsync(ctx, transportOver(t, j), &appResumer{url: srv.URL, orders: map[string]string{"pay:A": `{"order":"A"}`}}, 0)
+	var r resumed
+	select {
+	case r = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Resume never returned: it read the upgraded connection as a body")
+	}
+	require.NoError(t, r.err)
+	require.Len(t, r.res, 1)
+	res := r.res[0]
+	require.NoError(t, res.Err)
+	assert.Equal(t, http.StatusSwitchingProtocols, res.Status)
+	assert.Empty(t, res.Body)
+	assert.Equal(t, idemretry.Done, res.Outcome.Kind)
+}

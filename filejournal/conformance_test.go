@@ -46,7 +46,7 @@ func TestJournalConformanceFileHashed(t *testing.T) {
 func appendRecord(t *testing.T, jr journal.Journal, want journal.Record) (journal.Journal, error) {
 	t.Helper()
 	j := jr.(*Journal)
-	if want.Attempts < 0 || want.Attempts > math.MaxUint32 || want.Status < 0 || want.Status > math.MaxUint16 || len(want.Key) > 255 {
+	if want.Attempts < 0 || int64(want.Attempts) > math.MaxUint32 || want.Status < 0 || want.Status > math.MaxUint16 || len(want.Key) > 255 {
 		t.Skipf("the format cannot hold %+v", want)
 	}
 	r := rec{id: j.storedID(want.ActionID), fp: want.Fingerprint, created: want.CreatedAt.UnixMilli(), attempts: uint32(want.Attempts),

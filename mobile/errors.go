@@ -114,8 +114,10 @@ const (
 	// the journal is damaged. The message says which. MaybeProcessed is
 	// true when the journal held the action (an earlier send of it may
 	// have reached the server) or could not say: resend it with the same
-	// ActionID once the journal works again (a new Client), never as a new
-	// action. Also a payment (a
+	// ActionID once the journal works again, never as a new action. A full
+	// disk refuses new actions only while it lasts: the same Client works
+	// again once there is room. A removed directory or a damaged journal
+	// needs a new Client. Also a payment (a
 	// body of 512 bytes or more) whose check the journal lost
 	// (fingerprint.key in dir deleted or damaged): nothing is sent,
 	// MaybeProcessed is true, and every resend is refused so until its key

@@ -100,6 +100,27 @@ func TestKindNetwork(t *testing.T) {
 	assert.Nil(t, l.Get(1))
 }
 
+// A PUT or a DELETE (sent without a key, retried) that cannot connect is
+// KindNetwork, as a GET is: nothing was sent. (It was KindMaybeProcessed:
+// the Go package's OutcomeOf took http.Client's "Put" for a keyed request
+// answered with a redirect.)
+func TestKindNetworkForEveryMethod(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	c, _ := open(t, nil)
+	for _, method := range []string{"GET", "PUT", "DELETE"} {
+		_, err := c.Send(&idemretry.Request{Method: method, URL: "http://" + addr + "/orders/1", TimeoutMillis: 1500})
+		assert.Equal(t, idemretry.KindNetwork, kindOf(t, err), "%s: %v", method, err)
+		f := idemretry.FailureOf(err)
+		assert.False(t, f.MaybeProcessed, method)
+		assert.Equal(t, idemretry.OutcomeNotSent, f.Outcome(), method)
+	}
+}
+
 // The server commits the charge and never answers within the timeout: the
 // app must learn that it may have paid, and the resend must be the same
 // payment.

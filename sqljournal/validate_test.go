@@ -28,7 +28,7 @@ func TestInvalidRecordsRefused(t *testing.T) {
 		"state 4":         func(r *journal.Record) { r.State = 4 },
 		"attempts < 0":    func(r *journal.Record) { r.Attempts = -1 },
 		"status < 0":      func(r *journal.Record) { r.Status = -1 },
-		"attempts > 2^31": func(r *journal.Record) { r.Attempts = 1 << 31 },
+		"attempts > 2^31": func(r *journal.Record) { n := uint64(1) << 31; r.Attempts = int(n) }, // wraps negative where an int is 32 bits: refused all the same
 	}
 	for name, spoil := range bad {
 		r := rec("pay:1", "k1", 0, journal.StatePending)
