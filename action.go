@@ -29,13 +29,12 @@ type actionKey struct{}
 // sets a new one on every call) lives as long as one call, the id as long as
 // the app keeps it. A key the request carries (an SDK's, or the caller's
 // own) becomes the action's key only if the action is new: it is adopted,
-// and sent, in the Transport's form (bare unless WithQuotedKey), on that
-// first request. Every later request of the action carries the journaled
-// key in its place, after a restart too, whatever key it carries (logged
-// at Debug). So a new payment needs a new id. One key under two ids is two
-// actions here and one key to the server, which judges the second (Stripe
-// refuses another payload: ErrKeyReused): give each action its own key, or
-// none.
+// and sent as written (bare or quoted), on that first request. Every later
+// request of the action carries the journaled key, in that form, in its
+// place, after a restart too, whatever key it carries (logged at Debug).
+// So a new payment needs a new id. One key under two ids is two actions
+// here and one key to the server, which judges the second (Stripe refuses
+// another payload: ErrKeyReused): give each action its own key, or none.
 //
 // A nil ctx gives a nil context, which http.NewRequestWithContext refuses
 // with an error (context.WithValue would panic).
@@ -128,20 +127,29 @@ func newUUIDKey() (string, error) {
 // parseKey accepts a caller-supplied key bare or in the IETF draft's quoted
 // form and returns it bare.
 func parseKey(v string) (string, error) {
+	k, _, err := parseKeyForm(v)
+	return k, err
+}
+
+// parseKeyForm is parseKey that also returns the form v wrote the key in:
+// journal.KeyFormQuoted for "K", else journal.KeyFormBare. Spaces around v
+// (a header's optional whitespace) are no part of either.
+func parseKeyForm(v string) (string, journal.KeyForm, error) {
 	v = strings.TrimSpace(v)
+	form := journal.KeyFormBare
 	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-		v = v[1 : len(v)-1]
+		v, form = v[1:len(v)-1], journal.KeyFormQuoted
 	}
 	if v == "" || len(v) > journal.MaxKeyLength { // what every journal stores
-		return "", fmt.Errorf("%w: length %d, want 1 to %d", ErrInvalidKey, len(v), journal.MaxKeyLength)
+		return "", 0, fmt.Errorf("%w: length %d, want 1 to %d", ErrInvalidKey, len(v), journal.MaxKeyLength)
 	}
 	for i := 0; i < len(v); i++ {
 		// Visible ASCII only; '"' and '\' would need escaping in the quoted form.
 		if c := v[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-			return "", fmt.Errorf("%w: character %q at %d", ErrInvalidKey, c, i)
+			return "", 0, fmt.Errorf("%w: character %q at %d", ErrInvalidKey, c, i)
 		}
 	}
-	return v, nil
+	return v, form, nil
 }
 
 // headerValues returns every value of header name in h, under its
@@ -157,7 +165,8 @@ func headerValues(h http.Header, name string) []string {
 	return vs
 }
 
-// formatKey renders a bare key for the header.
+// formatKey renders a bare key for the header, quoted or bare (see
+// Transport.quotedForm).
 func formatKey(key string, quoted bool) string {
 	if quoted {
 		return `"` + key + `"`

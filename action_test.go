@@ -505,3 +505,176 @@ func (r twoKeysResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.
 	}
 	return req, err
 }
+
+// The key's form (issue 29, item 6): servers take "K" and K for two keys
+// (Fiber refuses the quoted form), so a key goes out in one form for good:
+// a caller's as the caller wrote it, a minted one in WithQuotedKey's, the
+// form recorded with the key and used for every later attempt and resume.
+
+// firstUnavailable answers the first request 503 and lets the others
+// through.
+func firstUnavailable(n int, w http.ResponseWriter, _ *http.Request) bool {
+	if n == 1 {
+		status(http.StatusServiceUnavailable)(w)
+		return true
+	}
+	return false
+}
+
+// A key the caller sets goes out exactly as written, bare or quoted,
+// whatever WithQuotedKey says, on every attempt.
+func TestCallerKeyGoesOutInItsOwnForm(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		opts []idemretry.Option
+	}{
+		{"order-Q-1-key", []idemretry.Option{idemretry.WithQuotedKey()}},
+		{`"order-Q-2-key"`, nil},
+	} {
+		srv := newPayServer(t)
+		srv.script = firstUnavailable
+		tr, _, _ := newTestTransport(t, c.opts...)
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", c.key)
+		roundTrip(t, tr, req)
+		assert.Equal(t, []string{c.key, c.key}, keysOf(srv.seen()), "%s: the 503's retry too", c.key)
+	}
+}
+
+// "K" and K are one key (the IETF draft's quoted form of K is K) and one
+// action here, and every request of it goes out in the form of its first:
+// a server that takes them for two keys sees one, and replays.
+func TestQuotedAndBareKeyAreOneAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, j, _ := newTestTransport(t)
+	for _, v := range []string{`"order-78-key"`, "order-78-key", ` "order-78-key" `} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", v)
+		roundTrip(t, tr, req)
+	}
+	assert.Equal(t, []string{`"order-78-key"`, `"order-78-key"`, `"order-78-key"`}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+	req := post(t, context.Background(), srv.URL, "another body")
+	req.Header.Set("Idempotency-Key", "order-78-key")
+	_, err := tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrFingerprintMismatch, "one key, one payload, in either form")
+	rec, found, err := j.Get(context.Background(), "key:order-78-key")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "order-78-key", rec.Key, "kept bare, with its form")
+	assert.Equal(t, journal.KeyFormQuoted.String(), rec.KeyForm.String())
+}
+
+// A pending action goes out, after a restart and from Resume, in the form
+// its key was first sent in, whichever way WithQuotedKey was switched in
+// between (on or off).
+func TestKeyFormKeptAcrossRestart(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		before, after []idemretry.Option
+		want          func(key string) string
+	}{
+		{"WithQuotedKey switched on", nil, []idemretry.Option{idemretry.WithQuotedKey()}, func(k string) string { return k }},
+		{"WithQuotedKey switched off", []idemretry.Option{idemretry.WithQuotedKey()}, nil, func(k string) string { return `"` + k + `"` }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.commitThenDrop = map[int]bool{1: true, 2: true} // charged, answers lost
+			j := journal.NewMemory()
+			first, _ := newTestTransportOver(t, j, append([]idemretry.Option{idemretry.WithMaxRetries(0)}, c.before...)...)
+			_, err := first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-1"), srv.URL, `{"order":"F-1"}`))
+			require.Error(t, err)
+			_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-2"), srv.URL, `{"order":"F-2"}`))
+			require.Error(t, err)
+
+			second, _ := newTestTransportOver(t, j, c.after...)
+			resp := roundTrip(t, second, post(t, idemretry.WithAction(context.Background(), "pay:F-1"), srv.URL, `{"order":"F-1"}`))
+			assert.True(t, idemretry.IsReplay(resp))
+			app := &appResumer{url: srv.URL, orders: map[string]string{"pay:F-2": `{"order":"F-2"}`}}
+			results, err := second.Resume(context.Background(), app, 1)
+			require.NoError(t, err)
+			require.Len(t, results, 1)
+			require.NoError(t, results[0].Err)
+			assert.True(t, results[0].Sent)
+
+			reqs := srv.seen()
+			require.Len(t, reqs, 4)
+			for i, r := range reqs {
+				rec, found, err := j.Get(context.Background(), []string{"pay:F-1", "pay:F-2"}[i%2])
+				require.NoError(t, err)
+				require.True(t, found)
+				assert.Equal(t, c.want(rec.Key), r.Key, "request %d", i+1)
+			}
+			assert.Equal(t, 2, srv.chargeCount(), "a resend charged again")
+		})
+	}
+}
+
+// A named action's first request's key is its key, in the form that
+// request wrote it: a later request of the action with an SDK's new key,
+// in the other form, goes out under the first key in the first form.
+func TestNamedActionKeepsItsFirstKeysForm(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = firstUnavailable
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	resp := roundTrip(t, tr, sdkPost(t, "pay:form", `"sdk-key-1"`, srv.URL, `{"amount":1}`))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	roundTrip(t, tr, sdkPost(t, "pay:form", "sdk-key-2", srv.URL, `{"amount":1}`))
+	assert.Equal(t, []string{`"sdk-key-1"`, `"sdk-key-1"`}, keysOf(srv.seen()))
+}
+
+// A 307/308 hop carries the caller's key that http.Client copies to it in
+// the form its parent sent it: the parent's recorded form, when the caller
+// wrote the key in the other one this time.
+func TestRedirectHopKeyForm(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		switch {
+		case n == 1:
+			status(http.StatusServiceUnavailable)(w) // left pending, bare
+		case r.URL.Path == "/old":
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
+		default:
+			return false
+		}
+		return true
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	c := &http.Client{Transport: tr}
+	for _, v := range []string{"hop-key-1", `"hop-key-1"`} {
+		req := post(t, context.Background(), srv.URL+"/old", "x")
+		req.Header.Set("Idempotency-Key", v)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	assert.Equal(t, []string{"hop-key-1", "hop-key-1", "hop-key-1"}, keysOf(srv.seen()), "the 503, the 308, the hop")
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// formlessJournal is a journal that keeps no forms (one written before
+// they were recorded): every record reads unrecorded.
+type formlessJournal struct{ *journal.Memory }
+
+func (j formlessJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	rec.KeyForm = journal.KeyFormUnrecorded
+	return j.Memory.Reserve(ctx, rec, mode)
+}
+
+// A record whose form is unrecorded (an earlier release's, or a journal's
+// that keeps none) goes out in the form WithQuotedKey says, as before
+// forms were recorded: a caller's bare key quoted.
+func TestUnrecordedKeyFormFollowsWithQuotedKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = firstUnavailable
+	tr, _ := newTestTransportOver(t, formlessJournal{journal.NewMemory()}, idemretry.WithQuotedKey())
+	req := post(t, context.Background(), srv.URL, "x")
+	req.Header.Set("Idempotency-Key", "order-U-key")
+	roundTrip(t, tr, req)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "y"))
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, []string{`"order-U-key"`, `"order-U-key"`}, keys[:2])
+	assert.True(t, strings.HasPrefix(keys[2], `"`) && strings.HasSuffix(keys[2], `"`), keys[2])
+}

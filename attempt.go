@@ -56,18 +56,8 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		// after, so that a final answer arriving as it ends is still final.
 		// Judging may peek at an error body (KeyReuseRejected): a body that
 		// stalls is cut after DefaultMaxDrainTime, as a drain would be.
-		final, reused := r.classify(s.policy, resp, err)
-		if final {
-			if err != nil {
-				return r.end(journal.StatePending, nil, nil, err)
-			}
-			if reused {
-				// The server holds this key for another payload: this
-				// action's own outcome is not known, and the key is spent.
-				r.discard(resp)
-				return r.end(journal.StateUnknown, nil, ErrKeyReused, nil)
-			}
-			return r.end(journal.StateDone, resp, nil, nil)
+		if final, reused := r.classify(s.policy, resp, err); final {
+			return r.finish(resp, err, reused)
 		}
 		if err != nil && ctx.Err() != nil {
 			return r.end(journal.StatePending, nil, nil, err) // the caller's own end, not a give-up
@@ -112,6 +102,22 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 			return r.end(journal.StatePending, nil, nil, err)
 		}
 	}
+}
+
+// finish ends the attempts on an outcome the policy called final: an
+// error not retried leaves the action pending; an answer that refuses the
+// key as reused makes it outcome-unknown (the server holds the key for
+// another payload, so this action's own outcome is not known, and the key
+// is spent); any other answer is the action's, done.
+func (r *run) finish(resp *http.Response, err error, reused bool) (*http.Response, bool, error) {
+	switch {
+	case err != nil:
+		return r.end(journal.StatePending, nil, nil, err)
+	case reused:
+		r.discard(resp)
+		return r.end(journal.StateUnknown, nil, ErrKeyReused, nil)
+	}
+	return r.end(journal.StateDone, resp, nil, nil)
 }
 
 // classify asks the policy whether the attempt's outcome is final and, for
@@ -281,7 +287,7 @@ func (r *run) send(req *http.Request, b *body) (_ *http.Response, sent bool, _ e
 	tr.trace.WroteRequest = tr.wrote
 	writes := &tr.writes
 	tr.req = *req.WithContext(tr.context(r.ctx))
-	out, err := r.t.newAttempt(&tr.req, b, r.key(), tr.vals[:])
+	out, err := r.t.newAttempt(&tr.req, b, r.wireKey(), tr.vals[:])
 	if err != nil {
 		tr.end()
 		return nil, false, err
@@ -393,8 +399,18 @@ func (r *run) discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-// newAttempt clones req for one attempt, with a fresh body and the key;
-// the header's values go in vals if they fit.
+// wireKey is the key header's value of the run's attempts: the action's
+// key in its record's form (see Transport.quotedForm), or "" without one.
+func (r *run) wireKey() string {
+	if r.a == nil {
+		return ""
+	}
+	return formatKey(r.a.rec.Key, r.t.quotedForm(r.a.rec.KeyForm))
+}
+
+// newAttempt clones req for one attempt, with a fresh body and key, the
+// key header's value (wireKey's), unless it is empty; the header's values
+// go in vals if they fit.
 func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []string) (*http.Request, error) {
 	if err := t.keyless(req, key); err != nil { // keyjournal.go
 		return nil, err
@@ -415,7 +431,7 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	out.Header, spare = cloneHeader(req.Header, drop, vals)
 	out.Body, out.GetBody = r, b.getBody
 	if key != "" {
-		spare[0] = formatKey(key, t.cfg.quoted)
+		spare[0] = key
 		out.Header[t.cfg.header] = spare
 	}
 	return out, nil

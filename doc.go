@@ -67,6 +67,22 @@
 // A 307/308 hop that [http.Client] follows is a sub-action: it gets a key of
 // its own, or carries the caller's key if the caller set one.
 //
+// A key goes out in one form for good: the one it was first sent in, bare
+// (8e03978e-...) or quoted ("8e03978e-...", the IETF draft's Structured
+// Field string), recorded with it (journal.Record.KeyForm) and used for
+// every later attempt and request of its action and by Resume, after a
+// restart too, whatever [WithQuotedKey] says by then. Servers take the two
+// forms for two keys (express-idempotency and @node-idempotency/nestjs
+// would charge twice; Fiber refuses the quoted one). A key the caller sets
+// goes out as the caller wrote it, whatever WithQuotedKey says; "K" and K
+// are one key, as the draft has it, so one action ("key:K"), and a later
+// request of it written in the other form goes out in the first one. A
+// minted key takes WithQuotedKey's form. A hop carrying the caller's key
+// sends it as its parent did. A record without a form (written by a
+// release before forms were recorded, or by a journal that keeps none: a
+// third-party one that fails journaltest) goes out in WithQuotedKey's
+// form, as it did then.
+//
 // # One flight per action
 //
 // A keyed request that arrives while a request of the same action is in

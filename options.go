@@ -233,8 +233,12 @@ func validMethod(m string) bool {
 	return httptoken.Valid(m) && strings.ToUpper(m) == m
 }
 
-// WithQuotedKey sends keys in the IETF draft's Structured Field string form,
-// "8e03978e-...", instead of bare (Stripe's form, the default).
+// WithQuotedKey sends the keys the Transport mints in the IETF draft's
+// Structured Field string form, "8e03978e-...", instead of bare (Stripe's
+// form, the default). A key keeps the form it was first sent in, recorded
+// with it: an action minted before the option was switched goes on in its
+// first form, and a key the caller sets goes out as written (see "Actions
+// and keys" in the package doc).
 func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
 
 // WithKeyHeader sets the header that carries the key (default

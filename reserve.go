@@ -54,6 +54,11 @@ type identity struct {
 	// the journaled key goes on every later request of it, whatever key
 	// the request carries).
 	callerKey string
+	// callerForm is the form the request wrote callerKey in (bare or
+	// quoted), which a new record of the action takes with the key: a
+	// caller's key goes out as written. A 307/308 hop carrying its
+	// parent's key takes the form its parent sent it in (see identify).
+	callerForm journal.KeyForm
 	// byFingerprint: the action is named by its request's fingerprint (no
 	// caller key, no WithAction).
 	byFingerprint bool
@@ -114,12 +119,19 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 		return resumedIdentity(req, b, m, &t.fpKey)
 	}
 	named, explicit := actionOf(req.Context())
-	callerKey, err := t.requestKey(req)
+	callerKey, callerForm, err := t.requestKey(req)
 	if err != nil {
 		if explicit && checkActionID(named) == nil {
 			return identity{}, t.invalidKeyOf(req.Context(), named, err)
 		}
 		return identity{}, err
+	}
+	// http.Client copies to a 307/308 hop the key of the caller's request
+	// as the caller wrote it; the parent sent it in its action's form,
+	// which may be the other one (an earlier request of the action wrote
+	// it so): the hop sends it as the parent did.
+	if k, f, ok := t.parentKey(req); ok && callerKey != "" && k == callerKey {
+		callerForm = f
 	}
 	// A named action's first hop may have a keyed fingerprint: its id
 	// does not depend on it.
@@ -139,19 +151,20 @@ func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 	// A hop named by its parent's key (neither a caller key nor an action
 	// id to carry to it) is the hop of an action named by its fingerprint.
 	hop := callerKey == "" && !explicit && req.Response != nil && strings.HasPrefix(id, keyActionPrefix)
-	return identity{id: id, fp: fp, callerKey: callerKey, byFingerprint: byFP, syncDone: byFP || hop}, nil
+	return identity{id: id, fp: fp, callerKey: callerKey, callerForm: callerForm, byFingerprint: byFP, syncDone: byFP || hop}, nil
 }
 
-// requestKey returns the key req carries, bare, or "" if none;
-// ErrInvalidKey if it carries more than one, or one that is not a key.
-func (t *Transport) requestKey(req *http.Request) (string, error) {
+// requestKey returns the key req carries, bare, and the form it was
+// written in, or "" if none; ErrInvalidKey if it carries more than one, or
+// one that is not a key.
+func (t *Transport) requestKey(req *http.Request) (string, journal.KeyForm, error) {
 	switch vs := headerValues(req.Header, t.cfg.header); len(vs) {
 	case 0:
-		return "", nil
+		return "", 0, nil
 	case 1:
-		return parseKey(vs[0])
+		return parseKeyForm(vs[0])
 	default:
-		return "", fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
+		return "", 0, fmt.Errorf("%w: %d %s headers", ErrInvalidKey, len(vs), t.cfg.header)
 	}
 }
 
@@ -198,7 +211,7 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 		// is a named action's: never one named by its fingerprint.
 		who := identity{id: rec.ActionID, fp: rec.Fingerprint, resumed: m, uncheckable: true}
 		if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
-			who.callerKey = rec.Key
+			who.callerKey, who.callerForm = rec.Key, rec.KeyForm
 		}
 		return who, nil
 	}
@@ -213,7 +226,7 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 	if fpID := fingerprintActionID(fp); rec.ActionID == fpID || rec.ActionID == journal.Digest(fpID) {
 		who.id, who.byFingerprint = fpID, true
 	} else if strings.HasPrefix(rec.ActionID, keyActionPrefix) {
-		who.callerKey = rec.Key
+		who.callerKey, who.callerForm = rec.Key, rec.KeyForm
 		// Perhaps the hop of an action named by its fingerprint: the id
 		// does not tell, and a sync too many costs only time.
 		who.syncDone = strings.Contains(rec.ActionID, redirectActionInfix)
@@ -223,9 +236,11 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 }
 
 // mintWant returns the record to reserve for who: a new key (the one found
-// on the request, adopted, or a UUIDv4 minted now) created now, pending;
-// or, for a request bound to one action (see identity.exact), that
-// action's key and creation time.
+// on the request, adopted in the form the request wrote it, or a UUIDv4
+// minted now, in WithQuotedKey's form) created now, pending; or, for a
+// request bound to one action (see identity.exact), that action's key, in
+// its form, and creation time. The record's form is the key's for good:
+// every attempt sends the key in its record's form (Transport.quotedForm).
 // Resume's is created outcome-unknown: its record is created only if it
 // was forgotten since it was listed, and then never sent and handed to
 // Resolve (see boundTo). Created pending, it would be sent (a payment the
@@ -237,33 +252,53 @@ func resumedIdentity(req *http.Request, b *body, m *resumeMark, key *fpKey) (ide
 // attempt leaves, and a process killed during it must not leave a record
 // that says nothing was sent (see journal.Record.Attempts).
 func (t *Transport) mintWant(who *identity) (journal.Record, error) {
-	want := journal.Record{ActionID: who.id, Key: who.callerKey, Fingerprint: who.fp, CreatedAt: t.cfg.clock.Now(),
-		State: journal.StatePending, Attempts: 1}
+	want := journal.Record{ActionID: who.id, Key: who.callerKey, KeyForm: who.callerForm, Fingerprint: who.fp,
+		CreatedAt: t.cfg.clock.Now(), State: journal.StatePending, Attempts: 1}
 	switch {
 	case who.resumed != nil:
 		l := &who.resumed.rec
-		want.Key, want.CreatedAt, want.Attempts, want.Status = l.Key, l.CreatedAt, l.Attempts, l.Status
+		want.Key, want.KeyForm, want.CreatedAt, want.Attempts, want.Status = l.Key, l.KeyForm, l.CreatedAt, l.Attempts, l.Status
 		want.State = journal.StateUnknown
 	case who.bound != nil:
-		want.Key, want.CreatedAt = who.bound.Key, who.bound.CreatedAt
+		want.Key, want.KeyForm, want.CreatedAt = who.bound.Key, who.bound.KeyForm, who.bound.CreatedAt
 	case want.Key == "":
 		key, err := t.cfg.newKey()
 		if err != nil {
 			return journal.Record{}, fmt.Errorf("idemretry: new key: %w", err)
 		}
-		want.Key = key
+		want.Key, want.KeyForm = key, journal.KeyFormBare
+		if t.cfg.quoted {
+			want.KeyForm = journal.KeyFormQuoted
+		}
 	}
 	return want, nil
 }
 
 // keyReplaced logs, at Debug, that a request of who's action goes out
 // under rec's key, the action's, rather than the key it carries (an
-// SDK's, minted per call, on a named action's later request).
+// SDK's, minted per call, on a named action's later request), or in rec's
+// form rather than the one the request wrote it in.
 func (t *Transport) keyReplaced(ctx context.Context, who *identity, rec journal.Record) {
-	if who.callerKey != "" && who.callerKey != rec.Key && t.cfg.logger != nil {
-		t.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idemretry: the request's key replaced by its action's",
-			slog.String("action", who.id), slog.String("key", rec.Key), slog.String("request_key", who.callerKey))
+	if who.callerKey == "" || t.cfg.logger == nil {
+		return
 	}
+	quoted, asWritten := t.quotedForm(rec.KeyForm), t.quotedForm(who.callerForm)
+	if who.callerKey == rec.Key && quoted == asWritten {
+		return
+	}
+	attrs := []slog.Attr{slog.String("action", who.id), slog.String("key", rec.Key), slog.String("request_key", who.callerKey)}
+	if quoted != asWritten {
+		attrs = append(attrs, slog.Bool("quoted", quoted), slog.Bool("request_quoted", asWritten))
+	}
+	t.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "idemretry: the request's key replaced by its action's", attrs...)
+}
+
+// quotedForm reports whether a key whose record says form goes out quoted:
+// in its recorded form, or, unrecorded (a record of a release before forms
+// were recorded, or of a journal that keeps none), in WithQuotedKey's, as
+// such a release sent every key.
+func (t *Transport) quotedForm(form journal.KeyForm) bool {
+	return form == journal.KeyFormQuoted || form == journal.KeyFormUnrecorded && t.cfg.quoted
 }
 
 // stillListed returns ErrNotResumable if listed, the record Resume listed
@@ -357,7 +392,7 @@ func (t *Transport) actionID(req *http.Request, callerKey, id string, explicit b
 	case callerKey != "":
 		id = keyActionPrefix + callerKey
 	default:
-		parent, ok := t.parentKey(req)
+		parent, _, ok := t.parentKey(req)
 		if !ok {
 			return fingerprintActionID(fp), nil
 		}
@@ -369,17 +404,18 @@ func (t *Transport) actionID(req *http.Request, callerKey, id string, explicit b
 	return id, nil
 }
 
-// parentKey returns the key that the request redirected to req carried.
-func (t *Transport) parentKey(req *http.Request) (string, bool) {
+// parentKey returns the key that the request redirected to req carried,
+// and the form it went out in.
+func (t *Transport) parentKey(req *http.Request) (string, journal.KeyForm, bool) {
 	if req.Response == nil || req.Response.Request == nil {
-		return "", false
+		return "", 0, false
 	}
 	vs := headerValues(req.Response.Request.Header, t.cfg.header)
 	if len(vs) != 1 {
-		return "", false
+		return "", 0, false
 	}
-	k, err := parseKey(vs[0])
-	return k, err == nil
+	k, f, err := parseKeyForm(vs[0])
+	return k, f, err == nil
 }
 
 // notResumableError refuses to send a request Resume rebuilt for listed,

@@ -193,7 +193,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 // records, as group commits of a busy process would leave it.
 func writeBigJournal(b *testing.B, dir string, n int) {
 	gen := uint32(12345)
-	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
+	buf := header{gen: gen, flags: formatFlags, baseSeq: 1}.append(nil)
 	seq := uint64(1)
 	ops := make([]op, 0, 64)
 	for i := 0; i < n; i++ {
@@ -581,7 +581,7 @@ func recoveryJournal(n int) []byte { return updatedJournal(n, 0) }
 // times more (attempts 1, 2, ...), in frames of 64 operations.
 func updatedJournal(n, times int) []byte {
 	gen := uint32(12345)
-	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
+	buf := header{gen: gen, flags: formatFlags, baseSeq: 1}.append(nil)
 	seq := uint64(1)
 	ops := make([]op, 0, 64)
 	now := time.Now().UnixMilli()

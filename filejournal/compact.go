@@ -156,7 +156,7 @@ func (j *Journal) writeTemp(recs []rec, high, obs int64) (snapshot, error) {
 	}
 	sw := &snapshotWriter{f: j.opts.hooks.wrap(tmpName, osFile{of})}
 	snap := snapshot{made: made, gen: rand.Uint32()}
-	flags := flagSeen
+	flags := formatFlags
 	if j.opts.hashed {
 		flags |= flagHashedIDs
 	}

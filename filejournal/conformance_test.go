@@ -50,7 +50,7 @@ func appendRecord(t *testing.T, jr journal.Journal, want journal.Record) (journa
 		t.Skipf("the format cannot hold %+v", want)
 	}
 	r := rec{id: j.storedID(want.ActionID), fp: want.Fingerprint, created: want.CreatedAt.UnixMilli(), attempts: uint32(want.Attempts),
-		status: uint16(want.Status), state: want.State, seen: time.Now().UnixMilli()}
+		status: uint16(want.Status), state: want.State, form: want.KeyForm, seen: time.Now().UnixMilli()}
 	if !parseUUID(want.Key, &r.key) {
 		r.custom = want.Key
 	}

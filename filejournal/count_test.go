@@ -231,7 +231,7 @@ func TestHashSetGrowsPastCountHint(t *testing.T) {
 // of up to 256 KiB) hold the operations mk(0), mk(1), ... in order.
 func opsJournal(size int, mk func(i int) op) []byte {
 	gen := uint32(7)
-	buf := header{gen: gen, flags: flagSeen, baseSeq: 1}.append(nil)
+	buf := header{gen: gen, flags: formatFlags, baseSeq: 1}.append(nil)
 	seq := uint64(1)
 	var ops []op
 	plen := 0
@@ -309,7 +309,7 @@ func TestCountLiveMemoryFollowsRecordsNotOperations(t *testing.T) {
 // at all. The first guess is capped; the set grows as records come.
 func TestCountLiveHintBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), journalName)
-	hdr := header{minor: versionMinor, flags: flagSeen, gen: 5, baseSeq: 1}.append(nil)
+	hdr := header{minor: versionMinor, flags: formatFlags, gen: 5, baseSeq: 1}.append(nil)
 	require.NoError(t, os.WriteFile(path, hdr, 0o600))
 	require.NoError(t, os.Truncate(path, 4<<30))
 	f, err := os.Open(path)

@@ -35,8 +35,9 @@
 //
 // # What it stores
 //
-// Per action: the action id (or its SHA-256, with [WithHashedIDs]), the key,
-// the request fingerprint, the creation time, the state (pending, done,
+// Per action: the action id (or its SHA-256, with [WithHashedIDs]), the key
+// and the form it was first sent in (bare or quoted), the request
+// fingerprint, the creation time, the state (pending, done,
 // outcome-unknown), the attempts and the final status. Never bodies, headers
 // or credentials; action ids must not carry personal data. Done records are
 // kept until the key window plus the grace ([WithKeyWindow], [WithGrace]; 24
@@ -120,7 +121,7 @@
 // after it. A salvage whose copy of the damaged file cannot be written
 // fails: that copy is the only trace of the records it would drop.
 //
-// # Format, version 1
+// # Format, version 1.1
 //
 // A 32-byte file header (magic, version, flags, a random 32-bit generation,
 // the sequence number of the first frame, a CRC32C of the header), then one
@@ -141,6 +142,19 @@
 // incompatible, and so does this one a file without the flag (written
 // before observed times): journal.ErrIncompatible. An upsert without its
 // observed time is malformed.
+//
+// Since version 1.1 an upsert records its key's form (journal.KeyForm:
+// unrecorded, bare or quoted, the form the key was first sent in) in two
+// bits of its flags, and header flag flagKeyForm says so. A release of
+// version 1.0 does not know the flag: it refuses a 1.1 file with
+// journal.ErrIncompatible (its Open fails), so it can neither take the
+// forms for damage nor send a key in the form its WithQuotedKey says
+// rather than the one recorded. A 1.0 file is read with every form
+// unrecorded (the Transport sends those in its WithQuotedKey form, as 1.0
+// did) and rewritten as 1.1 (a compaction) by Open before anything is
+// appended to it; if that fails (a full disk), Open fails and the file is
+// left as it was. Going back to a 1.0 release thus needs the journal's
+// directory emptied, once its unfinished actions are reconciled.
 // Replaying full-state upserts is idempotent, which lets a compaction
 // snapshot and later appends overlap harmlessly. Replay applies the rule
 // that Update follows: an upsert of a done record's action with the same

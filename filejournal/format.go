@@ -6,7 +6,7 @@ import (
 	"hash/crc32"
 )
 
-// Format constants of version 1.
+// Format constants of version 1.1 (see the package doc).
 const (
 	// headerSize is the size of the file header.
 	headerSize = 32
@@ -19,7 +19,9 @@ const (
 
 	magic        = "IDEMJRNL"
 	versionMajor = 1
-	versionMinor = 0
+	// versionMinor is 1 since keys' forms are recorded (flagKeyForm); a
+	// reader goes by the flags, not by the minor version.
+	versionMinor = 1
 
 	// flagHashedIDs: action ids are SHA-256 digests of the caller's ids.
 	flagHashedIDs uint16 = 1
@@ -27,8 +29,19 @@ const (
 	// upsertSeen, opSeen records). Every file of this format has it: a file
 	// without it was written before observed times, and is refused as
 	// incompatible (journal.ErrIncompatible).
-	flagSeen   uint16 = 2
-	knownFlags        = flagHashedIDs | flagSeen
+	flagSeen uint16 = 2
+	// flagKeyForm: every upsert may carry its key's form (upsertForm),
+	// since format 1.1. Releases of format 1.0 do not know the flag, so
+	// they refuse the file as incompatible (journal.ErrIncompatible)
+	// rather than read the forms as damage, or send a key in the other
+	// form. A file without it (format 1.0) is read with every form
+	// unrecorded, and rewritten with the flag by Open before anything is
+	// appended to it (see tidy).
+	flagKeyForm uint16 = 4
+	knownFlags         = flagHashedIDs | flagSeen | flagKeyForm
+	// formatFlags are the flags of every file this version writes, but
+	// for flagHashedIDs.
+	formatFlags = flagSeen | flagKeyForm
 
 	crcMaskDelta = 0xa282ead8
 )

@@ -376,8 +376,10 @@ func (j *Journal) load(rep *Recovery) (scanResult, error) {
 
 // tidy makes the journal file what load found: a torn tail cut off, the
 // file opened for appending, and compacted when salvaged (the damage must
-// not stay in the file, or every later open would need salvage again) or
-// when worth it; then the expired records that stayed in the file are
+// not stay in the file, or every later open would need salvage again), when
+// of format 1.0 (without flagKeyForm: the upserts appended from now on
+// carry their keys' forms, which a release of format 1.0 must refuse as
+// incompatible, not misread; see flagKeyForm), or when worth it; then the expired records that stayed in the file are
 // dropped from the index, their deletes queued.
 func (j *Journal) tidy(res scanResult, rep *Recovery) error {
 	if res.torn {
@@ -392,7 +394,10 @@ func (j *Journal) tidy(res scanResult, rep *Recovery) error {
 	dead := j.recoveredExpiredIDs()
 	compactTried := true
 	switch {
-	case len(res.salvaged) > 0:
+	case len(res.salvaged) > 0 || res.hdr.flags&flagKeyForm == 0:
+		// Required: nothing is appended to the file as it is. A failure
+		// fails Open, and leaves the file as it was (before the rename)
+		// or rewritten (after it).
 		if err := j.compact(); err != nil {
 			return err
 		}
@@ -470,7 +475,7 @@ func (j *Journal) replay() func(seq uint64, payload []byte) error {
 		switch o.kind {
 		case opUpsert:
 			sl, ok := j.m[string(id)]
-			if ok && j.slots.at(sl).custom {
+			if ok && j.slots.at(sl).custom() {
 				o.r.id = string(id) // sameKey compares the custom keys by id
 			}
 			switch {

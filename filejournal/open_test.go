@@ -439,7 +439,7 @@ func craftFile(t testing.TB, seed uint64) *craftedFile {
 		require.LessOrEqual(t, len(appendPayload(nil, ops)), maxPayload)
 		f.frames = append(f.frames, ops)
 	}
-	b := header{minor: versionMinor, flags: flagSeen, gen: gen, baseSeq: 1}.append(nil)
+	b := header{minor: versionMinor, flags: formatFlags, gen: gen, baseSeq: 1}.append(nil)
 	for i, ops := range f.frames {
 		f.offs = append(f.offs, len(b))
 		b = appendFrame(b, gen, uint64(i+1), appendPayload(nil, ops))

@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -27,6 +28,10 @@ const maxSeenMs = math.MaxInt64 / 1_000_000
 const (
 	upsertCustomKey = 1 // the key is a length-prefixed string
 	upsertSeen      = 2 // the observed time at creation follows the status (always set)
+	// upsertForm is two bits, the key's form (journal.KeyForm: 0
+	// unrecorded, 1 bare, 2 quoted; 3 is malformed), since format 1.1.
+	upsertForm      = 3 << upsertFormShift
+	upsertFormShift = 2
 )
 
 // rec is a journal.Record in storage form: the stored id (see
@@ -40,6 +45,7 @@ type rec struct {
 	attempts uint32
 	status   uint16
 	state    journal.State
+	form     journal.KeyForm
 	// seen is the Journal's observed time, in ms, when the record was
 	// created (see Journal.expired).
 	seen int64
@@ -60,7 +66,7 @@ type op struct {
 // accepted, in storage form under the stored id id.
 func toRec(id string, want journal.Record) rec {
 	r := rec{id: id, fp: want.Fingerprint, created: want.CreatedAt.UnixMilli(),
-		attempts: uint32(want.Attempts), status: uint16(want.Status), state: want.State}
+		attempts: uint32(want.Attempts), status: uint16(want.Status), state: want.State, form: want.KeyForm}
 	if !parseUUID(want.Key, &r.key) {
 		r.custom = want.Key
 	}
@@ -80,7 +86,7 @@ func (r *rec) record(actionID string) journal.Record {
 // key of the journal.Record that r was made from (toRec), which needs no
 // formatting, since parseUUID takes only the form formatUUID writes.
 func (r *rec) recordKeyed(actionID, key string) journal.Record {
-	return journal.Record{ActionID: actionID, Key: key, Fingerprint: r.fp, CreatedAt: time.UnixMilli(r.created),
+	return journal.Record{ActionID: actionID, Key: key, KeyForm: r.form, Fingerprint: r.fp, CreatedAt: time.UnixMilli(r.created),
 		State: r.state, Attempts: int(r.attempts), Status: int(r.status)}
 }
 
@@ -101,7 +107,7 @@ func appendOp(b []byte, o *op) []byte {
 	switch o.kind {
 	case opUpsert:
 		r := &o.r
-		fl := byte(upsertSeen)
+		fl := byte(upsertSeen) | byte(r.form)<<upsertFormShift&upsertForm
 		if r.custom != "" {
 			fl |= upsertCustomKey
 		}
@@ -212,13 +218,21 @@ func decodeOpsInto(p []byte, o *op, fn func(o *op, id []byte) error) error {
 			if fl&upsertSeen == 0 {
 				d.bad = true // every upsert of this format carries its observed time
 			}
-			switch fl &^ upsertSeen {
+			if o.r.form = journal.KeyForm(fl & upsertForm >> upsertFormShift); o.r.form > journal.KeyFormQuoted {
+				d.bad = true
+			}
+			switch fl &^ (upsertSeen | upsertForm) {
 			case 0:
 				copy(o.r.key[:], d.bytes(16))
 			case upsertCustomKey:
 				k := d.bytes(int(d.byte()))
 				// A canonical UUID would have been stored as 16 bytes.
 				if !d.bad && (!journal.ValidKey(string(k)) || isUUID(k)) {
+					d.bad = true
+				}
+				// Nor is a quoted key that the quoted form cannot hold
+				// (journal.CheckRecord).
+				if o.r.form == journal.KeyFormQuoted && bytes.ContainsAny(k, `"\`) {
 					d.bad = true
 				}
 				o.r.custom = string(k)

@@ -224,7 +224,7 @@ func TestRecoverAcrossWindows(t *testing.T) {
 // findLater's cheap filters (a plausible sequence; length, at most
 // maxPayload, for its payload's) and fails its CRC.
 func craftedCandidates(n int, gen, length uint32) []byte {
-	b := header{minor: versionMinor, flags: flagSeen, gen: gen, baseSeq: 1}.append(nil)
+	b := header{minor: versionMinor, flags: formatFlags, gen: gen, baseSeq: 1}.append(nil)
 	for len(b) < n {
 		var h [16]byte
 		binary.LittleEndian.PutUint32(h[0:4], 0xdeadbeef)
@@ -370,7 +370,7 @@ func directFindLater(s *source, from int, gen uint32, minSeq uint64) (int, uint6
 
 // findLaterFile returns a journal file of generation gen and its frames' offsets.
 func findLaterFile(rng *rand.Rand, gen uint32, base uint64, frames int, big bool) ([]byte, []int) {
-	data := header{minor: versionMinor, flags: flagSeen, gen: gen, baseSeq: base}.append(nil)
+	data := header{minor: versionMinor, flags: formatFlags, gen: gen, baseSeq: base}.append(nil)
 	var offs []int
 	seq := base
 	randBytes := func(n int) []byte {
@@ -554,7 +554,7 @@ func salvageScan(t *testing.T, data []byte) (res scanResult, alloc uint64, crc i
 func TestScanSalvageOfManyDamagedFramesBounded(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 9))
 	const gen = 7
-	data := header{minor: versionMinor, flags: flagSeen, gen: gen, baseSeq: 1}.append(nil)
+	data := header{minor: versionMinor, flags: formatFlags, gen: gen, baseSeq: 1}.append(nil)
 	var offs []int
 	for i := range 8000 {
 		p := make([]byte, 600+rng.IntN(1000))
@@ -584,7 +584,7 @@ func TestScanSalvageOfManyDamagedFramesBounded(t *testing.T) {
 // work and allocation stay within a small multiple of the file.
 func TestScanSalvageOfCraftedStretchesBounded(t *testing.T) {
 	const gen = 5
-	data := header{minor: versionMinor, flags: flagSeen, gen: gen, baseSeq: 1}.append(nil)
+	data := header{minor: versionMinor, flags: formatFlags, gen: gen, baseSeq: 1}.append(nil)
 	var seq uint64 = 1
 	for len(data) < 256<<10 {
 		data = appendFrame(data, gen, seq, []byte("a short frame"))

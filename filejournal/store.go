@@ -156,8 +156,16 @@ type slot struct {
 	attempts uint32
 	status   uint16
 	state    journal.State
-	custom   bool // the key is in Journal.custom
+	bits     uint8 // slotCustom, and the key's form (see form)
 }
+
+// slotCustom: the key is in Journal.custom. The bits above it are the
+// key's form (journal.KeyForm), so that a slot stays within 72 bytes.
+const slotCustom = 1
+
+func (sl *slot) custom() bool { return sl.bits&slotCustom != 0 }
+
+func (sl *slot) form() journal.KeyForm { return journal.KeyForm(sl.bits >> 1) }
 
 // batch is a group of operations written and synced together.
 type batch struct {
@@ -174,13 +182,19 @@ type batch struct {
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
 
 func (j *Journal) slotOf(r *rec) slot {
-	return slot{key: r.key, fp: r.fp, created: r.created, seen: r.seen, attempts: r.attempts, status: r.status, state: r.state, custom: r.custom != ""}
+	sl := slot{key: r.key, fp: r.fp, created: r.created, seen: r.seen, attempts: r.attempts, status: r.status, state: r.state,
+		bits: uint8(r.form) << 1}
+	if r.custom != "" {
+		sl.bits |= slotCustom
+	}
+	return sl
 }
 
 func (j *Journal) recOf(id string, h *ref) rec {
 	sl := j.slots.at(*h)
-	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, seen: sl.seen, attempts: sl.attempts, status: sl.status, state: sl.state}
-	if sl.custom {
+	r := rec{id: id, key: sl.key, fp: sl.fp, created: sl.created, seen: sl.seen, attempts: sl.attempts, status: sl.status, state: sl.state,
+		form: sl.form()}
+	if sl.custom() {
 		r.custom = j.custom[id]
 	}
 	return r
@@ -209,7 +223,7 @@ func (j *Journal) del(id string) {
 	r := j.recOf(id, &h)
 	j.live -= r.size()
 	delete(j.m, id)
-	if j.slots.at(h).custom {
+	if j.slots.at(h).custom() {
 		delete(j.custom, id)
 	}
 	j.slots.release(h)
@@ -557,18 +571,18 @@ func (j *Journal) hasKey(id string, h *ref, key string) bool {
 	sl := j.slots.at(*h)
 	var k [16]byte
 	if parseUUID(key, &k) {
-		return !sl.custom && sl.key == k
+		return !sl.custom() && sl.key == k
 	}
-	return sl.custom && j.custom[id] == key
+	return sl.custom() && j.custom[id] == key
 }
 
 // sameKey reports whether the record sl has r's key. Callers hold mu.
 func (j *Journal) sameKey(h *ref, r *rec) bool {
 	sl := j.slots.at(*h)
 	if r.custom != "" {
-		return sl.custom && j.custom[r.id] == r.custom
+		return sl.custom() && j.custom[r.id] == r.custom
 	}
-	return !sl.custom && sl.key == r.key
+	return !sl.custom() && sl.key == r.key
 }
 
 // remove drops id from the index and queues its delete, recording the

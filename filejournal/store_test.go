@@ -1040,7 +1040,7 @@ func TestForgetWithEndedContextChangesNothing(t *testing.T) {
 // writers' interleaved updates, say) could have left.
 func craftJournal(t *testing.T, frames ...[]op) string {
 	t.Helper()
-	return craftJournalFlags(t, flagSeen, frames...)
+	return craftJournalFlags(t, formatFlags, frames...)
 }
 
 // craftJournalFlags is craftJournal with the given header flags.
@@ -1295,14 +1295,14 @@ func checkIndex(j *Journal) error {
 		}
 		seen[h] = id
 		sl := j.slots.at(h)
-		if sl.custom != (j.custom[id] != "") {
-			return fmt.Errorf("%q: slot custom %v, custom map %q", id, sl.custom, j.custom[id])
+		if sl.custom() != (j.custom[id] != "") {
+			return fmt.Errorf("%q: slot custom %v, custom map %q", id, sl.custom(), j.custom[id])
 		}
 		r := j.recOf(id, &h)
 		sum += r.size()
 	}
 	for id := range j.custom {
-		if h, ok := j.m[id]; !ok || !j.slots.at(h).custom {
+		if h, ok := j.m[id]; !ok || !j.slots.at(h).custom() {
 			return fmt.Errorf("stale custom key %q of %q", j.custom[id], id)
 		}
 	}

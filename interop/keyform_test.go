@@ -6,6 +6,7 @@ package interop
 // one form and later in the other is, to the server, a second payment.
 
 import (
+	"io"
 	"net/http"
 	"testing"
 
@@ -19,7 +20,6 @@ import (
 // quoted, whatever WithQuotedKey says: stripe-go's bare key must not go out
 // quoted, nor a quoted key of the caller's bare.
 func TestCallerKeyGoesOutAsWritten(t *testing.T) {
-	t.Skip("issue 29 item 6: fixed in phase 2")
 	for _, c := range []struct {
 		name   string
 		key    string
@@ -49,7 +49,6 @@ func TestCallerKeyGoesOutAsWritten(t *testing.T) {
 // later attempt, resumes included: an app that switches WithQuotedKey on
 // with actions pending sends them in the form the server already knows.
 func TestKeyFormKeptAcrossWithQuotedKey(t *testing.T) {
-	t.Skip("issue 29 item 6: fixed in phase 2")
 	srv := newWire(t, func(n int, w http.ResponseWriter, _ *http.Request) {
 		if n == 1 {
 			write(w, http.StatusServiceUnavailable, "busy")
@@ -77,4 +76,29 @@ func TestKeyFormKeptAcrossWithQuotedKey(t *testing.T) {
 	t.Logf("keys as sent: %q", keys)
 	require.Len(t, keys, 2)
 	assert.Equal(t, keys[0], keys[1], "the pending action goes out in the form it was first sent in")
+}
+
+// Against Fiber's middleware, which takes only a 36-character key: an
+// app's own UUID key goes out as written (bare) through a Transport set to
+// quote the keys it mints (for another server), so Fiber honours it; the
+// answer lost after the charge is resent under the same key and replayed.
+// Re-formatted into the quoted form, it was refused with a 500 on every
+// attempt, and never charged.
+func TestFiberTakesTheCallersKeyAsWritten(t *testing.T) {
+	shop := newFiberShop(t)
+	proxy := newFaultProxy(t, shop.url)
+	proxy.setPlan(first(lostAnswer))
+	tr, _ := newTransport(t, nil, idemretry.WithKeyHeader("X-Idempotency-Key"), idemretry.WithQuotedKey(),
+		idemretry.WithBackOff(noWait), idemretry.WithRetryBudget(0, 0))
+	req := post(t, bg, proxy.URL+"/orders", order("own-key"))
+	req.Header.Set("X-Idempotency-Key", "3b7c6e2a-1f4d-4e8a-9c0b-5d6e7f8a9b0c")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	t.Logf("the caller's bare key under WithQuotedKey: %d requests, status %d %q, charged %d",
+		proxy.requests(), resp.StatusCode, b, shop.chargesOf("own-key"))
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, 1, shop.chargesOf("own-key"))
+	assert.Equal(t, []int{http.StatusCreated, http.StatusCreated}, proxy.statuses(), "the charge, then its replay")
 }

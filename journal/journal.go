@@ -28,7 +28,8 @@ import (
 // least (a record read back may be truncated to whole milliseconds), or an
 // earlier time, never a later one (sqljournal stores the earlier of the
 // given time and the database's clock: see journaltest.EarlierCreatedAt),
-// action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts.
+// action ids of 1 to MaxActionID bytes, and any key that ValidKey accepts,
+// with its KeyForm.
 // They refuse to store a record that CheckRecord refuses
 // (ErrInvalidRecord), and never return one: a stored record it refuses
 // (damaged, or written by something else) is reported with an error
@@ -136,6 +137,11 @@ type Record struct {
 	ActionID string
 	// Key is the Idempotency-Key value in its bare form.
 	Key string
+	// KeyForm is the form Key was first sent in, which every later
+	// attempt and resume of the action uses (see KeyForm). Reserve stores
+	// it with the key, and a record replaced under ReusePending takes the
+	// new one's; Update leaves it as it is.
+	KeyForm KeyForm
 	// Fingerprint of the action's first request.
 	Fingerprint Fingerprint
 	// CreatedAt is when the key was minted; the key window runs from it.

@@ -69,6 +69,7 @@ type memEntry struct {
 	keyLen   uint32
 	next     uint32 // 1 + the index of the next entry whose id has the same hash, or 0
 	state    State
+	form     KeyForm
 	used     bool // false for an entry on the free list
 }
 
@@ -161,7 +162,7 @@ func (j *Memory) record(i int, actionID string) Record {
 	if actionID == "" {
 		actionID = string(j.id(e))
 	}
-	return Record{ActionID: actionID, Key: string(j.key(e)), Fingerprint: e.fp, CreatedAt: *created,
+	return Record{ActionID: actionID, Key: string(j.key(e)), KeyForm: e.form, Fingerprint: e.fp, CreatedAt: *created,
 		State: e.state, Attempts: e.attempts, Status: e.status}
 }
 
@@ -200,7 +201,7 @@ func (j *Memory) insertHashed(rec Record, added time.Duration, h uint64) {
 	}
 	e, created := j.at(i)
 	*e = memEntry{fp: rec.Fingerprint, added: added, attempts: rec.Attempts, status: rec.Status,
-		idLen: uint32(len(rec.ActionID)), keyLen: uint32(len(rec.Key)), next: j.records[h], state: rec.State, used: true}
+		idLen: uint32(len(rec.ActionID)), keyLen: uint32(len(rec.Key)), next: j.records[h], state: rec.State, form: rec.KeyForm, used: true}
 	e.chunk, e.pos = addText(j, rec.ActionID, rec.Key)
 	*created = rec.CreatedAt
 	j.records[h] = i + 1
@@ -262,7 +263,7 @@ func (j *Memory) compact() {
 			continue
 		}
 		c := text[e.chunk][e.pos:]
-		j.insert(Record{ActionID: string(c[:e.idLen]), Key: string(c[e.idLen : e.idLen+e.keyLen]), Fingerprint: e.fp,
+		j.insert(Record{ActionID: string(c[:e.idLen]), Key: string(c[e.idLen : e.idLen+e.keyLen]), KeyForm: e.form, Fingerprint: e.fp,
 			CreatedAt: p.created[i%pageSize], State: e.state, Attempts: e.attempts, Status: e.status}, e.added)
 	}
 }

@@ -41,6 +41,39 @@ func ValidKey(key string) bool {
 	return true
 }
 
+// KeyForm is the form a record's key goes out in, as the value of the
+// Idempotency-Key header: the key itself (bare, Stripe's form) or the key
+// in double quotes (the IETF draft's Structured Field string). Servers
+// take the two for two keys (Fiber refuses the quoted form), so a key is
+// sent in one form for good: the one it was first sent in, which its
+// record keeps.
+type KeyForm uint8
+
+const (
+	// KeyFormUnrecorded: the record does not say (written before forms
+	// were recorded, or by a journal that does not keep them). The
+	// Transport sends such a key in the form its own WithQuotedKey says,
+	// as releases before forms were recorded did.
+	KeyFormUnrecorded KeyForm = 0
+	// KeyFormBare: the key as it is.
+	KeyFormBare KeyForm = 1
+	// KeyFormQuoted: the key in double quotes.
+	KeyFormQuoted KeyForm = 2
+)
+
+// String returns "unrecorded", "bare" or "quoted".
+func (f KeyForm) String() string {
+	switch f {
+	case KeyFormUnrecorded:
+		return "unrecorded"
+	case KeyFormBare:
+		return "bare"
+	case KeyFormQuoted:
+		return "quoted"
+	}
+	return fmt.Sprintf("KeyForm(%d)", uint8(f))
+}
+
 // MinCreatedAtUnixMilli and MaxCreatedAtUnixMilli bound a record's
 // CreatedAt, in Unix milliseconds (see CheckRecord): from 1677-09-21
 // 00:12:43.146 to 2262-04-11 23:47:16.854 UTC, the times whose Unix
@@ -57,11 +90,13 @@ var (
 
 // CheckRecord returns an error wrapping ErrInvalidRecord if a journal must
 // refuse rec: an empty action id or one over MaxActionID bytes, a key that
-// ValidKey refuses, a CreatedAt outside MinCreatedAtUnixMilli to
-// MaxCreatedAtUnixMilli (1677 to 2262), a state other than the three
-// States, a negative Attempts or Status, or one over MaxAttempts. The
-// difference of any two creation times in bounds fits in an int64 of
-// milliseconds, so that no journal's expiry and no key window overflows.
+// ValidKey refuses, a KeyForm other than the three KeyForms, a quoted key
+// holding a '"' or a '\' (which the quoted form cannot hold unescaped), a
+// CreatedAt outside MinCreatedAtUnixMilli to MaxCreatedAtUnixMilli (1677 to
+// 2262), a state other than the three States, a negative Attempts or
+// Status, or one over MaxAttempts. The difference of any two creation
+// times in bounds fits in an int64 of milliseconds, so that no journal's
+// expiry and no key window overflows.
 //
 // Every journal checks what it stores with it, and what it reads back: a
 // stored record it refuses is reported as ErrCorruptRecord (see
@@ -72,6 +107,10 @@ func CheckRecord(rec Record) error {
 		return fmt.Errorf("%w: action id of %d bytes (1-%d allowed)", ErrInvalidRecord, len(rec.ActionID), MaxActionID)
 	case !ValidKey(rec.Key):
 		return fmt.Errorf("%w: key must be 1-%d visible ASCII characters", ErrInvalidRecord, MaxKeyLength)
+	case rec.KeyForm > KeyFormQuoted:
+		return fmt.Errorf("%w: key form %d", ErrInvalidRecord, rec.KeyForm)
+	case rec.KeyForm == KeyFormQuoted && strings.ContainsAny(rec.Key, `"\`):
+		return fmt.Errorf("%w: a quoted key with a '\"' or '\\' (the quoted form would need an escape)", ErrInvalidRecord)
 	case rec.CreatedAt.Before(minCreatedAt) || rec.CreatedAt.After(maxCreatedAt):
 		return fmt.Errorf("%w: created at %v, outside %v to %v", ErrInvalidRecord, rec.CreatedAt.UTC(), minCreatedAt.UTC(), maxCreatedAt.UTC())
 	}

@@ -347,7 +347,7 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 		if tr, ok := req.Context().Value(sendTraceKey{}).(*sendTrace); ok {
 			tr.mu.Lock()
 			if tr.status == 0 {
-				tr.status, tr.key = r.StatusCode, r.Request.Header.Get(root.DefaultKeyHeader)
+				tr.status, tr.key = r.StatusCode, bareKey(r.Request.Header.Get(root.DefaultKeyHeader)) // bare, as every Failure's key
 			}
 			tr.mu.Unlock()
 		}

@@ -282,6 +282,32 @@ func TestFailureAttemptsCountWhatWasSent(t *testing.T) {
 	}
 }
 
+// An app's own key goes out as the app wrote it (quoted here), and a
+// Failure names it bare, as every Failure names a key: also the one of a
+// payment answered with a redirect whose target failed (issue 29, item 6).
+func TestFailureKeyOfAnOwnQuotedKeyIsBare(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gone := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	srv := newPayServer(t)
+	srv.setAfterCommit(func(w http.ResponseWriter, r *http.Request) bool {
+		http.Redirect(w, r, "http://"+gone+"/receipts/1", http.StatusSeeOther)
+		return true
+	})
+	c, _ := open(t, nil)
+	r := payment(srv, "", "100")
+	r.Headers.Set("Idempotency-Key", `"app-key-1"`)
+	r.TimeoutMillis = 2500
+	_, err = c.Send(r)
+	require.Equal(t, idemretry.KindMaybeProcessed, kindOf(t, err), "%v", err)
+	reqs, _ := srv.snapshot()
+	require.NotEmpty(t, reqs)
+	assert.Equal(t, `"app-key-1"`, reqs[0].Key, "the app's key, as written")
+	assert.Equal(t, "app-key-1", idemretry.FailureOf(err).Key)
+}
+
 func TestKindFingerprintMismatch(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)

@@ -378,6 +378,28 @@ func TestCallerKeyHashed(t *testing.T) {
 	h.checkNoSecrets(callerKey)
 }
 
+// A caller's key in the quoted form goes out so (as written), and is
+// hashed and hidden as the same key bare: one key, whatever its form
+// (issue 29, item 6).
+func TestCallerQuotedKeyHashed(t *testing.T) {
+	const callerKey = "caller-key-quoted-7b2e"
+	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })
+	h := newHarness(t, nil) // bare by default: the quotes are the caller's
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments/"+callerKey, strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", `"`+callerKey+`"`)
+	resp, err := h.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := srv.onlyKey(t); got != `"`+callerKey+`"` {
+		t.Fatalf("server saw key %q, want the caller's, quoted", got)
+	}
+	wantAttrs(t, "span", h.span().Attributes(), otelidemretry.KeyHashKey.String(hash8(callerKey)),
+		semconv.URLFullKey.String(srv.URL+"/payments/"+hash8(callerKey)))
+	h.checkNoSecrets(callerKey)
+}
+
 // WithHashSecret hashes with HMAC, WithoutHashes records no hash.
 func TestHashOptions(t *testing.T) {
 	srv := newServer(t, func(w http.ResponseWriter, n int) { w.WriteHeader(http.StatusCreated) })

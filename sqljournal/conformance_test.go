@@ -301,8 +301,9 @@ func updateRow(db *sql.DB, tables *sync.Map, hashed bool) func(t *testing.T, j j
 		if hashed {
 			id = journal.Digest(id)
 		}
-		res, err := db.Exec(`UPDATE "`+table.(string)+`" SET key = $2, fingerprint = $3, created_at = $4, state = $5, attempts = $6, status = $7
-			WHERE action_id = $1`, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), int16(rec.State), rec.Attempts, rec.Status)
+		res, err := db.Exec(`UPDATE "`+table.(string)+`" SET key = $2, fingerprint = $3, created_at = $4, state = $5, attempts = $6, status = $7,
+			key_form = $8 WHERE action_id = $1`, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), int16(rec.State), rec.Attempts, rec.Status,
+			int16(rec.KeyForm))
 		if err != nil {
 			t.Fatalf("corrupt: %v", err)
 		}

@@ -120,9 +120,11 @@
 // create tables adds it, keeping any comment already there. A table opened
 // only [WithoutCreateTable] and still empty accepts either mode until it is
 // marked: add that line to its comment when you create it by hand, and the
-// lease columns too:
+// columns added since the first version (on PostgreSQL 10 and older,
+// adding key_form rewrites the table under its lock):
 //
 //	ALTER TABLE idemretry_actions ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz;
+//	ALTER TABLE idemretry_actions ADD COLUMN key_form smallint NOT NULL DEFAULT 0;
 //
 // The tests run against a real server: eval "$(bash .ci/postgres.sh)" starts
 // a throwaway one, then go -C sqljournal test ./...

@@ -124,9 +124,17 @@ func (j *Journal) Now() time.Time {
 //	status      integer           -- final HTTP status when done, else 0
 //	lease_holder text             -- who has the action's lease (Journal.Lease), or NULL
 //	lease_until  timestamptz      -- when that lease ends, on the database's clock
+//	key_form    smallint NOT NULL DEFAULT 0 -- journal.KeyForm the key was first sent in: 1 bare, 2 quoted, 0 unrecorded
 //
-// An Open that may create tables adds the two lease columns to a table made
-// before them (by an earlier version, or by hand).
+// An Open that may create tables adds the two lease columns and key_form to
+// a table made before them (by an earlier version, or by hand). A row
+// written without key_form (before it, or by an earlier version sharing the
+// table) reads unrecorded: its key is sent in the form the Transport's
+// WithQuotedKey says, as an earlier version sends every key. So while
+// machines of an earlier version share the table, they send a key that a
+// caller set in the other form (or one recorded under the other
+// WithQuotedKey setting) in their own form: upgrade them all before relying
+// on the recorded forms.
 //
 // The table records whether its action ids are hashed
 // ([WithHashedIDs]) in its comment, "idemretry.sqljournal.action_ids=plain"
@@ -137,8 +145,9 @@ func (j *Journal) Now() time.Time {
 //
 // Open fails with an error wrapping [ErrInvalidOption] for a nil db or a
 // bad option value (a nil option is skipped); [journal.ErrIncompatible] when
-// the table does not fit: a column missing (the lease columns included, on
-// a table opened [WithoutCreateTable]) or of another type, no unique
+// the table does not fit: a column missing (the lease columns and key_form
+// included, on a table opened [WithoutCreateTable], with the ALTER TABLE
+// that adds them) or of another type, no unique
 // index or primary key on action_id alone (Reserve's INSERT ... ON CONFLICT
 // (action_id) needs one; a deferrable one does not do), or action ids
 // recorded in the other mode than this journal's (two processes in
@@ -225,8 +234,9 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 		createdMs sql.NullInt64
 		state     sql.NullInt16
 		att, stat sql.NullInt64
+		form      sql.NullInt16 // NULL (a column made by hand, rows of an older release): unrecorded
 	)
-	if err := row.Scan(&r.ActionID, &key, &fp, &createdMs, &state, &att, &stat); err != nil {
+	if err := row.Scan(&r.ActionID, &key, &fp, &createdMs, &state, &att, &stat, &form); err != nil {
 		return journal.Record{}, err
 	}
 	// A table made by hand may allow NULL where Open's has NOT NULL.
@@ -247,6 +257,10 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	if st := journal.State(state.Int16); state.Int16 < 0 || state.Int16 > 255 || st < journal.StatePending || st > journal.StateUnknown {
 		return journal.Record{}, fmt.Errorf("action %q: state %d: %w", r.ActionID, state.Int16, ErrMalformedRecord)
 	}
+	if form.Int16 < 0 || form.Int16 > 255 {
+		return journal.Record{}, fmt.Errorf("action %q: key form %d: %w", r.ActionID, form.Int16, ErrMalformedRecord)
+	}
+	r.KeyForm = journal.KeyForm(form.Int16) // CheckRecord refuses a form above KeyFormQuoted
 	copy(r.Fingerprint[:], fp)
 	r.CreatedAt = time.UnixMilli(createdMs.Int64)
 	r.State, r.Attempts, r.Status = journal.State(state.Int16), int(att.Int64), int(stat.Int64)

@@ -20,10 +20,15 @@ import (
 	"github.com/idemretry/idemretry/sqljournal"
 )
 
-// currentDDL is the table as Open creates it now: legacyDDL's columns and
-// the lease columns, for tables made by hand.
-var currentDDL = strings.Replace(legacyDDL, "status      integer  NOT NULL",
-	"status      integer  NOT NULL,\n\tlease_holder text,\n\tlease_until  timestamptz", 1)
+// previousDDL is the table as Open created it before it recorded keys'
+// forms: legacyDDL's columns and the lease columns. currentDDL is the table
+// as Open creates it now, with key_form, for tables made by hand.
+var (
+	previousDDL = strings.Replace(legacyDDL, "status      integer  NOT NULL",
+		"status      integer  NOT NULL,\n\tlease_holder text,\n\tlease_until  timestamptz", 1)
+	currentDDL = strings.Replace(previousDDL, "lease_until  timestamptz",
+		"lease_until  timestamptz,\n\tkey_form     smallint NOT NULL DEFAULT 0", 1)
+)
 
 // leaseOf returns the lease columns of id's row: holder ("" for none) and
 // the time left on the database's clock.

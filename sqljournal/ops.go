@@ -11,8 +11,8 @@ import (
 
 // Update implements [journal.Journal.Update]: it stores rec's State,
 // Attempts and Status in the action's record if that record has rec.Key,
-// and leaves the key, fingerprint and creation time alone. Attempts never
-// go down. Done is final: a record already done keeps its State and Status
+// and leaves the key, its form, the fingerprint and the creation time
+// alone. Attempts never go down. Done is final: a record already done keeps its State and Status
 // whatever rec says; the rule is part of the UPDATE statement, so a stale
 // writer on another machine cannot undo a recorded outcome either. It
 // returns once the change is committed. It fails, changing nothing, with an

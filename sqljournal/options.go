@@ -63,11 +63,14 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 //
 //	COMMENT ON TABLE idemretry_actions IS 'idemretry.sqljournal.action_ids=plain';
 //
-// A table made before leases lacks the lease columns, which a creating
-// Open adds; without one, Open refuses it with journal.ErrIncompatible
-// until they are added:
+// A table made by an earlier version lacks the columns added since (the
+// lease columns, key_form), which a creating Open adds; without one, Open
+// refuses it with journal.ErrIncompatible, naming what to run, until they
+// are added (on PostgreSQL 10 and older, adding key_form rewrites the
+// table under its lock):
 //
 //	ALTER TABLE idemretry_actions ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz;
+//	ALTER TABLE idemretry_actions ADD COLUMN key_form smallint NOT NULL DEFAULT 0;
 func WithoutCreateTable() Option { return func(c *config) { c.createTable = false } }
 
 // WithKeyWindow tells the journal the Transport's key window (default

@@ -7,7 +7,7 @@ import (
 )
 
 // columns is the order every query reads and writes a record's columns in.
-const columns = `action_id, key, fingerprint, created_at, state, attempts, status`
+const columns = `action_id, key, fingerprint, created_at, state, attempts, status, key_form`
 
 // stateDone and the others are journal.State values as SQL literals, so
 // that the constants stay the single source of truth.
@@ -40,7 +40,7 @@ func newQueries(t table) queries {
 	// clock): a machine whose clock runs ahead cannot make a key look
 	// younger to the others than it is, which would have them send it
 	// after its window (see Reserve). RETURNING yields what was stored.
-	values := ` (` + columns + `) VALUES ($1, $2, $3, LEAST($4::bigint, ` + dbNowMs + `), $5, $6, $7)`
+	values := ` (` + columns + `) VALUES ($1, $2, $3, LEAST($4::bigint, ` + dbNowMs + `), $5, $6, $7, $8::smallint)`
 	return queries{
 		// One statement each, so the decision is atomic in the database: a
 		// conflicting insert waits for the other transaction and then sees
@@ -50,7 +50,8 @@ func newQueries(t table) queries {
 			` ON CONFLICT (action_id) DO NOTHING RETURNING created_at, ` + dbClockUs,
 		insertReplaceDone: `INSERT INTO ` + t.quoted + values +
 			` ON CONFLICT (action_id) DO UPDATE SET key = EXCLUDED.key, fingerprint = EXCLUDED.fingerprint,` +
-			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status` +
+			` created_at = EXCLUDED.created_at, state = EXCLUDED.state, attempts = EXCLUDED.attempts, status = EXCLUDED.status,` +
+			` key_form = EXCLUDED.key_form` +
 			` WHERE ` + t.quoted + `.state = ` + stateDone + ` RETURNING created_at, ` + dbClockUs,
 		get: `SELECT ` + columns + ` FROM ` + t.quoted + ` WHERE action_id = $1`,
 		// Reserve's read, with the database's clock (Journal.Now).

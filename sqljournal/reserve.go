@@ -110,7 +110,7 @@ func (j *Journal) reserveOnce(ctx context.Context, insert, id string, rec journa
 	var createdMs, clockUs int64
 	at := time.Now()
 	err = tx.QueryRowContext(ctx, insert, id, rec.Key, rec.Fingerprint[:], rec.CreatedAt.UnixMilli(),
-		int16(rec.State), rec.Attempts, rec.Status).Scan(&createdMs, &clockUs)
+		int16(rec.State), rec.Attempts, rec.Status, int16(rec.KeyForm)).Scan(&createdMs, &clockUs)
 	if err == nil {
 		j.clk.observe(clockUs, at)
 		// Created only once committed: a failed Commit leaves the outcome

@@ -46,7 +46,8 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 	state       smallint NOT NULL,
 	attempts    integer  NOT NULL,
 	status      integer  NOT NULL,
-	` + leaseDDL + `
+	` + leaseDDL + `,
+	` + keyFormDDL + `
 )`,
 		// Unfinished reads pending and unknown records oldest first; Expire
 		// reads done ones by age. Partial indexes keep both off the rest.
@@ -61,6 +62,9 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 		}
 	}
 	if err = addLeaseColumns(ctx, tx, t); err != nil {
+		return err
+	}
+	if err = addKeyFormColumn(ctx, tx, t); err != nil {
 		return err
 	}
 	if err = markMode(ctx, tx, t, mode); err != nil {
@@ -90,6 +94,28 @@ func addLeaseColumns(ctx context.Context, tx *sql.Tx, t table) error {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `ALTER TABLE `+t.quoted+` ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz`)
+	return err
+}
+
+// keyFormDDL declares the column of a key's form (journal.KeyForm): 0
+// unrecorded, the value of every row written before the column (or by a
+// version that does not name it), 1 bare, 2 quoted.
+const keyFormDDL = `key_form smallint NOT NULL DEFAULT 0`
+
+// addKeyFormColumn adds key_form to a table made before keys' forms were
+// recorded, under createSchema's lock, after a look in the catalog (as
+// addLeaseColumns does). Its rows read unrecorded. PostgreSQL 11 and later
+// add a column with a constant default without rewriting the table; older
+// ones rewrite it, holding its lock meanwhile. A key_form of another type
+// is left for checkSchema to refuse.
+func addKeyFormColumn(ctx context.Context, tx *sql.Tx, t table) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_attribute
+	WHERE attrelid = $1::text::regclass AND attname = 'key_form' AND attnum > 0 AND NOT attisdropped`,
+		t.quoted).Scan(&n); err != nil || n != 0 {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `ALTER TABLE `+t.quoted+` ADD COLUMN `+keyFormDDL)
 	return err
 }
 
@@ -138,6 +164,9 @@ func markMode(ctx context.Context, tx *sql.Tx, t table, mode string) error {
 // statements are planned (EXPLAIN), not run: PostgreSQL itself judges
 // whether they fit. A table that does not wraps journal.ErrIncompatible.
 func checkSchema(ctx context.Context, db querier, t table, q queries) error {
+	if err := checkAddedColumns(ctx, db, t); err != nil {
+		return err
+	}
 	rows, err := db.QueryContext(ctx, `SELECT `+columns+` FROM `+t.quoted+` WHERE false`)
 	if err != nil {
 		return incompatible(err)
@@ -148,8 +177,13 @@ func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	// key_form must be a number: a text column would take the smallints
+	// by an assignment cast, and hold anything else too.
+	if _, err := db.ExecContext(ctx, `EXPLAIN SELECT key_form + 0::smallint FROM `+t.quoted); err != nil {
+		return incompatible(err)
+	}
 	var fp [32]byte
-	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.insertReplaceDone, "", "k", fp[:], int64(0), int16(1), 0, 0); err != nil {
+	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.insertReplaceDone, "", "k", fp[:], int64(0), int16(1), 0, 0, int16(0)); err != nil {
 		return incompatible(err)
 	}
 	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.update, "", "k", int16(1), 0, 0); err != nil {
@@ -168,26 +202,50 @@ func checkSchema(ctx context.Context, db querier, t table, q queries) error {
 	return nil
 }
 
-// checkLeaseSchema fails unless the table has the lease columns, of types
-// Lease and Release accept (planned, as checkSchema plans the others). A
-// table without them (made before leases, and opened WithoutCreateTable)
-// wraps journal.ErrIncompatible and says what to run: an Open that may
-// create tables adds them itself.
-func checkLeaseSchema(ctx context.Context, db querier, t table, q queries) error {
-	rows, err := db.QueryContext(ctx, `SELECT `+leaseColumns+` FROM `+t.quoted+` WHERE false`)
-	if err != nil {
-		if err := incompatible(err); errors.Is(err, journal.ErrIncompatible) {
-			return fmt.Errorf("%w: the table has no lease columns (an Open without WithoutCreateTable adds them; or run ALTER TABLE %s ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz)",
-				journal.ErrIncompatible, t.quoted)
+// addedColumns are the columns of later versions than the table's first,
+// each group with the ALTER TABLE clause that adds it.
+var addedColumns = []struct{ names, clause string }{
+	{leaseColumns, "ADD COLUMN lease_holder text, ADD COLUMN lease_until timestamptz"},
+	{"key_form", "ADD COLUMN " + keyFormDDL},
+}
+
+// checkAddedColumns fails, wrapping journal.ErrIncompatible and saying
+// what to run, if the table lacks columns of a later version than the one
+// that made it (the lease columns, key_form), as a table made by an
+// earlier version, or by hand from its documentation, and opened
+// WithoutCreateTable does: an Open that may create tables adds them
+// itself (createSchema). Their types are judged by the statements that use
+// them (checkSchema, checkLeaseSchema).
+func checkAddedColumns(ctx context.Context, db querier, t table) error {
+	var missing []string
+	for _, c := range addedColumns {
+		rows, err := db.QueryContext(ctx, `SELECT `+c.names+` FROM `+t.quoted+` WHERE false`)
+		if err != nil {
+			var st interface{ SQLState() string }
+			if errors.As(err, &st) && st.SQLState() == "42703" { // undefined_column
+				missing = append(missing, c.clause)
+				continue
+			}
+			return incompatible(err)
 		}
-		return err
+		if err := rows.Close(); err != nil {
+			return fmt.Errorf("check columns: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
 	}
-	if err := rows.Close(); err != nil {
-		return fmt.Errorf("check lease columns: %w", err)
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: the table lacks columns of a later version than the one that made it (an Open without WithoutCreateTable adds them; or run ALTER TABLE %s %s)",
+			journal.ErrIncompatible, t.quoted, strings.Join(missing, ", "))
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// checkLeaseSchema fails unless the table's lease columns, which
+// checkSchema found (checkAddedColumns), are of types Lease and Release
+// accept (planned, as checkSchema plans the others).
+func checkLeaseSchema(ctx context.Context, db querier, t table, q queries) error {
 	if _, err := db.ExecContext(ctx, `EXPLAIN `+q.lease, "", "h", int64(1)); err != nil {
 		return incompatible(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -239,4 +240,91 @@ func openInBothModes(t *testing.T, db *sql.DB, table string) map[bool]int {
 		t.Fatalf("opened per mode (hashed?): %v, want the 5 Opens of one mode", opened)
 	}
 	return opened
+}
+
+// A table made by the previous schema (no key_form: by an earlier version,
+// or by hand from its documentation) is refused WithoutCreateTable, with
+// what to run; an Open that may create tables adds the column. Its rows
+// read unrecorded (the Transport sends their keys in its WithQuotedKey form,
+// as the earlier version did), and every form Reserve is given from then
+// on is kept, for every Journal on the table. A row an earlier version
+// inserts into the upgraded table (naming no key_form) reads unrecorded.
+func TestKeyFormColumnOnOlderTable(t *testing.T) {
+	db := testDB(t)
+	ctx := context.Background()
+	old := `INSERT INTO "%s" (action_id, key, fingerprint, created_at, state, attempts, status) VALUES ($1, $2, $3, 0, 1, 1, 0)`
+	table := newTable(t, db)
+	if _, err := db.Exec(`CREATE TABLE "` + table + `" ` + previousDDL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(fmt.Sprintf(old, table), "pay:1", "k1", make([]byte, 32)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithoutCreateTable())
+	t.Logf("Open WithoutCreateTable of a table without key_form: %v", err)
+	if !errors.Is(err, journal.ErrIncompatible) || !strings.Contains(err.Error(), "ADD COLUMN key_form smallint NOT NULL DEFAULT 0") ||
+		strings.Count(err.Error(), "idemretry: ") != 1 {
+		t.Fatalf("Open WithoutCreateTable of a table without key_form: %v, want journal.ErrIncompatible saying what to run", err)
+	}
+	j := openOn(t, db, table)
+	got := mustReserve(t, j, rec("pay:1", "k2", 0, journal.StatePending), journal.ReuseAny, false)
+	if got.Key != "k1" || got.KeyForm != journal.KeyFormUnrecorded {
+		t.Fatalf("the upgraded table's row: key %q, form %v; want k1, unrecorded", got.Key, got.KeyForm)
+	}
+	for i, f := range []journal.KeyForm{journal.KeyFormBare, journal.KeyFormQuoted} {
+		r := rec(fmt.Sprint("pay:new-", i), "k3", 0, journal.StatePending)
+		r.KeyForm = f
+		mustReserve(t, j, r, journal.ReuseAny, true)
+	}
+	if _, err := db.Exec(fmt.Sprintf(old, table), "pay:by-an-earlier-version", "k4", make([]byte, 32)); err != nil {
+		t.Fatal(err)
+	}
+	// Another Journal on the table (a restart, another machine), not
+	// allowed to change it.
+	j2, err := sqljournal.Open(ctx, db, sqljournal.WithTable(table), sqljournal.WithoutCreateTable())
+	if err != nil {
+		t.Fatalf("Open WithoutCreateTable after the upgrade: %v", err)
+	}
+	defer j2.Close()
+	want := map[string]journal.KeyForm{"pay:1": journal.KeyFormUnrecorded, "pay:new-0": journal.KeyFormBare,
+		"pay:new-1": journal.KeyFormQuoted, "pay:by-an-earlier-version": journal.KeyFormUnrecorded}
+	un, err := j2.Unfinished(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(un) != len(want) {
+		t.Fatalf("Unfinished: %d records, want %d", len(un), len(want))
+	}
+	for _, r := range un {
+		if r.KeyForm != want[r.ActionID] {
+			t.Errorf("%s: form %v, want %v", r.ActionID, r.KeyForm, want[r.ActionID])
+		}
+	}
+
+	// The statement the error names, run by hand, is the upgrade.
+	manual := newTable(t, db)
+	if _, err := db.Exec(`CREATE TABLE "` + manual + `" ` + previousDDL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`ALTER TABLE "` + manual + `" ADD COLUMN key_form smallint NOT NULL DEFAULT 0`); err != nil {
+		t.Fatal(err)
+	}
+	j3, err := sqljournal.Open(ctx, db, sqljournal.WithTable(manual), sqljournal.WithoutCreateTable())
+	if err != nil {
+		t.Fatalf("Open WithoutCreateTable after the ALTER TABLE: %v", err)
+	}
+	j3.Close()
+
+	// A key_form of another type is refused, whoever made it.
+	bad := newTable(t, db)
+	if _, err := db.Exec(`CREATE TABLE "` + bad + `" ` + strings.Replace(currentDDL, "key_form     smallint NOT NULL DEFAULT 0", "key_form text", 1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range []sqljournal.Option{nil, sqljournal.WithoutCreateTable()} {
+		_, err := sqljournal.Open(ctx, db, sqljournal.WithTable(bad), extra)
+		t.Logf("key_form of type text: %v", err)
+		if !errors.Is(err, journal.ErrIncompatible) {
+			t.Errorf("Open of a table whose key_form is text: %v, want journal.ErrIncompatible", err)
+		}
+	}
 }

@@ -588,3 +588,32 @@ func TestSharedBoundOverPostgres(t *testing.T) {
 		t.Errorf("%d charges, want 1", n)
 	}
 }
+
+// A key's form is the fleet's: machine A sends a payment under a key it
+// mints bare and loses the answer; machine B, set to quote the keys it
+// mints (WithQuotedKey, or an upgrade that switched it), sends the action
+// again in the form A first sent it, so the server sees one key and replays
+// (issue 29, item 6).
+func TestKeyFormAcrossMachines(t *testing.T) {
+	srv := newChargeServer(t)
+	srv.dropAnswers = true
+	table := newTable(t, testDB(t))
+	a := transportOn(t, openOn(t, testDB(t), table), idemretry.WithMaxRetries(0))
+	if p := post(context.Background(), a, srv.URL, "pay:form", "form"); p.err == nil {
+		t.Fatalf("A: the answer was not lost: %d %q", p.status, p.body)
+	}
+	// The server answers a stored key's replay before it would drop an
+	// answer: B's resend under A's key is answered.
+	b := transportOn(t, openOn(t, testDB(t), table), idemretry.WithQuotedKey())
+	p := post(context.Background(), b, srv.URL, "pay:form", "form")
+	if p.err != nil || p.status != http.StatusOK || !p.replay {
+		t.Fatalf("B: %d %q replay %v %v, want the replay of A's charge", p.status, p.body, p.replay, p.err)
+	}
+	keys := srv.keysOf("form")
+	if len(keys) != 2 || keys[0] != keys[1] || strings.HasPrefix(keys[0], `"`) {
+		t.Errorf("keys as sent %q: want A's bare key twice", keys)
+	}
+	if n := srv.chargeCount(); n != 1 {
+		t.Errorf("%d charges, want 1", n)
+	}
+}

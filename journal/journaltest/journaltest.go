@@ -133,6 +133,7 @@ var cases = []struct {
 	{"FingerprintKeeper", fingerprintKeeper},
 	{"ReportedIDsResolve", reportedIDsResolve},
 	{"CustomKeys", customKeys},
+	{"KeyForm", keyForm},
 	{"ConcurrentReservesOneKey", concurrentReservesOneKey},
 	{"CanceledContext", canceledContext},
 	{"Closed", closed},
@@ -143,10 +144,12 @@ var cases = []struct {
 
 var ctx = context.Background()
 
-// rec returns a fresh pending record. Times are whole milliseconds, the
-// precision journals are required to keep.
+// rec returns a fresh pending record, its key recorded quoted (so that a
+// journal that drops the form fails every comparison, see same). Times are
+// whole milliseconds, the precision journals are required to keep.
 func rec(id string, created time.Time) journal.Record {
-	r := journal.Record{ActionID: id, Key: uuid.NewString(), CreatedAt: created.Truncate(time.Millisecond), State: journal.StatePending}
+	r := journal.Record{ActionID: id, Key: uuid.NewString(), KeyForm: journal.KeyFormQuoted,
+		CreatedAt: created.Truncate(time.Millisecond), State: journal.StatePending}
 	copy(r.Fingerprint[:], id)
 	return r
 }
@@ -157,6 +160,7 @@ func (s *suite) same(t *testing.T, want, got journal.Record, msg string) {
 	t.Helper()
 	assert.Equal(t, want.ActionID, got.ActionID, msg)
 	assert.Equal(t, want.Key, got.Key, msg)
+	assert.Equal(t, want.KeyForm.String(), got.KeyForm.String(), "%s: the key's form", msg)
 	assert.Equal(t, want.Fingerprint, got.Fingerprint, msg)
 	s.sameCreatedAt(t, want.CreatedAt, got.CreatedAt, msg)
 	assert.Equal(t, want.State, got.State, msg)
@@ -496,12 +500,69 @@ func reportedIDsResolve(t *testing.T, s *suite, j journal.Journal) {
 func customKeys(t *testing.T, _ *suite, j journal.Journal) {
 	for i, k := range []string{"k", "order-42:attempt/1~x", "8E03978E-40D5-43E8-BC93-6894A57F9324", string(make255())} {
 		r := rec(fmt.Sprintf("c%d", i), now())
-		r.Key = k
+		r.Key, r.KeyForm = k, journal.KeyFormBare // the bare form holds every visible character
 		reserve(t, j, r, journal.ReuseAny)
 		got, created := reserve(t, j, rec(r.ActionID, now()), journal.ReuseAny)
 		assert.False(t, created)
 		assert.Equal(t, k, got.Key)
 	}
+}
+
+// keyForm: a record keeps the form of its key (journal.KeyForm) as Reserve
+// was given it, each of the three, through every read (Reserve, Get,
+// Unfinished); a Reserve that finds the record returns the stored form,
+// not the one it was given; Update leaves the form alone; a record that
+// replaces a done one under ReusePending comes with its own. A journal
+// that dropped the form would have a key sent in one form and, after a
+// restart, in the other, which servers take for a second key.
+func keyForm(t *testing.T, s *suite, j journal.Journal) {
+	forms := []journal.KeyForm{journal.KeyFormUnrecorded, journal.KeyFormBare, journal.KeyFormQuoted}
+	for i, f := range forms {
+		id := "form-" + f.String()
+		r := rec(id, now().Add(time.Duration(i)*time.Millisecond))
+		r.KeyForm = f
+		got, created := reserve(t, j, r, journal.ReuseAny)
+		require.True(t, created)
+		s.same(t, r, got, "created "+f.String())
+		other := rec(id, now())
+		other.KeyForm = forms[(i+1)%len(forms)]
+		got, created = reserve(t, j, other, journal.ReusePending)
+		assert.False(t, created)
+		s.same(t, r, got, "reused "+f.String())
+		upd := r
+		upd.KeyForm = forms[(i+2)%len(forms)]
+		upd.State, upd.Attempts = journal.StateUnknown, 3
+		require.NoError(t, j.Update(ctx, upd))
+		r.State, r.Attempts = journal.StateUnknown, 3
+		got, _ = reserve(t, j, other, journal.ReuseAny)
+		s.same(t, r, got, "updated "+f.String())
+		if g, ok := j.(journal.Getter); ok {
+			got, found, err := g.Get(ctx, id)
+			require.NoError(t, err)
+			require.True(t, found)
+			assert.Equal(t, f.String(), got.KeyForm.String(), "Get: the key's form")
+		}
+	}
+	un, err := j.Unfinished(ctx)
+	require.NoError(t, err)
+	require.Len(t, un, len(forms))
+	for i, f := range forms {
+		assert.Equal(t, s.id("form-"+f.String()), un[i].ActionID)
+		assert.Equal(t, f.String(), un[i].KeyForm.String(), "Unfinished: the key's form")
+	}
+
+	// A done record replaced under ReusePending: the new key, the new form.
+	done := rec("form-replaced", now())
+	reserve(t, j, done, journal.ReusePending)
+	done.State, done.Attempts, done.Status = journal.StateDone, 1, 201
+	require.NoError(t, j.Update(ctx, done))
+	next := rec("form-replaced", now())
+	next.KeyForm = journal.KeyFormBare
+	got, created := reserve(t, j, next, journal.ReusePending)
+	require.True(t, created)
+	s.same(t, next, got, "replaced")
+	got, _ = reserve(t, j, rec("form-replaced", now()), journal.ReuseAny)
+	s.same(t, next, got, "replaced, read again")
 }
 
 func make255() []byte {
@@ -585,6 +646,9 @@ func invalid(id string) []struct {
 		{"NegativeAttempts", with(func(r *journal.Record) { r.Attempts = -1 })},
 		{"AttemptsOverMax", with(func(r *journal.Record) { r.Attempts = int(attemptsOverMax) })},
 		{"NegativeStatus", with(func(r *journal.Record) { r.Status = -1 })},
+		{"KeyFormThree", with(func(r *journal.Record) { r.KeyForm = 3 })},
+		{"QuotedKeyWithQuote", with(func(r *journal.Record) { r.Key, r.KeyForm = `a"b`, journal.KeyFormQuoted })},
+		{"QuotedKeyWithBackslash", with(func(r *journal.Record) { r.Key, r.KeyForm = `a\b`, journal.KeyFormQuoted })},
 		{"StateZero", with(func(r *journal.Record) { r.State = 0 })},
 		{"StateFour", with(func(r *journal.Record) { r.State = 4 })},
 		{"CreatedAtZero", with(func(r *journal.Record) { r.CreatedAt = time.Time{} })},
