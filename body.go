@@ -11,6 +11,7 @@ import (
 // body gives every attempt a full, fresh copy of the request body.
 type body struct {
 	orig    io.ReadCloser                 // the caller's Body, sent on the first attempt; nil once handed on
+	unsent  io.Closer                     // the caller's Body when a GetBody copy goes out in its place (see hashInto)
 	getBody func() (io.ReadCloser, error) // fresh copies; nil when there is no body
 	buf     []byte                        // the body, when newBody read it into memory
 }
@@ -85,6 +86,15 @@ func (b *body) hashInto(w io.Writer) error {
 	}
 	_, err = io.Copy(w, r)
 	r.Close()
+	// A GetBody copy may share its reader with the caller's Body
+	// (openai-go's and anthropic-sdk-go's GetBody for a *bytes.Reader body
+	// seeks that one reader back to 0 and returns it): read for the hash,
+	// it may have left Body at its end. net/http calls GetBody only once
+	// Body is sent; here every attempt sends a GetBody copy, the first
+	// too, and the caller's Body is closed, unread, when RoundTrip ends.
+	if b.orig != nil {
+		b.unsent, b.orig = b.orig, nil
+	}
 	return err
 }
 
@@ -100,8 +110,9 @@ func (b *body) size(req *http.Request) int64 {
 	return -1
 }
 
-// next returns the body for the next attempt: the caller's own on the first,
-// a fresh copy after.
+// next returns the body for the next attempt: the caller's own on the first
+// (unless the fingerprint read a GetBody copy: see hashInto), a fresh copy
+// after.
 func (b *body) next() (io.ReadCloser, error) {
 	if b.orig != nil {
 		r := b.orig
@@ -120,5 +131,9 @@ func (b *body) close() {
 	if b.orig != nil {
 		b.orig.Close()
 		b.orig = nil
+	}
+	if b.unsent != nil {
+		b.unsent.Close()
+		b.unsent = nil
 	}
 }
