@@ -31,7 +31,9 @@ type actionKey struct{}
 // own) becomes the action's key only if the action is new: it is adopted,
 // and sent as written (bare or quoted), on that first request. Every later
 // request of the action carries the journaled key, in that form, in its
-// place, after a restart too, whatever key it carries (logged at Debug).
+// place, after a restart too, whatever valid key it carries (logged at
+// Debug); one that carries two keys, or one that is not a key, is refused
+// as the action's (ErrInvalidKey, with the journaled key), nothing sent.
 // So a new payment needs a new id. One key under two ids is two actions
 // here and one key to the server, which judges the second (Stripe refuses
 // another payload: ErrKeyReused): give each action its own key, or none.

@@ -28,7 +28,10 @@ import (
 //
 // The caller's request is never modified. RoundTrip closes the request body,
 // as http.RoundTripper requires, and drains and closes every response it
-// discards; the caller closes the response it returns. A Transport is safe for
+// discards. A keyed request with GetBody sends a GetBody copy on every
+// attempt, the first too, as its fingerprint is read from one (a GetBody
+// may share its reader with Body, as openai-go's does): its Body is closed
+// unread; the caller closes the response it returns. A Transport is safe for
 // concurrent use; requests of one action from several goroutines share one
 // flight (see RoundTrip), so a double tap sends one request, not two keys
 // nor a 409 storm.
