@@ -8,7 +8,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,6 +208,78 @@ func TestSDKAttemptsAlone(t *testing.T) {
 			assert.Equal(t, 1, srv2.requests(), "the setting turns the SDK's retries off")
 		})
 	}
+}
+
+// aws-sdk-go-v2 sends every call as a POST, so over idemretry each is a
+// keyed action, and two identical unnamed calls at once (two SendMessage
+// of one body, from two goroutines) are one action by their fingerprint,
+// as a double tap is: one request, and both callers are told their message
+// was sent, with the same MessageId. Named one action each, or sent through
+// a Transport that takes the key off POST, they are two.
+func TestSDKIdenticalUnnamedCallsShareOneFlight(t *testing.T) {
+	cases := []struct {
+		name  string
+		opts  []idemretry.Option
+		named bool
+		want  int
+	}{
+		{"unnamed", nil, false, 1},
+		{"each call named", nil, true, 2},
+		{"WithUnkeyedMethods(POST)", []idemretry.Option{idemretry.WithUnkeyedMethods(http.MethodPost)}, false, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			second := make(chan struct{})
+			srv := newWire(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if n == 1 {
+					// Held until the other call has sent its own request,
+					// or waits for this one's flight (no timing: its
+					// goroutine is seen waiting), at most 10 s.
+					for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !flightJoined(); time.Sleep(time.Millisecond) {
+						select {
+						case <-second:
+						default:
+							continue
+						}
+						break
+					}
+				} else {
+					close(second)
+				}
+				write(w, http.StatusOK, fmt.Sprintf(`{"MD5OfMessageBody":"x","MessageId":"m-%d"}`, n), "Content-Type", "application/x-amz-json-1.0")
+			})
+			tr, _ := newTransport(t, nil, c.opts...)
+			sq := sqsClient(srv.URL, &http.Client{Transport: tr}, 1)
+			var wg sync.WaitGroup
+			ids := make([]string, 2)
+			for i := range ids {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx := bg
+					if c.named {
+						ctx = idemretry.WithAction(bg, fmt.Sprintf("event:%d", i))
+					}
+					out, err := sq.SendMessage(ctx, &sqs.SendMessageInput{
+						QueueUrl: aws.String(srv.URL + "/000000000000/events"), MessageBody: aws.String(`{"event":"tick"}`)})
+					if assert.NoError(t, err) {
+						ids[i] = aws.ToString(out.MessageId)
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("%s: %d requests, message ids %q", c.name, srv.requests(), ids)
+			assert.Equal(t, c.want, srv.requests())
+			assert.Equal(t, c.want, len(unique(ids)), "distinct messages")
+		})
+	}
+}
+
+// flightJoined reports whether a goroutine of this process waits for an
+// idemretry flight it joined.
+func flightJoined() bool {
+	buf := make([]byte, 1<<20)
+	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "idemretry.(*flight).wait")
 }
 
 func onOff(b bool) string {
