@@ -98,7 +98,12 @@
 // carries it on under the same key, and the server replays. A caller takes a
 // flight's answer only if it would itself reserve that action: an unnamed
 // payment that finds a flight resending a done one (a tap's or Resume's)
-// past the duplicate window is a new payment, sent once the flight lands.
+// past the duplicate window is a new payment, sent once the flight lands;
+// so is one that asks as another principal (another Authorization, Cookie,
+// API key, Stripe-Account or OpenAI-Organization header than the first
+// caller's: two tenants' identical requests): it is never given an answer
+// to another's request, and goes, under the action's key, as a request of
+// its own.
 //
 // # Resume after a crash
 //

@@ -30,7 +30,7 @@ func FlightJoiners(t *Transport) int {
 	defer t.flights.mu.Unlock()
 	n := 0
 	for _, f := range t.flights.m {
-		n += f.joiners
+		n += int(f.joiners)
 	}
 	return n
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net/http"
 	"strings"
@@ -39,8 +40,12 @@ type flight struct {
 	id, digest string
 
 	// Guarded by flights.mu.
-	joiners int
-	key     string // once reserved, for joiners' errors
+	joiners int32
+	// asker is askerOf the leader's request: a joiner takes the flight's
+	// result only if its own request asks as the same principal (see
+	// askerOf). Set when the flight starts, never changed.
+	asker uint32
+	key   string // once reserved, for joiners' errors
 	// resolving: Resume holds the flight while the app resolves the
 	// action (reconcile.go); whoever joins is refused at once.
 	resolving bool
@@ -86,7 +91,7 @@ type flights struct {
 
 // join returns the flight of action id, or starts one that the caller leads.
 // A request whose fingerprint differs from the flight's cannot join it.
-func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool, mismatch bool) {
+func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32) (f *flight, lead bool, mismatch bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if f = fs.find(id); f != nil {
@@ -108,7 +113,7 @@ func (fs *flights) join(id string, fp journal.Fingerprint) (f *flight, lead bool
 	if fs.m == nil {
 		fs.m = make(map[string]*flight)
 	}
-	f = &flight{fp: fp, id: id}
+	f = &flight{fp: fp, id: id, asker: asker}
 	if journal.IsDigest(id) {
 		f.digest = id
 		fs.digests++
@@ -241,7 +246,7 @@ func (fs *flights) land(f *flight) int {
 			fs.digests--
 		}
 	}
-	return f.joiners
+	return int(f.joiners)
 }
 
 // fail ends the flight with err for its joiners. The flight has landed.
@@ -370,3 +375,47 @@ func errReader(err error, r io.Reader) io.Reader {
 type failReader struct{ err error }
 
 func (f *failReader) Read([]byte) (int, error) { return 0, f.err }
+
+// askerHeaders are the request headers that say who is asking, and on
+// whose behalf: the credentials of RFC 9110 (Authorization,
+// Proxy-Authorization) and RFC 6265 (Cookie), the API-key headers of the
+// SDKs tested (anthropic-sdk-go's X-Api-Key, Azure OpenAI's Api-Key), and
+// the account and organisation those SDKs act for (stripe-go's
+// Stripe-Account and Stripe-Context, openai-go's OpenAI-Organization and
+// OpenAI-Project).
+var askerHeaders = [...]string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
+	"Stripe-Account", "Stripe-Context", "Openai-Organization", "Openai-Project"}
+
+// askerSeed keys askerOf's hash: unknown outside this process, so that no
+// request can be made to ask as another's principal by its hash.
+var askerSeed = maphash.MakeSeed()
+
+// askerOf returns a hash of h's askerHeaders (any spelling, in any order),
+// 0 for none. Two requests of one action whose hashes differ ask as two
+// principals (two tenants' API keys, two connected accounts): neither may
+// be given the answer to the other's request, however alike their method,
+// URL and body.
+func askerOf(h http.Header) uint32 {
+	var sum uint64
+	for k, vv := range h {
+		name := ""
+		for _, a := range askerHeaders {
+			if len(k) == len(a) && strings.EqualFold(k, a) {
+				name = a
+				break
+			}
+		}
+		if name == "" {
+			continue
+		}
+		var d maphash.Hash
+		d.SetSeed(askerSeed)
+		d.WriteString(name)
+		for _, v := range vv {
+			d.WriteByte(0)
+			d.WriteString(v)
+		}
+		sum += d.Sum64() // in any order
+	}
+	return uint32(sum ^ sum>>32)
+}

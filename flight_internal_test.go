@@ -37,24 +37,24 @@ func TestFlightsIDAndDigestShareOneFlight(t *testing.T) {
 	fp := journal.Fingerprint{1}
 	for _, order := range [][2]string{{"pay:1", journal.Digest("pay:1")}, {journal.Digest("pay:1"), "pay:1"}} {
 		var fs flights
-		f, lead, _ := fs.join(order[0], fp)
+		f, lead, _ := fs.join(order[0], fp, 0)
 		if !lead {
 			t.Fatalf("%q: first request does not lead", order[0])
 		}
-		g, lead, mismatch := fs.join(order[1], fp)
+		g, lead, mismatch := fs.join(order[1], fp, 0)
 		if lead || mismatch || g != f {
 			t.Fatalf("%q after %q: lead %v, mismatch %v, same flight %v; want it to join", order[1], order[0], lead, mismatch, g == f)
 		}
-		if _, lead, _ := fs.join("pay:2", fp); !lead {
+		if _, lead, _ := fs.join("pay:2", fp, 0); !lead {
 			t.Fatal("another action joined pay:1's flight")
 		}
-		if _, lead, _ := fs.join(journal.Digest("pay:3"), fp); !lead {
+		if _, lead, _ := fs.join(journal.Digest("pay:3"), fp, 0); !lead {
 			t.Fatal("another action's digest joined a flight")
 		}
 		if n := fs.land(f); n != 1 {
 			t.Fatalf("land: %d joiners, want 1", n)
 		}
-		if _, lead, _ := fs.join(order[1], fp); !lead {
+		if _, lead, _ := fs.join(order[1], fp, 0); !lead {
 			t.Fatalf("%q after the flight landed: does not lead", order[1])
 		}
 	}
@@ -65,8 +65,8 @@ func TestFlightsIDAndDigestShareOneFlight(t *testing.T) {
 func TestFlightsDigestMismatch(t *testing.T) {
 	t.Parallel()
 	var fs flights
-	fs.join("pay:1", journal.Fingerprint{1})
-	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}); !mismatch {
+	fs.join("pay:1", journal.Fingerprint{1}, 0)
+	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}, 0); !mismatch {
 		t.Fatal("a digest with another fingerprint joined")
 	}
 }

@@ -98,7 +98,13 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		if !judged {
 			hopLive = f.hopTap // f reserved after the request arrived
 		}
-		switch landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow) {
+		v := landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow)
+		if v == takeResult && f.asker != who.asker {
+			// The answer is to another principal's request: this one
+			// goes as a request of its own.
+			v = goAgain
+		}
+		switch v {
 		case takeResult:
 			return f.result()
 		case carryOn:
@@ -116,7 +122,7 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 // nothing of it is sent).
 func (t *Transport) board(p payload, who *identity) (f *flight, lead bool, err error) {
 	for {
-		f, lead, mismatch := t.flights.join(who.id, who.fp)
+		f, lead, mismatch := t.flights.join(who.id, who.fp, who.asker)
 		switch {
 		case mismatch:
 			fp, same, err := t.samePayload(p, who, f.fp)
@@ -475,7 +481,7 @@ func landed(who *identity, f *flight, arrived time.Time, hopLive bool, duplicate
 // waiting for a flight of it in the air to land first.
 func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*flight, error) {
 	for {
-		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint)
+		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint, 0)
 		switch {
 		case lead:
 			return f, nil

@@ -75,6 +75,9 @@ type identity struct {
 	// flight is the flight the request leads, which its first reservation
 	// tells what it found (see landed), or nil.
 	flight *flight
+	// asker is askerOf the request's header: it takes a flight's result
+	// only if the flight's leader asked as the same principal.
+	asker uint32
 	// uncheckable: a resumed action whose record's keyed fingerprint
 	// cannot be checked here (resumedIdentity): never sent, and refused
 	// as uncheckable until its key window ends, then recorded
@@ -113,6 +116,13 @@ func (t *Transport) samePayload(p payload, who *identity, fp journal.Fingerprint
 
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
+	who, err := t.identifyAction(req, b)
+	who.asker = askerOf(req.Header)
+	return who, err
+}
+
+// identifyAction is identify but for the request's asker.
+func (t *Transport) identifyAction(req *http.Request, b *body) (identity, error) {
 	if m, ok := req.Context().Value(resumeKey{}).(*resumeMark); ok {
 		// Resume's action goes out under its listed key, whatever keys
 		// the rebuilt request carries.

@@ -145,8 +145,10 @@ func (t *Transport) CloseIdleConnections() {
 // result, its body read into memory up to the sharing limit
 // (WithMaxSharedResponse; a larger body, and a 101 Switching Protocols,
 // stay the first caller's, and the others get ErrResponseNotShared). It
-// takes the copy only if the flight's action is one it would itself have
-// reserved: an unnamed request that finds the flight resending an action
+// takes the copy only if it asks as the flight's first caller does (the
+// same Authorization, Cookie, API-key and account headers: two tenants'
+// identical requests are each sent), and only if the flight's action is
+// one it would itself have reserved: an unnamed request that finds the flight resending an action
 // already done (a tap within the duplicate window, or Resume) past the
 // duplicate window is a new payment, sent once that flight has landed. If
 // the first caller's context ends before the waiting callers have the

@@ -6,7 +6,9 @@ package interop
 import (
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -63,4 +65,61 @@ func TestOpenAIOverIdemretry(t *testing.T) {
 	_, err = c.Chat.Completions.New(idemretry.WithAction(bg, "chat:summary-8"), chatParams)
 	require.Error(t, err)
 	assert.Equal(t, 1, final.requests())
+}
+
+// Two tenants' identical chat completions at once through one Transport
+// (a multi-tenant service), each openai-go client with its own API key:
+// one request of one action by their fingerprint, but each must reach the
+// server with its own key. The request with the revoked key waits for the
+// other's flight, then goes as a request of its own, and is refused.
+// (Issue 29: it joined the other tenant's flight and was given that
+// tenant's completion, sending nothing.)
+func TestFlightNotSharedAcrossCredentials(t *testing.T) {
+	second := make(chan struct{})
+	var mu sync.Mutex
+	var auths []string
+	srv := newWire(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		mu.Unlock()
+		if n == 1 {
+			// Held until the other request arrived, or waits for this
+			// one's flight (see TestSQSIdenticalCallsAtOnceEachSent).
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !flightJoined(); time.Sleep(time.Millisecond) {
+				select {
+				case <-second:
+				default:
+					continue
+				}
+				break
+			}
+		} else if n == 2 {
+			close(second)
+		}
+		if r.Header.Get("Authorization") == "Bearer sk-revoked" {
+			write(w, http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`,
+				"Content-Type", "application/json")
+			return
+		}
+		write(w, http.StatusOK, chatCompletion(n), "Content-Type", "application/json")
+	})
+	tr, _ := newTransport(t, nil)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, key := range []string{"sk-tenant-a", "sk-revoked"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey(key),
+				option.WithHTTPClient(&http.Client{Transport: tr}), option.WithMaxRetries(0))
+			_, errs[i] = c.Chat.Completions.New(bg, chatParams)
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("requests %d, Authorization %q, errors %v", srv.requests(), auths, errs)
+	assert.NoError(t, errs[0])
+	assert.ErrorContains(t, errs[1], "401", "the revoked key's own answer")
+	assert.ElementsMatch(t, []string{"Bearer sk-tenant-a", "Bearer sk-revoked"}, auths, "each request with its own key")
 }
