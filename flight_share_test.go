@@ -361,3 +361,45 @@ func TestFlightJoinerThatLeftIsNotCopiedFor(t *testing.T) {
 		})
 	}
 }
+
+// A request that joins a flight takes its answer only if it asks as the
+// flight's leader does: an identical unnamed POST with another
+// Authorization (another tenant's API key) goes, once the flight has
+// landed, as a request of its own, with its own credentials; with the
+// same Authorization it is a double tap, and takes the copy. (Issue 29:
+// another tenant's request was handed the leader's answer, sending nothing.)
+func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		auth      string
+		wantAuths []string
+	}{
+		{"same Authorization", "Bearer tenant-a", []string{"Bearer tenant-a"}},
+		{"another Authorization", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			arrived, release := holdRequest(t, srv, 1)
+			tr, _, _ := newTestTransport(t)
+			send := func(auth string) <-chan paid {
+				req := post(t, context.Background(), srv.URL, `{"amount":100}`)
+				req.Header.Set("Authorization", auth)
+				return payAsync(tr, req)
+			}
+			first := send("Bearer tenant-a")
+			<-arrived
+			second := send(c.auth)
+			awaitJoiners(t, tr, 1)
+			release()
+			for _, p := range []paid{<-first, <-second} {
+				require.NoError(t, p.err)
+				assert.Equal(t, http.StatusCreated, p.status)
+			}
+			var auths []string
+			for _, r := range srv.seen() {
+				auths = append(auths, r.Header.Get("Authorization"))
+			}
+			assert.Equal(t, c.wantAuths, auths)
+		})
+	}
+}
