@@ -101,9 +101,11 @@
 // past the duplicate window is a new payment, sent once the flight lands;
 // so is one that asks as another principal (another Authorization, Cookie,
 // API key, Stripe-Account or OpenAI-Organization header than the first
-// caller's: two tenants' identical requests): it is never given an answer
-// to another's request, and goes, under the action's key, as a request of
-// its own.
+// caller's: two tenants' identical requests, or a token refreshed between
+// two taps): it is never handed the answer to another's request, and is
+// sent, once the flight lands, under the action's key with its own
+// credentials (a server that does not scope keys by principal answers it
+// with its stored answer: give each tenant its own Transport or actions).
 //
 // # Resume after a crash
 //

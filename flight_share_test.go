@@ -364,9 +364,10 @@ func TestFlightJoinerThatLeftIsNotCopiedFor(t *testing.T) {
 
 // A request that joins a flight takes its answer only if it asks as the
 // flight's leader does: an identical unnamed POST with another
-// Authorization (another tenant's API key) goes, once the flight has
-// landed, as a request of its own, with its own credentials; with the
-// same Authorization it is a double tap, and takes the copy. (Issue 29:
+// Authorization (another tenant's API key, or a token refreshed between
+// two taps) goes, once the flight has landed, under the action's key with
+// its own credentials, and the server judges it (this one replays); with
+// the same Authorization it is a double tap, and takes the copy. (Issue 29:
 // another tenant's request was handed the leader's answer, sending nothing.)
 func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 	for _, c := range []struct {
@@ -400,6 +401,9 @@ func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 				auths = append(auths, r.Header.Get("Authorization"))
 			}
 			assert.Equal(t, c.wantAuths, auths)
+			keys := keysOf(srv.seen())
+			assert.Equal(t, keys[0], keys[len(keys)-1], "the action's key")
+			assert.Equal(t, 1, srv.chargeCount())
 		})
 	}
 }

@@ -100,9 +100,15 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		}
 		v := landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow)
 		if v == takeResult && f.asker != who.asker {
-			// The answer is to another principal's request: this one
-			// goes as a request of its own.
+			// The answer is to another principal's request (another
+			// tenant's key, or a token refreshed between two taps): the
+			// request is not given it, and goes as a request of the
+			// flight's action, under its key, with its own credentials
+			// (the server judges them), or, none sent, of its own.
 			v = goAgain
+			if f.acting {
+				v = carryOn
+			}
 		}
 		switch v {
 		case takeResult:
