@@ -10,16 +10,22 @@ package idemretry_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -209,6 +215,214 @@ func TestOneKeyUnderTwoActions(t *testing.T) {
 	assert.Equal(t, 1, srv.chargeCount())
 }
 
+// A process whose crypto/rand.Reader fails (replaced, or a legacy Linux
+// without getrandom whose /dev/urandom cannot be opened) gets an error from
+// RoundTrip, not a crash: minting a key must not take the process down.
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxFailingRandReaderIsAnErrorNotACrash).
+func TestKeyFromAFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
+	t.Parallel()
+	if childtest.IsChild() {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		defer srv.Close()
+		tr, err := idemretry.NewTransport(&http.Transport{}, inMemory())
+		require.NoError(t, err)
+		defer tr.Close()
+		rand.Reader = failingReader{}
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rand"), srv.URL, `{"amount":1}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		fmt.Println("RoundTrip returned:", err)
+		return
+	}
+	cmd := childtest.Command("TestKeyFromAFailingRandReaderIsAnErrorNotACrash")
+	out, err := cmd.CombinedOutput()
+	first := strings.SplitN(string(out), "\n", 2)[0]
+	require.NoError(t, err, "the child process crashed: %s", first)
+}
+
+// I2 across a restart: a new Transport over the same journal resends the
+// unfinished action with the same key.
+func TestSameKeyAfterRestart(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	first, _ := newTestTransportOver(t, j, idemretry.WithMaxRetries(0))
+	ctx := idemretry.WithAction(context.Background(), "pay:restart")
+	_, err := first.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.Error(t, err, "the answer was lost")
+
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, un, 1)
+	assert.Equal(t, "pay:restart", un[0].ActionID)
+
+	second, _ := newTestTransportOver(t, j)
+	resp, err := second.RoundTrip(post(t, ctx, srv.URL, "x"))
+	require.NoError(t, err)
+	assert.True(t, idemretry.IsReplay(resp))
+	readAll(t, resp)
+	srv.requireOnePayment(t, 2)
+}
+
+// An explicit action keeps its key after it is done: a repeat is replayed.
+func TestExplicitActionKeepsKeyAfterDone(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	ctx := idemretry.WithAction(context.Background(), "pay:again")
+	for range 2 {
+		roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+	}
+	srv.requireOnePayment(t, 2)
+}
+
+// A key the caller set is kept as is, bare or quoted; a bad one is refused.
+func TestCallerSuppliedKey(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, v := range []string{"order-77-attempt", `"order-77-attempt"`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", v)
+		roundTrip(t, tr, req)
+	}
+	assert.Equal(t, []string{"order-77-attempt", "order-77-attempt"}, keysOf(srv.seen()))
+
+	for _, bad := range []string{strings.Repeat("k", 256), "has space", "caf\u00e9", `""`} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", bad)
+		_, err := tr.RoundTrip(req)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidKey, bad)
+	}
+	assert.Len(t, srv.seen(), 2)
+}
+
+// The IETF draft's form: a quoted Structured Field string.
+func TestQuotedKeyOption(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithQuotedKey())
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
+	k := srv.seen()[0].Key
+	require.True(t, strings.HasPrefix(k, `"`) && strings.HasSuffix(k, `"`), k)
+	assert.NoError(t, uuidCheck(strings.Trim(k, `"`)))
+}
+
+// I8 for caller keys: without a WithAction id the key names the action, so
+// a key already used for one payload refuses another before sending. (With
+// one, the id names it: TestOneKeyUnderTwoActions.)
+func TestCallerKeyNamesTheAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	var errs []error
+	for _, body := range []string{"amount=1", "amount=999"} {
+		req := post(t, context.Background(), srv.URL, body)
+		req.Header.Set("Idempotency-Key", "order-42")
+		err := sendErr(tr, req)
+		errs = append(errs, err)
+	}
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], idemretry.ErrFingerprintMismatch)
+	assert.Len(t, srv.seen(), 1, "the second payload was not sent")
+}
+
+// Issue 7, item 7: a caller key set under a non-canonical header name is the
+// request's key: one Idempotency-Key value goes out, the caller's.
+func TestLowerCaseCallerKeyHeader(t *testing.T) {
+	var got [][]string
+	var mu sync.Mutex
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Values("Idempotency-Key"))
+		mu.Unlock()
+		w.WriteHeader(201)
+	})
+	tr, j, _ := newTestTransport(t)
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"order-77-pay"}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, got, 1)
+	assert.Equal(t, []string{"order-77-pay"}, got[0], "the request left with these Idempotency-Key values")
+	rec, created, err := j.Reserve(context.Background(), journal.Record{ActionID: "key:order-77-pay", Key: "x", CreatedAt: time.Now(), State: journal.StatePending}, journal.ReuseAny)
+	require.NoError(t, err)
+	assert.False(t, created, "the caller's key did not name the action")
+	assert.Equal(t, "order-77-pay", rec.Key)
+
+	// Two spellings with two values are two keys: refused.
+	req = post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header["idempotency-key"] = []string{"a-1"}
+	req.Header.Set("Idempotency-Key", "b-2")
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrInvalidKey)
+}
+
+// WithRequireAction: a keyed request that names no action is refused before
+// anything is sent; a named one, a caller key, and an unkeyed GET go out.
+func TestRequireAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithRequireAction())
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
+	require.ErrorIs(t, err, idemretry.ErrActionRequired)
+	assert.Empty(t, srv.seen())
+
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:1"), srv.URL, `{"amount":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	req := post(t, context.Background(), srv.URL, `{"amount":2}`)
+	req.Header.Set("Idempotency-Key", "caller-key-2")
+	resp, err = tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	resp, err = tr.RoundTrip(httptestGet(t, srv.URL))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Len(t, srv.seen(), 3)
+}
+
+// WithDuplicateWindow: an identical unnamed request within the window of the
+// first is the same action (same key, the server replays); after it, a new
+// one.
+func TestDuplicateWindow(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
+	send := func() *http.Response {
+		resp := roundTrip(t, tr, post(t, context.Background(), srv.URL, `{"amount":30}`))
+		return resp
+	}
+	send()
+	clk.Advance(10 * time.Second)
+	second := send()
+	assert.True(t, idemretry.IsReplay(second), "a repeat within the window is answered with the replay")
+	assert.Equal(t, 1, srv.chargeCount())
+	clk.Advance(25 * time.Second)
+	send()
+	assert.Equal(t, 2, srv.chargeCount(), "a repeat after the window is a new payment")
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, keys[0], keys[1])
+	assert.NotEqual(t, keys[1], keys[2])
+
+	_, err := idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(-time.Second))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithDuplicateWindow(48*time.Hour))
+	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
+}
+
+// WithAction ids that are empty or look like derived ids are refused.
+func TestInvalidActionIDs(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	for _, id := range []string{"", "key:order-1", "fp:abc"} {
+		_, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), id), srv.URL, "x"))
+		assert.ErrorIs(t, err, idemretry.ErrInvalidAction, "%q", id)
+	}
+	assert.Empty(t, srv.seen())
+}
+
 // A request of a named action that carries a key idemretry cannot use
 // (two Idempotency-Key headers, one too long) is refused before anything
 // is sent, as a request of that action: after the action's first request
@@ -290,4 +504,177 @@ func (r twoKeysResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.
 		req.Header["idempotency-key"] = []string{"app-key"}
 	}
 	return req, err
+}
+
+// The key's form (issue 29, item 6): servers take "K" and K for two keys
+// (Fiber refuses the quoted form), so a key goes out in one form for good:
+// a caller's as the caller wrote it, a minted one in WithQuotedKey's, the
+// form recorded with the key and used for every later attempt and resume.
+
+// firstUnavailable answers the first request 503 and lets the others
+// through.
+func firstUnavailable(n int, w http.ResponseWriter, _ *http.Request) bool {
+	if n == 1 {
+		status(http.StatusServiceUnavailable)(w)
+		return true
+	}
+	return false
+}
+
+// A key the caller sets goes out exactly as written, bare or quoted,
+// whatever WithQuotedKey says, on every attempt.
+func TestCallerKeyGoesOutInItsOwnForm(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		opts []idemretry.Option
+	}{
+		{"order-Q-1-key", []idemretry.Option{idemretry.WithQuotedKey()}},
+		{`"order-Q-2-key"`, nil},
+	} {
+		srv := newPayServer(t)
+		srv.script = firstUnavailable
+		tr, _, _ := newTestTransport(t, c.opts...)
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", c.key)
+		roundTrip(t, tr, req)
+		assert.Equal(t, []string{c.key, c.key}, keysOf(srv.seen()), "%s: the 503's retry too", c.key)
+	}
+}
+
+// "K" and K are one key (the IETF draft's quoted form of K is K) and one
+// action here, and every request of it goes out in the form of its first:
+// a server that takes them for two keys sees one, and replays.
+func TestQuotedAndBareKeyAreOneAction(t *testing.T) {
+	srv := newPayServer(t)
+	tr, j, _ := newTestTransport(t)
+	for _, v := range []string{`"order-78-key"`, "order-78-key", ` "order-78-key" `} {
+		req := post(t, context.Background(), srv.URL, "x")
+		req.Header.Set("Idempotency-Key", v)
+		roundTrip(t, tr, req)
+	}
+	assert.Equal(t, []string{`"order-78-key"`, `"order-78-key"`, `"order-78-key"`}, keysOf(srv.seen()))
+	assert.Equal(t, 1, srv.chargeCount())
+	req := post(t, context.Background(), srv.URL, "another body")
+	req.Header.Set("Idempotency-Key", "order-78-key")
+	_, err := tr.RoundTrip(req)
+	assert.ErrorIs(t, err, idemretry.ErrFingerprintMismatch, "one key, one payload, in either form")
+	rec, found, err := j.Get(context.Background(), "key:order-78-key")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "order-78-key", rec.Key, "kept bare, with its form")
+	assert.Equal(t, journal.KeyFormQuoted.String(), rec.KeyForm.String())
+}
+
+// A pending action goes out, after a restart and from Resume, in the form
+// its key was first sent in, whichever way WithQuotedKey was switched in
+// between (on or off).
+func TestKeyFormKeptAcrossRestart(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		before, after []idemretry.Option
+		want          func(key string) string
+	}{
+		{"WithQuotedKey switched on", nil, []idemretry.Option{idemretry.WithQuotedKey()}, func(k string) string { return k }},
+		{"WithQuotedKey switched off", []idemretry.Option{idemretry.WithQuotedKey()}, nil, func(k string) string { return `"` + k + `"` }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.commitThenDrop = map[int]bool{1: true, 2: true} // charged, answers lost
+			j := journal.NewMemory()
+			first, _ := newTestTransportOver(t, j, append([]idemretry.Option{idemretry.WithMaxRetries(0)}, c.before...)...)
+			_, err := first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-1"), srv.URL, `{"order":"F-1"}`))
+			require.Error(t, err)
+			_, err = first.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:F-2"), srv.URL, `{"order":"F-2"}`))
+			require.Error(t, err)
+
+			second, _ := newTestTransportOver(t, j, c.after...)
+			resp := roundTrip(t, second, post(t, idemretry.WithAction(context.Background(), "pay:F-1"), srv.URL, `{"order":"F-1"}`))
+			assert.True(t, idemretry.IsReplay(resp))
+			app := &appResumer{url: srv.URL, orders: map[string]string{"pay:F-2": `{"order":"F-2"}`}}
+			results, err := second.Resume(context.Background(), app, 1)
+			require.NoError(t, err)
+			require.Len(t, results, 1)
+			require.NoError(t, results[0].Err)
+			assert.True(t, results[0].Sent)
+
+			reqs := srv.seen()
+			require.Len(t, reqs, 4)
+			for i, r := range reqs {
+				rec, found, err := j.Get(context.Background(), []string{"pay:F-1", "pay:F-2"}[i%2])
+				require.NoError(t, err)
+				require.True(t, found)
+				assert.Equal(t, c.want(rec.Key), r.Key, "request %d", i+1)
+			}
+			assert.Equal(t, 2, srv.chargeCount(), "a resend charged again")
+		})
+	}
+}
+
+// A named action's first request's key is its key, in the form that
+// request wrote it: a later request of the action with an SDK's new key,
+// in the other form, goes out under the first key in the first form.
+func TestNamedActionKeepsItsFirstKeysForm(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = firstUnavailable
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	resp := roundTrip(t, tr, sdkPost(t, "pay:form", `"sdk-key-1"`, srv.URL, `{"amount":1}`))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	roundTrip(t, tr, sdkPost(t, "pay:form", "sdk-key-2", srv.URL, `{"amount":1}`))
+	assert.Equal(t, []string{`"sdk-key-1"`, `"sdk-key-1"`}, keysOf(srv.seen()))
+}
+
+// A 307/308 hop carries the caller's key that http.Client copies to it in
+// the form its parent sent it: the parent's recorded form, when the caller
+// wrote the key in the other one this time.
+func TestRedirectHopKeyForm(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		switch {
+		case n == 1:
+			status(http.StatusServiceUnavailable)(w) // left pending, bare
+		case r.URL.Path == "/old":
+			w.Header().Set("Connection", "close")
+			http.Redirect(w, r, "/new", http.StatusPermanentRedirect)
+		default:
+			return false
+		}
+		return true
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	c := &http.Client{Transport: tr}
+	for _, v := range []string{"hop-key-1", `"hop-key-1"`} {
+		req := post(t, context.Background(), srv.URL+"/old", "x")
+		req.Header.Set("Idempotency-Key", v)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	assert.Equal(t, []string{"hop-key-1", "hop-key-1", "hop-key-1"}, keysOf(srv.seen()), "the 503, the 308, the hop")
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// formlessJournal is a journal that keeps no forms (one written before
+// they were recorded): every record reads unrecorded.
+type formlessJournal struct{ *journal.Memory }
+
+func (j formlessJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	rec.KeyForm = journal.KeyFormUnrecorded
+	return j.Memory.Reserve(ctx, rec, mode)
+}
+
+// A record whose form is unrecorded (an earlier release's, or a journal's
+// that keeps none) goes out in the form WithQuotedKey says, as before
+// forms were recorded: a caller's bare key quoted.
+func TestUnrecordedKeyFormFollowsWithQuotedKey(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = firstUnavailable
+	tr, _ := newTestTransportOver(t, formlessJournal{journal.NewMemory()}, idemretry.WithQuotedKey())
+	req := post(t, context.Background(), srv.URL, "x")
+	req.Header.Set("Idempotency-Key", "order-U-key")
+	roundTrip(t, tr, req)
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "y"))
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 3)
+	assert.Equal(t, []string{`"order-U-key"`, `"order-U-key"`}, keys[:2])
+	assert.True(t, strings.HasPrefix(keys[2], `"`) && strings.HasSuffix(keys[2], `"`), keys[2])
 }

@@ -2,15 +2,13 @@ package idemretry_test
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
+	"net/http/httptrace"
 	"runtime"
 	"strings"
 	"sync"
@@ -28,7 +26,9 @@ import (
 // that bounds each read of a streamed body, say) and cancelled must be
 // freed, as context.WithCancel's children are, while the body stays open:
 // the attempt's context must not keep every context ever derived from it.
-func TestReviewCtxDerivedContextsFreedWhileBodyOpen(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxDerivedContextsFreedWhileBodyOpen).
+func TestAttemptContextDerivedContextsFreedWhileBodyOpen(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:derive"), srv.URL, `{"amount":1}`))
@@ -56,7 +56,9 @@ func TestReviewCtxDerivedContextsFreedWhileBodyOpen(t *testing.T) {
 // response's request context and register context.AfterFunc on it: no
 // deadlock, every derived context ends, every AfterFunc runs, and a body
 // closed twice and read after Close behaves as net/http's.
-func TestReviewCtxCloseRacesDerivation(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxCloseRacesDerivation).
+func TestAttemptContextCloseRacesDerivation(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -133,7 +135,10 @@ func TestReviewCtxCloseRacesDerivation(t *testing.T) {
 // HTTP/2 over TLS under a context that can never end: a streamed answer is
 // read whole, and a stalled 503 body is cut after DefaultMaxDrainTime (the
 // retry is answered long before the server would release it).
-func TestReviewCtxHTTP2(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxHTTP2).
+func TestAttemptContextOverHTTP2(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	release := make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -173,7 +178,9 @@ func TestReviewCtxHTTP2(t *testing.T) {
 // Redirects through http.Client (each hop a RoundTrip) and a double tap
 // sharing one flight, under context.Background: every hop's body is
 // closed by the client, the joiners get the answer, and nothing is left.
-func TestReviewCtxRedirectsAndFlights(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxRedirectsAndFlights).
+func TestAttemptContextThroughRedirectsAndFlights(t *testing.T) {
 	var charges atomic.Int32
 	gate := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -233,53 +240,14 @@ func TestReviewCtxRedirectsAndFlights(t *testing.T) {
 	checkNoPackageGoroutines(t)
 }
 
-type failingReader struct{}
-
-func (failingReader) Read([]byte) (int, error) { return 0, errors.New("no entropy") }
-
-// A process whose crypto/rand.Reader fails (replaced, or a legacy Linux
-// without getrandom whose /dev/urandom cannot be opened) gets an error from
-// RoundTrip, not a crash: minting a key must not take the process down.
-func TestReviewCtxFailingRandReaderIsAnErrorNotACrash(t *testing.T) {
-	if os.Getenv("IDEMRETRY_REVIEW_RAND_CHILD") == "1" {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.WriteHeader(http.StatusCreated)
-		}))
-		defer srv.Close()
-		tr, err := idemretry.NewTransport(&http.Transport{}, inMemory())
-		require.NoError(t, err)
-		defer tr.Close()
-		rand.Reader = failingReader{}
-		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:rand"), srv.URL, `{"amount":1}`))
-		if err == nil {
-			resp.Body.Close()
-		}
-		fmt.Println("RoundTrip returned:", err)
-		return
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReviewCtxFailingRandReaderIsAnErrorNotACrash$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEMRETRY_REVIEW_RAND_CHILD=1")
-	out, err := cmd.CombinedOutput()
-	first := strings.SplitN(string(out), "\n", 2)[0]
-	require.NoError(t, err, "the child process crashed: %s", first)
-}
-
-// detached is a context that keeps its parent's values but never ends, as
-// hand-written "detach" contexts did before context.WithoutCancel (its
-// Value passes every key on, the context package's own too).
-type detached struct{ parent context.Context }
-
-func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detached) Done() <-chan struct{}       { return nil }
-func (detached) Err() error                  { return nil }
-func (d detached) Value(key any) any         { return d.parent.Value(key) }
-
 // An attempt ended by the Transport (its body closed) is cancelled with
 // context.Canceled: a context derived from it, and the attempt's own, must
 // not report as their cause the cause of a context the caller detached
 // from.
-func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxCauseIsNotADetachedParentsCause).
+func TestAttemptContextCauseIsNotADetachedParentsCause(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
@@ -290,7 +258,7 @@ func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
 	handlerDone := errors.New("the handler that sent the payment returned")
 	parent, cancel := context.WithCancelCause(context.Background())
 	cancel(handlerDone)
-	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(detached{parent}, "pay:cause"), srv.URL, `{"amount":1}`))
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(detachedContext{parent}, "pay:cause"), srv.URL, `{"amount":1}`))
 	require.NoError(t, err)
 	derived, dcancel := context.WithCancel(resp.Request.Context())
 	defer dcancel()
@@ -305,13 +273,15 @@ func TestReviewCtxCauseIsNotADetachedParentsCause(t *testing.T) {
 // own *http.Transport derives from it: no goroutine of the context package
 // may watch an open response's attempt context (as TestNoGoroutineWatches
 // AnAttemptContext requires of a wrapping base).
-func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
+//
+// Found in the review of the attempt context (a684ae8; was TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol).
+func TestAttemptContextNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
 	srv := newOpenBodyServer(t)
 	type spanKey struct{}
 	inner := &http.Transport{}
 	defer inner.CloseIdleConnections()
 	base := &http.Transport{}
-	base.RegisterProtocol("http", roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+	base.RegisterProtocol("http", rtFunc(func(r *http.Request) (*http.Response, error) {
 		return inner.RoundTrip(r.WithContext(context.WithValue(r.Context(), spanKey{}, "span")))
 	}))
 	tr, err := idemretry.NewTransport(base, inMemory())
@@ -321,36 +291,347 @@ func TestReviewCtxNoGoroutineWatchesThroughRegisteredProtocol(t *testing.T) {
 		"goroutines of the context package watching open attempts' contexts")
 }
 
-// A policy of the caller's that takes longer than DefaultMaxDrainTime to
-// call a 201 final (it reads no body: it logs, asks a slow service...)
-// must not cut the body of the answer it lets through.
-func TestReviewCtxSlowPolicyDoesNotCutTheFinalBody(t *testing.T) {
-	const size = 1 << 20
+// An attempt's context is its attemptTrace (4e07089): the Transport's
+// write count must compose with traces of others. A caller's trace on its
+// context still sees every write, a base that adds a trace of its own
+// (httptrace.WithClientTrace over the attempt's context, as tracing
+// wrappers do) still lets the Transport count them, and the caller's
+// context values reach the base. Stats.Attempts counts the requests
+// written: a base that sends each attempt twice (stacked retries) writes 2.
+//
+// Found in the second review of the hot-path pass (was TestReview2TracesCompose).
+func TestAttemptTracesCompose(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
+		if n.Add(1)%2 == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, strings.Repeat("x", size))
 	}))
 	defer srv.Close()
-	slow := func(ctx context.Context, resp *http.Response, err error) bool {
-		time.Sleep(2 * idemretry.DefaultMaxDrainTime)
-		return idemretry.DefaultRetryPolicy(ctx, resp, err)
+	type ctxKey struct{}
+	for _, kind := range []string{"plain", "caller-trace", "base-trace"} {
+		t.Run(kind, func(t *testing.T) {
+			inner := &http.Transport{}
+			defer inner.CloseIdleConnections()
+			var baseWrites, callerWrites atomic.Int32
+			var sawValue atomic.Bool
+			base := rtFunc(func(r *http.Request) (*http.Response, error) {
+				sawValue.Store(r.Context().Value(ctxKey{}) == "v")
+				if kind == "base-trace" {
+					r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+						WroteRequest: func(httptrace.WroteRequestInfo) { baseWrites.Add(1) },
+					}))
+				}
+				// A stacked retry: a 503 is sent again once, by the base.
+				resp, err := inner.RoundTrip(r)
+				if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+					return resp, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				r2 := r.Clone(r.Context())
+				r2.Body, _ = r.GetBody()
+				return inner.RoundTrip(r2)
+			})
+			tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()))
+			require.NoError(t, err)
+			defer tr.Close()
+			ctx := context.WithValue(context.Background(), ctxKey{}, "v")
+			if kind == "caller-trace" {
+				ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+					WroteRequest: func(httptrace.WroteRequestInfo) { callerWrites.Add(1) },
+				})
+			}
+			resp := roundTrip(t, tr, post(t, idemretry.WithAction(ctx, "pay:review2-trace-"+kind), srv.URL, `{"amount":1}`))
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.True(t, sawValue.Load(), "the caller's context value did not reach the base")
+			require.EqualValues(t, 2, tr.Stats().Attempts, "requests written, as the Transport counted them")
+			switch kind {
+			case "caller-trace":
+				require.EqualValues(t, 2, callerWrites.Load())
+			case "base-trace":
+				require.EqualValues(t, 2, baseWrites.Load())
+			}
+		})
 	}
-	tr := transportOver(t, journal.NewMemory(), idemretry.WithRetryPolicy(slow))
-	deadline, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	// Named and unnamed (the default path: no WithAction), with and
-	// without a caller's deadline.
-	for i, ctx := range []context.Context{
-		idemretry.WithAction(context.Background(), "pay:slow-policy"),
-		context.Background(),
-		deadline,
-	} {
-		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, fmt.Sprintf(`{"amount":%d}`, i+1)))
+}
+
+// Stacked Transports: the outer one's attempt context (an attemptTrace)
+// is the inner one's caller context, which carries a trace: the inner
+// Transport composes with it, so the outer counts every request the inner
+// one writes, retries included, and both send the outer's key.
+//
+// Found in the second review of the hot-path pass (was TestReview2StackedTransportsCountWrites).
+func TestStackedTransportsCountWrites(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	var n atomic.Int32
+	busy := firstThenCreated(&n, "", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		mu.Unlock()
+		busy(w, r)
+	}))
+	defer srv.Close()
+	inner := transportOver(t, journal.NewMemory(), idemretry.WithBackOff(constant(time.Millisecond)))
+	outer, err := idemretry.NewTransport(inner, idemretry.WithJournal(journal.NewMemory()))
+	require.NoError(t, err)
+	defer outer.Close()
+	resp := roundTrip(t, outer, post(t, idemretry.WithAction(context.Background(), "pay:review2-stacked"), srv.URL, `{"amount":1}`))
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.EqualValues(t, 2, inner.Stats().Attempts)
+	require.EqualValues(t, 2, outer.Stats().Attempts, "the outer Transport did not see the inner one's writes")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, keys, 2)
+	require.Equal(t, keys[0], keys[1])
+}
+
+// No attempt's context is watched by a goroutine of the context package,
+// whatever the base does with it: net/http's *http.Transport derives each
+// request's context from the attempt's directly, and a base may first wrap
+// it in a value of its own (as tracing transports do); the context package
+// links either to the attempt's context.WithCancel (attemptctx.go).
+// Responses are held open, their requests' contexts alive, while the
+// goroutines are listed.
+func TestNoGoroutineWatchesAnAttemptContext(t *testing.T) {
+	srv := newOpenBodyServer(t)
+	type traceKey struct{}
+	for _, wrap := range []bool{false, true} {
+		t.Run(map[bool]string{false: "net/http", true: "wrapping base"}[wrap], func(t *testing.T) {
+			hb := &http.Transport{}
+			defer hb.CloseIdleConnections()
+			var base http.RoundTripper = hb
+			if wrap {
+				base = rtFunc(func(r *http.Request) (*http.Response, error) {
+					return hb.RoundTrip(r.WithContext(context.WithValue(r.Context(), traceKey{}, "span")))
+				})
+			}
+			tr, err := idemretry.NewTransport(base, inMemory())
+			require.NoError(t, err)
+			defer tr.Close()
+			require.Zero(t, watchedOpenAttempts(t, tr, srv.URL, fmt.Sprintf("pay:watch-%v", wrap)),
+				"goroutines of the context package watching open attempts' contexts")
+		})
+	}
+}
+
+// Deriving, cancelling and registering AfterFuncs on a response's request
+// context concurrently with its Close (end racing stop), under -race.
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2StopRacesEnd).
+func TestAttemptContextStopRacesEnd(t *testing.T) {
+	t.Parallel()
+	srv := newOpenBodyServer(t)
+	tr := transportOver(t, journal.NewMemory())
+	for round := range 40 {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:stop-%d", round)), srv.URL, `{}`))
 		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
+		ctx := resp.Request.Context()
+		var wg sync.WaitGroup
+		var ran, stopped atomic.Int32
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 100 {
+					switch (g + i) % 3 {
+					case 0:
+						_, cancel := context.WithCancel(ctx)
+						cancel()
+					case 1:
+						_, cancel := context.WithDeadline(ctx, time.Now().Add(time.Duration(i%3)*time.Microsecond))
+						cancel()
+					case 2:
+						stop := context.AfterFunc(ctx, func() { ran.Add(1) })
+						if i%2 == 0 && stop() {
+							stopped.Add(1)
+						}
+					}
+				}
+			}()
+		}
+		if round%2 == 0 {
+			runtime.Gosched()
+		}
 		resp.Body.Close()
-		require.NoError(t, err, "request %d: read %d of %d bytes of the 201", i, len(b), size)
-		require.Len(t, b, size, "request %d", i)
+		wg.Wait()
+		require.ErrorIs(t, ctx.Err(), context.Canceled)
 	}
+}
+
+// Contexts derived from a response's request context through a value of
+// the caller's (context.WithValue, as loggers and tracers add) while the
+// body is open: none should need a goroutine of the context package to
+// watch the attempt (none did before 5b944f9, whose attempt context was a
+// context.WithCancel, found through the value layer).
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2ValueWrappedDerivationsNeedNoGoroutine).
+func TestAttemptContextValueWrappedDerivationsNeedNoGoroutine(t *testing.T) {
+	srv := newOpenBodyServer(t)
+	tr := transportOver(t, journal.NewMemory())
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), "pay:value-derive"), srv.URL, `{}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	type logKey struct{}
+	var cancels []context.CancelFunc
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.WithValue(resp.Request.Context(), logKey{}, "req-1"), time.Hour)
+		_ = ctx
+		cancels = append(cancels, cancel)
+	}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	n := strings.Count(goroutineStacks(), "created by context.(*cancelCtx).propagateCancel")
+	require.Zero(t, n, "goroutines of the context package watching an open attempt's context")
+}
+
+// Printing the context of a returned response's request (a debug log of
+// req.Context() in a base or a handler) must not print the request's
+// headers: an Authorization header is a credential.
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextHoldsNoCredential).
+func TestAttemptContextPrintedHoldsNoCredential(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	tr := transportOver(t, journal.NewMemory())
+	req := post(t, idemretry.WithAction(context.Background(), "pay:print"), srv.URL, `{"amount":1}`)
+	req.Header.Set("Authorization", "Bearer sk_live_SECRET")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	printed := fmt.Sprintf("%v", resp.Request.Context())
+	require.NotContains(t, printed, "sk_live_SECRET", "fmt of the attempt's context: %.300s", printed)
+}
+
+// A give-up's context: Deadline, Value and GiveUpReason through contexts
+// derived from it (WithoutCancel, WithDeadline, AfterFunc), and its end
+// with the body's Close.
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2GiveUpContextDerived).
+func TestGiveUpContextDerived(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, strings.Repeat("x", 256<<10))
+	}))
+	defer srv.Close()
+	tr := transportOver(t, journal.NewMemory(), idemretry.WithMaxRetries(1), idemretry.WithBackOff(constant(time.Millisecond)))
+	type k struct{}
+	for _, withDeadline := range []bool{false, true} {
+		ctx := context.WithValue(context.Background(), k{}, "v")
+		dl := time.Now().Add(time.Hour)
+		if withDeadline {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, dl)
+			defer cancel()
+		}
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, fmt.Sprintf("pay:giveup-%v", withDeadline)), srv.URL, `{}`))
+		require.NoError(t, err)
+		require.ErrorIs(t, idemretry.GiveUpReason(resp), idemretry.ErrAttemptsExhausted)
+		rc := resp.Request.Context()
+		d, ok := rc.Deadline()
+		require.Equal(t, withDeadline, ok)
+		if ok {
+			require.WithinDuration(t, dl, d, time.Second)
+		}
+		require.Equal(t, "v", rc.Value(k{}))
+		wc := context.WithoutCancel(rc)
+		require.Equal(t, "v", wc.Value(k{}))
+		dctx, dcancel := context.WithDeadline(rc, time.Now().Add(time.Hour))
+		defer dcancel()
+		ran := make(chan struct{})
+		context.AfterFunc(rc, func() { close(ran) })
+		_ = fmt.Sprint(rc)
+		require.NoError(t, rc.Err())
+		resp.Body.Close()
+		for _, c := range []<-chan struct{}{dctx.Done(), ran} {
+			select {
+			case <-c:
+			case <-time.After(10 * time.Second):
+				t.Fatal("derived context did not end with the body's Close")
+			}
+		}
+		require.True(t, errors.Is(context.Cause(dctx), context.Canceled))
+		require.NoError(t, wc.Err())
+	}
+	tr.CloseIdleConnections()
+	checkNoPackageGoroutines(t)
+}
+
+// Printing a response's request context while another goroutine closes
+// the body: under -race, fmt's reads of the attempt's fields race with
+// end's writes.
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2PrintedContextRacesClose).
+func TestAttemptContextPrintedRacesClose(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	tr := transportOver(t, journal.NewMemory())
+	for i := range 20 {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:print-race-%d", i)), srv.URL, `{}`))
+		require.NoError(t, err)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = fmt.Sprintf("%v", resp.Request.Context()) }()
+		resp.Body.Close()
+		<-done
+	}
+}
+
+// HTTP/2 under context.Background: open answers' contexts are watched by
+// no goroutine of the context package, and contexts derived and cancelled
+// while a body is open are freed.
+//
+// Found in review 2 of the attempt context (e5cb2d5; was TestRev2HTTP2OpenBodies).
+func TestAttemptContextOfOpenBodiesOverHTTP2(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("y", 256<<10))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	hb := srv.Client().Transport.(*http.Transport).Clone()
+	hb.ForceAttemptHTTP2 = true
+	defer hb.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(hb, inMemory())
+	require.NoError(t, err)
+	defer tr.Close()
+	var open []*http.Response
+	for i := range 8 {
+		resp, err := tr.RoundTrip(post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:h2open-%d", i)), srv.URL, `{}`))
+		require.NoError(t, err)
+		require.Equal(t, 2, resp.ProtoMajor)
+		open = append(open, resp)
+	}
+	require.Zero(t, strings.Count(goroutineStacks(), "created by context.(*cancelCtx).propagateCancel"))
+	const n = 1000
+	var freed atomic.Int32
+	for range n {
+		ctx, cancel := context.WithCancel(open[0].Request.Context())
+		runtime.SetFinalizer(ctx, func(any) { freed.Add(1) })
+		cancel()
+	}
+	for i := 0; i < 50 && freed.Load() < n/2; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.GreaterOrEqual(t, int(freed.Load()), n/2)
+	for _, resp := range open {
+		require.Len(t, readAll(t, resp), 256<<10)
+	}
+	hb.CloseIdleConnections()
+	checkNoPackageGoroutines(t)
 }

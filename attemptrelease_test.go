@@ -157,7 +157,7 @@ func TestAnswerEndThenCloseTwiceAndFromAnotherGoroutine(t *testing.T) {
 // end of the body lets go of its stream before its attempt's context ends
 // (an HTTP/2 body closed under an ended context does not wait for that).
 // Before (the context ended at io.EOF, then Close): a connection left open
-// in 11 of 20 HTTP/2 runs of TestReview2NothingOfACutAttemptOutlivesIt.
+// in 11 of 20 HTTP/2 runs of TestNothingOfACutAttemptOutlivesIt.
 func TestAnswerReadToItsEndLeavesAnHTTP2ConnectionIdle(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -122,6 +122,7 @@ func TestBudgetTotalOutage(t *testing.T) {
 }
 
 func TestBudgetOptionsValidated(t *testing.T) {
+	t.Parallel()
 	for _, o := range []idemretry.Option{
 		idemretry.WithRetryBudget(-1, 0.1), idemretry.WithRetryBudget(10, 1.5),
 		idemretry.WithRetryBudget(0.5, 0.1), idemretry.WithRetryBudget(10, -0.1),

@@ -34,10 +34,6 @@ func postCancel(t *testing.T, ctx context.Context, url, body string) (*http.Requ
 	return req, func() { once.Do(func() { close(ch) }) }
 }
 
-// liveness bounds how long a test waits for a RoundTrip that must end
-// because its caller cancelled: it fails the test, it measures nothing.
-const liveness = 30 * time.Second
-
 // rtResult is what a RoundTrip run by goRoundTrip returned.
 type rtResult struct {
 	resp *http.Response
@@ -90,6 +86,7 @@ func (t *heldTimer) C() <-chan time.Time   { return nil }
 // there: the attempt's failure is the caller's doing, not the network's.
 // Before: retried 5 times (ErrAttemptsExhausted, 5 budget tokens spent).
 func TestRequestCancelIsNotRetried(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.arrived = make(chan int, 10)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
@@ -123,6 +120,7 @@ func TestRequestCancelIsNotRetried(t *testing.T) {
 
 // A Cancel that closes during the wait between attempts ends the wait.
 func TestRequestCancelEndsTheWaitBetweenAttempts(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(http.StatusServiceUnavailable))
 	clk := heldClock{started: make(chan time.Duration, 10)}

@@ -47,6 +47,7 @@ var attemptsOverMax int64 = journal.MaxAttempts + 1
 // journal.ErrCorruptRecord, nothing sent, as the journal created it or as
 // it returned it again.
 func TestTransportSendsNoUncheckedRecord(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		craft func(*journal.Record)
@@ -136,6 +137,7 @@ func (r *resolveCounter) Resolve(_ context.Context, rec journal.Record) (bool, e
 // was asked about key "" and the action forgotten; the pending one was
 // refused as journal.ErrInvalidRecord, as if the app had passed it.
 func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		craft   func(*journal.Record)
@@ -196,6 +198,7 @@ func TestResumeResolvesNoUncheckedRecord(t *testing.T) {
 // request of the action was refused ("its last outcome (done, status 201)
 // is not yet in the journal") until the process ended.
 func TestAttemptsAtTheBoundTakeTheirOutcome(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true // charged, its answer lost
 	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {

@@ -19,6 +19,7 @@ import (
 // Issue 30, item 5: a request refused before anything of it was sent read
 // "1 attempt, last status 201", as if it had been sent once.
 func TestActionErrorSaysNothingSentForARefusal(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	tr := transportOver(t, journal.NewMemory())
 	ctx := idemretry.WithAction(context.Background(), "pay:1")
@@ -36,6 +37,7 @@ func TestActionErrorSaysNothingSentForARefusal(t *testing.T) {
 // A resend of a pending action counts its own attempts apart from the
 // earlier ones.
 func TestActionErrorSaysWhichAttemptsAreEarlier(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { hijackAndClose(w) })
 	tr := transportOver(t, journal.NewMemory(), idemretry.WithMaxRetries(0))
 	ctx := idemretry.WithAction(context.Background(), "pay:1")
@@ -48,4 +50,12 @@ func TestActionErrorSaysWhichAttemptsAreEarlier(t *testing.T) {
 	require.True(t, errors.As(err, &ae), "%v", err)
 	assert.Equal(t, 2, ae.Attempts)
 	assert.Equal(t, `idemretry: action "pay:1" (key `+ae.Key+`): 1 attempt (2 with earlier ones): attempts exhausted: `+ae.Err.Error(), err.Error())
+}
+
+func TestActionErrorMessage(t *testing.T) {
+	t.Parallel()
+	keyed := &idemretry.ActionError{Action: "pay:1", Key: "k", Attempts: 6, Status: 503, Reason: idemretry.ErrAttemptsExhausted}
+	assert.Equal(t, `idemretry: action "pay:1" (key k): 6 attempts, last status 503: attempts exhausted`, keyed.Error())
+	unkeyed := &idemretry.ActionError{Attempts: 1, Err: errors.New("boom")}
+	assert.Equal(t, "idemretry: 1 attempt: boom", unkeyed.Error())
 }

@@ -22,3 +22,15 @@ func FingerprintAESKey(t *Transport) [16]byte { return t.fpKey.aes }
 // KeyedMinBody is the least body a named action's keyed fingerprint is
 // made for.
 const KeyedMinBody = keyedMinBody
+
+// FlightJoiners is how many callers wait in the flights of t's actions in
+// the air: a test knows from it that a request has joined a flight.
+func FlightJoiners(t *Transport) int {
+	t.flights.mu.Lock()
+	defer t.flights.mu.Unlock()
+	n := 0
+	for _, f := range t.flights.m {
+		n += f.joiners
+	}
+	return n
+}

@@ -11,13 +11,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -37,6 +37,7 @@ func platformPayload() []byte {
 // fingerprint of the payload, so it is uncheckable, never a match; and
 // a plain record does not match a changed body.
 func TestKeyedFallbackMatchesOnlyThePayload(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	p := platformPayload()
 	req, b := keyedRequest(t, p, false, 0)
@@ -67,17 +68,15 @@ func TestKeyedFallbackMatchesOnlyThePayload(t *testing.T) {
 
 // Environment of the child processes of the platform tests below.
 const (
-	envPlatformChild = "IDEMRETRY_PLATFORM_KEYED_CHILD" // "nohw" or "fips"
-	envPlatformFP    = "IDEMRETRY_PLATFORM_KEYED_FP"    // hex of the parent's keyed fingerprint
+	envPlatformFP = "IDEMRETRY_PLATFORM_KEYED_FP" // hex of the parent's keyed fingerprint
 )
 
 // platformChild re-runs this test binary's test named run with godebug
 // set, for the fingerprint fp made here, and returns its output.
-func platformChild(t *testing.T, run, mode, godebug string, fp journal.Fingerprint) string {
+func platformChild(t *testing.T, run, godebug string, fp journal.Fingerprint) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envPlatformChild+"="+mode, envPlatformFP+"="+hex.EncodeToString(fp[:]),
-		"GODEBUG="+godebug)
+	cmd := childtest.Command(run, envPlatformFP+"="+hex.EncodeToString(fp[:]), "GODEBUG="+godebug)
+	cmd.Args = append(cmd.Args, "-test.v")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child (GODEBUG=%s) failed:\n%s", godebug, out)
 	require.Contains(t, string(out), "--- PASS: "+run, "the child did not run the check:\n%s", out)
@@ -101,7 +100,7 @@ func platformChildFP(t *testing.T) journal.Fingerprint {
 func TestKeyedRecordCheckedWithoutAESInstructions(t *testing.T) {
 	key, secret := testKey(t)
 	p := platformPayload()
-	if os.Getenv(envPlatformChild) == "nohw" {
+	if childtest.IsChild() {
 		require.False(t, keyedHardware, "GODEBUG=%s left keyedHardware on", os.Getenv("GODEBUG"))
 		require.True(t, key.ok, "AES-GCM in software gives a key")
 		fp := platformChildFP(t)
@@ -127,7 +126,7 @@ func TestKeyedRecordCheckedWithoutAESInstructions(t *testing.T) {
 	req, b := keyedRequest(t, p, false, 0)
 	fp := newKeyed(t, req, b, &key)
 	require.Equal(t, keyedReference(t, secret, fp, req.Method, req.URL.String(), p), fp)
-	platformChild(t, "TestKeyedRecordCheckedWithoutAESInstructions", "nohw",
+	platformChild(t, "TestKeyedRecordCheckedWithoutAESInstructions",
 		"cpu.aes=off,cpu.pclmulqdq=off,cpu.pmull=off", fp)
 
 	// And in this process with keyedHardware forced off: a new fingerprint
@@ -150,9 +149,10 @@ func TestKeyedRecordCheckedWithoutAESInstructions(t *testing.T) {
 // ErrFingerprintUncheckable, for the payload and for another alike, never
 // a match nor a mismatch; samePayload's error is prefixed once.
 func TestKeyedRecordUnderFIPS140Only(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	p := platformPayload()
-	if os.Getenv(envPlatformChild) == "fips" {
+	if childtest.IsChild() {
 		require.False(t, key.ok, "fips140=only: the journal's secret gave a key")
 		fp := platformChildFP(t)
 		req, b := keyedRequest(t, p, true, 5)
@@ -178,6 +178,6 @@ func TestKeyedRecordUnderFIPS140Only(t *testing.T) {
 	needKeyed(t, &key)
 	req, b := keyedRequest(t, p, false, 0)
 	fp := newKeyed(t, req, b, &key)
-	out := platformChild(t, "TestKeyedRecordUnderFIPS140Only", "fips", "fips140=only", fp)
+	out := platformChild(t, "TestKeyedRecordUnderFIPS140Only", "fips140=only", fp)
 	t.Log(strings.TrimSpace(out))
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -37,7 +38,9 @@ const (
 // have charged), its text with the "idemretry: " prefix once. By a live
 // resend and by Resume.
 func TestKeyedRecordMetUnderFIPS140Only(t *testing.T) {
-	if dir := os.Getenv(envPlatformFIPSDir); dir != "" {
+	t.Parallel()
+	if childtest.IsChild() {
+		dir := os.Getenv(envPlatformFIPSDir)
 		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir), idemretry.WithMaxRetries(0))
 		require.NoError(t, err)
 		defer tr.Close()
@@ -83,8 +86,8 @@ func TestKeyedRecordMetUnderFIPS140Only(t *testing.T) {
 		t.Skip("this process makes no keyed fingerprints (no AES instructions, or fips140=only): the record is plain")
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKeyedRecordMetUnderFIPS140Only$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envPlatformFIPSDir+"="+dir, envPlatformFIPSURL+"="+srv.URL, "GODEBUG=fips140=only")
+	cmd := childtest.Command("TestKeyedRecordMetUnderFIPS140Only", envPlatformFIPSDir+"="+dir, envPlatformFIPSURL+"="+srv.URL, "GODEBUG=fips140=only")
+	cmd.Args = append(cmd.Args, "-test.v")
 	out, err := cmd.CombinedOutput()
 	t.Logf("child:\n%s", out)
 	require.NoError(t, err, "the fips140=only process failed its checks")
@@ -121,6 +124,7 @@ func forgeGHASH(t *testing.T, p string, aesKey []byte, at int) string {
 // server's replay taken as its answer): the forgery is a real one, and
 // the secret is what keeps it out.
 func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true}
 	j := journal.NewMemory()
@@ -158,6 +162,7 @@ func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
 // GODEBUG, which x/sys/cpu and the standard library both read, and the
 // tests are run in a child process.
 func TestKeyedTestsHoldWhereNewFingerprintsArePlain(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("GODEBUG") != "" {
 		t.Skip("GODEBUG is set: this process is already one of the environments")
 	}
@@ -165,11 +170,17 @@ func TestKeyedTestsHoldWhereNewFingerprintsArePlain(t *testing.T) {
 		"TestKeyedFingerprintUnderAnotherSecretIsUncheckable|TestKeyedFallbackMatchesOnlyThePayload|" +
 		"TestLargeNamedActionIsOneActionAcrossRestarts|TestResumeOfLargeNamedActionWithAnotherPayloadIsRefused|" +
 		"TestLargeNamedDoubleTapIsOnePayment|TestLargeNamedActionSharedJournal|TestLargeBodyForms|" +
-		"TestUpgradeLargeNamedActionLeftPendingByThePreviousRelease|TestReviewResumeReconcileWaitsForKeyedLiveFlightToLand|" +
-		"TestReviewKeyedRecordCheckedWithoutGCMErrorPrefixedOnce|TestReviewKeyedSecretFailingRandReader|TestReviewLargeNamed.*|" +
-		"TestReviewKeyedFormCostsTheSmallNamedPostNoAllocation|TestKeyedForgedPayloadOverHTTP|TestKeyedRecordMetUnderFIPS140Only)$"
+		"TestUpgradeLargeNamedActionLeftPendingByThePreviousRelease|TestReconcileWaitsForAKeyedLiveFlightToLand|" +
+		"TestKeyedSecretFromAFailingRandReader|TestRedirectHopOfALargeNamedActionKeepsItsKeyAcrossRestart|" +
+		"TestLargeNamedResumeAndLiveShareOneFlightHashedIDs|TestLargeNamedActionOtherURLOrMethodIsRefused|" +
+		"TestLargeNamedJoinerCarriesOnAfterTheLeaderGaveUp|TestLargeNamedResendGetBodyFailingOnTheCheckIsAnActionError|" +
+		"TestLargeNamedTapGetBodyFailingOnTheCheckIsAnActionError|" +
+		"TestKeyedFormCostsTheSmallNamedPostNoAllocation|TestKeyedForgedPayloadOverHTTP|TestKeyedRecordMetUnderFIPS140Only)$"
 	for _, godebug := range []string{"cpu.aes=off,cpu.pclmulqdq=off,cpu.pmull=off", "fips140=only"} {
 		t.Run(godebug, func(t *testing.T) {
+			// Not childtest.Command: this process runs the keyed tests
+			// themselves, as parents, under another GODEBUG, and a child
+			// of childtest would take their children's branches.
 			cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.v")
 			cmd.Env = append(os.Environ(), "GODEBUG="+godebug)
 			out, err := cmd.CombinedOutput()

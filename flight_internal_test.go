@@ -3,6 +3,8 @@ package idemretry
 import (
 	"context"
 	"testing"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // A joiner whose context ends as its flight lands gets the flight's result,
@@ -11,6 +13,7 @@ import (
 // unnamed request a second payment. When both are ready, wait must not
 // pick at random.
 func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	f := &flight{done: make(chan struct{})}
@@ -26,14 +29,44 @@ func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
 	}
 }
 
-// FlightJoiners is how many callers wait in the flights of t's actions in
-// the air: a test knows from it that a request has joined a flight.
-func FlightJoiners(t *Transport) int {
-	t.flights.mu.Lock()
-	defer t.flights.mu.Unlock()
-	n := 0
-	for _, f := range t.flights.m {
-		n += f.joiners
+// An id and its digest form name one action (a hashing journal lists it by
+// its digest): whichever arrives first leads, and the other joins, in both
+// orders; the flights then land and the next request leads anew.
+func TestFlightsIDAndDigestShareOneFlight(t *testing.T) {
+	t.Parallel()
+	fp := journal.Fingerprint{1}
+	for _, order := range [][2]string{{"pay:1", journal.Digest("pay:1")}, {journal.Digest("pay:1"), "pay:1"}} {
+		var fs flights
+		f, lead, _ := fs.join(order[0], fp)
+		if !lead {
+			t.Fatalf("%q: first request does not lead", order[0])
+		}
+		g, lead, mismatch := fs.join(order[1], fp)
+		if lead || mismatch || g != f {
+			t.Fatalf("%q after %q: lead %v, mismatch %v, same flight %v; want it to join", order[1], order[0], lead, mismatch, g == f)
+		}
+		if _, lead, _ := fs.join("pay:2", fp); !lead {
+			t.Fatal("another action joined pay:1's flight")
+		}
+		if _, lead, _ := fs.join(journal.Digest("pay:3"), fp); !lead {
+			t.Fatal("another action's digest joined a flight")
+		}
+		if n := fs.land(f); n != 1 {
+			t.Fatalf("land: %d joiners, want 1", n)
+		}
+		if _, lead, _ := fs.join(order[1], fp); !lead {
+			t.Fatalf("%q after the flight landed: does not lead", order[1])
+		}
 	}
-	return n
+}
+
+// A request with the same id and another fingerprint cannot join, whether
+// it names the action by its id or its digest.
+func TestFlightsDigestMismatch(t *testing.T) {
+	t.Parallel()
+	var fs flights
+	fs.join("pay:1", journal.Fingerprint{1})
+	if _, _, mismatch := fs.join(journal.Digest("pay:1"), journal.Fingerprint{2}); !mismatch {
+		t.Fatal("a digest with another fingerprint joined")
+	}
 }

@@ -15,56 +15,6 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// awaitJoiners waits until n callers have joined flights of tr (bounded by
-// 10 s), so that what a test does next happens while they wait.
-func awaitJoiners(t *testing.T, tr *idemretry.Transport, n int) {
-	t.Helper()
-	require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) >= n }, 10*time.Second, time.Millisecond,
-		"%d caller(s) joined a flight", n)
-}
-
-// holdRequest makes srv hold its request number n, once it has arrived
-// (told on the channel returned), until release is called (or the test
-// ends); then the idempotency layer answers it as usual.
-func holdRequest(t *testing.T, srv *payServer, n int) (arrived <-chan struct{}, release func()) {
-	in, gate := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(release)
-	srv.script = func(m int, _ http.ResponseWriter, _ *http.Request) bool {
-		if m == n {
-			close(in)
-			<-gate
-		}
-		return false
-	}
-	return in, release
-}
-
-// payAsync sends req through tr on its own goroutine; the channel gives
-// its status, body and whether it was a replay.
-func payAsync(tr http.RoundTripper, req *http.Request) <-chan paid {
-	out := make(chan paid, 1)
-	go func() {
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			out <- paid{err: err}
-			return
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		out <- paid{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
-	}()
-	return out
-}
-
-type paid struct {
-	status int
-	body   string
-	replay bool
-	err    error
-}
-
 // Issue 26, item 1: an unnamed payment is charged and its answer lost;
 // while Resume rebuilds it the user taps again (the tap gets the replay,
 // the action is done); Resume then resends it under its old key, and while
@@ -73,6 +23,7 @@ type paid struct {
 // done): it must not join Resume's flight and be handed the first payment's
 // replay.
 func TestFlightResumeResendOfADonePaymentIsNotJoinedByANewOne(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":1200}`
 	srv := newPayServer(t)
 	j := journal.NewMemory()
@@ -205,6 +156,7 @@ func TestFlightRepeatsThatJoinADoneActionsResend(t *testing.T) {
 // (Found reviewing the fix of items 1-2: a handed-over flight's joiners
 // carried its done action on, whoever they were.)
 func TestFlightResumeCutShortDoesNotHandItsDonePaymentToANewOne(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":1300}`
 	srv := newPayServer(t)
 	j := journal.NewMemory()
@@ -274,6 +226,7 @@ func (j *heldElsewhere) free() {
 // the flight lands (what a flight's reservation found first decides, not
 // what came of it since).
 func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4400}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
@@ -309,6 +262,7 @@ func TestFlightJoinerOfALeaseWaitTakesTheFinishedAction(t *testing.T) {
 // was unfinished: it carries that payment on, under its key, and gets its
 // replay; it is not a new payment.
 func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4500}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}
@@ -349,6 +303,7 @@ func TestFlightHandedOverDuringALeaseWaitCarriesTheActionOn(t *testing.T) {
 // is the same payment, though the hop finishes before the flight lands;
 // made once the hop has finished, it is a new payment.
 func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":7100}`
 	for _, tc := range []struct {
 		name      string
@@ -435,6 +390,7 @@ func TestFlightJoiningAResendOfARedirectedPayment(t *testing.T) {
 // the first payment: it must never go out under the second one's key (and
 // be answered with its charge).
 func TestFlightLeaderWaitingForALeaseKeepsItsActionsKey(t *testing.T) {
+	t.Parallel()
 	const body = `{"amount":4600}`
 	srv := newPayServer(t)
 	j := &heldElsewhere{Memory: journal.NewMemory(), lease: make(chan struct{}, 1)}

@@ -1,9 +1,13 @@
 package idemretry_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,12 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/journal"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // R1: a panic inside the leader's RoundTrip (here a user RetryPolicy; could be
@@ -80,6 +83,7 @@ func (h hangPendingJournal) Update(ctx context.Context, rec journal.Record) erro
 // outcomeContext (WithoutCancel): a caller who cancels while the journal is
 // slow waits the whole journal timeout (5 s), not "promptly".
 func TestFlightCancelDuringPendingWriteIsPrompt(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.script = scriptFirst(status(503))
 	j := hangPendingJournal{journal.NewMemory()}
@@ -115,6 +119,7 @@ func TestFlightDeadlineDuringAttemptReasonNil(t *testing.T) {
 // R5: a joiner with no deadline is handed the leader's give-up made for the
 // leader's own short deadline (ErrWaitExceedsDeadline), instead of carrying on.
 func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 200*time.Millisecond)
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if n == 1 {
@@ -141,96 +146,6 @@ func TestFlightJoinerGetsLeadersDeadlineGiveUp(t *testing.T) {
 	require.NoError(t, err)
 	readAll(t, resp)
 	assert.Equal(t, 201, resp.StatusCode, "give-up reason %v", idemretry.GiveUpReason(resp))
-}
-
-// R6: an unnamed double tap answered 307: the joiner gets a copy of the 307
-// and its http.Client follows it; if the leader's hop has landed by then,
-// the joiner's hop is a new unnamed action: a new key and a second charge.
-func TestFlightUnnamedDoubleTapThrough307(t *testing.T) {
-	srv, charges, arrived := newRedirectPayServer(t, 100*time.Millisecond)
-	tr, _, _ := newTestTransport(t)
-	leaderDone := make(chan struct{})
-	leader := &http.Client{Transport: tr}
-	joiner := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
-		<-leaderDone // the joiner's goroutine is scheduled a little later
-		return nil
-	}}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		defer close(leaderDone)
-		resp, err := leader.Do(post(t, context.Background(), srv.URL+"/pay", `{"amount":6}`))
-		if assert.NoError(t, err) {
-			readAll(t, resp)
-		}
-	}()
-	<-arrived
-	go func() {
-		defer wg.Done()
-		resp, err := joiner.Do(post(t, context.Background(), srv.URL+"/pay", `{"amount":6}`))
-		if assert.NoError(t, err) {
-			readAll(t, resp)
-		}
-	}()
-	wg.Wait()
-	assert.Equal(t, int32(1), charges.Load(), "an unnamed double tap charged twice")
-}
-
-// R6 without any gate: how often does a plain unnamed double tap through a
-// 307 charge twice?
-func TestFlightUnnamedDoubleTapThrough307NoGate(t *testing.T) {
-	srv, charges, arrived := newRedirectPayServer(t, 50*time.Millisecond)
-	tr, _, _ := newTestTransport(t)
-	client := &http.Client{Transport: tr}
-	const rounds = 30
-	for i := 0; i < rounds; i++ {
-		body := `{"amount":` + string(rune('a'+i)) + `}`
-		var wg sync.WaitGroup
-		wg.Add(2)
-		tap := func() {
-			defer wg.Done()
-			resp, err := client.Do(post(t, context.Background(), srv.URL+"/pay", body))
-			if assert.NoError(t, err) {
-				readAll(t, resp)
-			}
-		}
-		go tap()
-		<-arrived
-		go tap()
-		wg.Wait()
-	}
-	assert.Equal(t, int32(rounds), charges.Load(), "%d unnamed double taps charged %d times", rounds, charges.Load())
-}
-
-// newRedirectPayServer answers POST /pay with a 307 to /v2/pay after delay,
-// signalling arrived as each /pay request comes in; /v2/pay charges once per
-// Idempotency-Key and counts the charges.
-func newRedirectPayServer(t *testing.T, delay time.Duration) (srv *httptest.Server, charges *atomic.Int32, arrived chan struct{}) {
-	t.Helper()
-	charges = new(atomic.Int32)
-	var mu sync.Mutex
-	keys := map[string]bool{}
-	arrived = make(chan struct{}, 1000)
-	srv = newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/pay" {
-			arrived <- struct{}{}
-			time.Sleep(delay)
-			w.Header().Set("Location", "/v2/pay")
-			w.WriteHeader(http.StatusTemporaryRedirect)
-			return
-		}
-		k := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		if !keys[k] {
-			keys[k] = true
-			charges.Add(1)
-		}
-		mu.Unlock()
-		w.WriteHeader(201)
-	})
-	return srv, charges, arrived
 }
 
 // Held-up probes.
@@ -329,6 +244,7 @@ func (s *slowReserveJournal) Reserve(ctx context.Context, rec journal.Record, m 
 }
 
 func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &slowReserveJournal{journal.NewMemory(), make(chan struct{})}
 	tr := transportOver(t, j)
@@ -358,6 +274,7 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 
 // unlanded outcome, journal recovers only after Forget; other actions unaffected.
 func TestFlightUnlandedForgetOtherAction(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := &flakyJournal{Memory: journal.NewMemory()}
 	tr := transportOver(t, j)
@@ -468,6 +385,7 @@ func TestNamedActionCallersShareTheFlight(t *testing.T) {
 // When the caller leading a flight gives up (its context ends), a caller
 // that joined it carries the action on, with the same key.
 func TestJoinedCallerCarriesOnWithTheSameKey(t *testing.T) {
+	t.Parallel()
 	srv := newSlowPayServer(t, 300*time.Millisecond)
 	// The real clock: the 409s while the first charge is in progress are
 	// waited out.
@@ -554,4 +472,341 @@ func TestSharedResponseOverLimit(t *testing.T) {
 	require.ErrorAs(t, joinErr, &ae)
 	assert.Equal(t, 201, ae.Status)
 	assert.Equal(t, 1, charges)
+}
+
+// Callers of one unnamed action arriving while its leader lands, round
+// after round: a joiner must never wait for a wake-up that does not come
+// (the flight's channel is made only when someone joins). Every call
+// returns well before its generous deadline, with an answer.
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewJoinersAtTheLandingAreWoken).
+func TestFlightJoinersAtTheLandingAreWoken(t *testing.T) {
+	var charges atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		charges.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(srv.Close)
+	tr, _, _ := newTestTransport(t)
+	const rounds, callers = 150, 6
+	var calls atomic.Int32
+	for round := range rounds {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var wg sync.WaitGroup
+		errc := make(chan error, callers)
+		start := make(chan struct{})
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				resp, err := tr.RoundTrip(post(t, ctx, srv.URL, fmt.Sprintf(`{"round":%d}`, round)))
+				if err != nil {
+					errc <- err
+					return
+				}
+				calls.Add(1)
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				resp.Body.Close() // a second Close is harmless
+				if err != nil || resp.StatusCode != http.StatusCreated || string(b) != `{"ok":true}` {
+					errc <- fmt.Errorf("round %d: %d %q %v", round, resp.StatusCode, b, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		cancel()
+		close(errc)
+		for err := range errc {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	t.Logf("%d calls, %d requests charged", calls.Load(), charges.Load())
+	require.Equal(t, int32(rounds*callers), calls.Load())
+	require.LessOrEqual(t, charges.Load(), int32(rounds*callers))
+}
+
+// A joiner whose own context ends stops waiting with its context's error;
+// the leader's answer is unaffected, and one request was sent.
+//
+// Found in the review of the hot-path pass (2d31af3; was TestReviewJoinerContextEnds).
+func TestFlightJoinersOwnContextEndsItsWait(t *testing.T) {
+	srv := newSlowPayServer(t, 400*time.Millisecond)
+	tr, _, _ := newTestTransport(t)
+	var leaderResp *http.Response
+	var leaderErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		leaderResp, leaderErr = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":7}`))
+	}()
+	<-srv.arrived
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":7}`))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	<-done
+	require.NoError(t, leaderErr)
+	require.Equal(t, http.StatusCreated, leaderResp.StatusCode)
+	readAll(t, leaderResp)
+	require.NoError(t, leaderResp.Body.Close(), "a second Close")
+	require.Equal(t, 1, srv.chargeCount())
+}
+
+// I2: 100 goroutines sending the same action: the server sees one key and
+// charges once; the goroutines take turns instead of colliding (no 409s).
+func TestConcurrentSameActionOneKey(t *testing.T) {
+	srv := newPayServer(t)
+	inFlight, conflicts := 0, 0
+	var mu sync.Mutex
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		mu.Lock()
+		inFlight++
+		busy := inFlight > 1
+		if busy {
+			conflicts++
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		if busy {
+			status(http.StatusConflict)(w)
+			return true
+		}
+		time.Sleep(time.Millisecond)
+		return false
+	}
+	tr, _, _ := newTestTransport(t)
+	var wg sync.WaitGroup
+	statuses := make([]int, 100)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := idemretry.WithAction(context.Background(), "pay:double-click")
+			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
+			if assert.NoError(t, err) {
+				statuses[i] = resp.StatusCode
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	reqs := srv.seen()
+	// The callers share flights: the server sees far fewer than 100 requests,
+	// none of them a 409 from two racing under one key.
+	require.NotEmpty(t, reqs)
+	assert.Less(t, len(reqs), 100)
+	mu.Lock()
+	assert.Zero(t, conflicts, "two requests of one action raced")
+	mu.Unlock()
+	for _, r := range reqs {
+		require.Equal(t, reqs[0].Key, r.Key)
+	}
+	for _, s := range statuses {
+		assert.Equal(t, http.StatusCreated, s)
+	}
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// A caller that joins an action's flight waits for its leader "bounded by
+// its own context" (RoundTrip's doc). A context with a deadline and no
+// Done channel did not bound it: the joiner, due back at 300 ms, waited
+// the leader's 4 s attempt out (and got its answer), where the lease's
+// polls and every journal call end at such a deadline.
+//
+// Found in review hv3 (8c60b37; was TestHV3JoinerWithADeadlineAndNoDoneEndsAtItsDeadline).
+func TestFlightJoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	srv := newSlowPayServer(t, 4*time.Second)
+	tr := transportOver(t, journal.NewMemory())
+	lead := sendAsync(tr, post(t, idemretry.WithAction(context.Background(), "pay:hv3-nodone-join"), srv.URL, `{"amount":4}`))
+	<-srv.arrived // the leader's attempt is on the wire
+	ctx := idemretry.WithAction(noDoneContext{Context: context.Background(), dl: time.Now().Add(300 * time.Millisecond)}, "pay:hv3-nodone-join")
+	start := time.Now()
+	err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":4}`))
+	took := time.Since(start)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the joiner waited for the leader past its deadline (%v)", took)
+	require.NoError(t, <-lead)
+	require.Equal(t, 1, srv.chargeCount())
+}
+
+// hW1's review: double taps, named and unnamed, over the default file
+// journal and a restart, with the callers' deadlines, cancels and
+// http.Client timeouts landing anywhere around the server's answers, and
+// bodies at and around the keyed fingerprint's 512 bytes and its 64 KiB
+// chunk, sent with and without GetBody.
+
+// tapLedger is deadlineLedger's semantics, keeping for each payload the keys
+// it was sent under, and refusing (as a test failure) the start of a
+// charge of a payload under one key while another key's charge of the
+// same payload is under way: one tap pair, two payments.
+type tapLedger struct {
+	mu       sync.Mutex
+	rnd      *rand.Rand
+	stored   map[string]int
+	inflight map[string]bool
+	charging map[[32]byte]string // payload -> the key whose charge runs
+	keys     map[[32]byte]map[string]bool
+	charges  map[string]int
+	overlaps []string
+}
+
+func (l *tapLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	sum := sha256.Sum256(b)
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	if l.keys[sum] == nil {
+		l.keys[sum] = map[string]bool{}
+	}
+	l.keys[sum][key] = true
+	if st, ok := l.stored[key]; ok {
+		l.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(st)
+		return
+	}
+	if l.inflight[key] {
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusConflict)
+		return
+	}
+	delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
+	if l.rnd.IntN(8) == 0 {
+		l.mu.Unlock()
+		time.Sleep(delay)
+		w.WriteHeader(http.StatusServiceUnavailable) // not processed
+		return
+	}
+	if other, ok := l.charging[sum]; ok {
+		l.overlaps = append(l.overlaps, fmt.Sprintf("payload %x: charge under %s began while %s's ran", sum[:4], key, other))
+	}
+	l.charging[sum] = key
+	l.inflight[key] = true
+	l.mu.Unlock()
+	time.Sleep(delay)
+	l.mu.Lock()
+	delete(l.inflight, key)
+	if l.charging[sum] == key {
+		delete(l.charging, sum)
+	}
+	l.charges[key]++
+	l.stored[key] = http.StatusCreated
+	l.mu.Unlock()
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"charge":"ok"}`)
+}
+
+// tapBody is the body of payload i: sizes at and around the keyed
+// fingerprint's threshold and its chunk.
+func tapBody(i int) []byte {
+	sizes := []int{100, 511, 512, 513, 64 << 10, 64<<10 + 1}
+	b := bytes.Repeat([]byte{'a' + byte(i)}, sizes[i%len(sizes)])
+	copy(b, fmt.Sprintf(`{"p":%d}`, i))
+	return b
+}
+
+// Found in review hw1 (03eab9b; was TestHW1TapsAroundDeadlinesAndARestart).
+func TestFlightTapsAroundDeadlinesAndARestart(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	l := &tapLedger{rnd: rand.New(rand.NewPCG(seed, 1)), stored: map[string]int{}, inflight: map[string]bool{},
+		charging: map[[32]byte]string{}, keys: map[[32]byte]map[string]bool{}, charges: map[string]int{}}
+	srv := newServer(t, l.ServeHTTP)
+	dir := t.TempDir()
+	const payloads = 6
+	const slack = 2 * time.Second // a noisy 2-core machine
+
+	phase := func(tr *idemretry.Transport, phase int) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for p := range 2 * payloads { // payloads 0-5 named, 6-11 unnamed
+			for g := range 3 { // three tappers each
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rnd := rand.New(rand.NewPCG(seed, uint64(1000*phase+10*p+g)))
+					body := tapBody(p % payloads)
+					if p >= payloads {
+						body = append(body, 'u') // unnamed: another payload
+					}
+					for range 8 {
+						ctx := context.Background()
+						if p < payloads {
+							ctx = idemretry.WithAction(ctx, fmt.Sprintf("pay:%d", p))
+						}
+						var cancel context.CancelFunc = func() {}
+						c := &http.Client{Transport: tr}
+						d := time.Duration(1+rnd.IntN(40)) * time.Millisecond
+						switch rnd.IntN(4) {
+						case 0:
+							ctx, cancel = context.WithTimeout(ctx, d)
+						case 1:
+							ctx, cancel = context.WithCancel(ctx)
+							stop := time.AfterFunc(d, cancel)
+							defer stop.Stop()
+						case 2:
+							c.Timeout = d
+						default:
+							d = time.Hour
+						}
+						var rd io.Reader = bytes.NewReader(body) // GetBody
+						if rnd.IntN(2) == 0 {
+							rd = struct{ io.Reader }{bytes.NewReader(body)} // no GetBody: buffered
+						}
+						req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", rd)
+						start := time.Now()
+						resp, err := c.Do(req)
+						if el := time.Since(start); el > d+idemretry.OutcomeGrace+slack {
+							errs <- fmt.Errorf("payload %d: returned %v after a %v bound", p, el, d)
+						}
+						if resp != nil {
+							_, _ = io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+						}
+						cancel()
+						var ae *idemretry.ActionError
+						if errors.As(err, &ae) && (errors.Is(err, idemretry.ErrFingerprintMismatch) || errors.Is(err, idemretry.ErrFingerprintUncheckable)) {
+							errs <- fmt.Errorf("payload %d: the same payload refused: %v", p, err)
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	for ph := range 2 { // a restart between the phases
+		tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir),
+			idemretry.WithBackOff(constant(5*time.Millisecond)), idemretry.WithRetryBudget(0, 0))
+		require.NoError(t, err)
+		phase(tr, ph)
+		require.NoError(t, tr.Close())
+	}
+	checkNoPackageGoroutines(t)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, o := range l.overlaps {
+		t.Error(o)
+	}
+	for p := range payloads {
+		sum := sha256.Sum256(tapBody(p))
+		if n := len(l.keys[sum]); n > 1 {
+			t.Errorf("named action pay:%d went out under %d keys", p, n)
+		}
+	}
+	for k, n := range l.charges {
+		if n > 1 {
+			t.Errorf("key %s charged %d times", k, n)
+		}
+	}
 }

@@ -3,26 +3,50 @@ package idemretry_test
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/journal"
-
 	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/journal"
 )
+
+// TestMain runs the tests that call t.Parallel up to 8 at a time, more
+// than there are cores: they wait (on loopback servers, timers, journals
+// that hang, child processes) far more than they compute. A -parallel
+// given on the command line wins, and fuzzing keeps its own default.
+// The tests that read or change what the whole process holds (its
+// goroutines, newTestTransport's check at cleanup included; the heap and
+// allocation counts; crypto/rand.Reader; the environment and working
+// directory) do not call t.Parallel: they run one at a time, before the
+// parallel ones start.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if fuzz := flag.Lookup("test.fuzz"); !given && (fuzz == nil || fuzz.Value.String() == "") {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+	}
+	os.Exit(m.Run())
+}
 
 // seen is one request as the test server received it.
 type seen struct {
@@ -555,3 +579,313 @@ func slowFirstCharge(t *testing.T, srv *payServer) (arrived <-chan struct{}, unb
 	}
 	return in, unblock
 }
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("no entropy") }
+
+// liveness bounds how long a test waits for a RoundTrip that must end
+// because its caller cancelled: it fails the test, it measures nothing.
+const liveness = 30 * time.Second
+
+// awaitJoiners waits until n callers have joined flights of tr (bounded by
+// 10 s), so that what a test does next happens while they wait.
+func awaitJoiners(t *testing.T, tr *idemretry.Transport, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) >= n }, 10*time.Second, time.Millisecond,
+		"%d caller(s) joined a flight", n)
+}
+
+// holdRequest makes srv hold its request number n, once it has arrived
+// (told on the channel returned), until release is called (or the test
+// ends); then the idempotency layer answers it as usual.
+func holdRequest(t *testing.T, srv *payServer, n int) (arrived <-chan struct{}, release func()) {
+	in, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	srv.script = func(m int, _ http.ResponseWriter, _ *http.Request) bool {
+		if m == n {
+			close(in)
+			<-gate
+		}
+		return false
+	}
+	return in, release
+}
+
+// payAsync sends req through tr on its own goroutine; the channel gives
+// its status, body and whether it was a replay.
+func payAsync(tr http.RoundTripper, req *http.Request) <-chan paid {
+	out := make(chan paid, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			out <- paid{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- paid{status: resp.StatusCode, body: string(b), replay: idemretry.IsReplay(resp), err: err}
+	}()
+	return out
+}
+
+type paid struct {
+	status int
+	body   string
+	replay bool
+	err    error
+}
+
+// answer writes a status with headers (name, value pairs) and a body.
+func answer(code int, body string, hdr ...string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		for i := 0; i+1 < len(hdr); i += 2 {
+			w.Header().Set(hdr[i], hdr[i+1])
+		}
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}
+}
+
+func transportWithConstant(t *testing.T) (*idemretry.Transport, journal.Journal, struct{}) {
+	t.Helper()
+	j := journal.NewMemory()
+	base := &http.Transport{}
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournal(j), idemretry.WithBackOff(constant(time.Millisecond)))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, tr.Close())
+		base.CloseIdleConnections()
+		checkNoPackageGoroutines(t)
+	})
+	return tr, j, struct{}{}
+}
+
+// persistConnGoroutines counts net/http's client connection goroutines
+// (HTTP/1 read and write loops, HTTP/2 read loops) of the whole process.
+func persistConnGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "net/http.(*persistConn).readLoop") || strings.Contains(g, "net/http.(*persistConn).writeLoop") ||
+			strings.Contains(g, "net/http.(*http2ClientConn).readLoop") || strings.Contains(g, "net/http.(*http2clientConnReadLoop)") {
+			n++
+		}
+	}
+	return n
+}
+
+// firstThenCreated is a handler that reads each request's body, answers the
+// first request with first and every later one with 201 Created and body;
+// n counts the requests.
+func firstThenCreated(n *atomic.Int32, body string, first http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if n.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, body)
+			return
+		}
+		first(w, r)
+	}
+}
+
+// maxRand always draws the top of the range, to show each ceiling.
+type maxRand struct{}
+
+func (maxRand) Int64N(n int64) int64 { return n - 1 }
+
+// wantPrefixOnce checks that err's message carries "idemretry:" once.
+func wantPrefixOnce(t *testing.T, err error) {
+	t.Helper()
+	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
+}
+
+// flakyJournal wraps a Memory: its Updates to done fail while failDone
+// is set, and hang (until their context ends) while hang is set.
+type flakyJournal struct {
+	*journal.Memory
+	failDone, hang atomic.Bool
+}
+
+var errDiskGone = errors.New("test: storage unavailable")
+
+func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
+	if f.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if f.failDone.Load() && rec.State == journal.StateDone {
+		return errDiskGone
+	}
+	return f.Memory.Update(ctx, rec)
+}
+
+// appResumer rebuilds requests from what the app itself keeps (its orders),
+// and resolves unknown actions by asking the "provider".
+type appResumer struct {
+	url      string
+	orders   map[string]string // action id or key -> body
+	unnamed  []string          // bodies of payments sent without a name
+	mu       sync.Mutex
+	resolved []string
+}
+
+func (a *appResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	body, ok := a.orders[rec.ActionID]
+	if !ok {
+		body, ok = a.orders[rec.Key]
+	}
+	if !ok && strings.HasPrefix(rec.ActionID, "fp:") && len(a.unnamed) > 0 {
+		body, ok = a.unnamed[0], true // the app resends its one unnamed payment
+	}
+	if !ok {
+		return nil, errors.New("unknown order")
+	}
+	return http.NewRequestWithContext(ctx, http.MethodPost, a.url, strings.NewReader(body))
+}
+
+func (a *appResumer) Resolve(_ context.Context, rec journal.Record) (bool, error) {
+	a.mu.Lock()
+	a.resolved = append(a.resolved, rec.Key)
+	a.mu.Unlock()
+	return true, nil
+}
+
+func uuidCheck(s string) error {
+	if len(s) != 36 || s[14] != '4' {
+		return errors.New("not a UUIDv4: " + s)
+	}
+	return nil
+}
+
+// stringsReader is a strings.Reader without its other methods, so the
+// request is buffered by the Transport like any streamed body.
+func stringsReader(s string) io.Reader { return onlyReader{strings.NewReader(s)} }
+
+// pausingJournal is a journal.Memory whose Reserve can be held: before
+// (if set) runs before the inner Reserve of want, after (if set) once it
+// returned. Each hook is taken (cleared) as it runs. It stands for a
+// journal shared by two processes (sqljournal), whose calls interleave.
+type pausingJournal struct {
+	journal.Journal
+	mu            sync.Mutex
+	before, after func(want, got journal.Record, created bool)
+}
+
+func (p *pausingJournal) Reserve(ctx context.Context, want journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	p.mu.Lock()
+	before := p.before
+	if before != nil && want.ActionID == "pay:A" {
+		p.before = nil
+	} else {
+		before = nil
+	}
+	p.mu.Unlock()
+	if before != nil {
+		before(want, journal.Record{}, false)
+	}
+	got, created, err := p.Journal.Reserve(ctx, want, mode)
+	p.mu.Lock()
+	after := p.after
+	if after != nil && want.ActionID == "pay:A" {
+		p.after = nil
+	} else {
+		after = nil
+	}
+	p.mu.Unlock()
+	if after != nil && err == nil {
+		after(want, got, created)
+	}
+	return got, created, err
+}
+
+// pendingPayA leaves pay:A pending in j under a key the server never
+// processed (the connection was cut before it was), and returns its
+// record; srv answers normally after.
+func pendingPayA(t *testing.T, srv *payServer, j journal.Journal, body string) journal.Record {
+	t.Helper()
+	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 {
+			hijackAndClose(w) // lost before it was processed
+			return true
+		}
+		return false
+	}
+	leftPending(t, j, post(t, idemretry.WithAction(context.Background(), "pay:A"), srv.URL, body))
+	srv.mu.Lock()
+	srv.script = nil
+	srv.mu.Unlock()
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	return recs[0]
+}
+
+// slowProgressJournal is a Memory journal whose Update of a pending record
+// (the attempt count written before the first retry's wait) hangs until
+// its context ends.
+type slowProgressJournal struct {
+	*journal.Memory
+	progress atomic.Int32
+}
+
+func (j *slowProgressJournal) Update(ctx context.Context, rec journal.Record) error {
+	if rec.State == journal.StatePending {
+		j.progress.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return j.Memory.Update(ctx, rec)
+}
+
+// detachedContext is the context an app detaches from a request's with
+// its own type (as before context.WithoutCancel, e.g. x/tools' xcontext):
+// it never ends and has no deadline, but its values, all of them, are its
+// parent's.
+type detachedContext struct{ parent context.Context }
+
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (d detachedContext) Value(k any) any           { return d.parent.Value(k) }
+
+// noDoneContext reports a fixed deadline and no Done channel; its Err is
+// Background's (nil): a Done that never closes has nothing to report.
+type noDoneContext struct {
+	context.Context
+	dl time.Time
+}
+
+func (c noDoneContext) Deadline() (time.Time, bool) { return c.dl, true }
+func (noDoneContext) Done() <-chan struct{}         { return nil }
+
+// gatedResumer rebuilds one body for every record, on Resume's ctx; before
+// returning the request it says so on rebuilding (if set) and waits for
+// gate (if set): an app whose Rebuild reads its own records, slowly.
+type gatedResumer struct {
+	url, method, body string
+	rebuilding        chan journal.Record
+	gate              chan struct{}
+	rebuilt           atomic.Int32
+}
+
+func (g *gatedResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	g.rebuilt.Add(1)
+	if g.rebuilding != nil {
+		g.rebuilding <- rec
+	}
+	if g.gate != nil {
+		<-g.gate
+	}
+	method := g.method
+	if method == "" {
+		method = http.MethodPost
+	}
+	return http.NewRequestWithContext(ctx, method, g.url, strings.NewReader(g.body))
+}
+
+func (g *gatedResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }

@@ -10,12 +10,8 @@ import (
 	"github.com/idemretry/idemretry"
 )
 
-// maxRand always draws the top of the range, to show each ceiling.
-type maxRand struct{}
-
-func (maxRand) Int64N(n int64) int64 { return n - 1 }
-
 func TestFullJitterCeilings(t *testing.T) {
+	t.Parallel()
 	b := idemretry.NewFullJitter(500*time.Millisecond, 8*time.Second, maxRand{})
 	var got []time.Duration
 	for range 7 {
@@ -29,6 +25,7 @@ func TestFullJitterCeilings(t *testing.T) {
 }
 
 func TestFullJitterStaysInRange(t *testing.T) {
+	t.Parallel()
 	base, cap := 10*time.Millisecond, 2*time.Second
 	full := idemretry.NewFullJitter(base, cap, rand.New(rand.NewPCG(1, 2)))
 	for n := range 200 {
@@ -41,6 +38,7 @@ func TestFullJitterStaysInRange(t *testing.T) {
 // Full jitter spreads waits over the whole window: its mean is half the
 // ceiling, not the ceiling (that is what un-jittered exponential does).
 func TestFullJitterIsUniform(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(7, 7))
 	var sum time.Duration
 	const n = 20000
@@ -52,6 +50,7 @@ func TestFullJitterIsUniform(t *testing.T) {
 }
 
 func TestJitterReproducibleWithSeed(t *testing.T) {
+	t.Parallel()
 	draw := func() []time.Duration {
 		b := idemretry.NewFullJitter(time.Millisecond, time.Second, rand.New(rand.NewPCG(42, 0)))
 		var out []time.Duration
@@ -64,6 +63,7 @@ func TestJitterReproducibleWithSeed(t *testing.T) {
 }
 
 func TestFullJitterNeverOverflows(t *testing.T) {
+	t.Parallel()
 	b := idemretry.NewFullJitter(time.Hour, 1<<62, nil)
 	for range 100 {
 		d := b.NextBackOff()

@@ -1,24 +1,19 @@
 package idemretry_test
 
 // How the Transport uses its journal: errors it passes on, the directory it
-// locks, the journal it opens and closes (also when dropped), and the key
-// that survives a SIGKILL in the default file journal.
+// locks, the journal it opens and closes (also when dropped or removed),
+// and the key it holds before the first attempt leaves. The key that
+// survives a SIGKILL is in kill_test.go.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,16 +25,11 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// wantPrefixOnce checks that err's message carries "idemretry:" once.
-func wantPrefixOnce(t *testing.T, err error) {
-	t.Helper()
-	assert.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "%q", err.Error())
-}
-
 // The issue's example: a RoundTrip on a closed file journal said
 // `idemretry: reserve key for action "pay:1": idemretry: journal reserve
 // "pay:1": idemretry: journal closed`. The prefix comes once.
 func TestFileJournalErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -52,6 +42,7 @@ func TestFileJournalErrorPrefixOnce(t *testing.T) {
 // A bad option of the file journal given to WithJournalDir is a bad option
 // of NewTransport: it wraps ErrInvalidOption (and the file journal's).
 func TestJournalDirBadOption(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "j")
 	_, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir, filejournal.WithLockWait(-time.Second)))
 	require.ErrorIs(t, err, idemretry.ErrInvalidOption)
@@ -63,6 +54,7 @@ func TestJournalDirBadOption(t *testing.T) {
 // Two Transports on one directory: the second is refused with
 // filejournal.ErrLocked, and the error says what to do.
 func TestSecondTransportOnDirLocked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
@@ -124,6 +116,7 @@ func TestDroppedTransportLeavesHandedOutJournal(t *testing.T) {
 // be kept), Close reports it, and after a restart the action goes out once,
 // under one key.
 func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	dir := filepath.Join(t.TempDir(), "journal")
 	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
@@ -152,98 +145,9 @@ func TestJournalDirectoryRemovedUnderTransport(t *testing.T) {
 	assert.Equal(t, 2, srv.chargeCount())
 }
 
-// hangingReserve is a journal whose Reserve hangs until its context ends.
-type hangingReserve struct{ *journal.Memory }
-
-func (h hangingReserve) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
-	<-ctx.Done()
-	return journal.Record{}, false, ctx.Err()
-}
-
-// A journal that does not answer within the journal timeout is reported as
-// unavailable, and nothing is sent.
-func TestJournalTimeoutIsUnavailable(t *testing.T) {
-	srv := newPayServer(t)
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(hangingReserve{journal.NewMemory()}),
-		idemretry.WithJournalTimeout(100*time.Millisecond))
-	require.NoError(t, err)
-	defer tr.Close()
-	start := time.Now()
-	_, err = tr.RoundTrip(post(t, context.Background(), srv.URL, `{"amount":1}`))
-	assert.ErrorIs(t, err, journal.ErrUnavailable)
-	assert.Less(t, time.Since(start), 2*time.Second)
-	assert.Empty(t, srv.seen())
-	_, err = idemretry.NewTransport(nil, inMemory(), idemretry.WithJournalTimeout(0))
-	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
-}
-
-// deadlineWithoutDone is a broken context: it reports a deadline but no
-// Done channel, so nothing ever tells a wait on it that the deadline came.
-type deadlineWithoutDone struct{ context.Context }
-
-func (deadlineWithoutDone) Deadline() (time.Time, bool) {
-	return time.Now().Add(50 * time.Millisecond), true
-}
-func (deadlineWithoutDone) Done() <-chan struct{} { return nil }
-
-// A journal call is bounded by the journal timeout even when the caller's
-// context claims an earlier deadline it cannot signal (Done is nil): the
-// deadline stands in for the journal timeout only when it can end the call.
-func TestJournalTimeoutBoundsAContextWithADeadlineButNoDone(t *testing.T) {
-	_, err := rvReserve(t, deadlineWithoutDone{context.Background()})
-	require.ErrorIs(t, err, journal.ErrUnavailable)
-}
-
-// stallingLeaser is a Memory journal whose first Lease is granted (after
-// 2 ms, so that the lease is due for renewal by the first attempt) and
-// whose renewals stall until their context ends.
-type stallingLeaser struct {
-	*journal.Memory
-	calls atomic.Int32
-}
-
-func (l *stallingLeaser) Lease(ctx context.Context, _, _ string, ttl time.Duration) (bool, time.Time, error) {
-	if l.calls.Add(1) == 1 {
-		time.Sleep(2 * time.Millisecond)
-		return true, time.Now().Add(ttl), nil
-	}
-	<-ctx.Done()
-	return false, time.Time{}, ctx.Err()
-}
-
-func (l *stallingLeaser) Release(context.Context, string, string) error { return nil }
-
-// The renewal of a lease before an attempt is bounded like any journal
-// call: a caller's context that reports a deadline but has no Done channel
-// does not leave it waiting on a stalled journal.
-func TestLeaseRenewalBoundsAContextWithADeadlineButNoDone(t *testing.T) {
-	srv := newPayServer(t)
-	j := &stallingLeaser{Memory: journal.NewMemory()}
-	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j), idemretry.WithLeaseTTL(time.Millisecond),
-		idemretry.WithJournalTimeout(300*time.Millisecond))
-	require.NoError(t, err)
-	defer tr.Close()
-	done := make(chan error, 1)
-	go func() {
-		ctx := idemretry.WithAction(deadlineWithoutDone{context.Background()}, "pay:lease")
-		resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":1}`))
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("RoundTrip still waiting for the lease's renewal 20 s after a 300 ms journal timeout")
-	}
-	require.GreaterOrEqual(t, j.calls.Load(), int32(2), "the lease was never renewed: the test proves nothing")
-	require.Len(t, srv.seen(), 1)
-}
-
 // Error messages carry the package prefix once, however deep the wrapping.
 func TestErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	require.NoError(t, j.Close())
 	tr, err := idemretry.NewTransport(nil, idemretry.WithJournal(j))
@@ -254,137 +158,145 @@ func TestErrorPrefixOnce(t *testing.T) {
 	wantPrefixOnce(t, err)
 }
 
-const (
-	envE2EChild = "IDEMRETRY_E2E_CHILD" // the journal directory
-	envE2EURL   = "IDEMRETRY_E2E_URL"
-)
-
-// TestJournalE2EChild is the child of TestJournalSurvivesKill: it pays one
-// order through a default-style Client whose journal is in the given
-// directory, and prints the response's status. It does nothing in a normal
-// run.
-func TestJournalE2EChild(t *testing.T) {
-	dir := os.Getenv(envE2EChild)
-	if dir == "" {
-		t.Skip("child process of TestJournalSurvivesKill")
-	}
-	c, err := idemretry.NewClient(idemretry.WithJournalDir(dir))
-	if err != nil {
-		fmt.Println("error", err)
-		os.Exit(3)
-	}
-	ctx := idemretry.WithAction(context.Background(), "pay:order-A-1001")
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, os.Getenv(envE2EURL)+"/charges", strings.NewReader(`{"amount":1000}`))
-	resp, err := c.Do(req)
-	if err != nil {
-		fmt.Println("error", err)
-		os.Exit(4)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	fmt.Println("status", resp.StatusCode)
-	_ = c.Close()
-	os.Exit(0)
+// A huge key window must not overflow the retention of the journal it opens.
+func TestHugeKeyWindowOpensJournal(t *testing.T) {
+	t.Parallel()
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(t.TempDir()), idemretry.WithKeyWindow(1<<62))
+	require.NoError(t, err)
+	require.NoError(t, tr.Close())
 }
 
-// The end-to-end test of issue 3: a process is killed (SIGKILL) while its
-// payment is in flight, after the server committed the charge but before the
-// answer came back. The restarted process resends; the server sees the same
-// Idempotency-Key and charges once.
-func TestJournalSurvivesKill(t *testing.T) {
-	var mu sync.Mutex
-	var keys []string
-	charges := map[string]int{} // key -> charges made
-	committed := make(chan struct{}, 1)
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		keys = append(keys, key)
-		first := charges[key] == 0
-		if first {
-			charges[key]++ // committed
-		}
-		mu.Unlock()
-		if first {
-			// Drop the answer: hold it until the client is gone.
-			committed <- struct{}{}
-			<-r.Context().Done()
-			return
-		}
-		w.WriteHeader(http.StatusOK) // a replay of the stored answer
-	})
-	dir := t.TempDir()
-
-	run := func() (*exec.Cmd, *bufio.Reader) {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestJournalE2EChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
-		out, err := cmd.StdoutPipe()
+// I1: the key is in the journal before the first attempt leaves the process.
+func TestKeyDurableBeforeFirstSend(t *testing.T) {
+	j := journal.NewMemory()
+	srv := newPayServer(t)
+	var inJournal []bool
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		un, err := j.Unfinished(context.Background())
 		require.NoError(t, err)
-		cmd.Stderr = os.Stderr
-		require.NoError(t, cmd.Start())
-		return cmd, bufio.NewReader(out)
+		found := false
+		for _, rec := range un {
+			found = found || rec.Key == r.Header.Get("Idempotency-Key")
+		}
+		inJournal = append(inJournal, found)
+		return false
 	}
-
-	cmd, _ := run()
-	select {
-	case <-committed:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatal("the first attempt never reached the server")
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
-
-	cmd, out := run()
-	line, _ := out.ReadString('\n')
-	_ = cmd.Wait()
-	assert.Equal(t, "status 200\n", line)
-
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, keys, 2)
-	assert.NotEmpty(t, keys[0])
-	assert.Equal(t, keys[0], keys[1], "the restarted process used another key")
-	assert.Len(t, charges, 1)
-	assert.Equal(t, 1, charges[keys[0]], "charged more than once")
+	tr, _ := newTestTransportOver(t, j)
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:i1"), srv.URL, "x"))
+	assert.Equal(t, []bool{true}, inJournal)
 }
 
-// Issue 30, item 6: a process killed (SIGKILL) during its payment's first
-// attempt, after the server charged it, left a record that Unfinished
-// listed with 0 attempts, which reads as "nothing sent". The first attempt
-// is counted when the key is reserved, durably, before it leaves.
-func TestUnfinishedCountsTheFirstAttemptAfterAKill(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("SIGKILL")
-	}
-	committed := make(chan struct{}, 1)
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		committed <- struct{}{} // charged; the answer never leaves
-		<-r.Context().Done()
-	})
-	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestJournalE2EChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	select {
-	case <-committed:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatal("the first attempt never reached the server")
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+// I1: a journal that cannot store the key stops the request before it is sent.
+func TestJournalFailureSendsNothing(t *testing.T) {
+	j := journal.NewMemory()
+	require.NoError(t, j.Close())
+	srv := newPayServer(t)
+	tr, _ := newTestTransportOver(t, j)
+	_, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+	require.ErrorIs(t, err, journal.ErrClosed)
+	assert.Empty(t, srv.seen())
+}
 
-	j, err := filejournal.Open(dir)
+// The file journal the Transport opens keeps done records for the whole key
+// window, even one longer than the journal's default retention.
+func TestOwnedJournalRetentionFollowsKeyWindow(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	clk := newFakeClock()
+	dir := t.TempDir()
+	open := func() *idemretry.Transport {
+		tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir),
+			idemretry.WithClock(clk), idemretry.WithKeyWindow(96*time.Hour))
+		require.NoError(t, err)
+		return tr
+	}
+	ctx := idemretry.WithAction(context.Background(), "pay:long-window")
+	tr := open()
+	roundTrip(t, tr, post(t, ctx, srv.URL, "x"))
+	require.NoError(t, tr.Close())
+
+	clk.Advance(journal.DefaultRetention + 24*time.Hour) // past the journal's default, inside the window
+	tr = open()
+	defer tr.Close()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, "x"))
 	require.NoError(t, err)
-	defer j.Close()
-	recs, err := j.Unfinished(context.Background())
+	assert.True(t, idemretry.IsReplay(resp))
+	readAll(t, resp)
+	keys := keysOf(srv.seen())
+	require.Len(t, keys, 2)
+	assert.Equal(t, keys[0], keys[1])
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// The journal's directory removed under a running Transport (README: "If
+// the journal's directory is deleted or replaced while it is open, the
+// next new action fails ... with ErrRemoved"): the committer must not put
+// fingerprint.key back into it. keepSecret (commit 175a114) runs after the
+// batch that released the action's RoundTrip and, when it looks after an
+// operator's rm -rf removed fingerprint.key, makes it again: the rm -rf
+// fails with "directory not empty" and leaves the directory holding the
+// secret and no journal. Seen under -race (12 of 300 rounds here), where
+// TestJournalDirectoryRemovedUnderTransport failed so in a full run.
+//
+// It runs alone (no t.Parallel): the journal's first check of
+// fingerprint.key comes secretCheckEvery (1 s) after Open, and a round
+// slower than that (a loaded machine, tests beside it) races the check's
+// fingerprint.key.tmp with the removal ("directory not empty").
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1RemovedJournalDirIsNotWrittenAgain).
+func TestJournalDirectoryRemovedIsNotWrittenAgain(t *testing.T) {
+	srv := newPayServer(t)
+	base := t.TempDir()
+	failed := 0
+	const rounds = 200
+	for i := range rounds {
+		dir := fmt.Sprintf("%s/j%d", base, i)
+		tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
+		require.NoError(t, err)
+		roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:rm-%d", i)), srv.URL, "a"))
+		if err := os.RemoveAll(dir); err != nil {
+			failed++
+			t.Logf("round %d: %v", i, err)
+		}
+		tr.Close()
+		if _, err := os.Lstat(dir); err == nil {
+			entries, _ := os.ReadDir(dir)
+			names := []string{}
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Logf("round %d: the removed directory is there again, holding %v", i, names)
+			failed++
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d removals of a live journal's directory were undone or failed", failed, rounds)
+	}
+}
+
+// The journal's directory replaced under a running Transport by another
+// (an operator's fresh start, or a backup restored without
+// fingerprint.key): the Transport's journal is ErrRemoved, and its Close
+// must not write its secret into the directory that replaced it (the next
+// Open would then find a fingerprint.key it did not make, and a restored
+// journal's keyed records, made under another secret, would be
+// uncheckable with no Recovery.FingerprintSecretMade to say why). It does
+// not: Close's last batch finds the journal gone before keepSecret runs.
+//
+// Found in review hs1 (ebb2b86; was TestReviewHS1ReplacedJournalDirGetsNoSecret).
+func TestJournalDirectoryReplacedGetsNoSecret(t *testing.T) {
+	srv := newPayServer(t)
+	dir := filepath.Join(t.TempDir(), "journal")
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournalDir(dir))
 	require.NoError(t, err)
-	require.Len(t, recs, 1)
-	assert.Equal(t, "pay:order-A-1001", recs[0].ActionID)
-	assert.Equal(t, journal.StatePending, recs[0].State)
-	assert.GreaterOrEqual(t, recs[0].Attempts, 1, "a charged payment listed as never attempted")
+	roundTrip(t, tr, post(t, idemretry.WithAction(context.Background(), "pay:replaced"), srv.URL, smallNamedPayload("r", 1<<10)))
+	require.NoError(t, os.Rename(dir, dir+".old"))
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	err = tr.Close()
+	assert.ErrorIs(t, err, filejournal.ErrRemoved)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		t.Errorf("the replacing directory got %s from the replaced journal's Transport", e.Name())
+	}
 }

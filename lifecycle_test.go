@@ -24,6 +24,7 @@ var lifeT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 // record it reserves (a new one, or the one found), and what the journal
 // holds after it.
 func TestLifecycleReserveTransitions(t *testing.T) {
+	t.Parallel()
 	const window = 24 * time.Hour
 	type kind uint8
 	const (
@@ -165,6 +166,7 @@ func reservedFlight(rec journal.Record, again, bound bool) *flight {
 // it takes the result only if the flight's action is one it would itself
 // have reserved, judged by what the flight's reservation found.
 func TestLifecycleJoinVerdicts(t *testing.T) {
+	t.Parallel()
 	const dup = 30 * time.Second
 	pending := journal.Record{Key: "k1", State: journal.StatePending, CreatedAt: lifeT0}
 	done := journal.Record{Key: "k1", State: journal.StateDone, Status: 201, CreatedAt: lifeT0}
@@ -214,6 +216,7 @@ func TestLifecycleJoinVerdicts(t *testing.T) {
 // Whether a flight's leader hands the action over to its joiners
 // (handsOver): only for a reason of its own.
 func TestLifecycleHandOver(t *testing.T) {
+	t.Parallel()
 	const live, ended = false, true
 	final := &http.Response{StatusCode: 201}
 	cases := []struct {
@@ -243,6 +246,7 @@ func TestLifecycleHandOver(t *testing.T) {
 
 // The unnamed request's rule of new or repeat (repeats).
 func TestLifecycleRepeats(t *testing.T) {
+	t.Parallel()
 	rec := func(s journal.State) journal.Record { return journal.Record{State: s, CreatedAt: lifeT0} }
 	cases := []struct {
 		name   string
@@ -268,6 +272,7 @@ func TestLifecycleRepeats(t *testing.T) {
 // When Resume may resolve an outcome-unknown action (settled): from the
 // settle time after its key window, not before.
 func TestLifecycleSettled(t *testing.T) {
+	t.Parallel()
 	const window, settle = 24 * time.Hour, time.Minute
 	listed := journal.Record{ActionID: "pay:settle", Key: "k1", State: journal.StateUnknown, CreatedAt: lifeT0}
 	cases := []struct {
@@ -290,6 +295,7 @@ func TestLifecycleSettled(t *testing.T) {
 // A flight's leader is ended by its caller through its context or the
 // deprecated Request.Cancel channel (leaderEnded).
 func TestLifecycleLeaderEnded(t *testing.T) {
+	t.Parallel()
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	closed := make(chan struct{})

@@ -75,6 +75,7 @@ func (j *ctxJournal) synced() int {
 // journal kept the action pending, and the repeat was answered with the
 // first payment's replay.
 func TestFarDeadlineRecordsTheOutcome(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"context", "client"} {
 		t.Run(how, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -227,6 +228,7 @@ func TestNoLimitRetryAfterIsWaitedOrNotAtAll(t *testing.T) {
 // and an unnamed repeat within the longest duplicate window is the same
 // payment.
 func TestNoLimitForEveryOption(t *testing.T) {
+	t.Parallel()
 	for name, opts := range map[string][]idemretry.Option{
 		"WithMaxRetries":        {idemretry.WithMaxRetries(math.MaxInt)},
 		"WithMaxRetryAfter":     {idemretry.WithMaxRetryAfter(math.MaxInt64)},

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -80,6 +81,7 @@ func TestJournalDirRelativeRefused(t *testing.T) {
 // The journal is named once: a second WithJournalDir or WithJournal is
 // refused instead of replacing the first in silence.
 func TestJournalGivenTwiceRefused(t *testing.T) {
+	t.Parallel()
 	a, b := t.TempDir(), t.TempDir()
 	for name, opts := range map[string][]idemretry.Option{
 		"two dirs":        {idemretry.WithJournalDir(a), idemretry.WithJournalDir(b)},
@@ -123,6 +125,7 @@ func TestKeyedMethodsAddToPostAndPatch(t *testing.T) {
 // would send as methods of their own, are refused, as are names that are
 // not tokens. So is a method both keyed and unkeyed.
 func TestKeyedMethodsBadNamesRefused(t *testing.T) {
+	t.Parallel()
 	for name, o := range map[string]idemretry.Option{
 		"lower case":        idemretry.WithKeyedMethods("get"),
 		"mixed case":        idemretry.WithKeyedMethods("Post"),
@@ -161,6 +164,45 @@ func TestUnkeyedMethodsSentOnceWithoutKey(t *testing.T) {
 	assert.Len(t, srv.seen(), 1)
 }
 
+func TestInvalidOptions(t *testing.T) {
+	t.Parallel()
+	j := inMemory()
+	for name, o := range map[string]idemretry.Option{
+		"zero window":       idemretry.WithKeyWindow(0),
+		"negative cap":      idemretry.WithMaxRetryAfter(-time.Second),
+		"empty header":      idemretry.WithKeyHeader(""),
+		"header with colon": idemretry.WithKeyHeader("Idempotency:Key"),
+		"header with space": idemretry.WithKeyHeader("Idempotency Key"),
+		"negative buffer":   idemretry.WithMaxBufferedBody(-1),
+		"negative retries":  idemretry.WithMaxRetries(-1),
+		"negative share":    idemretry.WithMaxSharedResponse(-1),
+		"zero jtimeout":     idemretry.WithJournalTimeout(0),
+	} {
+		_, err := idemretry.NewTransport(nil, j, o)
+		assert.ErrorIs(t, err, idemretry.ErrInvalidOption, name)
+	}
+	_, err := idemretry.NewTransport(nil, j, idemretry.WithKeyHeader("X-Idempotency-Key"), nil)
+	assert.NoError(t, err, "a nil Option is skipped")
+	_, err = idemretry.NewTransport(nil, j, idemretry.WithBackOff(nil), idemretry.WithRetryPolicy(nil),
+		idemretry.WithClock(nil), idemretry.WithKeyGenerator(nil))
+	assert.NoError(t, err, "a nil function restores the default")
+}
+
+// A method that carries no key and is not idempotent by definition is sent
+// once: retrying it without a key could perform it twice.
+func TestUnkeyedUnsafeMethodSentOnce(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool { status(503)(w); return true }
+	tr, _, _ := newTestTransport(t, idemretry.WithUnkeyedMethods(http.MethodPost))
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, "x"))
+	assert.Equal(t, []string{""}, keysOf(srv.seen()))
+
+	req, err := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
+	require.NoError(t, err)
+	roundTrip(t, tr, req)
+	assert.Len(t, srv.seen(), 1+idemretry.DefaultMaxRetries+1, "PUT is idempotent: retried")
+}
+
 // WithKeyHeader refuses a header HTTP gives a meaning of its own: net/http
 // sends Host and Content-Length from the request's fields and never as
 // given, a proxy drops the hop-by-hop ones, an Expect the server does not
@@ -169,6 +211,7 @@ func TestUnkeyedMethodsSentOnceWithoutKey(t *testing.T) {
 // say, taken for its key: one key for every payment). Accepted, the key
 // never reached the server, or was not the action's.
 func TestKeyHeaderWithAMeaningOfItsOwnRefused(t *testing.T) {
+	t.Parallel()
 	names := []string{"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Connection", "Keep-Alive",
 		"Proxy-Connection", "TE", "Upgrade", "Expect", "Content-Type", "content-encoding", "Authorization",
 		"Proxy-Authorization", "Cookie"}

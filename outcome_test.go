@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,18 +23,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemretry/idemretry/journal"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/journal"
 )
 
 // I3: a 503 whose context ended as it arrived is not a definitive answer: the
 // action stays pending, and a fingerprint-identified resend keeps its key.
 func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	var keys []string
 	var cancel context.CancelFunc
@@ -78,6 +79,7 @@ func TestRetryableStatusAfterCancelStaysPending(t *testing.T) {
 // action: a pending record that this RoundTrip did not create, even one that
 // says Attempts == 0 (a crash during the first attempt leaves that).
 func TestMaybeProcessedAfterRestart(t *testing.T) {
+	t.Parallel()
 	j := journal.NewMemory()
 	clk := newFakeClock()
 	url := "http://" + closedAddr(t) + "/v1/charges" // the resend's dial is refused
@@ -147,6 +149,7 @@ func TestDoneActionStaysDoneAfterFailedResend(t *testing.T) {
 // deliberate repeat of the same request reuse the old key, which the server
 // would answer with the first payment's replay.
 func TestFingerprintDoneDurableBeforeReturn(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	dir := t.TempDir()
 	tr, err := idemretry.NewTransport(&http.Transport{},
@@ -185,6 +188,7 @@ func (j syncJournal) Sync(ctx context.Context) error { return j.sync(ctx) }
 // journal) holds RoundTrip past the caller's deadline although the response
 // is in hand.
 func TestDoneSyncHonoursDeadline(t *testing.T) {
+	t.Parallel()
 	block := make(chan struct{})
 	defer close(block)
 	j := syncJournal{journal.NewMemory(), func(ctx context.Context) error {
@@ -216,6 +220,7 @@ func TestDoneSyncHonoursDeadline(t *testing.T) {
 // not returned, not logged, although README promises the done is durable
 // before RoundTrip returns.
 func TestDoneSyncFailureLogged(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	j := syncJournal{journal.NewMemory(), func(context.Context) error { return errors.New("injected EIO") }}
 	base := rtFunc(func(r *http.Request) (*http.Response, error) { return resp(201, r), nil })
@@ -231,6 +236,7 @@ func TestDoneSyncFailureLogged(t *testing.T) {
 // written; if that hidden resend fails to dial, only the dial error is seen.
 // The server did charge: MaybeProcessed must say so.
 func TestMaybeProcessedAfterHiddenResend(t *testing.T) {
+	t.Parallel()
 	var charges atomic.Int32
 	var srv *httptest.Server
 	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -279,6 +285,7 @@ func (c *cancelAtAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
 // returned, so it must be recorded done; else a deliberate repeat of an
 // unnamed payment reuses its key and gets a replay instead of a charge.
 func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	j := journal.NewMemory()
 	http1 := &http.Transport{}
@@ -305,26 +312,6 @@ func TestFinalAnswerAtDeadlineIsRecordedDone(t *testing.T) {
 	assert.Equal(t, 2, srv.chargeCount(), "the deliberate second payment was answered with the first one's replay")
 }
 
-// flakyJournal wraps a Memory: its Updates to done fail while failDone
-// is set, and hang (until their context ends) while hang is set.
-type flakyJournal struct {
-	*journal.Memory
-	failDone, hang atomic.Bool
-}
-
-var errDiskGone = errors.New("test: storage unavailable")
-
-func (f *flakyJournal) Update(ctx context.Context, rec journal.Record) error {
-	if f.hang.Load() {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	if f.failDone.Load() && rec.State == journal.StateDone {
-		return errDiskGone
-	}
-	return f.Memory.Update(ctx, rec)
-}
-
 // overFlakyJournal returns a payment server and a Transport, with its own
 // HTTP connections, over a flakyJournal the test can make fail or hang.
 func overFlakyJournal(t *testing.T) (*payServer, *flakyJournal, *idemretry.Transport) {
@@ -337,6 +324,7 @@ func overFlakyJournal(t *testing.T) (*payServer, *flakyJournal, *idemretry.Trans
 // the next deliberate identical payment reuse the old key (two payments, one
 // charge, and a 201 that nobody paid).
 func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
+	t.Parallel()
 	srv, j, tr := overFlakyJournal(t)
 
 	j.failDone.Store(true)
@@ -363,6 +351,7 @@ func TestFailedDoneUpdateNeverReusesTheKey(t *testing.T) {
 // Issue 7, item 5: a journal that hangs when the outcome is recorded must not hold
 // RoundTrip past the caller's deadline (beyond a documented grace).
 func TestHangingJournalUpdateBoundedByDeadline(t *testing.T) {
+	t.Parallel()
 	srv, j, tr := overFlakyJournal(t)
 
 	j.hang.Store(true)
@@ -457,6 +446,7 @@ func openFailDone(t *testing.T, hashed bool) *failDoneFile {
 // by its digest; a live request names it by its id. The two share a flight
 // (flights compare digests), but not the table of unlanded outcomes.
 func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "hashed"}[hashed], func(t *testing.T) {
 			srv := newPayServer(t)
@@ -503,6 +493,7 @@ func TestHeldOutcomeOfResumeBlocksLiveRequest(t *testing.T) {
 // the live request was named: a caller key, WithAction, or nothing (the
 // default: by its fingerprint).
 func TestHeldOutcomeOfLiveRequestBlocksResume(t *testing.T) {
+	t.Parallel()
 	for _, hashed := range []bool{false, true} {
 		for _, kind := range []string{"caller key", "WithAction", "unnamed"} {
 			t.Run(fmt.Sprintf("%s/%s", map[bool]string{false: "plain", true: "hashed"}[hashed], kind), func(t *testing.T) {
@@ -537,4 +528,247 @@ func testHeldOutcomeOfLiveRequestBlocksResume(t *testing.T, hashed bool, kind st
 	require.Len(t, res, 1)
 	require.ErrorIs(t, res[0].Err, errDiskGone, "Resume did not write the held outcome first")
 	require.Len(t, srv.seen(), 1, "Resume sent an action whose outcome (done) is held only in memory")
+}
+
+// hangDoneJournal is a Memory journal whose first Update to done hangs
+// until its context ends, and says on entered that it has begun.
+type hangDoneJournal struct {
+	*journal.Memory
+	entered chan struct{}
+	hung    atomic.Bool
+}
+
+func (h *hangDoneJournal) Update(ctx context.Context, rec journal.Record) error {
+	if rec.State == journal.StateDone && h.hung.CompareAndSwap(false, true) {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return h.Memory.Update(ctx, rec)
+}
+
+// README guarantee 5: only the write of the outcome being returned may
+// outlast the caller's context, by at most OutcomeGrace. A caller whose
+// context has no deadline and is cancelled while that write hangs gets
+// RoundTrip back within OutcomeGrace of the cancel (here: well within the
+// journal timeout of 20 s), and the outcome is kept and landed at Close.
+func TestOutcomeWriteOutlastsACancelByOutcomeGraceAtMost(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := &hangDoneJournal{Memory: journal.NewMemory(), entered: make(chan struct{}, 1)}
+	tr := transportOver(t, j, idemretry.WithJournalTimeout(20*time.Second))
+	ctx, cancel := context.WithCancel(idemretry.WithAction(context.Background(), "pay:cancel-during-outcome"))
+	defer cancel()
+	cancelledAt := make(chan time.Time, 1)
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-j.entered:
+			cancelledAt <- time.Now()
+			cancel()
+		case <-finished:
+		}
+	}()
+	resp, err := tr.RoundTrip(post(t, ctx, srv.URL, `{"amount":5}`))
+	returned := time.Now()
+	if err == nil {
+		resp.Body.Close()
+	}
+	var cancelled time.Time
+	select {
+	case cancelled = <-cancelledAt:
+	default:
+		t.Fatalf("RoundTrip returned (%v) before the outcome write began", err)
+	}
+	late := returned.Sub(cancelled)
+	require.Less(t, late, 5*time.Second, "RoundTrip returned %v after its context was cancelled during the outcome write (OutcomeGrace %v)",
+		late, idemretry.OutcomeGrace)
+	require.Equal(t, 1, srv.chargeCount())
+	require.NoError(t, tr.Close(), "Close lands the outcome the journal did not take in time")
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, un)
+}
+
+// hW1's review: what the caller is told against what the journal records,
+// on the default path (unnamed requests, the file journal), when the
+// caller's deadline, cancel or http.Client.Timeout lands anywhere around
+// the server's answer. A caller told "pending" (an error, or a give-up)
+// must find the same key on its next identical request; a caller given a
+// final answer must find a new one (a deliberate repeat is a new payment).
+
+// deadlineLedger is a loopback payment server with Stripe's semantics (a key is
+// charged once; a repeat replays; a repeat while the charge runs is 409),
+// whose charges take a random few milliseconds, so that answers land
+// around the clients' deadlines.
+type deadlineLedger struct {
+	mu       sync.Mutex
+	stored   map[string]int // key -> status
+	inflight map[string]bool
+	charges  map[string]int // key -> charges
+	rnd      *rand.Rand
+}
+
+func newDeadlineLedger(seed uint64) *deadlineLedger {
+	return &deadlineLedger{stored: map[string]int{}, inflight: map[string]bool{}, charges: map[string]int{},
+		rnd: rand.New(rand.NewPCG(seed, 7))}
+}
+
+func (l *deadlineLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	if st, ok := l.stored[key]; ok {
+		l.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(st)
+		io.WriteString(w, `{"replayed":true}`)
+		return
+	}
+	if l.inflight[key] {
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusConflict)
+		return
+	}
+	delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
+	fail := l.rnd.IntN(8) == 0
+	slowBody := l.rnd.IntN(4) == 0
+	l.inflight[key] = true
+	l.mu.Unlock()
+	time.Sleep(delay)
+	if fail {
+		// Not processed: nothing stored.
+		l.mu.Lock()
+		delete(l.inflight, key)
+		l.mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	l.mu.Lock()
+	delete(l.inflight, key)
+	l.charges[key]++
+	l.stored[key] = http.StatusCreated
+	l.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	if slowBody {
+		// The body arrives across the deadline.
+		io.WriteString(w, `{"charge":`)
+		w.(http.Flusher).Flush()
+		time.Sleep(10 * time.Millisecond)
+	}
+	io.WriteString(w, `"ok"}`)
+}
+
+// keyOfAnswer returns the key an outcome carried: the response's request's
+// header, or the ActionError's key; "" when neither says.
+func keyOfAnswer(resp *http.Response, err error) string {
+	if resp != nil && resp.Request != nil {
+		return resp.Request.Header.Get("Idempotency-Key")
+	}
+	var ae *idemretry.ActionError
+	if errors.As(err, &ae) {
+		return ae.Key
+	}
+	return ""
+}
+
+// Found in review hw1 (03eab9b; was TestHW1WhatTheCallerIsToldIsWhatTheNextTapFinds).
+func TestOutcomeToldIsWhatTheNextTapFinds(t *testing.T) {
+	t.Parallel()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	ledger := newDeadlineLedger(seed)
+	srv := newServer(t, ledger.ServeHTTP)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(t.TempDir()),
+		idemretry.WithBackOff(constant(5*time.Millisecond)), idemretry.WithRetryBudget(0, 0))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tr.Close()) }()
+	client := &http.Client{Transport: tr}
+
+	const payers, rounds = 4, 30
+	var nPending, nFinal atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, payers)
+	for p := range payers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(seed, uint64(p)))
+			body := fmt.Sprintf(`{"payer":%d,"amount":100}`, p)
+			var (
+				prevKey     string
+				prevPending bool
+				prevWhat    string
+			)
+			for i := range rounds {
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				c := client
+				mode := rnd.IntN(4)
+				d := time.Duration(1+rnd.IntN(35)) * time.Millisecond
+				switch mode {
+				case 0:
+					ctx, cancel = context.WithTimeout(ctx, d)
+				case 1:
+					ctx, cancel = context.WithCancel(ctx)
+					stop := time.AfterFunc(d, cancel)
+					defer stop.Stop()
+				case 2:
+					c = &http.Client{Transport: tr, Timeout: d}
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
+				resp, err := c.Do(req)
+				key := keyOfAnswer(resp, err)
+				pending := true
+				what := fmt.Sprintf("round %d mode %d after %v: ", i, mode, d)
+				if resp != nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					reason := idemretry.GiveUpReason(resp)
+					pending = reason != nil
+					what += fmt.Sprintf("%d (give-up %v)", resp.StatusCode, reason)
+				} else {
+					what += fmt.Sprintf("error %v", err)
+				}
+				cancel()
+				if key != "" && prevKey != "" {
+					switch {
+					case prevPending && key != prevKey:
+						errs <- fmt.Errorf("payer %d: %s left the action pending under %s, yet %s carried %s", p, prevWhat, prevKey, what, key)
+						return
+					case !prevPending && key == prevKey:
+						errs <- fmt.Errorf("payer %d: %s was final under %s, yet the deliberate repeat %s carried it again", p, prevWhat, prevKey, what)
+						return
+					}
+				}
+				if key != "" {
+					prevKey, prevPending, prevWhat = key, pending, what
+					if pending {
+						nPending.Add(1)
+					} else {
+						nFinal.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	t.Logf("%d outcomes final, %d pending", nFinal.Load(), nPending.Load())
+	for err := range errs {
+		t.Error(err)
+	}
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	for k, n := range ledger.charges {
+		if n > 1 {
+			t.Errorf("key %s charged %d times", k, n)
+		}
+	}
 }

@@ -436,6 +436,7 @@ func joinOneFlight(t *testing.T, srv *payServer, tr http.RoundTripper, ctx conte
 // nothing was written: only a base that looked up the attempt's trace has
 // told it what it wrote. So the payment is Pending, never NotSent.
 func TestOutcomeOfUnderABaseThatHidesItsTries(t *testing.T) {
+	t.Parallel()
 	srv := newPayServer(t)
 	srv.commitThenDrop[1] = true
 	down := "http://" + closedAddr(t)

@@ -10,6 +10,7 @@ import (
 // judge's verdicts on sending an action's existing record: every state,
 // within and past its key window, and a creation in the clock's future.
 func TestReserveJudge(t *testing.T) {
+	t.Parallel()
 	const window = 24 * time.Hour
 	at := func(s journal.State, age time.Duration) journal.Record {
 		return journal.Record{State: s, CreatedAt: lifeT0.Add(-age)}

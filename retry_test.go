@@ -347,13 +347,6 @@ func TestOnRetryHook(t *testing.T) {
 	assert.Equal(t, "pay:hook", events[1].Action)
 }
 
-func uuidCheck(s string) error {
-	if len(s) != 36 || s[14] != '4' {
-		return errors.New("not a UUIDv4: " + s)
-	}
-	return nil
-}
-
 // WithLogger logs retries at Debug and an outcome-unknown action at Warn.
 func TestLogger(t *testing.T) {
 	var buf bytes.Buffer
@@ -371,6 +364,7 @@ func TestLogger(t *testing.T) {
 }
 
 func TestRetryAfterParsing(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	cases := []struct {
 		status int
@@ -443,6 +437,7 @@ func (b *retryingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 // Retries stacked on a base that retries by itself: every request written
 // is counted, and the last status is kept when the base returns it.
 func TestStackedRetriesCountedAndStatusKept(t *testing.T) {
+	t.Parallel()
 	var requests atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -547,4 +542,48 @@ func TestRetryAfterBeyondCapOnConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, left, 1, "the action is pending, its key kept")
 	assert.Equal(t, srv.seen()[0].Key, left[0].Key)
+}
+
+// A BackOff factory that returns nil makes RoundTrip fail with
+// ErrInvalidOption "before anything is sent". It must also leave nothing
+// behind: a pending record would make a later Resume (or a resend) send a
+// payment the app was told had failed.
+func TestNilBackOffLeavesNoPendingAction(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	for _, tc := range []struct {
+		name string
+		opts []idemretry.Option
+		ctx  func(context.Context) context.Context
+	}{
+		{"WithBackOff", []idemretry.Option{idemretry.WithBackOff(func() backoff.BackOff { return nil })}, func(c context.Context) context.Context { return c }},
+		{"RequestBackOff", nil, func(c context.Context) context.Context {
+			return idemretry.WithRequestOptions(c, idemretry.RequestBackOff(func() backoff.BackOff { return nil }))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := journal.NewMemory()
+			tr := transportOver(t, j, tc.opts...)
+			for _, ctx := range []context.Context{idemretry.WithAction(context.Background(), "pay:"+tc.name), context.Background()} {
+				_, err := tr.RoundTrip(post(t, tc.ctx(ctx), srv.URL, `{"order":"`+tc.name+`"}`))
+				require.ErrorIs(t, err, idemretry.ErrInvalidOption)
+			}
+			left, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, left, "a request refused before anything was sent left a pending action, which Resume would send")
+			assert.Empty(t, srv.seen())
+			resp, err := tr.RoundTrip(mustGet(t, tc.ctx(context.Background()), srv.URL))
+			if err == nil {
+				resp.Body.Close()
+			}
+			assert.ErrorIs(t, err, idemretry.ErrInvalidOption, "a GET with the same BackOff")
+		})
+	}
+}
+
+func mustGet(t *testing.T, ctx context.Context, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return req
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemretry/idemretry/internal/race"
 )
 
 // Tests of the scan of a journal file (scan.go, crcprefix.go): the read
@@ -461,7 +463,7 @@ func TestScanFindLaterMatchesDirectCRC(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(4, 4))
 	rounds := 4
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		rounds = 2
 	}
 	found, long := 0, 0
@@ -471,7 +473,7 @@ func TestScanFindLaterMatchesDirectCRC(t *testing.T) {
 			gen = 0
 		}
 		base := 1 + uint64(rng.IntN(1000))
-		data, offs := findLaterFile(rng, gen, base, 30+rng.IntN(30), round%3 == 0 && !raceEnabled)
+		data, offs := findLaterFile(rng, gen, base, 30+rng.IntN(30), round%3 == 0 && !race.Enabled)
 		if round%2 == 1 {
 			data = findLaterDamage(rng, data, gen, base, 1+rng.IntN(8))
 		}

@@ -1,16 +1,5 @@
 package idemretry_test
 
-// The kill loop for Resume: an app, a real child process over the default
-// file journal, resumes what its previous run left unfinished while it
-// takes new payments and repeats of earlier ones, and is killed with
-// SIGKILL at random moments (after a random delay, right after the server
-// committed one of its charges, or while Resume runs), round after round
-// over the same journal directory. The server is a loopback payment server
-// with Stripe's semantics and faults (answers lost after the charge
-// committed, charges slower than the client's timeout, fast 503s). The
-// invariants are checked from the server's own ledger at the end, after a
-// last run that resumes everything with nothing killed.
-
 import (
 	"bufio"
 	"bytes"
@@ -31,16 +20,165 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/childtest"
 	"github.com/idemretry/idemretry/journal"
 )
+
+// Processes killed with SIGKILL in the middle of a payment (the test
+// binary run again as a child): what the journal holds after, and what a
+// restarted process resends, taps again or resumes.
+
+const (
+	envE2EChild = "IDEMRETRY_E2E_CHILD" // the journal directory
+	envE2EURL   = "IDEMRETRY_E2E_URL"
+)
+
+// TestJournalE2EChild is the child of TestJournalSurvivesKill: it pays one
+// order through a default-style Client whose journal is in the given
+// directory, and prints the response's status. It does nothing in a normal
+// run.
+func TestJournalE2EChild(t *testing.T) {
+	if !childtest.IsChild() {
+		t.Skip("child process of TestJournalSurvivesKill")
+	}
+	dir := os.Getenv(envE2EChild)
+	c, err := idemretry.NewClient(idemretry.WithJournalDir(dir))
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(3)
+	}
+	ctx := idemretry.WithAction(context.Background(), "pay:order-A-1001")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, os.Getenv(envE2EURL)+"/charges", strings.NewReader(`{"amount":1000}`))
+	resp, err := c.Do(req)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(4)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fmt.Println("status", resp.StatusCode)
+	_ = c.Close()
+	os.Exit(0)
+}
+
+// The end-to-end test of issue 3: a process is killed (SIGKILL) while its
+// payment is in flight, after the server committed the charge but before the
+// answer came back. The restarted process resends; the server sees the same
+// Idempotency-Key and charges once.
+func TestJournalSurvivesKill(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	charges := map[string]int{} // key -> charges made
+	committed := make(chan struct{}, 1)
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		keys = append(keys, key)
+		first := charges[key] == 0
+		if first {
+			charges[key]++ // committed
+		}
+		mu.Unlock()
+		if first {
+			// Drop the answer: hold it until the client is gone.
+			committed <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusOK) // a replay of the stored answer
+	})
+	dir := t.TempDir()
+
+	run := func() (*exec.Cmd, *bufio.Reader) {
+		cmd, out := childtest.Start(t, "TestJournalE2EChild", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
+		return cmd, bufio.NewReader(out)
+	}
+
+	cmd, _ := run()
+	select {
+	case <-committed:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the first attempt never reached the server")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	cmd, out := run()
+	line, _ := out.ReadString('\n')
+	_ = cmd.Wait()
+	assert.Equal(t, "status 200\n", line)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, keys, 2)
+	assert.NotEmpty(t, keys[0])
+	assert.Equal(t, keys[0], keys[1], "the restarted process used another key")
+	assert.Len(t, charges, 1)
+	assert.Equal(t, 1, charges[keys[0]], "charged more than once")
+}
+
+// Issue 30, item 6: a process killed (SIGKILL) during its payment's first
+// attempt, after the server charged it, left a record that Unfinished
+// listed with 0 attempts, which reads as "nothing sent". The first attempt
+// is counted when the key is reserved, durably, before it leaves.
+func TestUnfinishedCountsTheFirstAttemptAfterAKill(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("SIGKILL")
+	}
+	committed := make(chan struct{}, 1)
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		committed <- struct{}{} // charged; the answer never leaves
+		<-r.Context().Done()
+	})
+	dir := t.TempDir()
+	cmd := childtest.Command("TestJournalE2EChild", envE2EChild+"="+dir, envE2EURL+"="+srv.URL)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	select {
+	case <-committed:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the first attempt never reached the server")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	j, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	defer j.Close()
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	assert.Equal(t, "pay:order-A-1001", recs[0].ActionID)
+	assert.Equal(t, journal.StatePending, recs[0].State)
+	assert.GreaterOrEqual(t, recs[0].Attempts, 1, "a charged payment listed as never attempted")
+}
+
+// The kill loop for Resume: an app, a real child process over the default
+// file journal, resumes what its previous run left unfinished while it
+// takes new payments and repeats of earlier ones, and is killed with
+// SIGKILL at random moments (after a random delay, right after the server
+// committed one of its charges, or while Resume runs), round after round
+// over the same journal directory. The server is a loopback payment server
+// with Stripe's semantics and faults (answers lost after the charge
+// committed, charges slower than the client's timeout, fast 503s). The
+// invariants are checked from the server's own ledger at the end, after a
+// last run that resumes everything with nothing killed.
 
 const (
 	// IDEMRETRY_RESUME_KILL_ROUNDS sets the rounds of TestResumeKillLoop;
@@ -463,10 +601,10 @@ func rkInts(s string) []int {
 // TestResumeKillLoopChild is the app of TestResumeKillLoop; it does nothing
 // in a normal run.
 func TestResumeKillLoopChild(t *testing.T) {
-	dir := os.Getenv(envRKDir)
-	if dir == "" {
+	if !childtest.IsChild() {
 		t.Skip("child process of TestResumeKillLoop")
 	}
+	dir := os.Getenv(envRKDir)
 	var outMu sync.Mutex
 	say := func(format string, a ...any) {
 		outMu.Lock()
@@ -719,12 +857,11 @@ func TestResumeKillLoop(t *testing.T) {
 
 	prevCommitKill := false
 	runChild := func(round int, env []string, final bool) {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestResumeKillLoopChild$", "-test.count=1")
 		if hashed {
 			env = append(env, envRKHashed+"=1")
 		}
-		cmd.Env = append(os.Environ(), append([]string{"GORACE=atexit_sleep_ms=0",
-			envRKDir + "=" + dir, envRKURL + "=" + srv.URL, fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
+		cmd := childtest.Command("TestResumeKillLoopChild", append([]string{envRKDir + "=" + dir, envRKURL + "=" + srv.URL,
+			fmt.Sprintf("%s=%d", envRKChild, uint64(seed)+uint64(round)*7919)}, env...)...)
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr bytes.Buffer
@@ -1099,4 +1236,410 @@ func rkCount(m map[int][]string) int {
 		c += len(v)
 	}
 	return c
+}
+
+const (
+	envRetapDir = "IDEMRETRY_RETAP_DIR"
+	envRetapURL = "IDEMRETRY_RETAP_URL"
+)
+
+// TestResumeKillLoopRetapChild is the app of
+// TestResumeKillLoopRetapRule: it pays unnamed order 1 through a base
+// transport that announces the request and never sends it, so that it is
+// killed with the key durably reserved and nothing on the wire.
+//
+// Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapChildHU1).
+func TestResumeKillLoopRetapChild(t *testing.T) {
+	if !childtest.IsChild() {
+		t.Skip("child process of TestResumeKillLoopRetapRule")
+	}
+	dir := os.Getenv(envRetapDir)
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		fmt.Fprintf(os.Stdout, "retap sending %s\n", r.Header.Get("Idempotency-Key"))
+		time.Sleep(time.Hour) // killed here
+		return nil, context.Canceled
+	})
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithKeyWindow(time.Minute))
+	if err != nil {
+		fmt.Fprintf(os.Stdout, "retap open-error %v\n", err)
+		os.Exit(3)
+	}
+	req, _ := http.NewRequest(http.MethodPost, os.Getenv(envRetapURL)+"/charge", strings.NewReader(rkBody(1, true)))
+	_, _ = tr.RoundTrip(req)
+	os.Exit(4)
+}
+
+// TestResumeKillLoopRetapRule checks the rule by which TestResumeKillLoop
+// has the app tap an unnamed order again (rkMayRetap) against the case it
+// must refuse: the app was killed (SIGKILL) after the order's key was
+// durably reserved and before any request of it reached the server. No
+// arrival at the server, nothing resolved, yet the journal holds the action
+// pending: the next run's Resume sends it under its key, and a tap of the
+// same unnamed payment after Resume's flight landed is, as the README says
+// ("What an unnamed request cannot know"), a deliberate repeat: a new key, a
+// second charge. The kill loop then reports "order N (unnamed true) charged
+// 2 times" although the Transport did what it promises. Over real loopback
+// HTTP, with the kill loop's own server, app and rule.
+//
+// Found in review hu1 (4b7b2ab; was TestResumeKillLoopRetapRuleHU1).
+func TestResumeKillLoopRetapRule(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("child process")
+	}
+	led := newRKLedger(1)
+	srv := httptest.NewServer(led)
+	defer srv.Close()
+	dir := t.TempDir()
+
+	// Run 1: killed between the reserve and the send.
+	cmd, out := childtest.Start(t, "TestResumeKillLoopRetapChild", envRetapDir+"="+dir, envRetapURL+"="+srv.URL)
+	keyc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if k, ok := strings.CutPrefix(sc.Text(), "retap sending "); ok {
+				keyc <- k
+			}
+		}
+		close(keyc)
+	}()
+	var key1 string
+	select {
+	case key1 = <-keyc:
+	case <-time.After(60 * time.Second):
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	require.NotEmpty(t, key1, "the child never came to send order 1")
+	require.Zero(t, led.arrivals(1), "nothing of order 1 reached the server")
+
+	// Between the runs: the kill loop's rule.
+	st := &rkState{resolvedCharged: map[int][]string{}}
+	var j *filejournal.Journal
+	may, err := rkMayRetap(&j, dir, t.TempDir(), false, srv.URL, st, led, 1)
+	require.NoError(t, err)
+	if j != nil {
+		require.NoError(t, j.Close())
+	}
+
+	// Run 2: Resume at start-up; the user taps Pay again, here once
+	// Resume has finished (in the kill loop, whenever its op comes up).
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := idemretry.NewTransport(base, idemretry.WithJournalDir(dir), idemretry.WithKeyWindow(time.Minute),
+		idemretry.WithBackOff(func() backoff.BackOff { return idemretry.NewFullJitter(40*time.Millisecond, 200*time.Millisecond, nil) }),
+		idemretry.WithMaxRetries(5))
+	require.NoError(t, err)
+	app := &rkApp{url: srv.URL, say: t.Logf, rng: rand.New(rand.NewPCG(1, 3)), next: 2,
+		unnamed: map[int]bool{1: true}, paid: map[int]bool{}, inProgress: map[int]int{}}
+	results, err := tr.Resume(context.Background(), app, 0)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.Equal(t, key1, results[0].Record.Key, "Resume sends the pending action under its key")
+	require.True(t, results[0].Sent)
+	require.Equal(t, http.StatusCreated, results[0].Status)
+	if may {
+		app.pay(tr, 1, true, "retap")
+	}
+	require.NoError(t, tr.Close())
+
+	led.mu.Lock()
+	keys := append([]string(nil), led.charges[1]...)
+	led.mu.Unlock()
+	require.Len(t, keys, 1, "order 1 (unnamed true) charged %d times under %v: rkMayRetap let the app pay again an unnamed order whose pending key the next run's Resume sends", len(keys), keys)
+	require.Equal(t, key1, keys[0])
+}
+
+// forgettingResumer is an app that, asked to rebuild pay:A, finds it has
+// reconciled the order by itself meanwhile (cancelled it, say) and forgets
+// the action, then returns its request as Rebuild must.
+type forgettingResumer struct {
+	j    journal.Journal
+	url  string
+	body string
+}
+
+func (f *forgettingResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	if err := f.j.Forget(ctx, rec.ActionID); err != nil {
+		return nil, err
+	}
+	return http.NewRequestWithContext(ctx, http.MethodPost, f.url, stringsReader(f.body))
+}
+
+func (*forgettingResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// The app forgot pay:A (it reconciled it itself) while Resume rebuilt it.
+// Resume's Reserve finds no record and re-creates the listed one, durably
+// (synced, with its old key and CreatedAt). A process killed right after
+// (SIGKILL, the battery, the OS reclaiming an app at start-up) must not
+// leave it pending: the next start would list it and Resume send the
+// forgotten key (the order the app cancelled, charged). Outcome-unknown, it
+// goes to Resolve. Here the child is held at that moment by a journal that
+// pauses after the Reserve (the window is otherwise a sync long) and
+// killed for real.
+//
+// Found in review 2 of Resume (e80c783; was TestReview2ResumeCrashAfterReCreateResurrectsAForgottenAction).
+func TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown(t *testing.T) {
+	t.Parallel()
+	const body = `{"order":"A"}`
+	if childtest.IsChild() {
+		resumeThenHang(t, os.Getenv("IDEMRETRY_RECREATE_DIR"), os.Getenv("IDEMRETRY_RECREATE_URL"), body)
+		return
+	}
+	srv := newPayServer(t)
+	dir := t.TempDir()
+	fj, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	listed := pendingPayA(t, srv, fj, body)
+	require.NoError(t, fj.Close())
+
+	cmd := childtest.Command("TestResumeKilledAfterReCreateLeavesTheForgottenActionUnknown", "IDEMRETRY_RECREATE_DIR="+dir, "IDEMRETRY_RECREATE_URL="+srv.URL)
+	cmd.Args = append(cmd.Args, "-test.v")
+	require.NoError(t, cmd.Start())
+	marker := filepath.Join(dir, "..", filepath.Base(dir)+".recreated")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatal("the child never re-created the record")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	after, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	defer after.Close()
+	recs, err := after.Unfinished(context.Background())
+	require.NoError(t, err)
+	for _, r := range recs {
+		t.Logf("after the crash the journal lists %s %s key %s (listed before: key %s)", r.ActionID, r.State, r.Key, listed.Key)
+		assert.NotEqual(t, journal.StatePending, r.State, "an action the app forgot is pending again after a crash, under its old key: the next Resume sends it")
+	}
+}
+
+// resumeThenHang is the child: it resumes pay:A, whose Rebuild forgets it,
+// and hangs once Resume's Reserve has re-created the record.
+func resumeThenHang(t *testing.T, dir, url, body string) {
+	fj, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	j := &pausingJournal{Journal: fj}
+	j.after = func(_, _ journal.Record, created bool) {
+		if created {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "..", filepath.Base(dir)+".recreated"), nil, 0o600))
+			select {} // killed here
+		}
+	}
+	tr, err := idemretry.NewTransport(&http.Transport{}, idemretry.WithJournal(j))
+	require.NoError(t, err)
+	_, _ = tr.Resume(context.Background(), &forgettingResumer{j: j, url: url, body: body}, 0)
+	t.Fatal("Resume returned: no record was re-created")
+}
+
+// hW1's review: the default path (unnamed, the file journal, an
+// http.Client) when the app is killed with SIGKILL after the server
+// committed the charge and before the answer reached it, directly or on
+// a 307's hop; then a new process on the same journal taps again, or
+// resumes.
+
+const (
+	envKillDir = "IDEMRETRY_KILL_DIR"
+	envKillURL = "IDEMRETRY_KILL_URL"
+)
+
+// holdingLedger charges a key once and replays it after; the first
+// charge of each payload is committed and then its answer is held until
+// the test ends (the app is killed meanwhile).
+type holdingLedger struct {
+	mu        sync.Mutex
+	charged   map[string]bool
+	held      bool
+	committed chan struct{}
+	release   chan struct{}
+	keys      []string
+}
+
+func (l *holdingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	if r.URL.Path == "/redir" {
+		w.Header().Set("Location", "/pay")
+		w.WriteHeader(http.StatusTemporaryRedirect)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	l.keys = append(l.keys, key)
+	if l.charged[key] {
+		l.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		return
+	}
+	l.charged[key] = true
+	hold := !l.held && l.committed != nil
+	l.held = true
+	l.mu.Unlock()
+	if hold {
+		close(l.committed)
+		<-l.release
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+func (l *holdingLedger) charges() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.charged)
+}
+
+// TestKilledUnnamedPaymentChild is the app the tests below kill: it pays one unnamed
+// payment through an http.Client over the default file journal and never
+// closes anything.
+//
+// Found in review hw1 (f949e43; was TestHW1KillChild).
+func TestKilledUnnamedPaymentChild(t *testing.T) {
+	if !childtest.IsChild() {
+		t.Skip("the child process of TestKilledMidChargeThenTapOrResume and TestKilledAfterARedirectedUnnamedPaymentThenRepeat")
+	}
+	dir := os.Getenv(envKillDir)
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Transport: tr}).Post(os.Getenv(envKillURL), "application/json", strings.NewReader(`{"amount":42}`))
+	if err == nil {
+		resp.Body.Close()
+	}
+	fmt.Println("paid:", err)
+	select {}
+}
+
+// urlResumer rebuilds the unnamed payment.
+type urlResumer struct{ url string }
+
+func (r urlResumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	return http.NewRequestWithContext(ctx, http.MethodPost, r.url, strings.NewReader(`{"amount":42}`))
+}
+
+func (urlResumer) Resolve(context.Context, journal.Record) (bool, error) { return false, nil }
+
+// Found in review hw1 (f949e43; was TestHW1KilledMidChargeThenTapOrResume).
+func TestKilledMidChargeThenTapOrResume(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("SIGKILL")
+	}
+	for _, c := range []struct {
+		name, path string
+		resume     bool
+	}{
+		{"tap", "/pay", false},
+		{"resume then tap", "/pay", true},
+		{"tap, the charge on a 307's hop", "/redir", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := &holdingLedger{charged: map[string]bool{}, committed: make(chan struct{}), release: make(chan struct{})}
+			srv := httptest.NewServer(l)
+			defer srv.Close()
+			defer close(l.release)
+			dir := t.TempDir()
+			cmd := childtest.Command("TestKilledUnnamedPaymentChild", envKillDir+"="+dir, envKillURL+"="+srv.URL+c.path)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			require.NoError(t, cmd.Start())
+			select {
+			case <-l.committed:
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatalf("the child's charge never arrived: %s", out.String())
+			}
+			require.NoError(t, cmd.Process.Kill()) // SIGKILL: no Close, no outcome
+			_ = cmd.Wait()
+
+			tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+			require.NoError(t, err)
+			defer func() { require.NoError(t, tr.Close()) }()
+			un, err := tr.Journal().Unfinished(context.Background())
+			require.NoError(t, err)
+			require.NotEmpty(t, un, "the killed payment is not pending")
+			if c.resume {
+				res, err := tr.Resume(context.Background(), urlResumer{srv.URL + c.path}, 0)
+				require.NoError(t, err)
+				require.Len(t, res, 1)
+				require.NoError(t, res[0].Err)
+				assert.Equal(t, http.StatusCreated, res[0].Status)
+			}
+			resp, err := (&http.Client{Transport: tr}).Post(srv.URL+c.path, "application/json", strings.NewReader(`{"amount":42}`))
+			require.NoError(t, err)
+			resp.Body.Close()
+			if c.resume {
+				// Resumed to done: this tap is a deliberate repeat.
+				assert.False(t, idemretry.IsReplay(resp))
+				assert.Equal(t, 2, l.charges(), "keys %v", l.keys)
+			} else {
+				assert.True(t, idemretry.IsReplay(resp), "the tap of the killed payment was not its replay")
+				assert.Equal(t, 1, l.charges(), "the tap of the killed payment charged again: keys %v", l.keys)
+			}
+			un, err = tr.Journal().Unfinished(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, un)
+		})
+	}
+}
+
+// Guarantee 6 for an unnamed payment that was redirected: once the app
+// was given the hop's final answer, a deliberate repeat is a new payment,
+// also when the app is killed right after (no Close, within the file
+// journal's lazy second): the hop's done is as durable as an unnamed
+// action's own.
+//
+// Found in review hw1 (f949e43; was TestHW1KilledAfterARedirectedUnnamedPaymentThenRepeat).
+func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("SIGKILL")
+	}
+	l := &holdingLedger{charged: map[string]bool{}}
+	srv := httptest.NewServer(l)
+	defer srv.Close()
+	dir := t.TempDir()
+	cmd := childtest.Command("TestKilledUnnamedPaymentChild", envKillDir+"="+dir, envKillURL+"="+srv.URL+"/redir")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "paid:") {
+				line <- sc.Text()
+				return
+			}
+		}
+		close(line)
+	}()
+	var got string
+	select {
+	case got = <-line:
+	case <-time.After(20 * time.Second):
+	}
+	require.NoError(t, cmd.Process.Kill()) // at once: no Close
+	_ = cmd.Wait()
+	require.Equal(t, "paid: <nil>", got)
+	require.Equal(t, 1, l.charges())
+
+	tr, err := idemretry.NewTransport(nil, idemretry.WithJournalDir(dir))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tr.Close()) }()
+	resp, err := (&http.Client{Transport: tr}).Post(srv.URL+"/redir", "application/json", strings.NewReader(`{"amount":42}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.False(t, idemretry.IsReplay(resp), "the deliberate repeat was answered with the first payment's replay")
+	assert.Equal(t, 2, l.charges(), "keys %v", l.keys)
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
+// Benchmarks of the request path's parts: a fingerprint, a key.
+
 // BenchmarkFingerprint times a new fingerprint of a POST body of each size,
 // from GetBody as an http.NewRequest body gives it, in the plain form
 // (SHA-256) and in the keyed form (AES-GCM tags), to place keyedMinBody
@@ -43,6 +45,17 @@ func BenchmarkFingerprint(b *testing.B) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkNewUUIDKey is the cost of one action's key, from crypto/rand's
+// own Reader.
+func BenchmarkNewUUIDKey(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := newUUIDKey(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

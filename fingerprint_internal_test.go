@@ -8,10 +8,14 @@ import (
 	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,6 +23,10 @@ import (
 
 	"github.com/idemretry/idemretry/journal"
 )
+
+// Internals of fingerprint.go: the keyed and plain forms held to their
+// definitions, the URL as URL.String writes it, hashing in place, and the
+// pooled scratch.
 
 // keeper is a journal that keeps a secret it is given.
 type keeper struct {
@@ -144,6 +152,7 @@ func keyedRequest(t *testing.T, p []byte, split bool, seed uint64) (*http.Reques
 // gives its bytes in, at and around the chunk boundaries; and checked
 // against a request, in place or split, it matches the same bytes only.
 func TestKeyedFingerprintDefinition(t *testing.T) {
+	t.Parallel()
 	key, secret := testKey(t)
 	needKeyed(t, &key)
 	for _, n := range []int{keyedMinBody, keyedChunk + 1, 2*keyedChunk - 1, 3 * keyedChunk, 5*keyedChunk + 777} {
@@ -189,6 +198,7 @@ func TestKeyedFingerprintDefinition(t *testing.T) {
 // record would have let them, does not get a body that passes; one who has
 // the journal's secret does, which is why the secret stays in the journal.
 func TestKeyedFingerprintIsNotForgedFromTheRecord(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	needKeyed(t, &key)
 	p := bytes.Repeat([]byte(`{"amount":1000,"iban":"DE00000000000000000000"}`+"\n"), 3*keyedChunk/48)
@@ -250,6 +260,7 @@ func ghashMul(x, y [16]byte) [16]byte {
 // a small body, a body of unknown length. Plain is the legacy definition,
 // which matchFingerprint checks as before.
 func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
+	t.Parallel()
 	large := []byte(strings.Repeat("x", keyedMinBody))
 	plain := func(req *http.Request, p []byte) journal.Fingerprint {
 		sum := sha256.Sum256(p)
@@ -287,6 +298,7 @@ func TestPlainFingerprintWhereNotKeyed(t *testing.T) {
 // payload. Nor can one be checked by a Transport whose journal keeps no
 // secret.
 func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
+	t.Parallel()
 	key, _ := testKey(t)
 	needKeyed(t, &key)
 	p := bytes.Repeat([]byte("x"), keyedMinBody+1)
@@ -301,3 +313,308 @@ func TestKeyedFingerprintUnderAnotherSecretIsUncheckable(t *testing.T) {
 		require.False(t, same, name)
 	}
 }
+
+// appendURL writes the bytes of URL.String, which the fingerprint hashes:
+// one byte of difference would give a stored action another fingerprint.
+func TestAppendURLIsURLString(t *testing.T) {
+	t.Parallel()
+	for _, s := range appendURLSeeds {
+		u, err := url.Parse(s)
+		if err != nil {
+			continue
+		}
+		if got, want := string(appendURL([]byte("x"), u)), "x"+u.String(); got != want {
+			t.Errorf("%q: appendURL %q, String %q", s, got, want)
+		}
+	}
+	// Hand-made URLs, which Parse would not give.
+	for _, u := range []*url.URL{
+		{Scheme: "http", Host: "h", Path: "a/b"},
+		{Scheme: "http", Host: "h", Path: "/a b", ForceQuery: true},
+		{Scheme: "http", Host: "h", Path: "/p", RawQuery: "a=1&b=%20", Fragment: "f"},
+		{Scheme: "https", Host: "h", Path: "/p", OmitHost: true},
+		{Scheme: "http", Host: "h", Path: "*"},
+		{Scheme: "http", Host: "h", Path: "/ü"},
+		{Scheme: "http", Host: "h", Path: "/a%2Fb", RawPath: "/a%2Fb"},
+		{Scheme: "http", Host: "[::1]:80", Path: "/"},
+		{Scheme: "http", Host: "h", Path: "/", User: url.UserPassword("u", "p")},
+	} {
+		if got, want := string(appendURL(nil, u)), u.String(); got != want {
+			t.Errorf("%#v: appendURL %q, String %q", u, got, want)
+		}
+	}
+}
+
+var appendURLSeeds = []string{
+	"http://stub.invalid/charges", "https://api.example.com/v1/payments?expand=charge",
+	"http://127.0.0.1:8080/", "http://[::1]:80/x", "http://h", "http://h?", "http://h/?a=b#frag",
+	"http://h/a%20b", "http://h/a%2Fb", "http://user:pw@h/p", "mailto:x@y", "/relative/path",
+	"http://h/~user/a-b_c.d", "http://h/a:b@c;d=e", "HTTP://H/P", "http://h/*", "http://h/%7E",
+	"http://xn--nxasmq6b.example/p", "http://h/p?q=%ZZ", "http://h:/p", "//h/p",
+}
+
+func FuzzAppendURL(f *testing.F) {
+	for _, s := range appendURLSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := url.Parse(s)
+		if err != nil {
+			return
+		}
+		if got, want := string(appendURL(nil, u)), u.String(); got != want {
+			t.Fatalf("%q: appendURL %q, String %q", s, got, want)
+		}
+	})
+}
+
+// Fingerprinting reads an in-memory body in place (body.writeTo) instead of
+// a copy from GetBody: the fingerprint must be the one of the bytes the
+// first attempt sends, as the copy gave it, for every body http.NewRequest
+// knows (at any size, across the read chunk, and for a reader already
+// partly read before NewRequest), for a body read into memory, and for one
+// it does not know (which still goes through GetBody); and reading it must
+// leave what the first attempt sends untouched.
+func TestFingerprintInPlaceIsTheCopysFingerprint(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{0, 1, 1024, 2048, 2049, 5000, 70000} {
+		payload := bytes.Repeat([]byte("0123456789abcdefghij"), size/20+1)[:size]
+		for _, skip := range []int{0, 1, size / 2} {
+			if skip > size {
+				continue
+			}
+			makers := map[string]func() io.Reader{
+				"bytes.Reader": func() io.Reader {
+					r := bytes.NewReader(payload)
+					r.Seek(int64(skip), io.SeekStart)
+					return r
+				},
+				"strings.Reader": func() io.Reader {
+					r := strings.NewReader(string(payload))
+					r.Seek(int64(skip), io.SeekStart)
+					return r
+				},
+				"bytes.Buffer": func() io.Reader {
+					b := bytes.NewBuffer(append([]byte(nil), payload...))
+					b.Next(skip)
+					return b
+				},
+				"unknown": func() io.Reader { // buffered into memory by newBody
+					return io.MultiReader(bytes.NewReader(payload[skip:]))
+				},
+			}
+			for name, mk := range makers {
+				req, err := http.NewRequest(http.MethodPost, "http://example.test/pay", mk())
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := sha256.Sum256(payload[skip:])
+				// The fingerprint as it was computed before: the SHA-256 of
+				// a GetBody copy.
+				var viaCopy [32]byte
+				if req.GetBody != nil {
+					c, _ := req.GetBody()
+					if c == http.NoBody || c == nil {
+						viaCopy = sha256.Sum256(nil)
+					} else {
+						all, _ := io.ReadAll(c)
+						viaCopy = sha256.Sum256(all)
+					}
+				} else {
+					viaCopy = want
+				}
+				if viaCopy != want {
+					t.Fatalf("%s size %d skip %d: the GetBody copy is not the unread body", name, size, skip)
+				}
+				b, err := newBody(req, 1<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fp, err := fingerprint(req, &b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ref body
+				if size-skip > 0 {
+					ref = body{getBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload[skip:])), nil }}
+				}
+				wantFP, err := fingerprint(req, &ref) // through GetBody: the custom closure is not an in-memory reader
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fp != wantFP {
+					t.Errorf("%s size %d skip %d: fingerprint in place %x, through a copy %x", name, size, skip, fp, wantFP)
+				}
+				first, err := b.next()
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent, _ := io.ReadAll(first)
+				if !bytes.Equal(sent, payload[skip:]) {
+					t.Errorf("%s size %d skip %d: the first attempt sends %d bytes, want %d", name, size, skip, len(sent), size-skip)
+				}
+				b.close()
+			}
+		}
+	}
+}
+
+// A body whose GetBody the Transport does not know is fingerprinted from
+// its GetBody copy, as before: a NopCloser around a reader that is not one
+// of http.NewRequest's.
+func TestFingerprintOtherBodyUsesGetBody(t *testing.T) {
+	t.Parallel()
+	payload := []byte(`{"amount":1}`)
+	req, err := http.NewRequest(http.MethodPost, "http://example.test/pay", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Body = io.NopCloser(io.LimitReader(strings.NewReader("not what GetBody gives"), 100))
+	calls := 0
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		return io.NopCloser(bytes.NewReader(payload)), nil
+	}
+	b, err := newBody(req, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	fp, err := fingerprint(req, &b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := body{getBody: req.GetBody}
+	want, _ := fingerprint(req, &ref)
+	if calls != 2 || fp != want {
+		t.Errorf("GetBody called %d times (want 2), fingerprint %x want %x", calls, fp, want)
+	}
+}
+
+// The URL in a fingerprint is URL.String's, whichever way appendURL takes:
+// every byte value in a host and a path, one at a time.
+func TestAppendURLIsURLStringForEveryByte(t *testing.T) {
+	t.Parallel()
+	for c := 0; c < 256; c++ {
+		for _, u := range []*url.URL{
+			{Scheme: "https", Host: "pay.example" + string(rune(c)) + ":8443", Path: "/v1/charges"},
+			{Scheme: "https", Host: "pay.example", Path: "/v1/" + string([]byte{byte(c)}) + "/charges", RawQuery: "a=b"},
+			{Scheme: "http", Host: "[::1]:80", Path: "/x" + string([]byte{byte(c)})},
+		} {
+			if got, want := string(appendURL(nil, u)), u.String(); got != want {
+				t.Fatalf("byte %#x: appendURL = %q, URL.String = %q", c, got, want)
+			}
+		}
+	}
+}
+
+// hS1's review of the keyed fingerprint for bodies of keyedMinBody bytes
+// or more (commit 175a114): the per-key pool of scratch (fpKey.scratch).
+
+// The pooled scratch keeps nothing of one fingerprint into the next: a
+// scratch used for a body cut short by its reader's error (a partial chunk
+// left in it), for a body of several chunks, or for one of another size,
+// then used again, gives the definition (keyedReference), in any order of
+// sizes, from many goroutines, under two keys at once whose pools must
+// never lend each other a scratch.
+//
+// Found in review hs1 (ebb7e06; was TestReviewHS1PooledScratchKeepsNothing).
+func TestKeyedPooledScratchKeepsNothing(t *testing.T) {
+	t.Parallel()
+	key, secret := testKey(t)
+	needKeyed(t, &key)
+	var other [32]byte
+	for i := range other {
+		other[i] = byte(0xa0 + i)
+	}
+	key2 := fingerprintKey(keeper{journal.NewMemory(), other})
+	require.True(t, key2.ok)
+	require.NotEqual(t, key.id, key2.id)
+	sizes := []int{keyedMinBody - 1, keyedMinBody, keyedMinBody + 1, 1000, keyedChunk - 1, keyedChunk, keyedChunk + 1, 2*keyedChunk + 3}
+	type result struct {
+		fp     journal.Fingerprint
+		secret [32]byte
+		body   []byte
+		what   string
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		made []result
+	)
+	errs := make(chan error, 64)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, s := &key, secret
+			if g%2 == 1 {
+				k, s = &key2, other
+			}
+			for i := range 40 {
+				n := sizes[(g+i*3)%len(sizes)]
+				p := bytes.Repeat([]byte{byte('a' + (g+i)%26)}, n)
+				p[n/2] ^= byte(i)
+				if i%5 == 0 {
+					// A body that fails part way: its partial chunk stays
+					// in the scratch, which goes back to the pool.
+					req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges", nil)
+					if err != nil {
+						errs <- err
+						return
+					}
+					req.GetBody = func() (io.ReadCloser, error) {
+						return io.NopCloser(io.MultiReader(bytes.NewReader(p[:n/2+1]), failing{})), nil
+					}
+					req.ContentLength = int64(n)
+					req.Body, _ = req.GetBody()
+					b, err := newBody(req, 1<<30)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if _, err := keyedFingerprint(req, &b, newKeyedHead(k), k); err == nil {
+						errs <- errors.New("a failing body gave a fingerprint")
+						return
+					}
+				}
+				req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges?x=1", bytes.NewReader(p))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if i%2 == 0 {
+					req.GetBody = func() (io.ReadCloser, error) {
+						return io.NopCloser(&splitReader{b: p, rnd: rand.New(rand.NewPCG(uint64(g), uint64(i)))}), nil
+					}
+				}
+				b, err := newBody(req, 1<<30)
+				if err != nil {
+					errs <- err
+					return
+				}
+				fp, err := keyedFingerprint(req, &b, newKeyedHead(k), k)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				made = append(made, result{fp: fp, secret: s, body: p, what: fmt.Sprintf("goroutine %d, body %d of %d bytes", g, i, n)})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.Len(t, made, 16*40)
+	for _, r := range made {
+		require.Equal(t, keyedReference(t, r.secret, r.fp, http.MethodPost, "https://pay.example/v1/charges?x=1", r.body), r.fp, r.what)
+	}
+}
+
+type failing struct{}
+
+func (failing) Read([]byte) (int, error) { return 0, errors.New("hs1: the body's reader failed") }

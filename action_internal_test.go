@@ -5,17 +5,121 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/idemretry/idemretry/journal"
 )
+
+// Internals of action.go: the UUIDv4 keys newUUIDKey makes from
+// crypto/rand.Reader (a replaced one too), and WithAction's context.
+
+// newUUIDKey's keys are canonical random (version 4, RFC 9562 variant)
+// UUIDs, as uuid.NewRandom makes them, and no two alike.
+func TestNewUUIDKeyIsCanonicalV4(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 10000 {
+		k, err := newUUIDKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := uuid.Parse(k)
+		if err != nil {
+			t.Fatalf("%q: %v", k, err)
+		}
+		if u.Version() != 4 || u.Variant() != uuid.RFC4122 || u.String() != k {
+			t.Fatalf("%q: version %d, variant %v, canonical %q", k, u.Version(), u.Variant(), u.String())
+		}
+		if seen[k] {
+			t.Fatalf("%q made twice", k)
+		}
+		seen[k] = true
+	}
+}
+
+// WithAction's context (one allocation, not WithValue's two) behaves as
+// WithValue's: the innermost id wins, other values and cancellation come
+// from the parent, and contexts derived from it register with the parent's
+// cancellation instead of starting a goroutine each, as they would for a
+// Context type the context package does not know.
+func TestWithActionIsAContextValue(t *testing.T) {
+	type otherKey struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), otherKey{}, "v"))
+	defer cancel()
+	ctx := WithAction(parent, "pay:1")
+	inner := context.WithValue(WithAction(ctx, "pay:2"), otherKey{}, "w")
+	if id, ok := ActionFromContext(ctx); !ok || id != "pay:1" {
+		t.Errorf("ActionFromContext = %q, %v; want pay:1", id, ok)
+	}
+	if id, ok := ActionFromContext(inner); !ok || id != "pay:2" {
+		t.Errorf("nested: ActionFromContext = %q, %v; want pay:2", id, ok)
+	}
+	if v := ctx.Value(otherKey{}); v != "v" {
+		t.Errorf("the parent's value: %v", v)
+	}
+	if _, ok := ActionFromContext(WithAction(ctx, "")); ok {
+		t.Error("an empty id is reported as set")
+	}
+	if _, ok := ActionFromContext(parent); ok {
+		t.Error("an id is reported where none was set")
+	}
+	if s := fmt.Sprint(ctx); !strings.Contains(s, `WithAction("pay:1")`) {
+		t.Errorf("String = %s", s)
+	}
+	before := runtime.NumGoroutine()
+	var derived []context.Context
+	for range 100 {
+		d, c := context.WithCancel(inner)
+		defer c()
+		derived = append(derived, d)
+	}
+	if n := runtime.NumGoroutine(); n >= before+50 {
+		t.Errorf("%d goroutines after deriving 100 contexts, %d before: derived contexts do not find the parent's cancellation", n, before)
+	}
+	cancel()
+	for _, d := range derived {
+		select {
+		case <-d.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a derived context was not cancelled with the parent")
+		}
+	}
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Errorf("Err = %v", ctx.Err())
+	}
+}
+
+// Printing a WithAction context names a parent without a String method by
+// its type, as WithValue's does, never by its fields (which may hold
+// secrets, and may be written meanwhile); a nil parent gives a context that
+// http.NewRequestWithContext refuses, not one that fails deep in a send.
+func TestWithActionStringAndNilParent(t *testing.T) {
+	t.Parallel()
+	type appCtx struct {
+		context.Context
+		apiToken string
+	}
+	parent := &appCtx{Context: context.Background(), apiToken: "sk_live_secret"}
+	s := fmt.Sprint(WithAction(parent, "pay:1"))
+	if strings.Contains(s, "sk_live_secret") || !strings.HasSuffix(s, `.WithAction("pay:1")`) {
+		t.Errorf("String = %s", s)
+	}
+	//lint:ignore SA1012 a nil parent is the point
+	ctx := WithAction(nil, "pay:1")
+	if _, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1:1/", nil); err == nil {
+		t.Error("WithAction(nil, id) made a context that http.NewRequestWithContext accepts")
+	}
+}
 
 // fixedReader yields b forever.
 type fixedReader byte
@@ -138,16 +242,5 @@ func TestReplacedRandReaderErrorSendsNothing(t *testing.T) {
 	}
 	if rec, ok, err := j.Get(context.Background(), "pay:rand-order"); ok || err != nil {
 		t.Fatalf("the journal holds %+v (%v), want nothing", rec, err)
-	}
-}
-
-// BenchmarkNewUUIDKey is the cost of one action's key, from crypto/rand's
-// own Reader.
-func BenchmarkNewUUIDKey(b *testing.B) {
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := newUUIDKey(); err != nil {
-			b.Fatal(err)
-		}
 	}
 }

@@ -1,5 +1,0 @@
-//go:build !race
-
-package filejournal
-
-const raceEnabled = false
