@@ -138,6 +138,17 @@ func TestLifecycle(t *testing.T) {
 	for _, msg := range s.errs {
 		t.Errorf("the simulation could not run a history: %s", msg)
 	}
+	// A database that did not answer in time when a history opened its
+	// journal (a loaded machine) leaves that history unrun: said, and a
+	// failure only when it is more than one history in ten.
+	if n, all := s.unavailable, s.histories.Load(); n > 0 {
+		msg := fmt.Sprintf("%d of %d histories could not open their journal, the database not answering (first: %s)", n, all, s.unavailableMsg)
+		if int64(n)*10 > all {
+			t.Error(msg)
+		} else {
+			t.Log(msg)
+		}
+	}
 	for _, f := range s.failures {
 		keep := func(v violation) bool { return v.check == f.check && knownAs(v) == f.known }
 		if f.known != "" {
