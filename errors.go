@@ -35,15 +35,13 @@ var (
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
 	// ErrFingerprintUncheckable: the action's record holds a keyed
 	// fingerprint (a named action's body of 512 bytes or more) that this
-	// Transport cannot check: made under a fingerprint secret its journal
-	// no longer has (fingerprint.key deleted or damaged, the record copied
-	// from another journal), or AES-GCM is refused (GODEBUG=fips140=only).
-	// It comes in an
-	// *ActionError (MaybeProcessed); nothing was sent, nor will be until
-	// the action's key window ends (then ErrKeyWindowExpired).
-	ErrFingerprintUncheckable = errors.New("idemretry: the action's keyed fingerprint cannot be checked here: " +
-		"it was made under another fingerprint secret (fingerprint.key deleted or damaged, the record copied), " +
-		"or the journal keeps none for this Transport, or AES-GCM is refused (GODEBUG=fips140=only)")
+	// Transport cannot check. The secret it was made under is gone: the
+	// journal's fingerprint.key was deleted or damaged, the record was
+	// copied from another journal, or the journal keeps no secret for this
+	// Transport. Or AES-GCM is refused (GODEBUG=fips140=only). It comes in
+	// an [*ActionError] (MaybeProcessed). Nothing was sent, nor will be
+	// until the action's key window ends (then [ErrKeyWindowExpired]).
+	ErrFingerprintUncheckable = errors.New("idemretry: keyed fingerprint cannot be checked")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
 	// 255 characters, has characters other than visible ASCII or has a '"' or
 	// '\', or the request has more than one such header. Nothing is sent.
