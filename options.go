@@ -116,7 +116,6 @@ type config struct {
 
 func defaultConfig() config {
 	c := config{
-		newBackOff:    defaultBackOff,
 		maxRetries:    DefaultMaxRetries,
 		policy:        DefaultRetryPolicy,
 		maxRetryAfter: DefaultMaxRetryAfter,
@@ -148,10 +147,7 @@ var defaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 // and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(c *config) {
-		if newBackOff == nil {
-			newBackOff = defaultBackOff
-		}
-		c.newBackOff = newBackOff
+		c.newBackOff = newBackOff // nil: the default
 	}
 }
 
