@@ -2,7 +2,7 @@
 // Stripe's idempotency semantics and a ledger of what it charged, usable
 // over httptest (real loopback HTTP) or called in memory.
 //
-// A POST or PATCH with an Idempotency-Key (bare, as Stripe sends it, or
+// A POST or PATCH (WithMethods) with an Idempotency-Key (bare, as Stripe sends it, or
 // quoted, as the IETF draft does) is charged once: its answer is stored
 // and replayed, with Idempotent-Replayed: true, to every later request with
 // the same key. While the first request of a key is being processed, another
@@ -20,7 +20,8 @@
 // value of its IntentHeader if it has one, else its body: a test names the
 // thing the user meant to do once, and counts the charges of it.
 //
-// A charge's answer is 201 (WithStatus) with a JSON body:
+// A charge's answer is 201 (WithStatus) with a JSON body (WithAnswerBody
+// sets another):
 //
 //	{"charge":"ch_1","intent":"order-7","key":"8e03978e-..."}
 //
@@ -39,6 +40,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -143,6 +145,17 @@ func WithKeyWindow(d time.Duration) Option { return func(s *Server) { s.window =
 // WithStatus sets the status of a charge's answer (default 201).
 func WithStatus(code int) Option { return func(s *Server) { s.status = code } }
 
+// WithMethods sets the methods the server charges (default POST and
+// PATCH); a request of another method is refused with 405.
+func WithMethods(methods ...string) Option {
+	return func(s *Server) { s.methods = append([]string(nil), methods...) }
+}
+
+// WithAnswerBody sets the body of a charge's answer: f is called once per
+// charge, under the server's lock, and what it returns is stored and
+// replayed. By default it is the charge's Answer as JSON.
+func WithAnswerBody(f func(c Charge) []byte) Option { return func(s *Server) { s.answerBody = f } }
+
 // WithKeylessCharges makes the server charge a keyed method that carries no
 // key, every time, as a server without idempotency would (by default it is
 // refused with 400).
@@ -176,6 +189,8 @@ type Server struct {
 	window      time.Duration
 	status      int
 	keyless     bool
+	methods     []string
+	answerBody  func(c Charge) []byte
 	before      func(n int, w http.ResponseWriter, r *http.Request) bool
 	processing  func(n int, r *http.Request)
 	afterCharge func(n int, w http.ResponseWriter, r *http.Request) bool
@@ -198,7 +213,8 @@ type stored struct {
 
 // New returns a Server.
 func New(opts ...Option) *Server {
-	s := &Server{now: time.Now, window: DefaultKeyWindow, status: http.StatusCreated, keys: make(map[string]*stored)}
+	s := &Server{now: time.Now, window: DefaultKeyWindow, status: http.StatusCreated, keys: make(map[string]*stored),
+		methods: []string{http.MethodPost, http.MethodPatch}}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
@@ -230,9 +246,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.settle(n, Answered, 0, "")
 		return
 	}
-	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
+	if !slices.Contains(s.methods, r.Method) {
 		s.settle(n, NotAllowed, http.StatusMethodNotAllowed, "")
-		writeJSON(w, http.StatusMethodNotAllowed, `{"error":{"type":"invalid_request_error","message":"only POST and PATCH are charged"}}`, nil)
+		writeJSON(w, http.StatusMethodNotAllowed, `{"error":{"type":"invalid_request_error","message":"this method is not charged"}}`, nil)
 		return
 	}
 	fp := sha256.Sum256(append([]byte(r.Method+"\x00"+r.URL.Path+"\x00"), body...))
@@ -285,9 +301,15 @@ func (s *Server) charge(n int, w http.ResponseWriter, r *http.Request, key, inte
 		s.processing(n, r)
 	}
 	s.mu.Lock()
-	id := fmt.Sprintf("ch_%d", len(s.charges)+1)
-	answer, _ := json.Marshal(Answer{Charge: id, Intent: intent, Key: key})
-	s.charges = append(s.charges, Charge{ID: id, Key: key, Intent: intent, Body: body, Header: r.Header.Clone(), At: s.now()})
+	c := Charge{ID: fmt.Sprintf("ch_%d", len(s.charges)+1), Key: key, Intent: intent, Body: body, Header: r.Header.Clone(), At: s.now()}
+	id := c.ID
+	var answer []byte
+	if s.answerBody != nil {
+		answer = s.answerBody(c)
+	} else {
+		answer, _ = json.Marshal(Answer{Charge: id, Intent: intent, Key: key})
+	}
+	s.charges = append(s.charges, c)
 	if st != nil {
 		st.done, st.status, st.body, st.charge = true, s.status, answer, id
 	}

@@ -58,6 +58,19 @@ func TestServerChargesOnceAndReplays(t *testing.T) {
 	require.Equal(t, paytest.Charged, reqs[0].Outcome)
 	require.Equal(t, paytest.Replayed, reqs[1].Outcome)
 	require.Equal(t, "ch_1", reqs[1].Charge)
+
+	t.Run("WithAnswerBody", func(t *testing.T) {
+		s := paytest.New(paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(c.ID + " " + c.Key) }))
+		srv := httptest.NewServer(s)
+		defer srv.Close()
+		_, body1, _ := pay(t, srv.URL, "k1", "", `{"amount":100}`)
+		_, body2, replay2 := pay(t, srv.URL, "k1", "", `{"amount":100}`)
+		_, body3, _ := pay(t, srv.URL, "k2", "", `{"amount":100}`)
+		require.Equal(t, "ch_1 k1", body1)
+		require.Equal(t, body1, body2, "the stored answer, replayed")
+		require.True(t, replay2)
+		require.Equal(t, "ch_2 k2", body3)
+	})
 }
 
 func TestServerRefusesAnotherBodyUnderAKey(t *testing.T) {
