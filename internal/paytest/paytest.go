@@ -28,8 +28,9 @@
 // Hooks let a test shape the answers: WithBefore answers a request itself
 // before the idempotency layer (a 503, a scripted reply); WithProcessing is
 // called while a key is in flight, before its charge is stored (block there
-// for a slow charge: requests of the key meanwhile get 409); WithAfterCharge
-// is called after the charge is stored and before its answer is written
+// for a slow charge: requests of the key meanwhile get 409); WithFailure
+// may then fail the charge (a 503: nothing stored, the key released);
+// WithAfterCharge is called after the charge is stored and before its answer is written
 // (HijackAndClose there loses the answer on the way back).
 package paytest
 
@@ -76,6 +77,9 @@ const (
 	Answered
 	// NotAllowed: a method the server does not charge: 405.
 	NotAllowed
+	// Failed: a WithFailure hook failed the charge: nothing was charged
+	// or stored, and the key was released.
+	Failed
 )
 
 // String returns the outcome's name.
@@ -95,6 +99,8 @@ func (o Outcome) String() string {
 		return "answered"
 	case NotAllowed:
 		return "not-allowed"
+	case Failed:
+		return "failed"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -175,6 +181,15 @@ func WithProcessing(f func(n int, r *http.Request)) Option {
 	return func(s *Server) { s.processing = f }
 }
 
+// WithFailure calls f after WithProcessing's hook, while the key is still
+// in flight; if f returns a status, the charge fails with it: nothing is
+// charged or stored, the key is released (its next request is a new one:
+// Stripe stores no answer for a request that failed before it began
+// executing) and the request is answered status.
+func WithFailure(f func(n int, r *http.Request) (status int, failed bool)) Option {
+	return func(s *Server) { s.failure = f }
+}
+
 // WithAfterCharge calls f after a charge is stored and before its answer is
 // written; if f returns true it has answered (or cut the connection, see
 // HijackAndClose) instead. The charge stands either way.
@@ -193,6 +208,7 @@ type Server struct {
 	answerBody  func(c Charge) []byte
 	before      func(n int, w http.ResponseWriter, r *http.Request) bool
 	processing  func(n int, r *http.Request)
+	failure     func(n int, r *http.Request) (int, bool)
 	afterCharge func(n int, w http.ResponseWriter, r *http.Request) bool
 
 	mu       sync.Mutex
@@ -299,6 +315,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) charge(n int, w http.ResponseWriter, r *http.Request, key, intent string, body []byte, st *stored) {
 	if s.processing != nil {
 		s.processing(n, r)
+	}
+	if s.failure != nil {
+		if status, failed := s.failure(n, r); failed {
+			s.mu.Lock()
+			if st != nil && s.keys[key] == st {
+				delete(s.keys, key)
+			}
+			s.requests[n-1].Outcome, s.requests[n-1].Status = Failed, status
+			s.mu.Unlock()
+			writeJSON(w, status, `{"error":{"type":"api_error","message":"the charge failed; nothing was charged"}}`, nil)
+			return
+		}
 	}
 	s.mu.Lock()
 	c := Charge{ID: fmt.Sprintf("ch_%d", len(s.charges)+1), Key: key, Intent: intent, Body: body, Header: r.Header.Clone(), At: s.now()}

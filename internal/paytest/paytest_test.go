@@ -112,6 +112,41 @@ func TestServerAnswers409WhileTheKeyIsInFlight(t *testing.T) {
 	require.Equal(t, http.StatusCreated, st)
 	require.True(t, replay)
 	require.Len(t, s.Charges(), 1)
+
+	t.Run("WithFailure", func(t *testing.T) {
+		arrived, release := make(chan struct{}), make(chan struct{})
+		s := paytest.New(paytest.WithProcessing(func(n int, r *http.Request) {
+			if n == 1 {
+				close(arrived)
+				<-release
+			}
+		}), paytest.WithFailure(func(n int, r *http.Request) (int, bool) {
+			return http.StatusServiceUnavailable, n == 1
+		}))
+		srv := httptest.NewServer(s)
+		defer srv.Close()
+
+		first := make(chan int)
+		go func() {
+			st, _, _ := pay(t, srv.URL, "k1", "", "x")
+			first <- st
+		}()
+		<-arrived
+		st, _, _ := pay(t, srv.URL, "k1", "", "x")
+		require.Equal(t, http.StatusConflict, st, "the failing charge holds its key while it runs")
+		close(release)
+		require.Equal(t, http.StatusServiceUnavailable, <-first)
+		require.Empty(t, s.Charges())
+		st, _, replay := pay(t, srv.URL, "k1", "", "x")
+		require.Equal(t, http.StatusCreated, st, "the key was released: a new charge")
+		require.False(t, replay)
+		require.Len(t, s.ChargesUnder("k1"), 1)
+		outcomes := []paytest.Outcome{}
+		for _, r := range s.Requests() {
+			outcomes = append(outcomes, r.Outcome)
+		}
+		require.Equal(t, []paytest.Outcome{paytest.Failed, paytest.InFlight, paytest.Charged}, outcomes)
+	})
 }
 
 func TestServerForgetsKeysAfterItsWindow(t *testing.T) {
