@@ -59,6 +59,30 @@ func TestServerChargesOnceAndReplays(t *testing.T) {
 	require.Equal(t, paytest.Replayed, reqs[1].Outcome)
 	require.Equal(t, "ch_1", reqs[1].Charge)
 
+	t.Run("WithMethods", func(t *testing.T) {
+		for _, tc := range []struct {
+			opts []paytest.Option
+			want paytest.Outcome
+		}{{nil, paytest.NotAllowed}, {[]paytest.Option{paytest.WithMethods(http.MethodPut)}, paytest.Charged}} {
+			s := paytest.New(tc.opts...)
+			srv := httptest.NewServer(s)
+			req, err := http.NewRequest(http.MethodPut, srv.URL+"/v1/payments", strings.NewReader("x"))
+			require.NoError(t, err)
+			req.Header.Set(paytest.KeyHeader, "k1")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			srv.Close()
+			require.Equal(t, tc.want, s.Requests()[0].Outcome)
+			if tc.want == paytest.NotAllowed {
+				require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+				require.Empty(t, s.Charges())
+			} else {
+				require.Len(t, s.ChargesUnder("k1"), 1)
+			}
+		}
+	})
+
 	t.Run("WithAnswerBody", func(t *testing.T) {
 		s := paytest.New(paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(c.ID + " " + c.Key) }))
 		srv := httptest.NewServer(s)
