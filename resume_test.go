@@ -130,8 +130,8 @@ func TestResumeHashedJoinsLiveFlight(t *testing.T) {
 	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
 		srv.mu.Lock()
 		srv.delay = 300 * time.Millisecond
-		srv.stored = map[string]storedAnswer{} // server lost it: it charges (slowly) again, 409 meanwhile
 		srv.mu.Unlock()
+		srv.forgetKeys() // server lost it: it charges (slowly) again, 409 meanwhile
 		app := resumerOfU(t, second, srv)
 		var wg sync.WaitGroup
 		wg.Add(1)

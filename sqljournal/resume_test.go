@@ -40,10 +40,7 @@ func (r *leaseCheckingResumer) Rebuild(ctx context.Context, _ journal.Record) (*
 func (r *leaseCheckingResumer) Resolve(_ context.Context, rec journal.Record) (bool, error) {
 	var holder sql.NullString
 	_ = r.db.QueryRow(`SELECT lease_holder FROM "`+r.table+`" WHERE action_id = $1 AND lease_until > now()`, rec.ActionID).Scan(&holder)
-	r.srv.mu.Lock()
-	_, stored := r.srv.stored[rec.Key]
-	charged := stored || r.srv.busy[rec.Key]
-	r.srv.mu.Unlock()
+	charged := r.srv.claimed(rec.Key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.resolved++
@@ -564,9 +561,7 @@ func TestResumeResendsTheIntactActionsBesideADamagedRow(t *testing.T) {
 	srv.before = func(w http.ResponseWriter, r *http.Request) bool {
 		// it knows the keys the lost server charged
 		key := r.Header.Get("Idempotency-Key")
-		lost.mu.Lock()
-		answer, ok := lost.stored[key]
-		lost.mu.Unlock()
+		answer, ok := lost.storedAnswer(key)
 		if ok {
 			w.Header().Set("Idempotent-Replayed", "true")
 			io.WriteString(w, answer)
