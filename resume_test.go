@@ -1106,3 +1106,166 @@ func TestResumeUpgradedAnswerClosedUnread(t *testing.T) {
 	assert.Empty(t, res.Body)
 	assert.Equal(t, idemretry.Done, res.Outcome.Kind)
 }
+
+// corruptingJournal is a Memory in which the records of the ids in
+// corrupt are damaged where they lie, as journal.Journal's contract has a
+// journal report them: Unfinished lists the others with a
+// *journal.CorruptRecordsError naming these, Reserve and Get of them fail
+// with journal.ErrCorruptRecord, and Forget removes them.
+type corruptingJournal struct {
+	*journal.Memory
+	mu      sync.Mutex
+	corrupt map[string]bool
+}
+
+func (j *corruptingJournal) isCorrupt(id string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.corrupt[id] {
+		return fmt.Errorf("%w: action %q: attempts -1", journal.ErrCorruptRecord, id)
+	}
+	return nil
+}
+
+func (j *corruptingJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
+	if err := j.isCorrupt(rec.ActionID); err != nil {
+		return journal.Record{}, false, err
+	}
+	return j.Memory.Reserve(ctx, rec, mode)
+}
+
+func (j *corruptingJournal) Get(ctx context.Context, id string) (journal.Record, bool, error) {
+	if err := j.isCorrupt(id); err != nil {
+		return journal.Record{}, false, err
+	}
+	return j.Memory.Get(ctx, id)
+}
+
+func (j *corruptingJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
+	recs, err := j.Memory.Unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []journal.Record
+	bad := &journal.CorruptRecordsError{}
+	for _, r := range recs {
+		if err := j.isCorrupt(r.ActionID); err != nil {
+			bad.IDs, bad.Errs = append(bad.IDs, r.ActionID), append(bad.Errs, err)
+			continue
+		}
+		out = append(out, r)
+	}
+	if len(bad.IDs) > 0 {
+		return out, fmt.Errorf("corrupting: unfinished: %w", bad)
+	}
+	return out, nil
+}
+
+func (j *corruptingJournal) Forget(ctx context.Context, id string) error {
+	j.mu.Lock()
+	delete(j.corrupt, id)
+	j.mu.Unlock()
+	return j.Memory.Forget(ctx, id)
+}
+
+// rebuildCounter is an appResumer that counts the Rebuild calls of each
+// action.
+type rebuildCounter struct {
+	*appResumer
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (r *rebuildCounter) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	r.mu.Lock()
+	r.calls[rec.ActionID]++
+	r.mu.Unlock()
+	return r.appResumer.Rebuild(ctx, rec)
+}
+
+// Three payments were charged and their answers lost; then one record was
+// damaged where it lies. Resume resends the two intact ones (the server
+// replays, charging nothing more) and gives the damaged one a result of
+// its own: its action id, journal.ErrCorruptRecord, Refused and maybe
+// processed, nothing rebuilt, sent or forgotten. The app can then Forget
+// it by that id. Before, one damaged record made Resume return no result
+// and one error (sqljournal's TestResumeResendsTheIntactActionsBesideADamagedRow).
+func TestResumeResendsTheIntactActionsBesideACorruptRecord(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true, 2: true, 3: true} // charged, answers lost
+	j := &corruptingJournal{Memory: journal.NewMemory(), corrupt: map[string]bool{}}
+	orders := map[string]string{}
+	for _, o := range []string{"good-1", "bad", "good-2"} {
+		id, body := "pay:"+o, `{"order":"`+o+`"}`
+		orders[id] = body
+		leftPending(t, j, post(t, idemretry.WithAction(context.Background(), id), srv.URL, body))
+	}
+	j.corrupt["pay:bad"] = true
+
+	tr := transportOver(t, j)
+	app := &rebuildCounter{appResumer: &appResumer{url: srv.URL, orders: orders}, calls: map[string]int{}}
+	res, err := tr.Resume(context.Background(), app, 0)
+	for _, r := range res {
+		t.Logf("%s: sent %v, status %d, outcome %v, %v", r.Record.ActionID, r.Sent, r.Status, r.Outcome.Kind, r.Err)
+	}
+	require.NoError(t, err, "%d results: the intact actions were not resumed", len(res))
+	require.Len(t, res, 3)
+	byID := map[string]idemretry.ResumeResult{}
+	for _, r := range res {
+		byID[r.Record.ActionID] = r
+	}
+	for _, id := range []string{"pay:good-1", "pay:good-2"} {
+		r := byID[id]
+		assert.NoError(t, r.Err, id)
+		assert.True(t, r.Sent, id)
+		assert.Equal(t, http.StatusCreated, r.Status, id)
+		assert.True(t, r.Outcome.Replayed, "%s: the server's replay", id)
+	}
+	bad, ok := byID["pay:bad"]
+	require.True(t, ok, "no result of the damaged record")
+	require.ErrorIs(t, bad.Err, journal.ErrCorruptRecord)
+	assert.Contains(t, bad.Err.Error(), "attempts -1", "the result says what is wrong")
+	assert.False(t, bad.Sent)
+	assert.False(t, bad.Forgotten)
+	assert.Equal(t, idemretry.Refused, bad.Outcome.Kind)
+	assert.True(t, bad.Outcome.MaybeProcessed, "an earlier attempt of it may have been charged")
+	assert.Equal(t, "pay:bad", bad.Outcome.Action)
+	assert.Zero(t, app.calls["pay:bad"], "the damaged record was rebuilt")
+	assert.Equal(t, 3, srv.chargeCount(), "a payment was charged again")
+	assert.Len(t, srv.seen(), 5, "the two intact payments resent, once each")
+	_, err = j.Unfinished(context.Background())
+	require.ErrorIs(t, err, journal.ErrCorruptRecord, "the damaged record was left as it is")
+
+	// The app reconciles it with the provider by hand, then forgets it by
+	// the id its result gives.
+	require.NoError(t, tr.Journal().Forget(context.Background(), bad.Record.ActionID))
+	un, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, un)
+}
+
+// failingListJournal is a Memory whose Unfinished fails whole on a corrupt
+// record, as journals did before journal.CorruptRecordsError (and may
+// still): nil and an error wrapping journal.ErrCorruptRecord.
+type failingListJournal struct{ *journal.Memory }
+
+func (failingListJournal) Unfinished(context.Context) ([]journal.Record, error) {
+	return nil, fmt.Errorf("old: unfinished: %w: action %q: attempts -1", journal.ErrCorruptRecord, "pay:bad")
+}
+
+// A journal that fails Unfinished whole on a corrupt record stays correct:
+// Resume resumes nothing, sends nothing, and says why.
+func TestResumeStopsWhereTheJournalFailsOnACorruptRecord(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	mem := journal.NewMemory()
+	leftPending(t, mem, post(t, idemretry.WithAction(context.Background(), "pay:good"), srv.URL, `{"order":"good"}`))
+	tr := transportOver(t, failingListJournal{mem})
+	res, err := tr.Resume(context.Background(), &appResumer{url: srv.URL, orders: map[string]string{"pay:good": `{"order":"good"}`}}, 0)
+	require.ErrorIs(t, err, journal.ErrCorruptRecord)
+	assert.Empty(t, res)
+	assert.Len(t, srv.seen(), 1, "nothing resent")
+	un, err := mem.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, un, 1, "the pending payment is kept for the next Resume")
+}
