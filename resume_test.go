@@ -1107,67 +1107,6 @@ func TestResumeUpgradedAnswerClosedUnread(t *testing.T) {
 	assert.Equal(t, idemretry.Done, res.Outcome.Kind)
 }
 
-// corruptingJournal is a Memory in which the records of the ids in
-// corrupt are damaged where they lie, as journal.Journal's contract has a
-// journal report them: Unfinished lists the others with a
-// *journal.CorruptRecordsError naming these, Reserve and Get of them fail
-// with journal.ErrCorruptRecord, and Forget removes them.
-type corruptingJournal struct {
-	*journal.Memory
-	mu      sync.Mutex
-	corrupt map[string]bool
-}
-
-func (j *corruptingJournal) isCorrupt(id string) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.corrupt[id] {
-		return fmt.Errorf("%w: action %q: attempts -1", journal.ErrCorruptRecord, id)
-	}
-	return nil
-}
-
-func (j *corruptingJournal) Reserve(ctx context.Context, rec journal.Record, mode journal.ReserveMode) (journal.Record, bool, error) {
-	if err := j.isCorrupt(rec.ActionID); err != nil {
-		return journal.Record{}, false, err
-	}
-	return j.Memory.Reserve(ctx, rec, mode)
-}
-
-func (j *corruptingJournal) Get(ctx context.Context, id string) (journal.Record, bool, error) {
-	if err := j.isCorrupt(id); err != nil {
-		return journal.Record{}, false, err
-	}
-	return j.Memory.Get(ctx, id)
-}
-
-func (j *corruptingJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
-	recs, err := j.Memory.Unfinished(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []journal.Record
-	bad := &journal.CorruptRecordsError{}
-	for _, r := range recs {
-		if err := j.isCorrupt(r.ActionID); err != nil {
-			bad.IDs, bad.Errs = append(bad.IDs, r.ActionID), append(bad.Errs, err)
-			continue
-		}
-		out = append(out, r)
-	}
-	if len(bad.IDs) > 0 {
-		return out, fmt.Errorf("corrupting: unfinished: %w", bad)
-	}
-	return out, nil
-}
-
-func (j *corruptingJournal) Forget(ctx context.Context, id string) error {
-	j.mu.Lock()
-	delete(j.corrupt, id)
-	j.mu.Unlock()
-	return j.Memory.Forget(ctx, id)
-}
-
 // rebuildCounter is an appResumer that counts the Rebuild calls of each
 // action.
 type rebuildCounter struct {
@@ -1183,32 +1122,55 @@ func (r *rebuildCounter) Rebuild(ctx context.Context, rec journal.Record) (*http
 	return r.appResumer.Rebuild(ctx, rec)
 }
 
-// Three payments were charged and their answers lost; then one record was
-// damaged where it lies. Resume resends the two intact ones (the server
-// replays, charging nothing more) and gives the damaged one a result of
-// its own: its action id, journal.ErrCorruptRecord, Refused and maybe
-// processed, nothing rebuilt, sent or forgotten. The app can then Forget
-// it by that id. Before, one damaged record made Resume return no result
-// and one error (sqljournal's TestResumeResendsTheIntactActionsBesideADamagedRow).
-func TestResumeResendsTheIntactActionsBesideACorruptRecord(t *testing.T) {
+// Three payments were charged and their answers lost; then one bit of the
+// file journal flipped on disk, in the key of the last frame that holds
+// pay:bad, with intact frames after it. Open refuses the file and names
+// pay:bad; opened with WithSalvage, Resume resends the two intact payments
+// (the server replays them: nothing is charged again) and gives pay:bad a
+// result of its own, by id: journal.ErrCorruptRecord, Refused and maybe
+// processed, nothing rebuilt or sent. A new send of pay:bad is refused too
+// (its lost key may have been charged), until the app, having reconciled
+// it, forgets it by that id. Before, the salvage lost pay:bad silently and
+// a new send of it made a second charge under a new key; a journal whose
+// Unfinished failed on one record made Resume resume nothing.
+func TestResumeResendsTheIntactActionsBesideADamagedRecord(t *testing.T) {
+	ctx := context.Background()
 	srv := newPayServer(t)
 	srv.commitThenDrop = map[int]bool{1: true, 2: true, 3: true} // charged, answers lost
-	j := &corruptingJournal{Memory: journal.NewMemory(), corrupt: map[string]bool{}}
+	dir := t.TempDir()
+	fj, err := filejournal.Open(dir)
+	require.NoError(t, err)
 	orders := map[string]string{}
 	for _, o := range []string{"good-1", "bad", "good-2"} {
 		id, body := "pay:"+o, `{"order":"`+o+`"}`
 		orders[id] = body
-		leftPending(t, j, post(t, idemretry.WithAction(context.Background(), id), srv.URL, body))
+		leftPending(t, fj, post(t, idemretry.WithAction(ctx, id), srv.URL, body))
+		require.NoError(t, fj.Sync(ctx)) // its updates in frames of their own
 	}
-	j.corrupt["pay:bad"] = true
+	require.NoError(t, fj.Close())
+	path := filepath.Join(dir, "journal")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	at := strings.LastIndex(string(data), "pay:bad") + len("pay:bad") // the first byte of its key
+	require.Greater(t, at, len("pay:bad"))
+	data[at] ^= 1 << 4
+	require.NoError(t, os.WriteFile(path, data, 0o600))
 
-	tr := transportOver(t, j)
+	_, err = filejournal.Open(dir)
+	var ce *filejournal.CorruptionError
+	require.ErrorAs(t, err, &ce, "Open of the damaged file")
+	assert.Contains(t, ce.Actions, "pay:bad", "%v", ce)
+
+	fj, err = filejournal.Open(dir, filejournal.WithSalvage())
+	require.NoError(t, err)
+	defer fj.Close()
+	tr := transportOver(t, fj)
 	app := &rebuildCounter{appResumer: &appResumer{url: srv.URL, orders: orders}, calls: map[string]int{}}
-	res, err := tr.Resume(context.Background(), app, 0)
+	res, err := tr.Resume(ctx, app, 0)
 	for _, r := range res {
 		t.Logf("%s: sent %v, status %d, outcome %v, %v", r.Record.ActionID, r.Sent, r.Status, r.Outcome.Kind, r.Err)
 	}
-	require.NoError(t, err, "%d results: the intact actions were not resumed", len(res))
+	require.NoError(t, err, "%d results", len(res))
 	require.Len(t, res, 3)
 	byID := map[string]idemretry.ResumeResult{}
 	for _, r := range res {
@@ -1224,22 +1186,27 @@ func TestResumeResendsTheIntactActionsBesideACorruptRecord(t *testing.T) {
 	bad, ok := byID["pay:bad"]
 	require.True(t, ok, "no result of the damaged record")
 	require.ErrorIs(t, bad.Err, journal.ErrCorruptRecord)
-	assert.Contains(t, bad.Err.Error(), "attempts -1", "the result says what is wrong")
+	assert.ErrorIs(t, bad.Err, filejournal.ErrCorrupt)
 	assert.False(t, bad.Sent)
 	assert.False(t, bad.Forgotten)
 	assert.Equal(t, idemretry.Refused, bad.Outcome.Kind)
-	assert.True(t, bad.Outcome.MaybeProcessed, "an earlier attempt of it may have been charged")
+	assert.True(t, bad.Outcome.MaybeProcessed, "its first attempt was charged")
 	assert.Equal(t, "pay:bad", bad.Outcome.Action)
 	assert.Zero(t, app.calls["pay:bad"], "the damaged record was rebuilt")
 	assert.Equal(t, 3, srv.chargeCount(), "a payment was charged again")
 	assert.Len(t, srv.seen(), 5, "the two intact payments resent, once each")
-	_, err = j.Unfinished(context.Background())
-	require.ErrorIs(t, err, journal.ErrCorruptRecord, "the damaged record was left as it is")
+
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:bad"), srv.URL, orders["pay:bad"]))
+	if resp != nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, journal.ErrCorruptRecord, "a new send of the damaged payment")
+	assert.Len(t, srv.seen(), 5, "the damaged payment was sent again")
 
 	// The app reconciles it with the provider by hand, then forgets it by
 	// the id its result gives.
-	require.NoError(t, tr.Journal().Forget(context.Background(), bad.Record.ActionID))
-	un, err := j.Unfinished(context.Background())
+	require.NoError(t, tr.Journal().Forget(ctx, bad.Record.ActionID))
+	un, err := fj.Unfinished(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, un)
 }
