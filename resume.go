@@ -40,7 +40,7 @@ type Resumer interface {
 
 // A ResumeResult says what Resume did with one unfinished action.
 type ResumeResult struct {
-	Record journal.Record // as the journal listed it
+	Record journal.Record // as the journal listed it (of a corrupt record, only its ActionID: see Resume)
 	// Sent: the action was pending and an attempt of its rebuilt request,
 	// with its key, may have reached the server (it was written, or its
 	// connection failed after being made). A request refused before
