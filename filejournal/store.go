@@ -85,10 +85,9 @@ type Journal struct {
 	custom   map[string]string // non-UUID keys, by stored id (rare)
 	live     int64             // encoded size of the records in m
 	inflight map[string]*batch // records created by a batch not yet synced
-	// damaged are the actions whose records a salvage at Open lost with
-	// a damaged frame (CorruptionError.Actions that the index does not
-	// hold), by stored id, each with its error, until Forget (see
-	// Unfinished). Set by Open.
+	// damaged are the actions whose records a salvage at Open may have
+	// lost with a damaged frame (see lostActions), by stored id, each
+	// with its error, until Forget (see Unfinished). Set by Open.
 	damaged   map[string]error
 	deleting  map[string]*batch // records removed by a batch not yet synced
 	queue     []op
