@@ -68,7 +68,8 @@ func (e *CorruptRecordsError) Error() string {
 			sep = "; "
 		}
 		b.WriteString(sep)
-		b.WriteString(strings.TrimPrefix(strings.TrimPrefix(e.Reason(i).Error(), ErrCorruptRecord.Error()), ": "))
+		why := strings.TrimPrefix(strings.TrimPrefix(e.Reason(i).Error(), ErrCorruptRecord.Error()), ": ")
+		b.WriteString(strings.ReplaceAll(why, "idemretry: ", "")) // the prefix once
 	}
 	if len(e.IDs) > maxNamed {
 		fmt.Fprintf(&b, "; and %d more", len(e.IDs)-maxNamed)
