@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/http"
-	"reflect"
-	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -44,45 +42,13 @@ func WithAction(ctx context.Context, actionID string) context.Context {
 	if ctx == nil {
 		return nil
 	}
-	return &actionContext{Context: ctx, id: actionID}
-}
-
-// actionContext is ctx with an action id: context.WithValue's, in one
-// allocation (WithValue's also boxes the id in an interface). Like
-// WithValue's, it answers every other lookup, and Done, Err and
-// Deadline, as its parent does, so that contexts derived from it register
-// with their nearest cancellable ancestor as they would under WithValue.
-type actionContext struct {
-	context.Context
-	id string
-}
-
-// Value returns the actionContext itself for actionKey{} (a pointer in an
-// interface: no allocation per lookup).
-func (c *actionContext) Value(key any) any {
-	if key == (actionKey{}) {
-		return c
-	}
-	return c.Context.Value(key)
-}
-
-// String names the parent as context.WithValue's String does: by its own
-// String, else by its type (never by printing its fields).
-func (c *actionContext) String() string {
-	parent := reflect.TypeOf(c.Context).String()
-	if s, ok := c.Context.(fmt.Stringer); ok {
-		parent = s.String()
-	}
-	return parent + ".WithAction(" + strconv.Quote(c.id) + ")"
+	return context.WithValue(ctx, actionKey{}, actionID)
 }
 
 // actionOf returns the id WithAction set on ctx, if any.
 func actionOf(ctx context.Context) (string, bool) {
-	c, ok := ctx.Value(actionKey{}).(*actionContext)
-	if !ok {
-		return "", false
-	}
-	return c.id, true
+	id, ok := ctx.Value(actionKey{}).(string)
+	return id, ok
 }
 
 // ActionFromContext returns the action id set by WithAction, if any.

@@ -66,7 +66,7 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		reason := ctx.Err()
 		if reason == nil {
 			if bo == nil && n < maxRetries {
-				bo = s.newBackOff()
+				bo = defaultBackOff()
 				bo.Reset()
 			}
 			wait, reason = t.nextWait(ctx, bo, n, maxRetries, resp)
@@ -193,10 +193,11 @@ var errNilBackOff = fmt.Errorf("%w: the BackOff factory returned nil", ErrInvali
 // startBackOff makes and starts a caller's BackOff, which may count from
 // its Reset (an ExponentialBackOff's MaxElapsedTime), so it starts with the
 // RoundTrip, before the key is reserved: a factory that returns nil is
-// refused with nothing left in the journal. The default's is made for the
-// first retry instead (most actions need none), and s.bo stays nil.
+// refused with nothing left in the journal. The default's (a nil
+// s.newBackOff) counts no time: it is made for the first retry instead
+// (most actions need none), and s.bo stays nil.
 func (s *settings) startBackOff() error {
-	if reflect.ValueOf(s.newBackOff).Pointer() == defaultBackOffPC {
+	if s.newBackOff == nil {
 		return nil
 	}
 	if s.bo = s.newBackOff(); s.bo == nil {
@@ -205,10 +206,6 @@ func (s *settings) startBackOff() error {
 	s.bo.Reset()
 	return nil
 }
-
-// defaultBackOffPC identifies defaultBackOff, which counts no time, among
-// BackOff factories.
-var defaultBackOffPC = reflect.ValueOf(defaultBackOff).Pointer()
 
 // missesDeadline reports whether a wait of d, starting now, would end after
 // ctx's deadline.

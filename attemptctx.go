@@ -191,7 +191,8 @@ var errRequestCanceled = fmt.Errorf("idemretry: the request's Cancel channel clo
 // nothing to read, or when the answer's body is read to its end or
 // closed.
 func (t *Transport) roundTripCancel(req *http.Request, ch <-chan struct{}) (*http.Response, error) {
-	ctx, cancel := context.WithCancelCause(req.Context())
+	inner, cancel := context.WithCancelCause(req.Context())
+	ctx := &cancelChanCtx{Context: inner, ch: ch, cancel: cancel}
 	r := req.WithContext(ctx)
 	r.Cancel = nil //lint:ignore SA1019 the channel is honoured through the context
 	select {
@@ -211,6 +212,27 @@ func (t *Transport) roundTripCancel(req *http.Request, ch <-chan struct{}) (*htt
 		resp.Body = &watchedBody{resp.Body, cancel}
 	}
 	return resp, nil
+}
+
+// cancelChanCtx is the context of a request with a Cancel channel. Its
+// Err looks at the channel itself, and ends the context when it finds it
+// closed: every check of the caller's end (before each attempt, before
+// each wait) sees a Cancel that closed before it, not only once
+// watchCancel, on a goroutine of its own, has run. Done is the context's,
+// closed by either.
+type cancelChanCtx struct {
+	context.Context
+	ch     <-chan struct{}
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelChanCtx) Err() error {
+	select {
+	case <-c.ch:
+		c.cancel(errRequestCanceled)
+	default:
+	}
+	return c.Context.Err()
 }
 
 // watchCancel ends ctx with errRequestCanceled when ch closes, unless ctx

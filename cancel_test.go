@@ -9,6 +9,7 @@ package idemretry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -275,4 +276,40 @@ func TestStalledRequestBodyEndsWithTheCaller(t *testing.T) {
 			require.Empty(t, recs, "nothing was reserved")
 		})
 	}
+}
+
+// A Cancel that closes as a retryable answer arrives ends the action at
+// once, whatever the clock: the next attempt checks the caller's context,
+// and that context ends with the channel, not when the watch on it is next
+// scheduled. Found by the lifecycle simulator (a joiner carrying a flight
+// on, cancelled as a 409 came, made 3 more requests); before: with timers
+// that fire at once, retried up to WithMaxRetries times.
+func TestRequestCancelAsTheAnswerComesIsNotRetried(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		w.WriteHeader(http.StatusConflict) // still in progress: retried
+		return true
+	}
+	var cancel func()
+	real := &http.Transport{}
+	t.Cleanup(real.CloseIdleConnections)
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := real.RoundTrip(r)
+		cancel() // the caller gives up as the answer comes
+		return resp, err
+	})
+	tr, err := idemretry.NewTransport(base, inMemory(), idemretry.WithClock(newFakeClock()), idemretry.WithMaxRetries(5))
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	const rounds = 20
+	for i := range rounds {
+		var req *http.Request
+		req, cancel = postCancel(t, idemretry.WithAction(context.Background(), fmt.Sprintf("pay:cancel-answer-%d", i)), srv.URL, `{"amount":9}`)
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			readAll(t, resp)
+		}
+	}
+	require.Equal(t, rounds, len(srv.seen()), "one request per action: none after its caller's Cancel closed")
+	require.Zero(t, tr.Stats().Retries, "no retry after the caller cancelled")
 }

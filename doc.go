@@ -117,7 +117,10 @@
 // Each [ResumeResult] carries the final answer, its body up to
 // [DefaultMaxResumeBody]. An action whose key window ended is
 // outcome-unknown: it is handed to [Resumer.Resolve] once the settle time
-// ([WithSettleTime]) has passed, and never sent. An app that never calls
+// ([WithSettleTime]) has passed, and never sent. A record the journal
+// names corrupt ([journal.CorruptRecordsError]) does not hold up the others:
+// it gets a result of its own, by id, with journal.ErrCorruptRecord, and
+// nothing of it is sent. An app that never calls
 // Close loses at most the last second of lazy updates: a done record then
 // reads pending, and Resume resends it, which the server replays.
 //

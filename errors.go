@@ -6,25 +6,25 @@ import (
 	"strings"
 )
 
-// Errors returned by the Transport, wrapped; test them with errors.Is.
-// OutcomeOf sorts them, and every other result of RoundTrip, into what an
+// Errors returned by the Transport, wrapped; test them with [errors.Is].
+// [OutcomeOf] sorts them, and every other result of RoundTrip, into what an
 // app does next.
 var (
-	// ErrKeyWindowExpired: the action's key is older than the key window, so
-	// the server may have forgotten it: the request is refused before it is
-	// sent, or the retries stop when the window ends during them (or the
-	// next wait would end after it). The action is outcome-unknown from
-	// then on. No request is sent with its key again and no new key is
-	// minted: reconcile the action (Resume hands it to Resolve), then
-	// journal.Journal.Forget it.
+	// ErrKeyWindowExpired: the action's key is older than the key window,
+	// so the server may have forgotten it. The request is refused before it
+	// is sent. Or the retries stop when the window ends during them, or when
+	// the next wait would end after it. The action is outcome-unknown from
+	// then on. No request is sent with its key again, and no new key is
+	// minted. Reconcile the action ([Transport.Resume] hands it to
+	// Resolve), then [journal.Journal.Forget] it.
 	ErrKeyWindowExpired = errors.New("idemretry: key window expired")
 	// ErrOutcomeUnknown: the action is recorded as outcome-unknown, within
-	// its key window: the server refused its key as used for another
-	// payload (ErrKeyReused, when it happened), or its window ended by
-	// another clock. Nothing is sent, under its key or a new one:
-	// reconcile it, then Journal.Forget it. Resume returns it too for an
-	// outcome-unknown action it may not resolve yet (before the settle
-	// time after its key window), and a request of an action that Resume
+	// its key window. The server refused its key as used for another
+	// payload ([ErrKeyReused], when it happened), or its window ended by
+	// another clock. Nothing is sent, under its key or a new one. Reconcile
+	// it, then [journal.Journal.Forget] it. [Transport.Resume] returns it
+	// too for an outcome-unknown action it may not resolve yet (before the
+	// settle time after its key window). A request of an action that Resume
 	// is resolving is refused with it.
 	ErrOutcomeUnknown = errors.New("idemretry: action's outcome is unknown")
 	// ErrFingerprintMismatch: an action's id or key was reused for a request
@@ -35,15 +35,13 @@ var (
 	ErrFingerprintMismatch = errors.New("idemretry: action reused with a different request")
 	// ErrFingerprintUncheckable: the action's record holds a keyed
 	// fingerprint (a named action's body of 512 bytes or more) that this
-	// Transport cannot check: made under a fingerprint secret its journal
-	// no longer has (fingerprint.key deleted or damaged, the record copied
-	// from another journal), or AES-GCM is refused (GODEBUG=fips140=only).
-	// It comes in an
-	// *ActionError (MaybeProcessed); nothing was sent, nor will be until
-	// the action's key window ends (then ErrKeyWindowExpired).
-	ErrFingerprintUncheckable = errors.New("idemretry: the action's keyed fingerprint cannot be checked here: " +
-		"it was made under another fingerprint secret (fingerprint.key deleted or damaged, the record copied), " +
-		"or the journal keeps none for this Transport, or AES-GCM is refused (GODEBUG=fips140=only)")
+	// Transport cannot check. The secret it was made under is gone: the
+	// journal's fingerprint.key was deleted or damaged, the record was
+	// copied from another journal, or the journal keeps no secret for this
+	// Transport. Or AES-GCM is refused (GODEBUG=fips140=only). It comes in
+	// an [*ActionError] (MaybeProcessed). Nothing was sent, nor will be
+	// until the action's key window ends (then [ErrKeyWindowExpired]).
+	ErrFingerprintUncheckable = errors.New("idemretry: keyed fingerprint cannot be checked")
 	// ErrInvalidKey: a caller-supplied Idempotency-Key is empty, longer than
 	// 255 characters, has characters other than visible ASCII or has a '"' or
 	// '\', or the request has more than one such header. Nothing is sent.
@@ -95,24 +93,24 @@ var (
 	// no action (no Idempotency-Key header, no WithAction id). Nothing was
 	// sent.
 	ErrActionRequired = errors.New("idemretry: request names no action")
-	// ErrResponseNotShared: the request joined an action already in flight,
-	// which ended with a response too large to copy for it (see
-	// WithMaxSharedResponse), whose body failed to read, or a 101 Switching
-	// Protocols (its connection is the first caller's); or, carrying on
-	// an action whose first caller gave up, it found the action replaced
-	// by a new one (its answer was the replaced one's). The action
-	// completed; the first caller has the response; ActionError.Status
-	// holds its status. Nothing was sent for the request: resend it to
-	// get the server's replay.
+	// ErrResponseNotShared: the request joined an action already in
+	// flight, and gets no copy of its response. The response was too large
+	// to copy (see [WithMaxSharedResponse]), its body failed to read, or it
+	// was a 101 Switching Protocols (its connection is the first caller's).
+	// Or the request carried on an action whose first caller gave up, and
+	// found the action replaced by a new one (its answer was the replaced
+	// one's). The action completed, and the first caller has the response.
+	// [ActionError.Status] holds its status. Nothing was sent for the
+	// request: resend it to get the server's replay.
 	ErrResponseNotShared = errors.New("idemretry: response of a shared flight not copied")
-	// ErrNotResumable: Transport.Resume found the action it listed no
-	// longer as listed when it came to send or resolve it, and did nothing
-	// with it: an identical unnamed request had started a new action after
-	// it finished, it had been forgotten meanwhile (someone else reconciled
-	// it), a request of another payload under its id was in flight, or,
-	// resolving it, it was found done. With a journal that is not
-	// a journal.Getter, a forgotten one is recorded again, under its key, as
-	// outcome-unknown (never sent), for a later Resolve.
+	// ErrNotResumable: [Transport.Resume] found the action it listed no
+	// longer as listed when it came to send or resolve it. It did nothing
+	// with it. Either an identical unnamed request had started a new action
+	// after it finished, or it had been forgotten meanwhile (someone else
+	// reconciled it), or a request of another payload under its id was in
+	// flight, or, resolving it, Resume found it done. With a journal that
+	// is not a [journal.Getter], a forgotten action is recorded again,
+	// under its key, as outcome-unknown (never sent), for a later Resolve.
 	ErrNotResumable = errors.New("idemretry: listed action no longer pending")
 	// ErrInvalidOption: an Option was given a value it cannot use
 	// (NewTransport, NewClient), or, at RoundTrip, a RequestOption was, or

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -58,4 +59,26 @@ func TestActionErrorMessage(t *testing.T) {
 	assert.Equal(t, `idemretry: action "pay:1" (key k): 6 attempts, last status 503: attempts exhausted`, keyed.Error())
 	unkeyed := &idemretry.ActionError{Attempts: 1, Err: errors.New("boom")}
 	assert.Equal(t, "idemretry: 1 attempt: boom", unkeyed.Error())
+}
+
+// The sentinels' messages say what happened in a few words, with the
+// package prefix once; their causes are in their doc comments (issue 27:
+// ErrFingerprintUncheckable's was a paragraph of 258 characters).
+func TestSentinelMessagesAreShort(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{idemretry.ErrKeyWindowExpired, idemretry.ErrOutcomeUnknown, idemretry.ErrFingerprintMismatch,
+		idemretry.ErrFingerprintUncheckable, idemretry.ErrInvalidKey, idemretry.ErrBodyTooLarge, idemretry.ErrClockSkew,
+		idemretry.ErrAttemptsExhausted, idemretry.ErrWaitExceedsDeadline, idemretry.ErrInvalidAction, idemretry.ErrInvalidRequest,
+		idemretry.ErrParked, idemretry.ErrRetryAfterTooLong, idemretry.ErrActionRequired, idemretry.ErrResponseNotShared,
+		idemretry.ErrNotResumable, idemretry.ErrInvalidOption, idemretry.ErrKeyReused, idemretry.ErrLeaseHeld, idemretry.ErrLeaseLost,
+		journal.ErrClosed, journal.ErrNotFound, journal.ErrUnavailable, journal.ErrInvalidRecord, journal.ErrCorruptRecord,
+		journal.ErrIncompatible} {
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "idemretry: ") || strings.Count(msg, "idemretry") != 1 {
+			t.Errorf("%q: want the prefix \"idemretry: \" once", msg)
+		}
+		if len(msg) > 70 || strings.ContainsAny(strings.TrimPrefix(msg, "idemretry: "), ":;()") {
+			t.Errorf("%q (%d characters): want one short clause", msg, len(msg))
+		}
+	}
 }

@@ -10,6 +10,7 @@ package idemretry_test
 import (
 	"context"
 	"crypto/aes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -120,9 +121,9 @@ func forgeGHASH(t *testing.T, p string, aesKey []byte, at int) string {
 // MAC key, as a key kept in the record would have been, changes 17 bytes
 // of the payment file: sent under the action, it is refused
 // (ErrFingerprintMismatch) and not sent. The same forgery under the key
-// the journal's secret gives passes (it is sent under the first key, the
-// server's replay taken as its answer): the forgery is a real one, and
-// the secret is what keeps it out.
+// the journal's secret gives passes (it is sent under the first key, and
+// the server, which checks payloads as Stripe does, refuses it with 422):
+// the forgery is a real one, and the secret is what keeps it out.
 func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)
@@ -151,8 +152,14 @@ func TestKeyedForgedPayloadOverHTTP(t *testing.T) {
 	key := idemretry.FingerprintAESKey(tr)
 	withSecret := forgeGHASH(t, payload, key[:], at)
 	err = sendErr(tr, post(t, ctx, srv.URL, withSecret))
-	assert.NoError(t, err, "the forgery under the journal's key did not pass: the test forges nothing")
-	assert.Len(t, srv.seen(), 2, "the forgery under the journal's key was sent under the first key")
+	assert.NotErrorIs(t, err, idemretry.ErrFingerprintMismatch, "the forgery under the journal's key did not pass: the test forges nothing")
+	assert.ErrorIs(t, err, idemretry.ErrKeyReused, "the server's refusal of the forged payload under the first key")
+	reqs := srv.seen()
+	if assert.Len(t, reqs, 2, "the forgery under the journal's key was sent under the first key") {
+		assert.Equal(t, reqs[0].Key, reqs[1].Key, "the forgery under the journal's key was sent under the first key")
+		assert.Equal(t, sha256.Sum256([]byte(withSecret)), reqs[1].BodyHash, "the forged payload, as forged")
+	}
+	assert.Equal(t, 1, srv.chargeCount())
 }
 
 // The keyed form's tests must hold where new fingerprints are plain: a

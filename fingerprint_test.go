@@ -35,6 +35,7 @@ import (
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/internal/childtest"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -1445,48 +1446,22 @@ func TestSecretRestartChild(t *testing.T) {
 	os.Exit(0)
 }
 
-// secretLedger charges a key once, holding the first answer until the
-// client is gone (the answer lost after the commit), and replays after.
+// secretLedger is the shared payment server (internal/paytest) that holds
+// the first answer of each key until the client is gone (the answer lost
+// after the commit), and replays after.
 type secretLedger struct {
-	mu        sync.Mutex
-	keys      []string
-	bodyOK    []bool
-	charges   map[string]int
+	*paytest.Server
 	committed chan struct{}
 }
 
-func (l *secretLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	key := r.Header.Get("Idempotency-Key")
-	l.mu.Lock()
-	l.keys = append(l.keys, key)
-	l.bodyOK = append(l.bodyOK, bytes.Equal(b, secretBody))
-	first := l.charges[key] == 0
-	if first {
-		l.charges[key]++
-	}
-	l.mu.Unlock()
-	if first {
-		l.committed <- struct{}{}
-		<-r.Context().Done()
-		return
-	}
-	w.Header().Set("Idempotent-Replayed", "true")
-	w.WriteHeader(http.StatusCreated)
-}
-
 func (l *secretLedger) seen() (keys []string, charges int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.charges {
-		charges += n
-	}
-	for _, ok := range l.bodyOK {
-		if !ok {
+	for _, r := range l.Requests() {
+		if !bytes.Equal(r.Body, secretBody) {
 			panic("a body arrived changed")
 		}
+		keys = append(keys, r.Header.Get(paytest.KeyHeader))
 	}
-	return append([]string(nil), l.keys...), charges
+	return keys, len(l.Charges())
 }
 
 // chargeAndKill runs the child until the server committed its charge, then
@@ -1524,7 +1499,12 @@ func chargeAndKill(t *testing.T, dir string, l *secretLedger, url string) string
 }
 
 func newSecretLedger(t *testing.T) (*secretLedger, string) {
-	l := &secretLedger{charges: map[string]int{}, committed: make(chan struct{}, 1)}
+	l := &secretLedger{committed: make(chan struct{}, 1)}
+	l.Server = paytest.New(paytest.WithAfterCharge(func(_ int, _ http.ResponseWriter, r *http.Request) bool {
+		l.committed <- struct{}{}
+		<-r.Context().Done()
+		return true
+	}))
 	srv := newServer(t, l.ServeHTTP)
 	return l, srv.URL
 }

@@ -34,15 +34,12 @@ func TestFlightJoinerGetsTheAnswerThatOutlivesTheLeadersDeadline(t *testing.T) {
 	deadline, _ := leaderCtx.Deadline()
 	joined := make(chan struct{})
 	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
-		if n != 1 {
-			return false // the idempotency layer replays the stored answer
+		if n == 1 {
+			<-joined
 		}
-		<-joined
-		key := r.Header.Get("Idempotency-Key")
-		srv.mu.Lock()
-		srv.charges++
-		srv.stored[key] = storedAnswer{status: http.StatusCreated, body: `{"charge":"ch_1"}`}
-		srv.mu.Unlock()
+		return false // the idempotency layer charges the first, replays the rest
+	}
+	srv.afterCharge = func(n int, w http.ResponseWriter, r *http.Request) bool {
 		w.WriteHeader(http.StatusCreated)
 		w.(http.Flusher).Flush()
 		time.Sleep(time.Until(deadline) + 300*time.Millisecond)

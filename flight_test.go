@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -641,65 +642,62 @@ func TestFlightJoinerWithADeadlineAndNoDoneEndsAtItsDeadline(t *testing.T) {
 // bodies at and around the keyed fingerprint's 512 bytes and its 64 KiB
 // chunk, sent with and without GetBody.
 
-// tapLedger is deadlineLedger's semantics, keeping for each payload the keys
-// it was sent under, and refusing (as a test failure) the start of a
-// charge of a payload under one key while another key's charge of the
-// same payload is under way: one tap pair, two payments.
+// tapLedger is the shared payment server (internal/paytest) with
+// deadlineLedger's random charge times and 503s (without its slow bodies),
+// refusing (as a test failure) the start of a charge of a payload under
+// one key while another key's charge of the same payload is under way:
+// one tap pair, two payments.
 type tapLedger struct {
+	*paytest.Server
 	mu       sync.Mutex
 	rnd      *rand.Rand
-	stored   map[string]int
-	inflight map[string]bool
+	fail     map[int]bool        // by request number
 	charging map[[32]byte]string // payload -> the key whose charge runs
-	keys     map[[32]byte]map[string]bool
-	charges  map[string]int
 	overlaps []string
 }
 
-func (l *tapLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	sum := sha256.Sum256(b)
-	key := r.Header.Get("Idempotency-Key")
-	l.mu.Lock()
-	if l.keys[sum] == nil {
-		l.keys[sum] = map[string]bool{}
+func newTapLedger(seed uint64) *tapLedger {
+	l := &tapLedger{rnd: rand.New(rand.NewPCG(seed, 1)), fail: map[int]bool{}, charging: map[[32]byte]string{}}
+	l.Server = paytest.New(
+		paytest.WithProcessing(func(n int, r *http.Request) {
+			sum, key := sha256.Sum256(l.Requests()[n-1].Body), r.Header.Get(paytest.KeyHeader)
+			l.mu.Lock()
+			delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
+			fail := l.rnd.IntN(8) == 0
+			l.fail[n] = fail
+			if !fail {
+				if other, ok := l.charging[sum]; ok {
+					l.overlaps = append(l.overlaps, fmt.Sprintf("payload %x: charge under %s began while %s's ran", sum[:4], key, other))
+				}
+				l.charging[sum] = key
+			}
+			l.mu.Unlock()
+			time.Sleep(delay)
+			l.mu.Lock()
+			if !fail && l.charging[sum] == key {
+				delete(l.charging, sum)
+			}
+			l.mu.Unlock()
+		}),
+		paytest.WithFailure(func(n int, _ *http.Request) (int, bool) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return http.StatusServiceUnavailable, l.fail[n] // not processed
+		}))
+	return l
+}
+
+// keysOfPayload returns, for each payload, the keys it was sent under.
+func (l *tapLedger) keysOfPayload() map[[32]byte]map[string]bool {
+	out := map[[32]byte]map[string]bool{}
+	for _, r := range l.Requests() {
+		sum := sha256.Sum256(r.Body)
+		if out[sum] == nil {
+			out[sum] = map[string]bool{}
+		}
+		out[sum][r.Header.Get(paytest.KeyHeader)] = true
 	}
-	l.keys[sum][key] = true
-	if st, ok := l.stored[key]; ok {
-		l.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(st)
-		return
-	}
-	if l.inflight[key] {
-		l.mu.Unlock()
-		w.WriteHeader(http.StatusConflict)
-		return
-	}
-	delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
-	if l.rnd.IntN(8) == 0 {
-		l.mu.Unlock()
-		time.Sleep(delay)
-		w.WriteHeader(http.StatusServiceUnavailable) // not processed
-		return
-	}
-	if other, ok := l.charging[sum]; ok {
-		l.overlaps = append(l.overlaps, fmt.Sprintf("payload %x: charge under %s began while %s's ran", sum[:4], key, other))
-	}
-	l.charging[sum] = key
-	l.inflight[key] = true
-	l.mu.Unlock()
-	time.Sleep(delay)
-	l.mu.Lock()
-	delete(l.inflight, key)
-	if l.charging[sum] == key {
-		delete(l.charging, sum)
-	}
-	l.charges[key]++
-	l.stored[key] = http.StatusCreated
-	l.mu.Unlock()
-	w.WriteHeader(http.StatusCreated)
-	io.WriteString(w, `{"charge":"ok"}`)
+	return out
 }
 
 // tapBody is the body of payload i: sizes at and around the keyed
@@ -715,8 +713,7 @@ func tapBody(i int) []byte {
 func TestFlightTapsAroundDeadlinesAndARestart(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	l := &tapLedger{rnd: rand.New(rand.NewPCG(seed, 1)), stored: map[string]int{}, inflight: map[string]bool{},
-		charging: map[[32]byte]string{}, keys: map[[32]byte]map[string]bool{}, charges: map[string]int{}}
+	l := newTapLedger(seed)
 	srv := newServer(t, l.ServeHTTP)
 	dir := t.TempDir()
 	const payloads = 6
@@ -798,13 +795,14 @@ func TestFlightTapsAroundDeadlinesAndARestart(t *testing.T) {
 	for _, o := range l.overlaps {
 		t.Error(o)
 	}
+	keys := l.keysOfPayload()
 	for p := range payloads {
 		sum := sha256.Sum256(tapBody(p))
-		if n := len(l.keys[sum]); n > 1 {
+		if n := len(keys[sum]); n > 1 {
 			t.Errorf("named action pay:%d went out under %d keys", p, n)
 		}
 	}
-	for k, n := range l.charges {
+	for k, n := range chargesPerKey(l.Charges()) {
 		if n > 1 {
 			t.Errorf("key %s charged %d times", k, n)
 		}

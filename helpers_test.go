@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -50,46 +51,83 @@ func TestMain(m *testing.M) {
 
 // seen is one request as the test server received it.
 type seen struct {
-	Key      string
+	Key      string // the Idempotency-Key header as sent
 	BodyHash [32]byte
 	Method   string
 	Header   http.Header
 }
 
-// payServer is a loopback server with Stripe's idempotency semantics: a new
-// key is processed once and its answer stored; a known key replays the
-// stored answer with Idempotent-Replayed: true. script, if set, can answer a
-// request itself (by its number, from 1) before the idempotency layer runs.
+// payServer is the shared payment server (internal/paytest: Stripe's
+// idempotency semantics and a ledger) on loopback, with the hooks the
+// tests set after it started. It charges every method of net/http's and keyless
+// requests too (each time), and answers a charge {"charge":"ch_N"}.
+// script, if set, can answer a request itself (by its number, from 1)
+// before the idempotency layer runs. Set the hooks before the requests
+// they shape are sent, or under mu.
 type payServer struct {
 	*httptest.Server
-	mu       sync.Mutex
-	requests []seen
-	stored   map[string]storedAnswer
-	charges  int
+	pay *paytest.Server
+	mu  sync.Mutex
 	// script answers request n (1-based) itself when it returns true.
 	script func(n int, w http.ResponseWriter, r *http.Request) bool
 	// commitThenDrop: process the charge, store the answer, then cut the
 	// connection without answering, for request numbers in this set.
 	commitThenDrop map[int]bool
-	// finalStatus is what a processed charge answers (default 201).
-	finalStatus int
+	// afterCharge, if set, is called once request n's charge is stored and
+	// answers it itself when it returns true (after commitThenDrop).
+	afterCharge func(n int, w http.ResponseWriter, r *http.Request) bool
 	// delay is how long a charge takes; a request with a key whose charge
 	// is still in progress is answered 409, as Stripe does.
-	delay    time.Duration
-	inflight map[string]bool
+	delay time.Duration
 	// arrived, if set, receives each request's number as it arrives.
 	arrived chan int
-}
-
-type storedAnswer struct {
-	status int
-	body   string
+	busy    int           // charges in progress (in their delay)
+	skew    time.Duration // added to the server's clock: see forgetKeys
 }
 
 func newPayServer(t *testing.T) *payServer {
 	t.Helper()
-	s := &payServer{stored: map[string]storedAnswer{}, commitThenDrop: map[int]bool{}, finalStatus: http.StatusCreated, inflight: map[string]bool{}}
-	s.Server = newServer(t, s.serve)
+	s := &payServer{commitThenDrop: map[int]bool{}}
+	s.pay = paytest.New(
+		paytest.WithKeylessCharges(),
+		paytest.WithMethods(http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+			http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace),
+		paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(`{"charge":"` + c.ID + `"}`) }),
+		paytest.WithClock(func() time.Time {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return time.Now().Add(s.skew)
+		}),
+		paytest.WithBefore(func(n int, w http.ResponseWriter, r *http.Request) bool {
+			s.mu.Lock()
+			script, arrived := s.script, s.arrived
+			s.mu.Unlock()
+			if arrived != nil {
+				arrived <- n
+			}
+			return script != nil && script(n, w, r)
+		}),
+		paytest.WithProcessing(func(int, *http.Request) {
+			s.mu.Lock()
+			delay := s.delay
+			s.busy++
+			s.mu.Unlock()
+			time.Sleep(delay)
+			s.mu.Lock()
+			s.busy--
+			s.mu.Unlock()
+		}),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, r *http.Request) bool {
+			s.mu.Lock()
+			drop, after := s.commitThenDrop[n], s.afterCharge
+			s.mu.Unlock()
+			if drop {
+				hijackAndClose(w)
+				return true
+			}
+			return after != nil && after(n, w, r)
+		}))
+	s.Server = newServer(t, s.pay.ServeHTTP)
 	return s
 }
 
@@ -102,53 +140,23 @@ func newSlowPayServer(t *testing.T, delay time.Duration) *payServer {
 	return s
 }
 
-func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	key := r.Header.Get("Idempotency-Key")
+// forgetKeys makes the server forget every key whose charge is done, as
+// if its key window had passed: a request with one is charged again.
+func (s *payServer) forgetKeys() {
 	s.mu.Lock()
-	s.requests = append(s.requests, seen{Key: key, BodyHash: sha256.Sum256(body), Method: r.Method, Header: r.Header.Clone()})
-	n := len(s.requests)
-	script, drop, arrived := s.script, s.commitThenDrop[n], s.arrived
+	s.skew += paytest.DefaultKeyWindow
 	s.mu.Unlock()
-	if arrived != nil {
-		arrived <- n
-	}
-
-	if script != nil && script(n, w, r) {
-		return
-	}
-	s.mu.Lock()
-	if a, ok := s.stored[key]; ok && key != "" {
-		s.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(a.status)
-		io.WriteString(w, a.body)
-		return
-	}
-	if s.inflight[key] && key != "" {
-		s.mu.Unlock()
-		w.WriteHeader(http.StatusConflict)
-		return
-	}
-	s.inflight[key] = true
-	s.charges++
-	a := storedAnswer{status: s.finalStatus, body: fmt.Sprintf(`{"charge":"ch_%d"}`, s.charges)}
-	delay := s.delay
-	s.mu.Unlock()
-	time.Sleep(delay)
-	s.mu.Lock()
-	delete(s.inflight, key)
-	if key != "" {
-		s.stored[key] = a
-	}
-	s.mu.Unlock()
-	if drop {
-		hijackAndClose(w)
-		return
-	}
-	w.WriteHeader(a.status)
-	io.WriteString(w, a.body)
 }
+
+// charging reports whether a charge is in progress (in its delay).
+func (s *payServer) charging() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy > 0
+}
+
+// charged reports whether the server charged under key.
+func (s *payServer) charged(key string) bool { return len(s.pay.ChargesUnder(key)) > 0 }
 
 // newServer starts a loopback server that answers with h, closed when t
 // ends.
@@ -180,16 +188,14 @@ func hijackAndClose(w http.ResponseWriter) {
 }
 
 func (s *payServer) seen() []seen {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]seen(nil), s.requests...)
+	var out []seen
+	for _, r := range s.pay.Requests() {
+		out = append(out, seen{Key: r.Header.Get(paytest.KeyHeader), BodyHash: sha256.Sum256(r.Body), Method: r.Method, Header: r.Header})
+	}
+	return out
 }
 
-func (s *payServer) chargeCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.charges
-}
+func (s *payServer) chargeCount() int { return len(s.pay.Charges()) }
 
 // leaderThenJoiners runs call n times, each on its own goroutine: the
 // first alone until srv has its request (srv.arrived must be set), then

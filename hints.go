@@ -17,6 +17,8 @@ import (
 
 // retryHeaders are the headers a server uses to say, whatever the status,
 // whether a resend with the same key may succeed: "true" or "false".
+// These names and replayHeaders' are canonical: each is looked up as
+// written (h[name]), as net/http stores the headers it reads.
 var retryHeaders = [...]string{
 	"Stripe-Should-Retry", // Stripe; read by stripe-go, stripe-node, stripe-ruby
 	"X-Should-Retry",      // OpenAI and Anthropic APIs; read by their SDKs
@@ -40,16 +42,6 @@ var replayHeaders = [...]string{
 // one to the application's): "true" on one line and "false" on another
 // is "false".
 func retryHint(h http.Header) (retry, ok bool) {
-	if len(h) <= scanHeaders {
-		for k, vv := range h {
-			if named(k, retryHeaders[:]) {
-				if retry, ok = readRetryHints(vv, retry, ok); ok && !retry {
-					return false, true
-				}
-			}
-		}
-		return retry, ok
-	}
 	for _, name := range retryHeaders {
 		if retry, ok = readRetryHints(h[name], retry, ok); ok && !retry {
 			return false, true
@@ -87,23 +79,6 @@ func readRetryHint(v string, retry, ok bool) (bool, bool) {
 	return retry, ok
 }
 
-// scanHeaders is the most headers an answer may have for the hints to be
-// looked for in one pass over its header (comparing each name with the
-// hints' few); a larger header is asked for each hint's name instead. The
-// two find the same: a name is matched exactly, in the canonical form the
-// lists hold, as a lookup of h[name] does, and every line of it is read.
-const scanHeaders = 8
-
-// named reports whether k is one of names.
-func named(k string, names []string) bool {
-	for _, n := range names {
-		if k == n {
-			return true
-		}
-	}
-	return false
-}
-
 // IsReplay reports whether the server says resp replays a stored answer to
 // an earlier request with the same key: one of Idempotent-Replayed,
 // Idempotency-Replayed, X-Idempotency-Replayed, Idempotency-Replay or
@@ -114,17 +89,8 @@ func IsReplay(resp *http.Response) bool {
 	if resp == nil {
 		return false
 	}
-	h := resp.Header
-	if len(h) <= scanHeaders {
-		for k, vv := range h {
-			if named(k, replayHeaders[:]) && saysTrue(vv) {
-				return true
-			}
-		}
-		return false
-	}
 	for _, name := range replayHeaders {
-		if saysTrue(h[name]) {
+		if saysTrue(resp.Header[name]) {
 			return true
 		}
 	}

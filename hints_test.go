@@ -831,9 +831,8 @@ func pad(n int) string {
 // A retry hint sent on two lines of the same name (as a gateway adding
 // its own hint to the application's would) is two hints: when they
 // disagree, "false" wins (README: "several retry hints | disagree | false
-// wins"), whichever line comes first and whatever the header's size (the
-// one-pass scan of at most 8 names and the lookups above). An empty line
-// before "false" does not hide it. Over HTTP/1.1 exact bytes.
+// wins"), whichever line comes first and whatever the header's size. An
+// empty line before "false" does not hide it. Over HTTP/1.1 exact bytes.
 //
 // Found in review hv2 (7ce9851; was TestHV2DuplicateRetryHintFalseWins).
 func TestHintDuplicateRetryHintFalseWins(t *testing.T) {
@@ -848,7 +847,7 @@ func TestHintDuplicateRetryHintFalseWins(t *testing.T) {
 	}
 	for _, c := range cases {
 		// Content-Length + the two lines (one name) + padding: 2 to 12
-		// names, on both sides of scanHeaders (8).
+		// names.
 		for _, extra := range []int{0, 6, 7, 8, 11} {
 			t.Run(fmt.Sprintf("%s/%d names", c.name, 2+extra), func(t *testing.T) {
 				srv := newRawServer(t, always("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n"+c.lines+pad(extra)+"\r\nbusy"))

@@ -31,6 +31,7 @@ import (
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
 	"github.com/idemretry/idemretry/internal/childtest"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -77,28 +78,14 @@ func TestJournalE2EChild(t *testing.T) {
 // Idempotency-Key and charges once.
 func TestJournalSurvivesKill(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var keys []string
-	charges := map[string]int{} // key -> charges made
 	committed := make(chan struct{}, 1)
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		keys = append(keys, key)
-		first := charges[key] == 0
-		if first {
-			charges[key]++ // committed
-		}
-		mu.Unlock()
-		if first {
-			// Drop the answer: hold it until the client is gone.
-			committed <- struct{}{}
-			<-r.Context().Done()
-			return
-		}
-		w.WriteHeader(http.StatusOK) // a replay of the stored answer
-	})
+	pay := paytest.New(paytest.WithStatus(http.StatusOK), paytest.WithAfterCharge(func(_ int, _ http.ResponseWriter, r *http.Request) bool {
+		// Drop the answer: hold it until the client is gone.
+		committed <- struct{}{}
+		<-r.Context().Done()
+		return true
+	}))
+	srv := newServer(t, pay.ServeHTTP) // a repeat gets the stored answer, 200, replayed
 	dir := t.TempDir()
 
 	run := func() (*exec.Cmd, *bufio.Reader) {
@@ -121,11 +108,14 @@ func TestJournalSurvivesKill(t *testing.T) {
 	_ = cmd.Wait()
 	assert.Equal(t, "status 200\n", line)
 
-	mu.Lock()
-	defer mu.Unlock()
+	var keys []string
+	for _, r := range pay.Requests() {
+		keys = append(keys, r.Header.Get(paytest.KeyHeader))
+	}
 	require.Len(t, keys, 2)
 	assert.NotEmpty(t, keys[0])
 	assert.Equal(t, keys[0], keys[1], "the restarted process used another key")
+	charges := chargesPerKey(pay.Charges())
 	assert.Len(t, charges, 1)
 	assert.Equal(t, 1, charges[keys[0]], "charged more than once")
 }
@@ -1453,50 +1443,54 @@ const (
 	envKillURL = "IDEMRETRY_KILL_URL"
 )
 
-// holdingLedger charges a key once and replays it after; the first
-// charge of each payload is committed and then its answer is held until
-// the test ends (the app is killed meanwhile).
+// holdingLedger is the shared payment server (internal/paytest) whose
+// first charge, if committed is set, is committed and then its answer is
+// held until release (the app is killed meanwhile); /redir answers 307 to
+// /pay.
 type holdingLedger struct {
-	mu        sync.Mutex
-	charged   map[string]bool
-	held      bool
-	committed chan struct{}
-	release   chan struct{}
-	keys      []string
+	*paytest.Server
+	mu                 sync.Mutex
+	held               bool
+	committed, release chan struct{}
 }
 
-func (l *holdingLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	if r.URL.Path == "/redir" {
-		w.Header().Set("Location", "/pay")
-		w.WriteHeader(http.StatusTemporaryRedirect)
-		return
-	}
-	key := r.Header.Get("Idempotency-Key")
-	l.mu.Lock()
-	l.keys = append(l.keys, key)
-	if l.charged[key] {
-		l.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(http.StatusCreated)
-		return
-	}
-	l.charged[key] = true
-	hold := !l.held && l.committed != nil
-	l.held = true
-	l.mu.Unlock()
-	if hold {
-		close(l.committed)
-		<-l.release
-		return
-	}
-	w.WriteHeader(http.StatusCreated)
+func newHoldingLedger(committed, release chan struct{}) *holdingLedger {
+	l := &holdingLedger{committed: committed, release: release}
+	l.Server = paytest.New(
+		paytest.WithBefore(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+			if r.URL.Path != "/redir" {
+				return false
+			}
+			w.Header().Set("Location", "/pay")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+			return true
+		}),
+		paytest.WithAfterCharge(func(int, http.ResponseWriter, *http.Request) bool {
+			l.mu.Lock()
+			hold := !l.held && l.committed != nil
+			l.held = true
+			l.mu.Unlock()
+			if hold {
+				close(l.committed)
+				<-l.release
+			}
+			return hold
+		}))
+	return l
 }
 
-func (l *holdingLedger) charges() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.charged)
+func (l *holdingLedger) charges() int { return len(l.Charges()) }
+
+// keys returns the keys of the requests the ledger charged or replayed
+// (the 307s left out), in order.
+func (l *holdingLedger) keys() []string {
+	var out []string
+	for _, r := range l.Requests() {
+		if r.Outcome != paytest.Answered {
+			out = append(out, r.Header.Get(paytest.KeyHeader))
+		}
+	}
+	return out
 }
 
 // TestKilledUnnamedPaymentChild is the app the tests below kill: it pays one unnamed
@@ -1543,7 +1537,7 @@ func TestKilledMidChargeThenTapOrResume(t *testing.T) {
 		{"tap, the charge on a 307's hop", "/redir", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := &holdingLedger{charged: map[string]bool{}, committed: make(chan struct{}), release: make(chan struct{})}
+			l := newHoldingLedger(make(chan struct{}), make(chan struct{}))
 			srv := httptest.NewServer(l)
 			defer srv.Close()
 			defer close(l.release)
@@ -1581,10 +1575,10 @@ func TestKilledMidChargeThenTapOrResume(t *testing.T) {
 			if c.resume {
 				// Resumed to done: this tap is a deliberate repeat.
 				assert.False(t, idemretry.IsReplay(resp))
-				assert.Equal(t, 2, l.charges(), "keys %v", l.keys)
+				assert.Equal(t, 2, l.charges(), "keys %v", l.keys())
 			} else {
 				assert.True(t, idemretry.IsReplay(resp), "the tap of the killed payment was not its replay")
-				assert.Equal(t, 1, l.charges(), "the tap of the killed payment charged again: keys %v", l.keys)
+				assert.Equal(t, 1, l.charges(), "the tap of the killed payment charged again: keys %v", l.keys())
 			}
 			un, err = tr.Journal().Unfinished(context.Background())
 			require.NoError(t, err)
@@ -1605,7 +1599,7 @@ func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("SIGKILL")
 	}
-	l := &holdingLedger{charged: map[string]bool{}}
+	l := newHoldingLedger(nil, nil)
 	srv := httptest.NewServer(l)
 	defer srv.Close()
 	dir := t.TempDir()
@@ -1641,5 +1635,5 @@ func TestKilledAfterARedirectedUnnamedPaymentThenRepeat(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.False(t, idemretry.IsReplay(resp), "the deliberate repeat was answered with the first payment's replay")
-	assert.Equal(t, 2, l.charges(), "keys %v", l.keys)
+	assert.Equal(t, 2, l.charges(), "keys %v", l.keys())
 }

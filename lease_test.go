@@ -70,10 +70,7 @@ func TestNoLeaserSendsAsBefore(t *testing.T) {
 	// Wait until A's charge is in progress at the server (arrived is sent
 	// before the server marks the key in flight).
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		srv.mu.Lock()
-		busy := len(srv.inflight) > 0
-		srv.mu.Unlock()
-		if busy {
+		if srv.charging() {
 			break
 		}
 	}

@@ -334,7 +334,7 @@ func (t *Transport) boundTo(ctx context.Context, who *identity, rec journal.Reco
 	case who.bound != nil && rec.Key != who.bound.Key:
 		b := who.bound
 		return &ActionError{Action: who.id, Key: b.Key, Attempts: b.Attempts, Status: b.Status, MaybeProcessed: true,
-			Reason: ErrResponseNotShared, Err: errors.New("the action it was bound to (a flight it joined, or one it reserved before a lease wait) was replaced by a new one before its answer could be read again")}
+			Reason: ErrResponseNotShared, Err: errors.New("action replaced before its answer could be read again")}
 	}
 	return nil
 }
@@ -551,7 +551,7 @@ func (t *Transport) stillUnknown(ctx context.Context, listed journal.Record) err
 func settled(listed journal.Record, now time.Time, window, settle time.Duration) error {
 	if until := listed.CreatedAt.Add(addDuration(window, settle)); now.Before(until) {
 		return &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,
-			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("resolved only from %s, the settle time (WithSettleTime) after its key window: a request of it may still be processed until then", until.Format(time.RFC3339))}
+			Reason: ErrOutcomeUnknown, Err: fmt.Errorf("not to be resolved before %s, the settle time after its key window", until.Format(time.RFC3339))}
 	}
 	return nil
 }

@@ -55,25 +55,27 @@ const (
 	// ErrResponseNotShared. The outcome stays recorded.
 	DefaultMaxShareTime = 5 * time.Second
 	// DefaultSettleTime is how long after its key window ended an
-	// outcome-unknown action must wait before Transport.Resume hands it to
-	// the Resumer's Resolve (WithSettleTime): an attempt may start until the
-	// window ends, and a request still in the network or at the provider
-	// may be processed after that; a provider that says "no charge" before
-	// then may be wrong.
+	// outcome-unknown action must wait before [Transport.Resume] hands it
+	// to the Resumer's Resolve ([WithSettleTime]). An attempt may start
+	// until the window ends. A request still in the network or at the
+	// provider may be processed after that. A provider that says "no
+	// charge" before then may be wrong.
 	DefaultSettleTime = time.Minute
 )
 
-// An Option configures a Transport (and a Client). Options apply in order;
-// a later one overrides an earlier one, with three exceptions: the journal
-// is named once (WithJournal or WithJournalDir), WithKeyedMethods and
-// WithUnkeyedMethods add to the methods named before, and WithObserver adds
-// an observer (a nil one adds none). NewTransport validates them all in one
-// place: a value an option cannot use (a negative count or duration, a
-// header name that is not a token, an empty journal directory...) makes it
-// fail with an error wrapping ErrInvalidOption; a nil function given to
-// another option restores its default. A size or duration limit may be as
-// large as math.MaxInt64, the usual way to say "no limit": the Transport's
-// sums of limits saturate, never wrap.
+// An Option configures a [Transport] (and a [Client]). Options apply in
+// order, and a later one overrides an earlier one, with three exceptions.
+// The journal is named once ([WithJournal] or [WithJournalDir]).
+// [WithKeyedMethods] and [WithUnkeyedMethods] add to the methods named
+// before. [WithObserver] adds an observer (a nil one adds none).
+//
+// [NewTransport] validates all options in one place. A value an option
+// cannot use (a negative count or duration, a header name that is not a
+// token, an empty journal directory...) makes it fail with an error
+// wrapping [ErrInvalidOption]. A nil function given to another option
+// restores its default. A size or duration limit may be as large as
+// [math.MaxInt64], the usual way to say "no limit": the Transport's sums of
+// limits saturate, never wrap.
 type Option func(*config)
 
 type config struct {
@@ -114,7 +116,6 @@ type config struct {
 
 func defaultConfig() config {
 	c := config{
-		newBackOff:    defaultBackOff,
 		maxRetries:    DefaultMaxRetries,
 		policy:        DefaultRetryPolicy,
 		maxRetryAfter: DefaultMaxRetryAfter,
@@ -146,10 +147,7 @@ var defaultKeyedMethods = []string{http.MethodPost, http.MethodPatch}
 // and DefaultMaxDelay.
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(c *config) {
-		if newBackOff == nil {
-			newBackOff = defaultBackOff
-		}
-		c.newBackOff = newBackOff
+		c.newBackOff = newBackOff // nil: the default
 	}
 }
 
@@ -174,21 +172,24 @@ func WithRetryPolicy(p RetryPolicy) Option {
 func WithMaxRetryAfter(d time.Duration) Option { return func(c *config) { c.maxRetryAfter = d } }
 
 // WithKeyWindow sets how long after its creation a key may still be sent
-// (default DefaultKeyWindow). Set it to your server's key retention, or less.
-// Windows are wall-clock spans, as the server's retention is: they are
-// judged by the Transport's Clock or, when the journal has seen a later time
-// (filejournal.Journal.Now) no more than journal.DefaultGrace ahead, by that time, so
-// a clock set back cannot make a key look younger. A key whose creation lies
-// more than a minute in the future even so is refused with ErrClockSkew.
+// (default [DefaultKeyWindow]). Set it to your server's key retention, or
+// less.
+//
+// Windows are wall-clock spans, as the server's retention is. They are
+// judged by the Transport's [Clock]. When the journal has seen a later time
+// ([filejournal.Journal.Now]) no more than [journal.DefaultGrace] ahead,
+// they are judged by that time, so a clock set back cannot make a key look
+// younger. A key whose creation lies more than a minute in the future even
+// so is refused with [ErrClockSkew].
 func WithKeyWindow(d time.Duration) Option { return func(c *config) { c.keyWindow = d } }
 
 // WithClock replaces the system clock, for tests and simulations. The
-// Transport reads the key window from it, and waits on its timers if it is
-// a TimerClock (on the system's otherwise). A journal
-// the Transport opens gets the same clock; give one you pass with
-// WithJournal the same clock too (filejournal.WithClock), or its expiry and the
-// key window disagree. Context
-// deadlines are judged against its durations as if they were real time.
+// Transport reads the key window from it. It waits on the clock's timers if
+// it is a [TimerClock], on the system's otherwise. A journal the Transport
+// opens gets the same clock. Give a journal you pass with [WithJournal] the
+// same clock too ([filejournal.WithClock]), or its expiry and the key
+// window disagree. Context deadlines are judged against the clock's
+// durations as if they were real time.
 func WithClock(clk Clock) Option {
 	return func(c *config) {
 		if clk == nil {
@@ -242,14 +243,17 @@ func validMethod(m string) bool {
 func WithQuotedKey() Option { return func(c *config) { c.quoted = true } }
 
 // WithKeyHeader sets the header that carries the key (default
-// DefaultKeyHeader; X-Idempotency-Key for some servers). A header HTTP
-// gives a meaning of its own fails NewTransport with ErrInvalidOption:
-// Host, Content-Length, Transfer-Encoding, Trailer and Expect (net/http
-// never sends them as given, or the server refuses the request), the
-// hop-by-hop headers a proxy drops (Connection, Keep-Alive,
-// Proxy-Connection, TE, Upgrade), and the Content-* headers, Authorization,
-// Proxy-Authorization and Cookie (the key would replace the request's own,
-// which would be taken for its key).
+// [DefaultKeyHeader]; some servers want X-Idempotency-Key). A header to
+// which HTTP gives a meaning of its own fails [NewTransport] with
+// [ErrInvalidOption]. These are:
+//
+//   - Host, Content-Length, Transfer-Encoding, Trailer and Expect: net/http
+//     never sends them as given, or the server refuses the request;
+//   - the hop-by-hop headers a proxy drops: Connection, Keep-Alive,
+//     Proxy-Connection, TE and Upgrade;
+//   - the Content-* headers, Authorization, Proxy-Authorization and Cookie:
+//     the key would replace the request's own, which would be taken for
+//     its key.
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.header = http.CanonicalHeaderKey(strings.TrimSpace(name)) }
 }
@@ -278,11 +282,12 @@ func WithMaxBufferedBody(n int64) Option { return func(c *config) { c.maxBuffere
 
 // WithKeyGenerator replaces the UUIDv4 generator, for reproducible
 // simulations. gen must return keys of at most 255 visible ASCII characters
-// that are unique per action, and be safe for concurrent use. The default
-// generator reads crypto/rand.Reader at each key (a Reader your program put
-// in its place is used, and its error returned); google/uuid's SetRand and
-// EnableRandPool do not apply to it: to choose where keys come from, pass a
-// generator here.
+// that are unique per action. It must be safe for concurrent use.
+//
+// The default generator reads [crypto/rand.Reader] at each key. A Reader
+// your program put in its place is used, and its error returned.
+// google/uuid's SetRand and EnableRandPool do not apply to it. To choose
+// where keys come from, pass a generator here.
 func WithKeyGenerator(gen func() (string, error)) Option {
 	return func(c *config) {
 		if gen == nil {
@@ -313,37 +318,42 @@ func WithRetryBudget(tokens, ratio float64) Option {
 func WithRequireAction() Option { return func(c *config) { c.requireAction = true } }
 
 // WithDuplicateWindow makes an unnamed keyed request that repeats a
-// completed one (the same method, URL and body) within d of the first's key
-// being minted the same action: it is sent with the same key, and the
-// server answers with its replay. Off (0) by default, because it also turns
-// a deliberate identical payment within d into a replay of the first:
-// Braintree's servers apply such a window for 30 s to catch double
-// submissions. Prefer naming actions (WithAction); d must be shorter than
-// the key window. It is judged by the earlier of the clock and the
-// journal's time (journal.Timekeeper; sqljournal keeps the database's):
-// a double tap must not pass for a new payment because one clock runs
-// ahead of the other.
+// completed one (the same method, URL and body) the same action, if it
+// comes within d of the first's key being minted. It is sent with the same
+// key, and the server answers with its replay. Braintree's servers apply
+// such a window for 30 s to catch double submissions.
+//
+// The window is off (0) by default: it also turns a deliberate identical
+// payment within d into a replay of the first. Prefer naming actions
+// ([WithAction]). d must be shorter than the key window. It is judged by
+// the earlier of the clock and the journal's time ([journal.Timekeeper];
+// sqljournal keeps the database's). A double tap must not pass for a new
+// payment because one clock runs ahead of the other.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
 
 // WithJournalTimeout bounds every journal call on the request path
-// (default DefaultJournalTimeout), whatever the caller's context allows.
-// An outcome that could not be recorded in time is kept in memory and
-// written before its action is reserved again, or at Close. A call whose
-// context has neither a deadline nor a Done channel (context.Background's)
-// shares its timer with the calls that start within 1/100 of d of it (for
-// d of 100 ms or more), and so may be cut short by up to d/100.
+// (default [DefaultJournalTimeout]), whatever the caller's context allows.
+// An outcome that could not be recorded in time is kept in memory. It is
+// written before its action is reserved again, or at [Transport.Close]. A
+// call whose context has neither a deadline nor a Done channel
+// ([context.Background]'s) shares its timer with the calls that start
+// within 1/100 of d of it (for d of 100 ms or more). It may so be cut short
+// by up to d/100.
 func WithJournalTimeout(d time.Duration) Option { return func(c *config) { c.journalTimeout = d } }
 
 // WithSettleTime sets how long after its key window ended an
-// outcome-unknown action waits before Resume hands it to Resolve (default
-// DefaultSettleTime), judged by the clock, or by the journal's time
-// (journal.Timekeeper: sqljournal keeps the database's) where that is
-// behind the clock. It must exceed how long a request can stay in the
-// network or at the provider, plus, for a fleet, how far a machine's clock
-// may run behind the others' (with sqljournal, behind the database's: such
-// a machine's keys are stored with its own, earlier, time); 0 hands it
-// over as soon as the window ends. An action made outcome-unknown early (the server refused its
-// key as reused, ErrKeyReused) waits for its window to end too.
+// outcome-unknown action waits before [Transport.Resume] hands it to
+// Resolve (default [DefaultSettleTime]). The wait is judged by the clock,
+// or by the journal's time ([journal.Timekeeper]; sqljournal keeps the
+// database's) where that is behind the clock. 0 hands the action over as
+// soon as the window ends.
+//
+// d must exceed how long a request can stay in the network or at the
+// provider. For a fleet, add how far a machine's clock may run behind the
+// others'. With sqljournal, that is behind the database's: such a
+// machine's keys are stored with its own, earlier, time. An action made
+// outcome-unknown early (the server refused its key as reused,
+// [ErrKeyReused]) waits for its window to end too.
 func WithSettleTime(d time.Duration) Option { return func(c *config) { c.settle = d } }
 
 // WithMaxSharedResponse sets how much of a response body is held in memory

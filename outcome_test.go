@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemretry/idemretry"
 	"github.com/idemretry/idemretry/filejournal"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -601,67 +602,67 @@ func TestOutcomeWriteOutlastsACancelByOutcomeGraceAtMost(t *testing.T) {
 // must find the same key on its next identical request; a caller given a
 // final answer must find a new one (a deliberate repeat is a new payment).
 
-// deadlineLedger is a loopback payment server with Stripe's semantics (a key is
-// charged once; a repeat replays; a repeat while the charge runs is 409),
+// deadlineLedger is the shared payment server (internal/paytest: a key is
+// charged once; a repeat replays; a repeat while the charge runs is 409)
 // whose charges take a random few milliseconds, so that answers land
-// around the clients' deadlines.
+// around the clients' deadlines: one in 8 then fails with 503 (nothing
+// stored, the key released), and one in 4 answers with a body that
+// arrives across the deadline.
 type deadlineLedger struct {
-	mu       sync.Mutex
-	stored   map[string]int // key -> status
-	inflight map[string]bool
-	charges  map[string]int // key -> charges
-	rnd      *rand.Rand
+	*paytest.Server
+	mu   sync.Mutex
+	rnd  *rand.Rand
+	plan map[int]chargePlan // by request number
+}
+
+// chargePlan is what a charge was drawn to do.
+type chargePlan struct {
+	fail, slowBody bool
 }
 
 func newDeadlineLedger(seed uint64) *deadlineLedger {
-	return &deadlineLedger{stored: map[string]int{}, inflight: map[string]bool{}, charges: map[string]int{},
-		rnd: rand.New(rand.NewPCG(seed, 7))}
+	l := &deadlineLedger{rnd: rand.New(rand.NewPCG(seed, 7)), plan: map[int]chargePlan{}}
+	l.Server = paytest.New(
+		paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(`{"charge":"` + c.ID + `"}`) }),
+		paytest.WithProcessing(func(n int, _ *http.Request) {
+			l.mu.Lock()
+			delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
+			l.plan[n] = chargePlan{fail: l.rnd.IntN(8) == 0, slowBody: l.rnd.IntN(4) == 0}
+			l.mu.Unlock()
+			time.Sleep(delay)
+		}),
+		paytest.WithFailure(func(n int, _ *http.Request) (int, bool) {
+			return http.StatusServiceUnavailable, l.planOf(n).fail // not processed: nothing stored
+		}),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+			if !l.planOf(n).slowBody {
+				return false
+			}
+			// The body arrives across the deadline.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"charge":`)
+			w.(http.Flusher).Flush()
+			time.Sleep(10 * time.Millisecond)
+			io.WriteString(w, `"`+l.Requests()[n-1].Charge+`"}`)
+			return true
+		}))
+	return l
 }
 
-func (l *deadlineLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	key := r.Header.Get("Idempotency-Key")
+func (l *deadlineLedger) planOf(n int) chargePlan {
 	l.mu.Lock()
-	if st, ok := l.stored[key]; ok {
-		l.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(st)
-		io.WriteString(w, `{"replayed":true}`)
-		return
+	defer l.mu.Unlock()
+	return l.plan[n]
+}
+
+// chargesPerKey counts the charges made under each key.
+func chargesPerKey(charges []paytest.Charge) map[string]int {
+	out := map[string]int{}
+	for _, c := range charges {
+		out[c.Key]++
 	}
-	if l.inflight[key] {
-		l.mu.Unlock()
-		w.WriteHeader(http.StatusConflict)
-		return
-	}
-	delay := time.Duration(l.rnd.IntN(25)) * time.Millisecond
-	fail := l.rnd.IntN(8) == 0
-	slowBody := l.rnd.IntN(4) == 0
-	l.inflight[key] = true
-	l.mu.Unlock()
-	time.Sleep(delay)
-	if fail {
-		// Not processed: nothing stored.
-		l.mu.Lock()
-		delete(l.inflight, key)
-		l.mu.Unlock()
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
-	}
-	l.mu.Lock()
-	delete(l.inflight, key)
-	l.charges[key]++
-	l.stored[key] = http.StatusCreated
-	l.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	if slowBody {
-		// The body arrives across the deadline.
-		io.WriteString(w, `{"charge":`)
-		w.(http.Flusher).Flush()
-		time.Sleep(10 * time.Millisecond)
-	}
-	io.WriteString(w, `"ok"}`)
+	return out
 }
 
 // keyOfAnswer returns the key an outcome carried: the response's request's
@@ -764,9 +765,7 @@ func TestOutcomeToldIsWhatTheNextTapFinds(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	ledger.mu.Lock()
-	defer ledger.mu.Unlock()
-	for k, n := range ledger.charges {
+	for k, n := range chargesPerKey(ledger.Charges()) {
 		if n > 1 {
 			t.Errorf("key %s charged %d times", k, n)
 		}

@@ -19,16 +19,19 @@ type Kind uint8
 
 const (
 	// Pending: no final answer is in hand, and the server may have
-	// performed the action (an attempt may have reached it; the answer
-	// was lost, or the retries stopped on a status that may heal, or the
-	// action was parked by the retry budget, or is in flight elsewhere).
-	// The action stays pending under its key: resend it as the same
-	// action (the same WithAction id, or the same request) to get its
-	// answer, now, later or through Resume at the next start. Never send
-	// it as a new action: that may perform it twice. A request of a
-	// method sent without a key is no action: a resend of a POST or PATCH
-	// sent so (WithUnkeyedMethods) may perform it twice. Pending is the
-	// zero Kind, so that an Outcome that says nothing reads the safe way.
+	// performed the action. An attempt may have reached it and its answer
+	// been lost. Or the retries stopped on a status that may heal, or the
+	// retry budget parked the action, or it is in flight elsewhere.
+	//
+	// The action stays pending under its key. Resend it as the same action
+	// (the same [WithAction] id, or the same request) to get its answer:
+	// now, later, or through [Transport.Resume] at the next start. Never
+	// send it as a new action: that may perform it twice. A request of a
+	// method sent without a key is no action. A resend of a POST or PATCH
+	// sent so ([WithUnkeyedMethods]) may perform it twice.
+	//
+	// Pending is the zero Kind, so that an Outcome that says nothing reads
+	// the safe way.
 	Pending Kind = 0
 	// Done: the response is the server's final answer (a status the
 	// RetryPolicy does not retry: a 201, and a 400 or 422 too), recorded
@@ -42,17 +45,20 @@ const (
 	// back, or, to change it, forget it (Journal().Forget) and send the
 	// change as a new action.
 	NotSent Kind = 2
-	// Refused: the Transport did not send the request, for Reason, and
-	// would refuse it again as it is until the reason is gone: the
-	// request is invalid
-	// (ErrInvalidRequest, ErrActionRequired, ...), another payload was
-	// sent under its action (ErrFingerprintMismatch), the action's outcome
-	// must be reconciled with the server (ErrKeyWindowExpired,
-	// ErrOutcomeUnknown, ErrKeyReused), the clocks disagree
-	// (ErrClockSkew), or the journal failed. When MaybeProcessed is true an
-	// earlier request of the action may have reached the server: keep the
-	// action (resend it once the reason is gone, or ask the server about
-	// Key), never make it a new one.
+	// Refused: the Transport did not send the request, for Reason. It
+	// would refuse it again as it is until the reason is gone. The reasons
+	// are:
+	//
+	//   - the request is invalid ([ErrInvalidRequest], [ErrActionRequired], ...);
+	//   - another payload was sent under its action ([ErrFingerprintMismatch]);
+	//   - the action's outcome must be reconciled with the server
+	//     ([ErrKeyWindowExpired], [ErrOutcomeUnknown], [ErrKeyReused]);
+	//   - the clocks disagree ([ErrClockSkew]);
+	//   - the journal failed.
+	//
+	// When MaybeProcessed is true, an earlier request of the action may
+	// have reached the server. Keep the action: resend it once the reason
+	// is gone, or ask the server about Key. Never make it a new one.
 	Refused Kind = 3
 )
 
@@ -97,30 +103,33 @@ type Outcome struct {
 	Reason error
 }
 
-// OutcomeOf returns the outcome of resp and err, as returned by a
-// Transport's RoundTrip or by http.Client.Do over a Transport (err may be
-// wrapped: OutcomeOf looks into it with errors.As); Resume gives each
-// action's in its ResumeResult.
-// A response is Done, or Pending when the retries stopped without a final
-// answer (GiveUpReason); an error is Pending, NotSent or Refused, and
-// carries the action, its key and attempts when the Transport knew them.
-// Its action, key and attempts reach a response through resp.Request (the
-// request of the attempt answered, whose context holds them): a copy of a
+// OutcomeOf returns the outcome of resp and err, as returned by
+// [Transport.RoundTrip] or by [http.Client.Do] over a Transport. err may be
+// wrapped: OutcomeOf looks into it with [errors.As]. [Transport.Resume]
+// gives each action's outcome in its [ResumeResult].
+//
+// A response is [Done], or [Pending] when the retries stopped without a
+// final answer ([GiveUpReason]). An error is Pending, [NotSent] or
+// [Refused]. It carries the action, its key and attempts when the
+// Transport knew them. For a response they come through resp.Request, the
+// request of the attempt answered, whose context holds them. A copy of a
 // response (a flight's joiners get one) keeps them, and so does a response
 // whose body http.Client wraps. After a redirect that http.Client followed
 // from a keyed request (a 303 to a receipt, say), they are the keyed
 // request's, found through resp.Request.Response.
 //
-// A response that did not come from a Transport (one the caller, or a
-// RoundTripper above the Transport, made) is Pending if its status is one
-// DefaultRetryPolicy retries: no Transport judged it final. An error
-// OutcomeOf does not know (none of this package's, nor a journal's) is
-// Pending with MaybeProcessed: it cannot say that nothing was sent. So is
-// an error that joins the errors of several actions (errors.Join), and a
-// nil response with a nil error, which RoundTrip never returns. NotSent
-// needs a base that was told of the attempt's writes: a base that sends
-// its tries with a context of its own, not the attempt's, cannot say that
-// none was written, and its dial errors are Pending too.
+// A response that did not come from a Transport is Pending if
+// [DefaultRetryPolicy] retries its status: no Transport judged it final.
+// Such a response is one the caller, or a RoundTripper above the
+// Transport, made. An error OutcomeOf does not know (none of this
+// package's, nor a journal's) is Pending with MaybeProcessed: it cannot say
+// that nothing was sent. So is an error that joins the errors of several
+// actions ([errors.Join]). So is a nil response with a nil error, which
+// RoundTrip never returns.
+//
+// NotSent needs a base that was told of the attempt's writes. A base that
+// sends its tries with a context of its own, not the attempt's, cannot say
+// that none was written. Its dial errors are Pending too.
 func OutcomeOf(resp *http.Response, err error) Outcome {
 	var o Outcome
 	switch {

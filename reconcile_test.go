@@ -50,9 +50,7 @@ func (p *providerResumer) Resolve(_ context.Context, rec journal.Record) (bool, 
 		close(p.resolving)
 		<-p.gate
 	}
-	p.srv.mu.Lock()
-	_, charged := p.srv.stored[rec.Key]
-	p.srv.mu.Unlock()
+	charged := p.srv.charged(rec.Key)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.resolved = append(p.resolved, rec)
@@ -509,9 +507,7 @@ func (p *onceResumer) Resolve(_ context.Context, rec journal.Record) (bool, erro
 		close(p.first)
 		<-p.gate
 	}
-	p.srv.mu.Lock()
-	_, charged := p.srv.stored[rec.Key]
-	p.srv.mu.Unlock()
+	charged := p.srv.charged(rec.Key)
 	return !charged, nil
 }
 

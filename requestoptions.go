@@ -19,7 +19,7 @@ type settings struct {
 	maxRetries int
 	keyWindow  time.Duration
 	policy     RetryPolicy
-	newBackOff func() backoff.BackOff
+	newBackOff func() backoff.BackOff // nil: the default (defaultBackOff)
 	// bo is the caller's BackOff for this RoundTrip, made and started
 	// with it (startBackOff), or nil for the default's.
 	bo backoff.BackOff

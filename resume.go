@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +40,7 @@ type Resumer interface {
 
 // A ResumeResult says what Resume did with one unfinished action.
 type ResumeResult struct {
-	Record journal.Record // as the journal listed it
+	Record journal.Record // as the journal listed it (of a corrupt record, only its ActionID: see Resume)
 	// Sent: the action was pending and an attempt of its rebuilt request,
 	// with its key, may have reached the server (it was written, or its
 	// connection failed after being made). A request refused before
@@ -107,18 +108,35 @@ type ResumeResult struct {
 // Transport discards any: at most DefaultMaxDrain bytes read, for at most
 // DefaultMaxDrainTime). Resume returns a result per action started, and an
 // error only if the journal could not be listed or ctx ended.
+//
+// A corrupt record (see [journal.CorruptRecordsError]) does not stop the
+// others: Resume handles every record the journal lists and, after their
+// results, gives each corrupt record it names a result of its own, even
+// once ctx has ended. That result's Record holds only the ActionID, in
+// the form the journal's Forget accepts; its Err wraps
+// journal.ErrCorruptRecord and says what is wrong; its Outcome is Refused
+// and MaybeProcessed (an attempt of it may have been sent). Nothing of it
+// is rebuilt, sent or forgotten: reconcile it with the server (and repair
+// the record, or Forget it). A journal that fails Unfinished with any
+// other error (or with ErrCorruptRecord alone) makes Resume return no
+// result and that error.
 func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: nil Resumer", ErrInvalidOption)
 	}
 	recs, err := t.journal.Unfinished(ctx)
+	var damaged []ResumeResult
 	if err != nil {
-		return nil, wrapf(err, "resume: list unfinished actions")
+		var ce *journal.CorruptRecordsError
+		if !errors.As(err, &ce) {
+			return nil, wrapf(err, "resume: list unfinished actions")
+		}
+		damaged = damagedResults(ce)
 	}
 	if concurrency <= 0 {
 		concurrency = DefaultResumeConcurrency
 	}
-	out := make([]ResumeResult, len(recs))
+	out := make([]ResumeResult, len(recs), len(recs)+len(damaged))
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
 	// A panic of the Resumer's (or of a hook's) on one of Resume's
@@ -129,14 +147,14 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 		if ctx.Err() != nil { // a free slot must not win over an ended ctx
 			wg.Wait()
 			rethrow(panicked.Load())
-			return out[:i], ctx.Err()
+			return append(out[:i], damaged...), ctx.Err()
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			wg.Wait()
 			rethrow(panicked.Load())
-			return out[:i], ctx.Err()
+			return append(out[:i], damaged...), ctx.Err()
 		}
 		wg.Add(1)
 		go func() {
@@ -152,7 +170,26 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 	}
 	wg.Wait()
 	rethrow(panicked.Load())
-	return out, ctx.Err()
+	return append(out, damaged...), ctx.Err()
+}
+
+// damagedResults are the results of the corrupt records ce names: each
+// Refused, maybe processed (an attempt of it may have been sent), with
+// what is wrong with it as Err; nothing is rebuilt, sent or forgotten.
+func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
+	out := make([]ResumeResult, len(ce.IDs))
+	for i, id := range ce.IDs {
+		err := wrapf(ce.Reason(i), "resume")
+		if !strings.Contains(err.Error(), id) {
+			err = wrapf(ce.Reason(i), "resume: action %q", id)
+		}
+		out[i] = ResumeResult{
+			Record:  journal.Record{ActionID: id},
+			Outcome: Outcome{Kind: Refused, Action: id, MaybeProcessed: true, Reason: err},
+			Err:     err,
+		}
+	}
+	return out
 }
 
 func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) (res ResumeResult) {

@@ -130,8 +130,8 @@ func TestResumeHashedJoinsLiveFlight(t *testing.T) {
 	resumeInEachIDMode(t, func(t *testing.T, srv *payServer, _ string, _ []filejournal.Option, second *idemretry.Transport) {
 		srv.mu.Lock()
 		srv.delay = 300 * time.Millisecond
-		srv.stored = map[string]storedAnswer{} // server lost it: it charges (slowly) again, 409 meanwhile
 		srv.mu.Unlock()
+		srv.forgetKeys() // server lost it: it charges (slowly) again, 409 meanwhile
 		app := resumerOfU(t, second, srv)
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -1105,4 +1105,134 @@ func TestResumeUpgradedAnswerClosedUnread(t *testing.T) {
 	assert.Equal(t, http.StatusSwitchingProtocols, res.Status)
 	assert.Empty(t, res.Body)
 	assert.Equal(t, idemretry.Done, res.Outcome.Kind)
+}
+
+// rebuildCounter is an appResumer that counts the Rebuild calls of each
+// action.
+type rebuildCounter struct {
+	*appResumer
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (r *rebuildCounter) Rebuild(ctx context.Context, rec journal.Record) (*http.Request, error) {
+	r.mu.Lock()
+	r.calls[rec.ActionID]++
+	r.mu.Unlock()
+	return r.appResumer.Rebuild(ctx, rec)
+}
+
+// Three payments were charged and their answers lost; then one bit of the
+// file journal flipped on disk, in the key of the last frame that holds
+// pay:bad, with intact frames after it. Open refuses the file and names
+// pay:bad; opened with WithSalvage, Resume resends the two intact payments
+// (the server replays them: nothing is charged again) and gives pay:bad a
+// result of its own, by id: journal.ErrCorruptRecord, Refused and maybe
+// processed, nothing rebuilt or sent. A new send of pay:bad is refused too
+// (its lost key may have been charged), until the app, having reconciled
+// it, forgets it by that id. Before, the salvage lost pay:bad silently and
+// a new send of it made a second charge under a new key; a journal whose
+// Unfinished failed on one record made Resume resume nothing.
+func TestResumeResendsTheIntactActionsBesideADamagedRecord(t *testing.T) {
+	ctx := context.Background()
+	srv := newPayServer(t)
+	srv.commitThenDrop = map[int]bool{1: true, 2: true, 3: true} // charged, answers lost
+	dir := t.TempDir()
+	fj, err := filejournal.Open(dir)
+	require.NoError(t, err)
+	orders := map[string]string{}
+	for _, o := range []string{"good-1", "bad", "good-2"} {
+		id, body := "pay:"+o, `{"order":"`+o+`"}`
+		orders[id] = body
+		leftPending(t, fj, post(t, idemretry.WithAction(ctx, id), srv.URL, body))
+		require.NoError(t, fj.Sync(ctx)) // its updates in frames of their own
+	}
+	require.NoError(t, fj.Close())
+	path := filepath.Join(dir, "journal")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	at := strings.LastIndex(string(data), "pay:bad") + len("pay:bad") // the first byte of its key
+	require.Greater(t, at, len("pay:bad"))
+	data[at] ^= 1 << 4
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	_, err = filejournal.Open(dir)
+	var ce *filejournal.CorruptionError
+	require.ErrorAs(t, err, &ce, "Open of the damaged file")
+	assert.Contains(t, ce.Actions, "pay:bad", "%v", ce)
+
+	fj, err = filejournal.Open(dir, filejournal.WithSalvage())
+	require.NoError(t, err)
+	defer fj.Close()
+	tr := transportOver(t, fj)
+	app := &rebuildCounter{appResumer: &appResumer{url: srv.URL, orders: orders}, calls: map[string]int{}}
+	res, err := tr.Resume(ctx, app, 0)
+	for _, r := range res {
+		t.Logf("%s: sent %v, status %d, outcome %v, %v", r.Record.ActionID, r.Sent, r.Status, r.Outcome.Kind, r.Err)
+	}
+	require.NoError(t, err, "%d results", len(res))
+	require.Len(t, res, 3)
+	byID := map[string]idemretry.ResumeResult{}
+	for _, r := range res {
+		byID[r.Record.ActionID] = r
+	}
+	for _, id := range []string{"pay:good-1", "pay:good-2"} {
+		r := byID[id]
+		assert.NoError(t, r.Err, id)
+		assert.True(t, r.Sent, id)
+		assert.Equal(t, http.StatusCreated, r.Status, id)
+		assert.True(t, r.Outcome.Replayed, "%s: the server's replay", id)
+	}
+	bad, ok := byID["pay:bad"]
+	require.True(t, ok, "no result of the damaged record")
+	require.ErrorIs(t, bad.Err, journal.ErrCorruptRecord)
+	assert.ErrorIs(t, bad.Err, filejournal.ErrCorrupt)
+	assert.False(t, bad.Sent)
+	assert.False(t, bad.Forgotten)
+	assert.Equal(t, idemretry.Refused, bad.Outcome.Kind)
+	assert.True(t, bad.Outcome.MaybeProcessed, "its first attempt was charged")
+	assert.Equal(t, "pay:bad", bad.Outcome.Action)
+	assert.Zero(t, app.calls["pay:bad"], "the damaged record was rebuilt")
+	assert.Equal(t, 3, srv.chargeCount(), "a payment was charged again")
+	assert.Len(t, srv.seen(), 5, "the two intact payments resent, once each")
+
+	resp, err := tr.RoundTrip(post(t, idemretry.WithAction(ctx, "pay:bad"), srv.URL, orders["pay:bad"]))
+	if resp != nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, journal.ErrCorruptRecord, "a new send of the damaged payment")
+	assert.Len(t, srv.seen(), 5, "the damaged payment was sent again")
+
+	// The app reconciles it with the provider by hand, then forgets it by
+	// the id its result gives.
+	require.NoError(t, tr.Journal().Forget(ctx, bad.Record.ActionID))
+	un, err := fj.Unfinished(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, un)
+}
+
+// failingListJournal is a Memory whose Unfinished fails whole on a corrupt
+// record, as journals did before journal.CorruptRecordsError (and may
+// still): nil and an error wrapping journal.ErrCorruptRecord.
+type failingListJournal struct{ *journal.Memory }
+
+func (failingListJournal) Unfinished(context.Context) ([]journal.Record, error) {
+	return nil, fmt.Errorf("old: unfinished: %w: action %q: attempts -1", journal.ErrCorruptRecord, "pay:bad")
+}
+
+// A journal that fails Unfinished whole on a corrupt record stays correct:
+// Resume resumes nothing, sends nothing, and says why.
+func TestResumeStopsWhereTheJournalFailsOnACorruptRecord(t *testing.T) {
+	srv := newPayServer(t)
+	srv.commitThenDrop[1] = true
+	mem := journal.NewMemory()
+	leftPending(t, mem, post(t, idemretry.WithAction(context.Background(), "pay:good"), srv.URL, `{"order":"good"}`))
+	tr := transportOver(t, failingListJournal{mem})
+	res, err := tr.Resume(context.Background(), &appResumer{url: srv.URL, orders: map[string]string{"pay:good": `{"order":"good"}`}}, 0)
+	require.ErrorIs(t, err, journal.ErrCorruptRecord)
+	assert.Empty(t, res)
+	assert.Len(t, srv.seen(), 1, "nothing resent")
+	un, err := mem.Unfinished(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, un, 1, "the pending payment is kept for the next Resume")
 }

@@ -485,9 +485,7 @@ func TestNilBackOffIsRefusedBeforeSending(t *testing.T) {
 			err := sendErr(tr, post(t, ctx, srv.URL, `{"amount":1}`))
 			require.ErrorIs(t, err, idemretry.ErrInvalidOption)
 			require.Equal(t, 1, strings.Count(err.Error(), "idemretry:"), "the prefix once: %v", err)
-			srv.mu.Lock()
-			defer srv.mu.Unlock()
-			require.Empty(t, srv.requests, "a request was sent with no BackOff to retry it")
+			require.Empty(t, srv.pay.Requests(), "a request was sent with no BackOff to retry it")
 		})
 	}
 }

@@ -9,32 +9,35 @@ import (
 	"github.com/idemretry/idemretry/journal"
 )
 
-// Transport is an http.RoundTripper that retries requests safely. Each
-// request with a keyed method (POST and PATCH by default) belongs to a
-// logical action and carries that action's Idempotency-Key on every attempt;
-// the key is durable in the journal.Journal before the first attempt leaves the
-// process. GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried under the
-// same policy without a key; any other method is sent once. A key the caller
-// sets on a method that is not keyed is passed through as it is, unchecked
-// and not journaled.
+// Transport is an [http.RoundTripper] that retries requests safely.
 //
-// How one RoundTrip goes: resolve the action (WithAction's id, which keeps
-// its first key whatever key later requests carry; else the caller's own
-// Idempotency-Key header; else a fingerprint of method, URL and body,
-// matched against unfinished actions only), reserve its key, then
-// attempt, classify the outcome with the RetryPolicy, and either return or
-// wait (full jitter, or a longer Retry-After up to its cap) and go again. No
-// wait starts that would end after the context's deadline or the key window.
+// Each request with a keyed method (POST and PATCH by default) belongs to a
+// logical action. It carries that action's Idempotency-Key on every
+// attempt. The key is durable in the [journal.Journal] before the first
+// attempt leaves the process. GET, HEAD, OPTIONS, TRACE, PUT and DELETE are
+// retried under the same policy without a key. Any other method is sent
+// once. A key the caller sets on a method that is not keyed is passed
+// through as it is, unchecked and not journaled.
 //
-// The caller's request is never modified. RoundTrip closes the request body,
-// as http.RoundTripper requires, and drains and closes every response it
-// discards. A keyed request with GetBody sends a GetBody copy on every
-// attempt, the first too, as its fingerprint is read from one (a GetBody
-// may share its reader with Body, as openai-go's does): its Body is closed
-// unread; the caller closes the response it returns. A Transport is safe for
-// concurrent use; requests of one action from several goroutines share one
-// flight (see RoundTrip), so a double tap sends one request, not two keys
-// nor a 409 storm.
+// One RoundTrip first resolves the action. The action is named by its
+// [WithAction] id, which keeps its first key whatever key later requests
+// carry; else by the caller's own Idempotency-Key header; else by a
+// fingerprint of method, URL and body, matched against unfinished actions
+// only. RoundTrip then reserves the action's key and sends an attempt. The
+// [RetryPolicy] classifies the outcome: RoundTrip returns, or waits (full
+// jitter, or a longer Retry-After up to its cap) and goes again. No wait
+// starts that would end after the context's deadline or the key window.
+//
+// The caller's request is never modified. RoundTrip closes the request
+// body, as [http.RoundTripper] requires. It drains and closes every
+// response it discards; the caller closes the response it returns. A keyed
+// request with GetBody sends a GetBody copy on every attempt, the first
+// too, as its fingerprint is read from one (a GetBody may share its reader
+// with Body, as openai-go's does): its Body is closed unread.
+//
+// A Transport is safe for concurrent use. Requests of one action from
+// several goroutines share one flight (see [Transport.RoundTrip]): a double
+// tap sends one request, not two keys nor a 409 storm.
 type Transport struct {
 	base        http.RoundTripper
 	cfg         config
@@ -63,12 +66,15 @@ type Transport struct {
 	fpKey fpKey
 }
 
-// NewTransport returns a Transport that sends through base (if nil, its own
-// clone of http.DefaultTransport, so that Close affects no one else). Unless
-// WithJournal gives one, it opens the file journal in WithJournalDir's
-// directory or filejournal.DefaultDir, owns it and closes it in Close;
-// opening fails with an error wrapping filejournal.ErrLocked if another
-// Transport or process holds that journal.
+// NewTransport returns a Transport that sends through base. A nil base is
+// the Transport's own clone of [http.DefaultTransport], so that
+// [Transport.Close] affects no one else.
+//
+// Unless [WithJournal] gives a journal, NewTransport opens the file journal
+// in [WithJournalDir]'s directory or [filejournal.DefaultDir]. The
+// Transport owns that journal and closes it in Close. If another Transport
+// or process holds the journal, NewTransport fails with an error wrapping
+// [filejournal.ErrLocked].
 func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -101,19 +107,22 @@ func NewTransport(base http.RoundTripper, opts ...Option) (*Transport, error) {
 }
 
 // Journal returns the journal the Transport keeps keys in, for
-// reconciliation at start-up (journal.Journal.Unfinished, journal.Journal.Forget).
+// reconciliation at start-up ([journal.Journal.Unfinished],
+// [journal.Journal.Forget]).
 func (t *Transport) Journal() journal.Journal {
 	t.journalHandedOut.Store(true)
 	return t.journal
 }
 
-// Close writes the outcomes that the journal could not record when they
-// came (see WithJournalTimeout), waits for the releases of actions' leases
-// still under way (at most a second; see WithLeaseTTL), closes the journal
-// if the Transport opened it, and closes the base transport's idle
-// connections. Requests in flight may fail afterwards. An outcome that still cannot be written is reported
-// in the error (and lost with the process: its action is then resent with
-// its old key, or, if it was named by its fingerprint and done, reconciled).
+// Close closes the base transport's idle connections. It writes the
+// outcomes that the journal could not record when they came (see
+// [WithJournalTimeout]). It waits for the releases of actions' leases still
+// under way, at most a second (see [WithLeaseTTL]). It closes the journal if
+// the Transport opened it. Requests in flight may fail afterwards.
+//
+// An outcome that still cannot be written is reported in the error. It is
+// lost with the process: its action is then resent with its old key or, if
+// it was named by its fingerprint and done, reconciled.
 func (t *Transport) Close() error {
 	t.CloseIdleConnections()
 	err := t.landAll()
@@ -132,45 +141,52 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// RoundTrip implements http.RoundTripper. It returns a response or an error,
-// never both. A response is returned as soon as the RetryPolicy calls it
-// final, or, when the retries stop (attempts used up, a Retry-After beyond
-// its cap, a deadline the next wait would miss, the caller's context ended),
-// the last response with its body unread; GiveUpReason tells the two apart.
+// RoundTrip implements [http.RoundTripper]. It returns a response or an
+// error, never both. It returns a response as soon as the [RetryPolicy]
+// calls it final. When the retries stop (attempts used up, a Retry-After
+// beyond its cap, a deadline the next wait would miss, the caller's context
+// ended), it returns the last response with its body unread. [GiveUpReason]
+// tells the two apart.
 //
-// A keyed request that arrives while a request of the same action is in
-// flight in this Transport (the same caller key, WithAction id, or, for an
-// unnamed request, the same method, URL and body) sends nothing: it waits
-// for that flight, bounded by its own context, and gets its own copy of the
-// result, its body read into memory up to the sharing limit
-// (WithMaxSharedResponse; a larger body, and a 101 Switching Protocols,
-// stay the first caller's, and the others get ErrResponseNotShared). It
-// takes the copy only if it asks as the flight's first caller does (the
-// same Authorization, Cookie, API-key and account headers: two tenants'
-// identical requests are each sent), and only if the flight's action is
-// one it would itself have reserved: an unnamed request that finds the flight resending an action
-// already done (a tap within the duplicate window, or Resume) past the
-// duplicate window is a new payment, sent once that flight has landed. If
-// the first caller's context ends before the waiting callers have the
-// answer (the action unfinished, or its body still being read for them),
-// one of them carries the action on, with the same key. A flight runs
-// with its leader's settings: the WithRequestOptions of a caller that
-// joins it do not apply to it.
+// A keyed request may arrive while a request of the same action is in
+// flight in this Transport: the same caller key, [WithAction] id or, for an
+// unnamed request, the same method, URL and body. It sends nothing. It
+// waits for that flight, bounded by its own context, and gets its own copy
+// of the result. The copy's body is read into memory up to the sharing
+// limit ([WithMaxSharedResponse]). A larger body, and a 101 Switching
+// Protocols, stay the first caller's; the others get
+// [ErrResponseNotShared].
 //
-// Errors: before sending, ErrInvalidRequest, ErrInvalidKey, ErrInvalidAction,
-// ErrActionRequired, ErrBodyTooLarge or a journal error (journal.ErrClosed,
-// journal.ErrUnavailable, journal.ErrCorruptRecord for a stored record that
-// journal.CheckRecord refuses, ...); for an action, an *ActionError that names it,
-// its key and its attempts, and unwraps to the reason (ErrKeyWindowExpired,
-// ErrFingerprintMismatch, ErrAttemptsExhausted, ErrWaitExceedsDeadline,
-// ErrParked, ErrKeyReused, ErrResponseNotShared, ErrLeaseHeld,
-// ErrLeaseLost) and the last cause.
+// The request takes the copy only if it asks as the flight's first caller
+// does (the same Authorization, Cookie, API-key and account headers); one
+// that asks as another is sent itself, once the flight has landed, under
+// the action's key. And it takes the copy only if the
+// flight's action is one it would itself have reserved. An unnamed request may find the flight resending an
+// action already done (a tap within the duplicate window, or Resume) after
+// the duplicate window ended. It is then a new payment, sent once that
+// flight has landed. If the first caller's context ends before the waiting
+// callers have the answer (the action unfinished, or its body still being
+// read for them), one of them carries the action on, with the same key. A
+// flight runs with its leader's settings: the [WithRequestOptions] of a
+// caller that joins it do not apply to it.
 //
-// Waits: every wait ends with the caller's context, except that recording
-// the outcome in the journal may take up to OutcomeGrace longer (the
-// action's lease, journal.Leaser, is released after RoundTrip returns); no
-// journal call lasts longer than the journal timeout (WithJournalTimeout);
-// a discarded response body is drained for at most DefaultMaxDrainTime.
+// Errors before sending are [ErrInvalidRequest], [ErrInvalidKey],
+// [ErrInvalidAction], [ErrActionRequired], [ErrBodyTooLarge] or a journal
+// error ([journal.ErrClosed], [journal.ErrUnavailable],
+// [journal.ErrCorruptRecord] for a stored record that [journal.CheckRecord]
+// refuses, ...). An error for an action is an [*ActionError]. It names the
+// action, its key and its attempts. It unwraps to the reason
+// ([ErrKeyWindowExpired], [ErrFingerprintMismatch], [ErrAttemptsExhausted],
+// [ErrWaitExceedsDeadline], [ErrParked], [ErrKeyReused],
+// [ErrResponseNotShared], [ErrLeaseHeld], [ErrLeaseLost]) and to the last
+// cause.
+//
+// Every wait ends with the caller's context, with one exception: recording
+// the outcome in the journal may take up to [OutcomeGrace] longer. The
+// action's lease ([journal.Leaser]) is released after RoundTrip returns. No
+// journal call lasts longer than the journal timeout
+// ([WithJournalTimeout]). A discarded response body is drained for at most
+// [DefaultMaxDrainTime].
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ch := cancelChannel(req); ch != nil {
 		return t.roundTripCancel(req, ch) // attemptctx.go: the channel ends the context

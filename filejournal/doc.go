@@ -86,8 +86,9 @@
 // twice (an exact copy) is skipped and reported in Recovery().Duplicates;
 // stray bytes between intact frames are reported as corruption, never cut
 // with the frames after them. Reconcile with the server, then reopen with
-// [WithSalvage] (what was lost is listed in Recovery().Salvaged), or move the
-// directory away.
+// [WithSalvage] (what was lost is listed in Recovery().Salvaged, with the
+// actions it names, which Unfinished then names beside the intact records),
+// or move the directory away.
 //
 // # Layout
 //

@@ -65,6 +65,16 @@ type CorruptionError struct {
 	FirstLostSeq, LastLostSeq uint64
 	// Reason says what was wrong, for people.
 	Reason string
+	// Actions are the ids of the actions whose records the damaged range
+	// held, each once, as Unfinished reports ids (the digest form with
+	// WithHashedIDs), as far as its bytes can be read: with a checksum
+	// that fails, any of them may be damaged too, and a range whose frame
+	// lengths are damaged names none. A salvage reports the ones whose
+	// records it may have lost in Journal.Unfinished.
+	Actions []string
+	// upserts are the upserts read from the damaged range (see
+	// lostActions).
+	upserts []damagedUpsert
 }
 
 func (e *CorruptionError) Error() string {
@@ -135,3 +145,18 @@ func wrap(err error, op string, args ...any) error {
 	}
 	return &opError{op: op, err: err}
 }
+
+// lostError is the error of an action whose record a salvage lost with a
+// damaged range (see Journal.Unfinished): it matches ErrCorrupt and
+// journal.ErrCorruptRecord, as the *CorruptionError it wraps does.
+type lostError struct {
+	action string
+	ce     *CorruptionError
+}
+
+func (e *lostError) Error() string {
+	return fmt.Sprintf("%v: action %q: its record was lost with the damaged range that salvage skipped (%s)",
+		journal.ErrCorruptRecord, e.action, strings.TrimPrefix(e.ce.Error(), "idemretry: "))
+}
+
+func (e *lostError) Unwrap() error { return e.ce }

@@ -348,6 +348,7 @@ func (j *Journal) load(rep *Recovery) (scanResult, error) {
 	rep.Duplicates = len(res.dups)
 	if len(res.salvaged) > 0 {
 		rep.Salvaged = res.salvaged
+		j.damaged = lostActions(j, res.salvaged)
 		// Unlike a torn tail's, this copy is the only trace of the
 		// acknowledged records the salvage drops: no copy, no salvage,
 		// and nothing changed (it is made before the torn tail is cut).
@@ -726,4 +727,32 @@ func truncate(path string, size int64) error {
 		err = datasync.File(f)
 	}
 	return errors.Join(err, f.Close())
+}
+
+// lostActions returns the actions whose records the damaged ranges that
+// salvage skipped may have changed, read from their upserts (see
+// CorruptionError.Actions): each that the index holds under no key or
+// under another key than the damaged upsert's (a record of the action
+// made anew, or the upsert's key damaged: the record it holds may be the
+// older one), by stored id, each with the error that says where it was
+// lost; nil if there are none. An upsert with the key of the record held
+// was an update of it: the record is kept, and the update lost (a resend
+// gets the server's replay).
+func lostActions(j *Journal, salvaged []*CorruptionError) map[string]error {
+	var lost map[string]error
+	for _, ce := range salvaged {
+		for _, u := range ce.upserts {
+			if lost[u.id] != nil {
+				continue
+			}
+			if sl, held := j.m[u.id]; held && j.sameKey(&sl, &rec{id: u.id, key: u.key, custom: u.custom}) {
+				continue
+			}
+			if lost == nil {
+				lost = make(map[string]error)
+			}
+			lost[u.id] = &lostError{action: j.reportedID(u.id), ce: ce}
+		}
+	}
+	return lost
 }

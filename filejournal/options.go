@@ -173,9 +173,12 @@ func WithHashedIDs() Option {
 
 // WithSalvage opens a journal whose acknowledged frames are damaged by
 // skipping them, instead of failing with a *CorruptionError. The records in
-// the skipped frames are lost: Journal.Recovery lists the damaged ranges,
-// the damaged file is copied aside (journal.corrupt.*), and the journal is
-// rewritten without them. Use it only after deciding the loss is acceptable
+// the skipped frames are lost: Journal.Recovery lists the damaged ranges
+// and the actions they name, the damaged file is copied aside
+// (journal.corrupt.*), and the journal is rewritten without them. Until
+// the Journal is closed, its Unfinished names those actions beside the
+// records it lists (so idemretry's Transport.Resume gives each a result),
+// and refuses to make them anew, until each is forgotten. Use it only after deciding the loss is acceptable
 // (for example after reconciling with the server); a damaged file header
 // cannot be salvaged.
 func WithSalvage() Option {

@@ -352,3 +352,56 @@ func formatUUID(k *[16]byte) string {
 	}
 	return string(b[:])
 }
+
+// damagedUpsert is an upsert read from a payload that failed its checks
+// (see damagedUpserts): its stored id and its key, either of which may be
+// damaged.
+type damagedUpsert struct {
+	id     string
+	key    [16]byte
+	custom string
+}
+
+// damagedUpserts returns the upserts of p, a payload that failed its
+// checks, read as far as its structure goes and no further: the values
+// are not checked, and without a checksum that holds (a damaged frame) any
+// id or key may be damaged too. They name the records a damaged frame may
+// have held (CorruptionError.Actions), never records to use.
+func damagedUpserts(p []byte) []damagedUpsert {
+	d := decoder{p: p}
+	count := d.uvarint(uint64(len(p)))
+	var ups []damagedUpsert
+	for i := uint64(0); i < count && !d.bad; i++ {
+		switch d.byte() {
+		case opUpsert:
+			fl := d.byte()
+			id := d.id()
+			if d.bad {
+				return ups
+			}
+			u := damagedUpsert{id: string(id)}
+			if fl&upsertCustomKey != 0 {
+				u.custom = string(d.bytes(int(d.byte())))
+			} else {
+				copy(u.key[:], d.bytes(16))
+			}
+			ups = append(ups, u)
+			d.bytes(32)
+			d.uvarint(math.MaxUint64) // created
+			d.byte()                  // state
+			for range 3 {             // attempts, status, seen
+				d.uvarint(math.MaxUint64)
+			}
+		case opDelete:
+			d.id()
+		case opEnd:
+			d.uvarint(math.MaxUint64)
+			d.uvarint(math.MaxUint64)
+		case opClock, opSeen:
+			d.uvarint(math.MaxUint64)
+		default:
+			return ups
+		}
+	}
+	return ups
+}

@@ -3,11 +3,13 @@ package filejournal
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"slices"
 
 	"github.com/idemretry/idemretry/journal"
 )
@@ -120,6 +122,7 @@ func (sc *scanner) take(off int, seq uint64, payload []byte, next int) error {
 		}
 		ce := &CorruptionError{Path: sc.path, Offset: int64(off), Length: int64(next - off),
 			FirstLostSeq: seq, LastLostSeq: seq, Reason: err.Error()}
+		sc.named(ce, payload)
 		if !sc.salvage {
 			return ce
 		}
@@ -177,6 +180,9 @@ func (sc *scanner) skipDamage(off int) (int, error) {
 	} else {
 		ce.FirstLostSeq, ce.LastLostSeq = res.lastSeq+1, pseq-1
 		ce.Reason = "damaged frame followed by later acknowledged frames"
+		if err := sc.damagedActions(ce, off, p); err != nil {
+			return -1, err
+		}
 	}
 	if !sc.salvage {
 		return -1, ce
@@ -188,6 +194,44 @@ func (sc *scanner) skipDamage(off int) (int, error) {
 	}
 	sc.keepDups()
 	return p, nil
+}
+
+// damagedActions adds to ce the actions named in the damaged frames from
+// off to end (see named), found by their length fields: a length that
+// does not fit ends the walk.
+func (sc *scanner) damagedActions(ce *CorruptionError, off, end int) error {
+	for off+frameHeaderSize <= end {
+		h, err := sc.src.bytes(off, frameHeaderSize)
+		if err != nil {
+			return err
+		}
+		n := int(binary.LittleEndian.Uint32(h[4:8]))
+		if n > maxPayload || n > end-off-frameHeaderSize {
+			break
+		}
+		payload, err := sc.src.bytes(off+frameHeaderSize, n)
+		if err != nil {
+			return err
+		}
+		sc.named(ce, payload)
+		off += frameHeaderSize + n
+	}
+	return nil
+}
+
+// named adds to ce the upserts of the damaged payload p (damagedUpserts),
+// and their ids, in the form Unfinished reports, to ce.Actions, each once.
+func (sc *scanner) named(ce *CorruptionError, p []byte) {
+	for _, u := range damagedUpserts(p) {
+		ce.upserts = append(ce.upserts, u)
+		id := u.id
+		if sc.res.hdr.flags&flagHashedIDs != 0 {
+			id = journal.DigestPrefix + hex.EncodeToString([]byte(id))
+		}
+		if !slices.Contains(ce.Actions, id) {
+			ce.Actions = append(ce.Actions, id)
+		}
+	}
 }
 
 // findLater returns the offset and sequence of the first valid frame at or

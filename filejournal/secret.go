@@ -229,7 +229,7 @@ func (j *Journal) keepSecret(now time.Time, force bool) (wait time.Duration, err
 		return 0, nil
 	}
 	if err := writeSecret(j.dir, secretTmpName, j.secret, j.present); err != nil {
-		return 0, fmt.Errorf("%s deleted and not made again (the next Open makes a new secret, and the actions recorded with keyed fingerprints under this one are refused until their key windows end): %w", secretName, err)
+		return 0, fmt.Errorf("%s deleted and not made again: %w", secretName, err)
 	}
 	return 0, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -78,12 +79,16 @@ type Journal struct {
 	lockIdent os.FileInfo
 	recovery  Recovery
 
-	mu        sync.Mutex
-	m         map[string]ref    // live records by stored id, in slots
-	slots     slab              // the records m refers to (see ref)
-	custom    map[string]string // non-UUID keys, by stored id (rare)
-	live      int64             // encoded size of the records in m
-	inflight  map[string]*batch // records created by a batch not yet synced
+	mu       sync.Mutex
+	m        map[string]ref    // live records by stored id, in slots
+	slots    slab              // the records m refers to (see ref)
+	custom   map[string]string // non-UUID keys, by stored id (rare)
+	live     int64             // encoded size of the records in m
+	inflight map[string]*batch // records created by a batch not yet synced
+	// damaged are the actions whose records a salvage at Open may have
+	// lost with a damaged frame (see lostActions), by stored id, each
+	// with its error, until Forget (see Unfinished). Set by Open.
+	damaged   map[string]error
 	deleting  map[string]*batch // records removed by a batch not yet synced
 	queue     []op
 	cur       *batch // the batch that queue's operations belong to
@@ -452,6 +457,12 @@ func (j *Journal) reserve(ctx context.Context, want journal.Record, mode journal
 		j.mu.Unlock()
 		return journal.Record{}, false, err
 	}
+	if err := j.damaged[r.id]; err != nil {
+		// Its record was lost with a damaged frame: it may have been
+		// sent under its key. Nothing is created in its place.
+		j.mu.Unlock()
+		return journal.Record{}, false, err
+	}
 	now := j.now()
 	sl, found := j.m[r.id]
 	if found && !j.expired(&sl, now) && (mode == journal.ReuseAny || j.slots.at(sl).state != journal.StateDone) {
@@ -621,6 +632,7 @@ func (j *Journal) forget(ctx context.Context, id string) error {
 		j.mu.Unlock()
 		return err
 	}
+	delete(j.damaged, id)
 	var b *batch
 	if _, ok := j.m[id]; ok {
 		b = j.remove(id, true)
@@ -649,6 +661,9 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 	if err := j.usable(); err != nil {
 		return journal.Record{}, false, wrap(err, "get %q", actionID)
 	}
+	if err := j.damaged[id]; err != nil {
+		return journal.Record{}, false, wrap(err, "get %q", actionID)
+	}
 	sl, ok := j.m[id]
 	if !ok || j.expired(&sl, j.now()) {
 		return journal.Record{}, false, nil
@@ -659,7 +674,18 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 
 // Unfinished implements journal.Journal: the pending and unknown records,
 // oldest first (ties by reported id). With WithHashedIDs, each ActionID is
-// in digest form (journal.Digest of the original id).
+// in digest form (journal.Digest of the original id). Every record it
+// holds was checked as Open read it: one that journal.CheckRecord refuses,
+// or any damage to acknowledged data, fails Open with ErrCorrupt. After a
+// salvage (WithSalvage), each action whose record a damaged frame held
+// (CorruptionError.Actions) and that no intact frame holds under the same
+// key (lost, or perhaps an older record of it) is left out of the list
+// and named, beside it, in a *journal.CorruptRecordsError; Reserve and
+// Get of it fail with journal.ErrCorruptRecord (it may have been sent
+// under the lost key), until it is forgotten (Forget) or the Journal is
+// closed. The journal the salvage rewrote no longer holds what was lost,
+// so a later Open does not name these actions: the salvaging Open's
+// Recovery and the file it copied aside do.
 func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, wrap(err, "unfinished")
@@ -671,9 +697,16 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	}
 	var out []journal.Record
 	for id, sl := range j.m {
-		if st := j.slots.at(sl).state; st == journal.StatePending || st == journal.StateUnknown {
+		if st := j.slots.at(sl).state; (st == journal.StatePending || st == journal.StateUnknown) && j.damaged[id] == nil {
 			r := j.recOf(id, &sl)
 			out = append(out, r.record(j.reportedID(id)))
+		}
+	}
+	var bad *journal.CorruptRecordsError
+	if len(j.damaged) > 0 {
+		bad = &journal.CorruptRecordsError{}
+		for _, id := range slices.Sorted(maps.Keys(j.damaged)) {
+			bad.IDs, bad.Errs = append(bad.IDs, j.reportedID(id)), append(bad.Errs, j.damaged[id])
 		}
 	}
 	j.mu.Unlock()
@@ -683,6 +716,9 @@ func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 		}
 		return strings.Compare(a.ActionID, b.ActionID)
 	})
+	if bad != nil {
+		return out, wrap(bad, "unfinished")
+	}
 	return out, nil
 }
 

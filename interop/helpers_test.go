@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -195,17 +196,15 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 // bg is a context for calls that need none of their own.
 var bg = context.Background()
 
-// ledgerServer is a loopback server with Stripe's idempotency semantics
-// over a ledger: a new key is charged once and its answer stored; a known
-// key gets the stored answer with Idempotent-Replayed: true; a request
-// without a key is charged every time.
+// ledgerServer is the shared payment server (internal/paytest: Stripe's
+// idempotency semantics over a ledger) on loopback: a new key is charged
+// once and its answer (200, created's body) stored; a known key gets the
+// stored answer with Idempotent-Replayed: true; a request without a key
+// is charged every time.
 type ledgerServer struct {
-	*wire
-	mu      sync.Mutex
-	charges int
-	stored  map[string]string
-	// created is the body of the answer to charge number c.
-	created func(c int) string
+	*httptest.Server
+	pay *paytest.Server
+	mu  sync.Mutex
 	// before, if set (faults), may answer request n itself, before the
 	// ledger sees it: a fault before the charge.
 	before func(n int, w http.ResponseWriter, r *http.Request) bool
@@ -214,10 +213,31 @@ type ledgerServer struct {
 	after func(n int, w http.ResponseWriter, r *http.Request) bool
 }
 
+// newLedgerServer returns a ledgerServer whose charge number c (from 1)
+// answers created(c).
 func newLedgerServer(t *testing.T, created func(c int) string) *ledgerServer {
 	t.Helper()
-	s := &ledgerServer{stored: map[string]string{}, created: created}
-	s.wire = newWire(t, s.serve)
+	s := &ledgerServer{}
+	charges := 0 // WithAnswerBody is called once per charge, in order, under the server's lock
+	s.pay = paytest.New(
+		paytest.WithMethods(http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+			http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace),
+		paytest.WithKeylessCharges(), paytest.WithStatus(http.StatusOK),
+		paytest.WithAnswerBody(func(paytest.Charge) []byte { charges++; return []byte(created(charges)) }),
+		paytest.WithBefore(func(n int, w http.ResponseWriter, r *http.Request) bool {
+			s.mu.Lock()
+			before := s.before
+			s.mu.Unlock()
+			return before != nil && before(n, w, r)
+		}),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, r *http.Request) bool {
+			s.mu.Lock()
+			after := s.after
+			s.mu.Unlock()
+			return after != nil && after(n, w, r)
+		}))
+	s.Server = httptest.NewServer(s.pay)
+	t.Cleanup(s.Close)
 	return s
 }
 
@@ -228,36 +248,13 @@ func (s *ledgerServer) faults(before, after func(n int, w http.ResponseWriter, r
 	s.before, s.after = before, after
 }
 
-func (s *ledgerServer) serve(n int, w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	before, after := s.before, s.after
-	s.mu.Unlock()
-	if before != nil && before(n, w, r) {
-		return
-	}
-	key := r.Header.Get(s.header)
-	w.Header().Set("Content-Type", "application/json")
-	s.mu.Lock()
-	if body, ok := s.stored[key]; ok && key != "" {
-		s.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		write(w, http.StatusOK, body)
-		return
-	}
-	s.charges++
-	body := s.created(s.charges)
-	if key != "" {
-		s.stored[key] = body
-	}
-	s.mu.Unlock()
-	if after != nil && after(n, w, r) {
-		return
-	}
-	write(w, http.StatusOK, body)
-}
+func (s *ledgerServer) chargeCount() int { return len(s.pay.Charges()) }
 
-func (s *ledgerServer) chargeCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.charges
+// seenKeys returns the key of every request, in order ("" for none).
+func (s *ledgerServer) seenKeys() []string {
+	var out []string
+	for _, r := range s.pay.Requests() {
+		out = append(out, r.Header.Get(paytest.KeyHeader))
+	}
+	return out
 }

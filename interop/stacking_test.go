@@ -6,8 +6,8 @@ package interop
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 )
 
 // retryableBase is go-retryablehttp as idemretry's base, its own retries
@@ -82,52 +83,50 @@ func TestRetryableHTTPBaseNeedsPassthroughErrorHandler(t *testing.T) {
 	}
 }
 
-// cutBodyServer charges each new key once (an unkeyed request always) and
-// stores the answer; the first answer of all is cut mid-body: its headers
-// and half its body are sent, then the connection is reset. A known key
-// gets the stored answer whole.
+// cutBodyServer is the shared payment server (internal/paytest): it
+// charges each new key once (an unkeyed request always) and stores the
+// answer; the first answer of all is cut mid-body: its headers and half
+// its body are sent, then the connection is reset. A known key gets the
+// stored answer whole.
 type cutBodyServer struct {
-	*wire
-	mu      sync.Mutex
-	charges int
-	stored  map[string]string
+	*httptest.Server
+	pay *paytest.Server
+}
+
+func cutBodyAnswer(c paytest.Charge) []byte {
+	return fmt.Appendf(nil, `{"charge":%q,"padding":"%0512d"}`, c.ID, 0)
 }
 
 func newCutBodyServer(t *testing.T) *cutBodyServer {
-	s := &cutBodyServer{stored: map[string]string{}}
-	s.wire = newWire(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
-		s.mu.Lock()
-		body, ok := s.stored[key]
-		if !ok || key == "" {
-			s.charges++
-			body = fmt.Sprintf(`{"charge":"ch_%d","padding":"%0512d"}`, s.charges, 0)
-			if key != "" {
-				s.stored[key] = body
+	s := &cutBodyServer{}
+	s.pay = paytest.New(paytest.WithKeylessCharges(), paytest.WithStatus(http.StatusOK), paytest.WithAnswerBody(cutBodyAnswer),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+			if n != 1 {
+				return false
 			}
-		}
-		s.mu.Unlock()
-		if ok {
-			w.Header().Set("Idempotent-Replayed", "true")
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		w.WriteHeader(http.StatusOK)
-		if n == 1 {
-			w.Write([]byte(body[:len(body)/2]))
+			body := cutBodyAnswer(s.pay.Charges()[0])
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.WriteHeader(http.StatusOK)
+			w.Write(body[:len(body)/2])
 			w.(http.Flusher).Flush()
 			hijackAndClose(w, true)
-			return
-		}
-		w.Write([]byte(body))
-	})
+			return true
+		}))
+	s.Server = httptest.NewServer(s.pay)
+	t.Cleanup(s.Close)
 	return s
 }
 
-func (s *cutBodyServer) chargeCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.charges
+func (s *cutBodyServer) chargeCount() int { return len(s.pay.Charges()) }
+
+// seenKeys returns the key of every request, in order ("" for none).
+func (s *cutBodyServer) seenKeys() []string {
+	var out []string
+	for _, r := range s.pay.Requests() {
+		out = append(out, r.Header.Get(paytest.KeyHeader))
+	}
+	return out
 }
 
 // A client above idemretry that retries a body-read error (resty, with

@@ -1,6 +1,10 @@
 package journal
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Errors that journals return, wrapped; test them with errors.Is.
 var (
@@ -27,3 +31,64 @@ var (
 	// not), or has a shape the journal cannot use.
 	ErrIncompatible = errors.New("idemretry: journal incompatible")
 )
+
+// CorruptRecordsError is the error Journal.Unfinished returns, beside the
+// records it lists, when some of the unfinished records its storage holds
+// are corrupt (records CheckStored refuses): it names each one left out of
+// the list, so that the caller can resume the others and report, repair or
+// Forget these. errors.Is matches it with ErrCorruptRecord, and with
+// anything one of Errs matches. Find it with errors.As.
+type CorruptRecordsError struct {
+	// IDs are the action ids of the corrupt records, each once, in the
+	// form the journal's Forget accepts (the digest form, for a journal
+	// that hashes ids).
+	IDs []string
+	// Errs says what is wrong with each, as far as the journal says:
+	// Errs[i] is about IDs[i], and wraps ErrCorruptRecord. It may be
+	// shorter than IDs, or nil; Reason fills the gaps.
+	Errs []error
+}
+
+// maxNamed is how many corrupt records a CorruptRecordsError's message
+// names; it counts the others.
+const maxNamed = 3
+
+// Error names the corrupt records (the first few, and how many more) and
+// what is wrong with each.
+func (e *CorruptRecordsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: %d unfinished record", ErrCorruptRecord, len(e.IDs))
+	if len(e.IDs) != 1 {
+		b.WriteByte('s')
+	}
+	b.WriteString(" left out of the list")
+	for i := range min(len(e.IDs), maxNamed) {
+		sep := ": "
+		if i > 0 {
+			sep = "; "
+		}
+		b.WriteString(sep)
+		why := strings.TrimPrefix(strings.TrimPrefix(e.Reason(i).Error(), ErrCorruptRecord.Error()), ": ")
+		b.WriteString(strings.ReplaceAll(why, "idemretry: ", "")) // the prefix once
+	}
+	if len(e.IDs) > maxNamed {
+		fmt.Fprintf(&b, "; and %d more", len(e.IDs)-maxNamed)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrCorruptRecord.
+func (e *CorruptRecordsError) Is(target error) bool { return target == ErrCorruptRecord }
+
+// Unwrap returns Errs.
+func (e *CorruptRecordsError) Unwrap() []error { return e.Errs }
+
+// Reason returns what is wrong with the record of IDs[i]: Errs[i] if the
+// journal gave one that wraps ErrCorruptRecord, else an error wrapping
+// ErrCorruptRecord that names the action.
+func (e *CorruptRecordsError) Reason(i int) error {
+	if i < len(e.Errs) && errors.Is(e.Errs[i], ErrCorruptRecord) {
+		return e.Errs[i]
+	}
+	return fmt.Errorf("%w: action %q", ErrCorruptRecord, e.IDs[i])
+}

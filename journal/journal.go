@@ -33,7 +33,8 @@ import (
 // They refuse to store a record that CheckRecord refuses
 // (ErrInvalidRecord), and never return one: a stored record it refuses
 // (damaged, or written by something else) is reported with an error
-// wrapping ErrCorruptRecord (see CheckStored).
+// wrapping ErrCorruptRecord (see CheckStored; Unfinished names such
+// records with a CorruptRecordsError and lists the others).
 type Journal interface {
 	// Reserve returns the record of rec.ActionID, creating it from rec when
 	// there is none, or when mode is ReusePending and the existing record is
@@ -63,6 +64,23 @@ type Journal interface {
 	// them in a digest form ("sha256:" and the hex digest) that its
 	// Reserve, Update and Forget accept in place of the original id: a
 	// listed record can be resumed, updated or forgotten as returned.
+	//
+	// A corrupt record (one CheckStored refuses) is never listed. When
+	// some of the unfinished records in its storage are corrupt,
+	// Unfinished returns the intact ones with an error wrapping a
+	// *CorruptRecordsError that names every one left out (it goes on
+	// past the first), and nothing else: that error says the list is
+	// complete but for them. A journal may instead return nil and an
+	// error wrapping ErrCorruptRecord, as before CorruptRecordsError was
+	// defined: that is correct too. With any other error, Unfinished
+	// returns no records.
+	//
+	// So a caller that treats any error as a failure stays correct: it
+	// resumes nothing and loses nothing (the journal keeps every record)
+	// until the corrupt ones are repaired or forgotten. One that finds
+	// the *CorruptRecordsError with errors.As resumes the records listed
+	// and reports, repairs or Forgets the ones it names: idemretry's
+	// Transport.Resume gives each a ResumeResult of its own.
 	Unfinished(ctx context.Context) ([]Record, error)
 
 	// Forget removes an action's record durably, once the application has

@@ -1,7 +1,6 @@
 package idemretry_test
 
 import (
-	"crypto/sha256"
 	"flag"
 	"fmt"
 	"go/ast"
@@ -23,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemretry/idemretry/internal/paytest"
 	idemretry "github.com/idemretry/idemretry/mobile"
 )
 
@@ -203,19 +203,17 @@ func chargedAnswerLost(t *testing.T, srv *payServer, c *idemretry.Client, action
 	return idemretry.FailureOf(err).Key
 }
 
-// payServer is a loopback payment server with Stripe's idempotency
-// semantics: a POST without an Idempotency-Key is refused (400); a new key
-// is charged once and its answer stored; a known key with the same payload
-// gets the stored answer again with Idempotent-Replayed: true; with another
-// payload, 422; while its charge is in progress, 409.
+// payServer is the shared payment server (internal/paytest: Stripe's
+// idempotency semantics and a ledger) on loopback: a POST without an
+// Idempotency-Key is refused (400); a new key is charged once and its
+// answer stored; a known key with the same payload gets the stored answer
+// again with Idempotent-Replayed: true; with another payload, 422; while
+// its charge is in progress, 409. A charge answers 200 {"charge":"ch_N"}
+// with two X-Multi headers; any other method is answered 200 "pong".
 type payServer struct {
 	*httptest.Server
-	mu       sync.Mutex
-	requests []seenRequest
-	charges  map[string]int // key -> charges made under it
-	stored   map[string]answer
-	payload  map[string][32]byte
-	inflight map[string]bool
+	pay *paytest.Server
+	mu  sync.Mutex
 	// before, if set, answers a request itself (returning true) before
 	// the idempotency layer sees it: an outage, say.
 	before func(w http.ResponseWriter, r *http.Request) bool
@@ -228,26 +226,49 @@ type payServer struct {
 }
 
 type seenRequest struct {
-	Key    string
+	Key    string // the Idempotency-Key header as sent
 	Header http.Header
 	Body   string
 }
 
-type answer struct {
-	status int
-	body   string
-}
-
 func newPayServer(t *testing.T) *payServer {
 	t.Helper()
-	s := &payServer{
-		charges:   map[string]int{},
-		stored:    map[string]answer{},
-		payload:   map[string][32]byte{},
-		inflight:  map[string]bool{},
-		committed: make(chan string, 64),
-	}
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	s := &payServer{committed: make(chan string, 64)}
+	s.pay = paytest.New(
+		paytest.WithMethods(http.MethodPost),
+		paytest.WithStatus(http.StatusOK),
+		paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(`{"charge":"` + c.ID + `"}`) }),
+		paytest.WithBefore(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+			s.mu.Lock()
+			before := s.before
+			s.mu.Unlock()
+			if before != nil && before(w, r) {
+				return true
+			}
+			if r.Method != http.MethodPost {
+				w.Header().Set("X-Server", "pay")
+				w.WriteHeader(http.StatusOK)
+				_, _ = io.WriteString(w, "pong")
+				return true
+			}
+			return false
+		}),
+		paytest.WithAfterCharge(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+			select {
+			case s.committed <- r.Header.Get(paytest.KeyHeader):
+			default:
+			}
+			s.mu.Lock()
+			afterCommit := s.afterCommit
+			s.mu.Unlock()
+			if afterCommit != nil && afterCommit(w, r) {
+				return true
+			}
+			w.Header().Add("X-Multi", "b")
+			w.Header().Add("X-Multi", "a")
+			return false
+		}))
+	s.Server = httptest.NewServer(s.pay)
 	t.Cleanup(s.Close)
 	return s
 }
@@ -262,73 +283,6 @@ func (s *payServer) setAfterCommit(f func(w http.ResponseWriter, r *http.Request
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.afterCommit = f
-}
-
-func (s *payServer) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	key := r.Header.Get("Idempotency-Key")
-	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\n"), body...))
-
-	s.mu.Lock()
-	s.requests = append(s.requests, seenRequest{Key: key, Header: r.Header.Clone(), Body: string(body)})
-	before, afterCommit := s.before, s.afterCommit
-	s.mu.Unlock()
-	if before != nil && before(w, r) {
-		return
-	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("X-Server", "pay")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "pong")
-		return
-	}
-	if key == "" {
-		http.Error(w, `{"error":"missing Idempotency-Key"}`, http.StatusBadRequest)
-		return
-	}
-
-	s.mu.Lock()
-	if p, ok := s.payload[key]; ok && p != sum {
-		s.mu.Unlock()
-		http.Error(w, `{"error":"key reused with another payload"}`, http.StatusUnprocessableEntity)
-		return
-	}
-	if s.inflight[key] {
-		s.mu.Unlock()
-		http.Error(w, `{"error":"in progress"}`, http.StatusConflict)
-		return
-	}
-	if a, ok := s.stored[key]; ok {
-		s.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(a.status)
-		_, _ = io.WriteString(w, a.body)
-		return
-	}
-	s.payload[key] = sum
-	s.inflight[key] = true
-	s.charges[key]++
-	n := 0
-	for _, c := range s.charges {
-		n += c
-	}
-	a := answer{status: http.StatusOK, body: fmt.Sprintf(`{"charge":"ch_%d"}`, n)}
-	s.stored[key] = a
-	delete(s.inflight, key)
-	s.mu.Unlock()
-	select {
-	case s.committed <- key:
-	default:
-	}
-	if afterCommit != nil && afterCommit(w, r) {
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Add("X-Multi", "b")
-	w.Header().Add("X-Multi", "a")
-	w.WriteHeader(a.status)
-	_, _ = io.WriteString(w, a.body)
 }
 
 // holdUntilGone withholds the answer until the client goes away.
@@ -346,23 +300,20 @@ func cutConnection(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// snapshot returns the requests seen and the charges per key.
+// snapshot returns the requests seen and the charges per key (as sent).
 func (s *payServer) snapshot() ([]seenRequest, map[string]int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	reqs := append([]seenRequest(nil), s.requests...)
-	charges := make(map[string]int, len(s.charges))
-	for k, v := range s.charges {
-		charges[k] = v
+	var reqs []seenRequest
+	for _, r := range s.pay.Requests() {
+		reqs = append(reqs, seenRequest{Key: r.Header.Get(paytest.KeyHeader), Header: r.Header, Body: string(r.Body)})
+	}
+	charges := map[string]int{}
+	for _, c := range s.pay.Charges() {
+		charges[c.Header.Get(paytest.KeyHeader)]++
 	}
 	return reqs, charges
 }
 
-func (s *payServer) requestCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.requests)
-}
+func (s *payServer) requestCount() int { return len(s.pay.Requests()) }
 
 // aheadClock is the system clock moved forward by d; without a NewTimer,
 // its waits run on the system's timers.

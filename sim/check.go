@@ -35,8 +35,13 @@ var checks = map[string]string{
 		"(README, 'What an unnamed request cannot know': one after the first finished is a new action)",
 	"one-key-per-action": "an action whose outcome may exist never gets a second key (guarantee 3; " +
 		"a key forgotten after Resolve found it not charged may be replaced)",
-	"one-body-per-key":      "a key is never sent with two bodies (guarantee 9)",
-	"valid-key":             "every keyed request carries exactly one valid key, in the Transport's form (guarantees 1, 2)",
+	"one-body-per-key": "a key is never sent with two bodies (guarantee 9)",
+	"valid-key":        "every keyed request carries exactly one valid key (guarantees 1, 2)",
+	"key-form": "a key goes out in one form for good, the one it was first sent in: a minted key in WithQuotedKey's form when it was minted, " +
+		"a caller's or an SDK's key as the caller wrote it on the action's first request; later requests, restarts, Resume and a switched " +
+		"WithQuotedKey included (package doc, 'Actions and keys'; WithQuotedKey)",
+	"journaled-key": "every request of a WithAction action goes out under the action's journaled key, whatever key the request carries " +
+		"(an SDK's new key on every call is adopted only by the action's first request: WithAction)",
 	"request-body-intact":   "the server receives the body the app sent",
 	"one-flight":            "requests of one action in one Transport share one flight: never two of its requests in the air at once (guarantee 2)",
 	"no-retry-after-cancel": "the caller's own cancellation is never retried (guarantee 4: never the caller's own cancellation)",
@@ -58,6 +63,10 @@ var checks = map[string]string{
 	"bodies-closed":       "every response body is drained and closed: the Transport's discarded ones, and the ones it handed on once their reader closed them (guarantee 7)",
 	"released-at-eof":     "an answer read to EOF releases its attempt, as net/http releases its connection (guarantee 7: nothing outlives its RoundTrip)",
 	"resume-sent":         "ResumeResult.Sent is true whenever a request of the action reached the server",
+	"outcome-of": "what OutcomeOf says of a call agrees with the ledger (OutcomeOf, Kind): NotSent, and Pending or Refused with " +
+		"MaybeProcessed false, only when no request under its key reached the server; Done only with the final answer, " +
+		"the server's for its key; its Key the key its requests went out under",
+	"resume-body": "a ResumeResult's Body, not truncated, is the server's answer under the listed key: the charge it names is that key's (ResumeResult)",
 }
 
 func paytestAnswer(b []byte) (answerSeen, bool) {
@@ -340,9 +349,37 @@ func (r *runner) check() {
 			mints[rv.key] = append(mints[rv.key], rv)
 		}
 	}
+	held := map[string]int64{} // the first seq at which a Reserve returned the action's record
+	seen := map[string]bool{}  // the keys a Reserve returned or a request carried
+	for _, rv := range reserves {
+		if rv.err == nil && rv.key != "" {
+			seen[rv.key] = true
+		}
+	}
+	for _, ev := range net {
+		if ev.key != "" {
+			seen[ev.key] = true
+		}
+	}
+	for _, rv := range reserves {
+		if rv.err == nil && rv.actionID != "" {
+			if s, ok := held[rv.actionID]; !ok || rv.seq < s {
+				held[rv.actionID] = rv.seq
+			}
+		}
+	}
 	for _, rv := range reserves {
 		// A Reserve that failed may have stored the record it was asked
 		// to create (the sync's wait cut short): its call minted the key.
+		// Not when the action's record was already there: a Reserve
+		// returns the existing record, and the key it was asked to create
+		// with (an SDK's new one) is not stored.
+		// Nor when nothing is seen of the key afterwards (no Reserve
+		// returned it, no request carried it): then it was not stored, or
+		// nothing of it can exist.
+		if s, ok := held[rv.actionID]; ok && s < rv.seq || !seen[rv.wantKey] {
+			continue
+		}
 		if rv.err != nil && rv.wantKey != "" && len(mints[rv.wantKey]) == 0 && rv.call != nil && rv.call.kind == callPay {
 			rv.key = rv.wantKey
 			mints[rv.key] = []reserveEvent{rv}
@@ -515,6 +552,38 @@ func (r *runner) check() {
 	}
 
 	// The network's view.
+	// A key's form is the one it was first sent in since its record was
+	// last created: a record forgotten (Resolve found it not charged, or
+	// its window ended) and created again starts afresh.
+	formOf, formBy := map[keyGenT]bool{}, map[keyGenT]string{}
+	createdAt := map[string][]int64{}
+	for _, rv := range reserves {
+		if rv.created && rv.err == nil && rv.key != "" {
+			createdAt[rv.key] = append(createdAt[rv.key], rv.seq)
+		}
+	}
+	genOf := func(key string, seq int64) keyGenT {
+		n := 0
+		for _, s := range createdAt[key] {
+			if s < seq {
+				n++
+			}
+		}
+		return keyGenT{key, n}
+	}
+	type actionKey struct {
+		i   *intent
+		key string
+	}
+	keysOf := map[actionKey]bool{}
+	for _, rv := range reserves {
+		if rv.call != nil && rv.key != "" && (rv.err == nil || rv.wantKey == rv.key) {
+			keysOf[actionKey{rv.call.intent, rv.key}] = true
+		}
+		if rv.call != nil && rv.wantKey != "" && rv.err != nil {
+			keysOf[actionKey{rv.call.intent, rv.wantKey}] = true // it may have been stored
+		}
+	}
 	bodyOf := map[string][32]byte{}
 	firstCall := map[string]string{}
 	type pk struct {
@@ -537,9 +606,21 @@ func (r *runner) check() {
 			r.violateTags("valid-key", tagIf(damagedID, "damaged-record"), "%s attempt %d went out with the key %q", callName(ev.call), ev.attempt, ev.keyRaw)
 			continue
 		}
-		if quoted := strings.HasPrefix(ev.keyRaw, `"`); quoted != ev.proc.opts.quoted {
-			r.violateTags("valid-key", tagIf(damagedID, "damaged-record"), "%s attempt %d went out with the key %s, quoted %v, while the Transport's form is quoted %v",
-				callName(ev.call), ev.attempt, ev.keyRaw, quoted, ev.proc.opts.quoted)
+		quoted := strings.HasPrefix(ev.keyRaw, `"`)
+		kg := genOf(ev.key, ev.seq)
+		if f, ok := formOf[kg]; !ok {
+			formOf[kg], formBy[kg] = quoted, fmt.Sprintf("%s attempt %d", callName(ev.call), ev.attempt)
+			if want, why, ok := r.firstForm(kg, mints[kg.key]); ok && want != quoted {
+				r.violateTags("key-form", tagIf(damagedID, "damaged-record"), "%s attempt %d, the first request under key %s, went out quoted %v; %s",
+					callName(ev.call), ev.attempt, ev.key, quoted, why)
+			}
+		} else if f != quoted {
+			r.violateTags("key-form", tagIf(damagedID, "damaged-record"), "%s attempt %d went out with the key %s quoted %v, and %s sent it quoted %v: a key keeps the form it was first sent in",
+				callName(ev.call), ev.attempt, ev.key, quoted, formBy[kg], f)
+		}
+		if ev.call != nil && ev.call.intent.kind == named && !keysOf[actionKey{ev.call.intent, ev.key}] {
+			r.violateTags("journaled-key", tagIf(damagedID, "damaged-record"), "%s attempt %d (%s, %s%s) went out under key %s, which no reservation of its action returned",
+				callName(ev.call), ev.attempt, ev.call.intent.name, ev.call.intent.action, sdkNote(ev.call), ev.key)
 		}
 		if h, ok := bodyOf[ev.key]; ok && h != ev.bodyHash {
 			r.violate("one-body-per-key", "key %s went out with two bodies: first by %s, then by %s", ev.key, firstCall[ev.key], callName(ev.call))
@@ -650,6 +731,11 @@ func (r *runner) check() {
 		}
 		if rs.inAir > 0 {
 			r.violate("resolve-after-settle", "Resolve of %s (key %s) while %d request(s) of it were in the air", rs.rec.ActionID, rs.rec.Key, rs.inAir)
+		}
+	}
+	for _, c := range calls {
+		if !c.unchecked && c.hasOutcome && c.endSeq != 0 && !c.proc.dead.Load() {
+			r.checkOutcome(c, net, byID)
 		}
 	}
 	r.net.mu.Lock()
@@ -910,7 +996,28 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 		return true
 	}
 	j := next.call.joinSeq.Load()
+	if next.call.reqCancel != nil {
+		// A request with a Cancel channel boards under a context the
+		// Transport derives first (roundTripCancel), so its choice of a
+		// flight is not seen (its mark is RoundTrip's start). Its own
+		// Reserve finding the first key's record after the done tells
+		// that it led a flight of its own after the first one landed.
+		j = r.foundAfter(next.call, prev.key)
+	}
 	return ok && j != 0 && j > d
+}
+
+// foundAfter returns the seq of c's first Reserve that returned key's
+// record, or 0.
+func (r *runner) foundAfter(c *call, key string) int64 {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	for _, rv := range r.rec.reserves {
+		if rv.call == c && rv.err == nil && rv.key == key {
+			return rv.seq
+		}
+	}
+	return 0
 }
 
 // heldElsewhere reports whether key's done failed to reach the journal on
@@ -1079,6 +1186,45 @@ func validKey(k string) bool {
 	return true
 }
 
+func sdkNote(c *call) string {
+	if c.wroteKey != "" {
+		return fmt.Sprintf(", carrying its own key %s", c.wroteKey)
+	}
+	return ""
+}
+
+// keyGenT is a key and how many times its record had been created by the
+// time a request went out under it.
+type keyGenT struct {
+	key string
+	gen int
+}
+
+// firstForm is the form kg's first request must go out in, from the
+// record that created it (ms, the key's creations in order): its KeyForm
+// (a minted key's is WithQuotedKey's when it was minted; an adopted one's
+// as the caller wrote it), checked against the minting process's option
+// and the creating call's own key.
+func (r *runner) firstForm(kg keyGenT, ms []reserveEvent) (quoted bool, why string, ok bool) {
+	if len(ms) == 0 {
+		return false, "", false
+	}
+	m := ms[0]
+	if kg.gen >= 1 && kg.gen <= len(ms) {
+		m = ms[kg.gen-1] // the creation its requests follow
+	}
+	if m.call == nil || m.err != nil || !m.created {
+		return false, "", false
+	}
+	switch {
+	case m.call.wroteKey == kg.key:
+		return m.call.keyQuoted, fmt.Sprintf("%s, whose reservation created its record, wrote it quoted %v", m.call.name, m.call.keyQuoted), true
+	case m.call.wroteKey == "" || m.call.intent.kind == named:
+		return m.proc.opts.quoted, fmt.Sprintf("it was minted by %s (%s) with WithQuotedKey %v", m.call.name, m.proc.name, m.proc.opts.quoted), true
+	}
+	return false, "", false
+}
+
 func callName(c *call) string {
 	if c == nil {
 		return "a request of no call"
@@ -1117,3 +1263,63 @@ func truncate(b []byte) string {
 }
 
 var _ = http.StatusOK
+
+// checkOutcome holds what OutcomeOf said of call c (or its ResumeResult's
+// Outcome) to what the network and the ledger saw.
+func (r *runner) checkOutcome(c *call, net []*netEvent, byID map[string]paytest.Charge) {
+	o := c.outcome
+	reached := func() string {
+		for _, ev := range net {
+			if ev.seq >= c.endSeq || !ev.delivered {
+				continue
+			}
+			if o.Key != "" && ev.key == o.Key || o.Key == "" && ev.call == c {
+				return fmt.Sprintf("%s attempt %d (%s)", callName(ev.call), ev.attempt, ev.outcome)
+			}
+		}
+		return ""
+	}
+	what := fmt.Sprintf("%s (%s, %s, %s)", c.name, c.intent.name, r.actionIDOf(c.intent), cancelHow(c))
+	if c.kind == callResume {
+		what += ", Resume"
+	}
+	switch o.Kind {
+	case idemretry.NotSent, idemretry.Pending, idemretry.Refused:
+		if o.Kind == idemretry.NotSent && o.MaybeProcessed {
+			r.violate("outcome-of", "%s: OutcomeOf says NotSent with MaybeProcessed true", what)
+		}
+		if o.MaybeProcessed {
+			break
+		}
+		if by := reached(); by != "" {
+			r.violate("outcome-of", "%s: OutcomeOf says %v (key %q, MaybeProcessed false, reason %v), and %s had reached the server under it before the call returned",
+				what, o.Kind, o.Key, o.Reason, by)
+		}
+	case idemretry.Done:
+		if st, final := c.final(); c.kind == callPay && (!final || st != o.Status) {
+			r.violate("outcome-of", "%s: OutcomeOf says Done with status %d, and the call returned status %d, err %v, give-up %v", what, o.Status, c.status, c.err, c.giveUp)
+		}
+		if c.answer.ok && c.answer.key != o.Key {
+			r.violate("outcome-of", "%s: OutcomeOf says Done under key %s, and the answer is the server's for key %s (charge %s)", what, o.Key, c.answer.key, c.answer.charge)
+		}
+	}
+	if o.Key != "" && c.kind == callPay {
+		for _, ev := range net {
+			if ev.call == c && ev.key != "" && ev.key != o.Key {
+				r.violate("outcome-of", "%s: OutcomeOf names key %s, and its attempt %d went out under %s", what, o.Key, ev.attempt, ev.key)
+				break
+			}
+		}
+	}
+	if c.kind == callResume && c.status >= 200 && c.status < 300 && !c.resumeTrunc {
+		a, ok := paytestAnswer(c.resumeBody)
+		switch {
+		case !ok && !r.answerCut(net, c, c.status):
+			r.violate("resume-body", "%s (key %s): ResumeResult %d with a Body of %d bytes that is no charge's answer (%q), not truncated",
+				what, c.resumeKey, c.status, len(c.resumeBody), truncate(c.resumeBody))
+		case ok && (a.key != c.resumeKey || byID[a.charge].Key != c.resumeKey):
+			r.violate("resume-body", "%s: ResumeResult for key %s answered charge %s under key %s, which the ledger has under %q",
+				what, c.resumeKey, a.charge, a.key, byID[a.charge].Key)
+		}
+	}
+}

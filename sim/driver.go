@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sort"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemretry/idemretry/journal"
 )
 
 // outcome is what running one history gave.
@@ -53,6 +56,12 @@ type stats struct {
 	failures []failure
 	byCheck  map[string]int
 	errs     []string
+	// unavailable counts the histories that could not start a process
+	// because the database did not answer in time (journal.ErrUnavailable
+	// from sqljournal.Open: a machine too loaded to serve its PostgreSQL),
+	// and unavailableMsg is the first one's error.
+	unavailable    int
+	unavailableMsg string
 	// kinds counts the histories by journal and network.
 	kinds map[string]int
 }
@@ -73,7 +82,13 @@ func (s *stats) add(o outcome) {
 	s.calls.Add(int64(o.calls))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if o.err != nil && len(s.errs) < 10 {
+	switch {
+	case o.err != nil && errors.Is(o.err, journal.ErrUnavailable):
+		if s.unavailable == 0 {
+			s.unavailableMsg = fmt.Sprintf("seed %d: %v", o.h.seed, o.err)
+		}
+		s.unavailable++
+	case o.err != nil && len(s.errs) < 10:
 		s.errs = append(s.errs, fmt.Sprintf("seed %d: %v", o.h.seed, o.err))
 	}
 	if s.byCheck == nil {

@@ -167,8 +167,12 @@ func (f *faultJournal) logReserve(ctx context.Context, want, rec journal.Record,
 		}
 	}
 	f.r.rec.mu.Lock()
-	f.r.rec.reserves = append(f.r.rec.reserves, reserveEvent{seq: f.r.rec.next(), proc: f.p, call: callOf(ctx), actionID: rec.ActionID,
-		key: rec.Key, created: created, createdAt: rec.CreatedAt, trueAt: f.r.clk.trueSince(), err: err})
+	id := rec.ActionID
+	if id == "" {
+		id = want.ActionID // a failed Reserve returns no record
+	}
+	f.r.rec.reserves = append(f.r.rec.reserves, reserveEvent{seq: f.r.rec.next(), proc: f.p, call: callOf(ctx), actionID: id,
+		key: rec.Key, form: rec.KeyForm, wantKey: want.Key, created: created, createdAt: rec.CreatedAt, trueAt: f.r.clk.trueSince(), err: err})
 	f.r.rec.mu.Unlock()
 }
 

@@ -30,56 +30,13 @@ type knownBug struct {
 	tag   string // what the check found caused it (violation.tags)
 }
 
-// knownBugs are the violations of today's code that issue 26 lists, each
-// by the check it breaks and the cause the check names.
+// knownBugs are the violations of today's code that are being fixed
+// elsewhere, each by the check it breaks and the cause the check names.
 var knownBugs = []knownBug{
-	// 1-2: a new payment joins the flight of a finished one (Resume's
-	// resend of a finished unnamed payment; a tap within the duplicate
-	// window) and is answered with its replay, never charged.
-	{"26.1-2", "not-another-intents-replay", "joined-finished-flight"},
-	// 3: a joiner loses the answer to the leader's context: the leader
-	// reads the shared body under its own attempt, which its deadline or
-	// cancel cuts, and the joiner gets ErrResponseNotShared with time left.
-	{"26.3", "shared-answer", "leader-context"},
-	// 4: a 101 Switching Protocols on a shared flight hangs: the leader
-	// copies the upgraded connection for its joiners with no bound.
-	{"26.4", "bounded", "101-upgrade"},
-	// 5: Request.Cancel is retried (and so the call runs on past it).
-	{"26.5", "no-retry-after-cancel", "Request.Cancel"},
-	{"26.5", "bounded", "Request.Cancel"},
-	// 6: an answer read to EOF and never closed holds its attempt (and
-	// what the base hung on it) for as long as the caller's context lives.
-	{"26.6", "released-at-eof", "read-to-EOF"},
-	// 7: a deadline 292 years ahead makes the outcome write run under an
-	// ended context: the caller gets its 201, the journal keeps pending,
-	// and a deliberate repeat of an unnamed payment reuses the key.
-	{"26.7", "", "far-deadline"},
-	// 8: WithMaxBufferedBody(math.MaxInt64) sends every body without
-	// GetBody empty, and gives all unnamed payments to one URL one
-	// fingerprint (and so one key).
-	{"26.8", "", "max-buffered=MaxInt64"},
-	// 9: WithMaxSharedResponse(math.MaxInt64) empties the answer for the
-	// leader and its joiners (who then cannot tell whose charge it is).
-	{"26.9", "", "max-shared=MaxInt64"},
-	// 10: WithSettleTime(math.MaxInt64) hands an outcome-unknown action to
-	// Resolve at once, inside its window.
-	{"26.10", "resolve-after-settle", "settle=MaxInt64"},
-	// 11: WithMaxRetryAfter(math.MaxInt64) and a huge Retry-After retry at
-	// once (the wait overflows).
-	{"26.11", "retry-after-floor", "max-retry-after=MaxInt64"},
-	// 14: a crafted or damaged record's key ('', 'a b') is sent as it is
-	// (or the caller's own header goes out instead), and its outcome is
-	// written under the wrong key.
-	{"26.14", "", "damaged-record"},
-	// New (not in issue 26; reported): callers that joined a flight whose
-	// leader stopped for its own reasons (its context ended, its deadline
-	// cut a wait, Resume found the key changed) are woken to carry the
-	// action on; the first to lead again finishes it, and each other one,
-	// arriving after that flight landed, reserves anew: an unnamed action
-	// found done is taken for a deliberate repeat (a new key, a second
-	// charge), or it joins whatever identical flight is in the air then
-	// (another payment's). One double tap, several charges.
-	{"new-1", "", "woken-joiner"},
+	// None: issue 26's items and the simulator's findings since are fixed,
+	// each with a regression test in the root (docs/simulation.md lists
+	// them). An entry names a bug being fixed elsewhere, e.g.
+	// {"26.5", "no-retry-after-cancel", "Request.Cancel"}.
 }
 
 func (k knownBug) matches(v violation) bool {
@@ -180,6 +137,17 @@ func TestLifecycle(t *testing.T) {
 	took := time.Since(start)
 	for _, msg := range s.errs {
 		t.Errorf("the simulation could not run a history: %s", msg)
+	}
+	// A database that did not answer in time when a history opened its
+	// journal (a loaded machine) leaves that history unrun: said, and a
+	// failure only when it is more than one history in ten.
+	if n, all := s.unavailable, s.histories.Load(); n > 0 {
+		msg := fmt.Sprintf("%d of %d histories could not open their journal, the database not answering (first: %s)", n, all, s.unavailableMsg)
+		if int64(n)*10 > all {
+			t.Error(msg)
+		} else {
+			t.Log(msg)
+		}
 	}
 	for _, f := range s.failures {
 		keep := func(v violation) bool { return v.check == f.check && knownAs(v) == f.known }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +67,11 @@ type intent struct {
 	kind   intentKind
 	action string // named: the WithAction id
 	key    string // keyed: the app's own key, bare
-	body   int    // index in bodies
+	// sdk: named, and every call carries a new random key of its own, as
+	// an SDK that mints one per call does (stripe-go): the action keeps
+	// the key of its first request, the journaled one (WithAction).
+	sdk  bool
+	body int // index in bodies
 	// repeatOf is the finished intent this one deliberately repeats.
 	repeatOf *intent
 
@@ -143,6 +149,18 @@ type call struct {
 	unchecked    bool // its process died before it returned: the app never saw the result
 	note         string
 	resumeKey    string // the key of the record Resume listed, for its rebuilt call
+	// wroteKey is the key the app set on the request (a keyed intent's,
+	// or an SDK's new one), bare, and keyQuoted the form it wrote it in.
+	wroteKey  string
+	keyQuoted bool
+	// outcome is what OutcomeOf said of what RoundTrip returned (or the
+	// ResumeResult's Outcome), when hasOutcome.
+	outcome    idemretry.Outcome
+	hasOutcome bool
+	// resumeBody is the Body of its ResumeResult, and resumeTrunc its
+	// BodyTruncated.
+	resumeBody  []byte
+	resumeTrunc bool
 }
 
 // answerSeen is what the app read of a charge's answer.
@@ -216,7 +234,11 @@ func callOf(ctx context.Context) *call {
 
 // probeCtx is a call's context: the Transport reads its Done channel first
 // once it has chosen to lead or to join a flight, which the tap gate waits
-// for (see network). Nothing else asks for Done on it.
+// for (see network). Before that only newBody asks for Done, for a body
+// without GetBody, around its read of the body into memory, directly and
+// through context.AfterFunc, whose goroutine may ask at any time later:
+// those calls are not the flight's choice, and are told apart by who makes
+// them (bodyPhase).
 type probeCtx struct {
 	context.Context
 	c   *call
@@ -224,10 +246,36 @@ type probeCtx struct {
 }
 
 func (p *probeCtx) Done() <-chan struct{} {
-	if p.c.joinSeq.Load() == 0 {
+	if p.c.joinSeq.Load() == 0 && !bodyPhase() {
 		p.c.markJoined(p.rec.next())
 	}
 	return p.Context.Done()
+}
+
+// bodyPhase reports whether the Done call being made comes from the
+// reading of a request body (idemretry's newBody, directly or through the
+// context.AfterFunc it sets up) or from a goroutine of the context package
+// that runs no idemretry code (AfterFunc's watch, which may ask at any
+// time later), rather than from the Transport's choice of a flight (which
+// may ask through the context package too: a context derived from the
+// caller's).
+func bodyPhase() bool {
+	var pcs [32]uintptr
+	n := runtime.Callers(3, pcs[:])
+	frames := runtime.CallersFrames(pcs[:n])
+	transport := false
+	for {
+		f, more := frames.Next()
+		switch {
+		case strings.HasSuffix(f.Function, "idemretry.newBody"):
+			return true
+		case strings.HasPrefix(f.Function, "github.com/idemretry/idemretry."):
+			transport = true
+		}
+		if !more {
+			return !transport
+		}
+	}
 }
 
 // recorder is one history's log, every entry with a sequence number from
@@ -291,7 +339,8 @@ type reserveEvent struct {
 	call      *call
 	actionID  string
 	key       string
-	wantKey   string // the key the Transport asked to create with
+	form      journal.KeyForm // the record's, as Reserve returned it
+	wantKey   string          // the key the Transport asked to create with
 	created   bool
 	createdAt time.Time     // wall, as recorded
 	trueAt    time.Duration // true time of the reservation
@@ -345,10 +394,19 @@ func requestFor(ctx context.Context, url string, i *intent, c *call, getBody boo
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(hdrCall, c.name)
 	req.Header.Set(intentHeader, i.name)
-	if i.kind == keyed {
-		k := i.key
-		if c.n%3 == 0 {
-			k = `"` + k + `"` // the quoted form names the same key
+	switch {
+	case i.kind == keyed:
+		// Written bare or quoted, as the app's code has it: "K" and K name
+		// one key, and the first form sent is the key's for good.
+		c.wroteKey, c.keyQuoted = i.key, c.n%3 == 0
+	case i.sdk:
+		// An SDK's key, new on every call, in the form the SDK writes.
+		c.wroteKey, c.keyQuoted = fmt.Sprintf("sdk-%x", randBytes(8)), c.n%4 == 1
+	}
+	if c.wroteKey != "" {
+		k := c.wroteKey
+		if c.keyQuoted {
+			k = `"` + k + `"`
 		}
 		req.Header.Set("Idempotency-Key", k)
 	}

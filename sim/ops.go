@@ -94,6 +94,7 @@ type op struct {
 	sel     int
 	read    readMode
 	getBody bool
+	sdk     bool          // a named pay whose calls each carry an SDK's new key
 	pause   bool          // opResume
 	d       time.Duration // opAdvance, opJump
 	field   optField      // opOptions
@@ -109,6 +110,9 @@ func (o op) String() string {
 	case opPay, opAgain, opRepeat:
 		if o.kind == opPay {
 			fmt.Fprintf(&b, " %v body=%d", o.ik, o.body)
+			if o.sdk && o.ik == named {
+				b.WriteString(" sdk-keys")
+			}
 		} else {
 			fmt.Fprintf(&b, " #%d", o.sel)
 		}
@@ -361,6 +365,7 @@ func drawOp(r *rand.Rand, k opKind) op {
 			o.read = readNone
 		}
 		o.getBody = r.IntN(2) == 0
+		o.sdk = r.IntN(3) == 0
 	case opResume:
 		o.pause = r.IntN(2) == 0
 		o.async = o.pause || r.IntN(2) == 0

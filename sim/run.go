@@ -244,6 +244,9 @@ func (r *runner) exec(o op) error {
 	switch o.kind {
 	case opPay:
 		i := r.newIntent(o.ik, o.body, nil)
+		if i != nil && i.kind == named && o.sdk && len(i.calls) == 0 {
+			i.sdk = true
+		}
 		r.startCalls(i, o)
 	case opAgain:
 		i := r.pickAgain(o.sel)
@@ -323,6 +326,9 @@ func (r *runner) newIntent(k intentKind, body int, of *intent) *intent {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i := &intent{n: len(r.intents) + 1, kind: k, body: body, repeatOf: of, forgottenKeys: map[string]bool{}}
+	if of != nil {
+		i.sdk = of.sdk // the same app code makes the repeat
+	}
 	i.name = fmt.Sprintf("i%d", i.n)
 	switch k {
 	case named:
@@ -580,6 +586,7 @@ func (r *runner) doCall(c *call, o op) {
 	c.far = o.cancel == cancelFar
 	c.startSeq, c.start = r.rec.next(), time.Now()
 	resp, err := p.tr.RoundTrip(req)
+	c.outcome, c.hasOutcome = idemretry.OutcomeOf(resp, err), true
 	r.read(c, resp, err)
 	c.markJoined(0)
 	if timer != nil {
@@ -808,6 +815,8 @@ func (r *runner) settleResume(rs *resumer, results []idemretry.ResumeResult, err
 		}
 		r.mu.Lock()
 		c.status, c.err = res.Status, res.Err
+		c.outcome, c.hasOutcome = res.Outcome, true
+		c.resumeBody, c.resumeTrunc = res.Body, res.BodyTruncated
 		if res.Status != 0 && res.Err != nil {
 			c.giveUp, c.err = res.Err, nil
 		}

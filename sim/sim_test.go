@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -155,5 +156,27 @@ func TestProbeSeesTheFlightChoice(t *testing.T) {
 	case <-c.joined:
 	default:
 		t.Fatal("the probe never saw the flight chosen")
+	}
+}
+
+// A history whose journal would not open because the database did not
+// answer (journal.ErrUnavailable, as a loaded machine's PostgreSQL gives)
+// is counted apart; any other failure to run one is an error of the
+// simulation. (CI, at a load average of 25: "open journal: sqljournal:
+// table ...: journal unavailable: ... i/o timeout" failed TestLifecycle.)
+func TestUnavailableDatabaseIsCountedApart(t *testing.T) {
+	var s stats
+	h := &history{seed: 7, jk: sqlJournal, machines: 1}
+	s.add(outcome{h: h, err: fmt.Errorf("open journal: sqljournal: %w: i/o timeout", journal.ErrUnavailable)})
+	s.add(outcome{h: h, err: errors.New("open journal: table has no column key_form")})
+	s.add(outcome{h: h})
+	if s.unavailable != 1 || !strings.Contains(s.unavailableMsg, "seed 7: open journal") {
+		t.Errorf("unavailable = %d (%q), want 1, seed 7's", s.unavailable, s.unavailableMsg)
+	}
+	if len(s.errs) != 1 || !strings.Contains(s.errs[0], "key_form") {
+		t.Errorf("errs = %q, want the other failure alone", s.errs)
+	}
+	if got := s.histories.Load(); got != 3 {
+		t.Errorf("histories = %d, want 3", got)
 	}
 }

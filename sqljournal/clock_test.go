@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -28,55 +29,45 @@ type offsetClock struct{ off time.Duration }
 
 func (c offsetClock) Now() time.Time { return time.Now().Add(c.off) }
 
-// forgetfulServer is a payment server with Stripe's semantics that keeps a
-// key's stored answer for retain (on its own, real, clock) and then forgets
-// it: a request under a forgotten key is a new charge. It keeps a ledger of
-// charges per order (the body) and cuts the connection, after committing,
-// on the first charge of each order (a lost answer).
+// forgetfulServer is the shared payment server (internal/paytest) whose key
+// window is retain (on its own, real, clock): a request under a key
+// forgotten is a new charge. Its ledger counts charges per order (the
+// body); it cuts the connection, after committing, on the first charge of
+// each order (a lost answer).
 type forgetfulServer struct {
 	*httptest.Server
-	retain time.Duration
-
-	mu      sync.Mutex
-	charges map[string]int       // order -> charges
-	stored  map[string]time.Time // key -> when its charge was committed
-	keys    map[string][]string  // order -> the keys that reached the server
+	pay *paytest.Server
 }
 
 func newForgetfulServer(t *testing.T, retain time.Duration) *forgetfulServer {
-	s := &forgetfulServer{retain: retain, charges: map[string]int{}, stored: map[string]time.Time{}, keys: map[string][]string{}}
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
-		b, _ := io.ReadAll(r.Body)
-		order := string(b)
-		s.mu.Lock()
-		s.keys[order] = append(s.keys[order], key)
-		if at, ok := s.stored[key]; ok && time.Since(at) < s.retain {
-			s.mu.Unlock()
-			w.Header().Set("Idempotent-Replayed", "true")
-			io.WriteString(w, `{"charged":"before"}`)
-			return
-		}
-		s.stored[key] = time.Now()
-		s.charges[order]++
-		first := s.charges[order] == 1
-		s.mu.Unlock()
-		if first { // committed; the answer is lost
+	s := &forgetfulServer{}
+	s.pay = paytest.New(paytest.WithKeyWindow(retain), paytest.WithStatus(http.StatusOK),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+			req := s.pay.Requests()[n-1]
+			if s.pay.ChargesOf(req.Intent)[0].ID != req.Charge {
+				return false
+			}
+			// committed; the answer is lost
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 				conn.Close()
 			}
-			return
-		}
-		io.WriteString(w, `{"charged":"now"}`)
-	}))
+			return true
+		}))
+	s.Server = httptest.NewServer(s.pay)
 	t.Cleanup(s.Close)
 	return s
 }
 
+// ledger returns the charges of order and the keys that reached the
+// server with it.
 func (s *forgetfulServer) ledger(order string) (int, []string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.charges[order], append([]string(nil), s.keys[order]...)
+	var keys []string
+	for _, r := range s.pay.Requests() {
+		if string(r.Body) == order {
+			keys = append(keys, r.Header.Get(paytest.KeyHeader))
+		}
+	}
+	return len(s.pay.ChargesOf(order)), keys
 }
 
 // skewedMachine is a machine of the fleet on table, with its clock off by

@@ -43,6 +43,24 @@ type malformedRecord struct{}
 func (malformedRecord) Error() string        { return "idemretry: malformed record in the journal's table" }
 func (malformedRecord) Is(target error) bool { return target == journal.ErrCorruptRecord }
 
+// malformedRow is the ErrMalformedRecord of one row: the row's action id
+// (as stored: the digest form, with WithHashedIDs), and what is wrong.
+type malformedRow struct {
+	id, why string
+}
+
+// malformed returns the ErrMalformedRecord of the row of id, which says
+// what is wrong (format and args).
+func malformed(id, format string, args ...any) error {
+	return &malformedRow{id: id, why: fmt.Sprintf(format, args...)}
+}
+
+func (e *malformedRow) Error() string {
+	return fmt.Sprintf("action %q: %s: %v", e.id, e.why, ErrMalformedRecord)
+}
+
+func (e *malformedRow) Unwrap() error { return ErrMalformedRecord }
+
 // dbError wraps err, from the statements of op, for the caller. When the
 // database did not answer (see unavailable) it also wraps
 // journal.ErrUnavailable; when ctx ended during the call, its

@@ -29,6 +29,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 	"github.com/idemretry/idemretry/sqljournal"
 )
@@ -783,75 +784,72 @@ func within(t *testing.T, d time.Duration, what string, f func()) time.Duration 
 	}
 }
 
-// chaosServer is a payment server with Stripe's semantics and injected
-// faults, keeping a ledger by order (the body) and key.
+// chaosServer is the shared payment server (internal/paytest) with
+// injected faults: one new key in 10 is answered 503 (nothing charged),
+// a charge takes up to 600 ms, and one in 3 loses its answer (the
+// connection cut after the commit). Its ledger is by order (the body) and
+// key.
 type chaosServer struct {
 	*httptest.Server
-	mu      sync.Mutex
-	rnd     *rand.Rand
-	stored  map[string]string   // key -> answer
-	busy    map[string]bool     // key -> in progress
-	charges map[string][]string // order -> the keys it was charged under
-	keys    map[string]map[string]bool
+	pay  *paytest.Server
+	mu   sync.Mutex
+	rnd  *rand.Rand
+	drop map[int]bool // by request number
+	fail map[int]bool
 }
 
 func newChaosServer(t *testing.T, seed uint64) *chaosServer {
-	s := &chaosServer{rnd: rand.New(rand.NewPCG(seed, 1)), stored: map[string]string{}, busy: map[string]bool{},
-		charges: map[string][]string{}, keys: map[string]map[string]bool{}}
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	s := &chaosServer{rnd: rand.New(rand.NewPCG(seed, 1)), drop: map[int]bool{}, fail: map[int]bool{}}
+	s.pay = paytest.New(paytest.WithStatus(http.StatusOK),
+		paytest.WithAnswerBody(func(c paytest.Charge) []byte {
+			return fmt.Appendf(nil, `{"order":%q,"key":%q}`, c.Intent, c.Header.Get(paytest.KeyHeader))
+		}),
+		paytest.WithProcessing(func(n int, _ *http.Request) {
+			s.mu.Lock()
+			if s.rnd.IntN(10) == 0 {
+				s.fail[n] = true
+				s.mu.Unlock()
+				return
+			}
+			slow := time.Duration(s.rnd.IntN(600)) * time.Millisecond
+			s.drop[n] = s.rnd.IntN(3) == 0
+			s.mu.Unlock()
+			time.Sleep(slow)
+		}),
+		paytest.WithFailure(func(n int, _ *http.Request) (int, bool) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return http.StatusServiceUnavailable, s.fail[n]
+		}),
+		paytest.WithAfterCharge(func(n int, w http.ResponseWriter, _ *http.Request) bool {
+			s.mu.Lock()
+			drop := s.drop[n]
+			s.mu.Unlock()
+			if drop {
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					conn.Close()
+				}
+			}
+			return drop
+		}))
+	s.Server = httptest.NewServer(s.pay)
 	t.Cleanup(s.Close)
 	return s
 }
 
-func (s *chaosServer) serve(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
-	b, _ := io.ReadAll(r.Body)
-	order := string(b)
-	s.mu.Lock()
-	if s.keys[order] == nil {
-		s.keys[order] = map[string]bool{}
-	}
-	s.keys[order][key] = true
-	if a, ok := s.stored[key]; ok {
-		s.mu.Unlock()
-		w.Header().Set("Idempotent-Replayed", "true")
-		io.WriteString(w, a)
-		return
-	}
-	if s.busy[key] {
-		s.mu.Unlock()
-		http.Error(w, "in progress", http.StatusConflict)
-		return
-	}
-	if s.rnd.IntN(10) == 0 {
-		s.mu.Unlock()
-		http.Error(w, "unavailable", http.StatusServiceUnavailable)
-		return
-	}
-	s.busy[key] = true
-	s.charges[order] = append(s.charges[order], key)
-	slow := time.Duration(s.rnd.IntN(600)) * time.Millisecond
-	drop := s.rnd.IntN(3) == 0
-	s.mu.Unlock()
-	time.Sleep(slow)
-	answer := fmt.Sprintf(`{"order":%q,"key":%q}`, order, key)
-	s.mu.Lock()
-	s.stored[key] = answer
-	delete(s.busy, key)
-	s.mu.Unlock()
-	if drop {
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
-		}
-		return
-	}
-	io.WriteString(w, answer)
-}
-
+// ledger returns the keys order was charged under and how many keys it
+// reached the server with.
 func (s *chaosServer) ledger(order string) (charges []string, keys int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.charges[order]...), len(s.keys[order])
+	for _, c := range s.pay.ChargesOf(order) {
+		charges = append(charges, c.Header.Get(paytest.KeyHeader))
+	}
+	seen := map[string]bool{}
+	for _, r := range s.pay.Requests() {
+		if string(r.Body) == order {
+			seen[r.Header.Get(paytest.KeyHeader)] = true
+		}
+	}
+	return charges, len(seen)
 }
 
 // chaosResumer rebuilds an order's payment from its action id.

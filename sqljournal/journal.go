@@ -245,20 +245,20 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 		valid bool
 	}{{"key", key.Valid}, {"created_at", createdMs.Valid}, {"state", state.Valid}, {"attempts", att.Valid}, {"status", stat.Valid}} {
 		if !c.valid {
-			return journal.Record{}, fmt.Errorf("action %q: %s is NULL: %w", r.ActionID, c.name, ErrMalformedRecord)
+			return journal.Record{}, malformed(r.ActionID, "%s is NULL", c.name)
 		}
 	}
 	r.Key = key.String
 	// Not ours to guess at: a fingerprint that cannot match would make
 	// every resend fail as a different request.
 	if len(fp) != len(r.Fingerprint) {
-		return journal.Record{}, fmt.Errorf("action %q: fingerprint of %d bytes: %w", r.ActionID, len(fp), ErrMalformedRecord)
+		return journal.Record{}, malformed(r.ActionID, "fingerprint of %d bytes", len(fp))
 	}
 	if st := journal.State(state.Int16); state.Int16 < 0 || state.Int16 > 255 || st < journal.StatePending || st > journal.StateUnknown {
-		return journal.Record{}, fmt.Errorf("action %q: state %d: %w", r.ActionID, state.Int16, ErrMalformedRecord)
+		return journal.Record{}, malformed(r.ActionID, "state %d", state.Int16)
 	}
 	if form.Int16 < 0 || form.Int16 > 255 {
-		return journal.Record{}, fmt.Errorf("action %q: key form %d: %w", r.ActionID, form.Int16, ErrMalformedRecord)
+		return journal.Record{}, malformed(r.ActionID, "key form %d", form.Int16)
 	}
 	r.KeyForm = journal.KeyForm(form.Int16) // CheckRecord refuses a form above KeyFormQuoted
 	copy(r.Fingerprint[:], fp)
@@ -268,7 +268,7 @@ func scanRecord(row interface{ Scan(...any) error }) (journal.Record, error) {
 	// Transport would send it as it is (an empty key as no key at all).
 	if err := journal.CheckRecord(r); err != nil {
 		why := strings.TrimPrefix(err.Error(), journal.ErrInvalidRecord.Error()+": ")
-		return journal.Record{}, fmt.Errorf("action %q: %s: %w", r.ActionID, why, ErrMalformedRecord)
+		return journal.Record{}, malformed(r.ActionID, "%s", why)
 	}
 	return r, nil
 }

@@ -802,8 +802,9 @@ func (resendAll) Resolve(context.Context, journal.Record) (bool, error) { return
 // A pending row made corrupt by hand: neither a resend of the action nor
 // Resume sends anything (an empty key went out as a request without an
 // Idempotency-Key, every retry a new charge on a server that charges
-// such requests; 'a b' went out as it is); both fail with an error that
-// says the record is corrupt.
+// such requests; 'a b' went out as it is); the resend fails, and Resume
+// gives the row a result of its own, with an error that says the record
+// is corrupt (before issue 30, Resume failed whole).
 func TestCraftedRowIsNeverSent(t *testing.T) {
 	for _, tc := range craftedRows {
 		t.Run(tc.name, func(t *testing.T) {
@@ -821,8 +822,8 @@ func TestCraftedRowIsNeverSent(t *testing.T) {
 			}
 			res, err := tr.Resume(ctx, resendAll{srv.URL, body}, 1)
 			t.Logf("Resume: %+v, %v", res, err)
-			if !errors.Is(err, journal.ErrCorruptRecord) {
-				t.Errorf("Resume with the crafted row: %v, want journal.ErrCorruptRecord", err)
+			if err != nil || len(res) != 1 || res[0].Record.ActionID != action || !errors.Is(res[0].Err, journal.ErrCorruptRecord) || res[0].Sent {
+				t.Errorf("Resume with the crafted row: %d results, %v; want one, of %s, unsent, journal.ErrCorruptRecord", len(res), err, action)
 			}
 			if seen := keys.seen(); len(seen) != 1 {
 				t.Errorf("requests under keys %q: want the seed's alone", seen)

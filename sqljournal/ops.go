@@ -76,34 +76,49 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 // Unfinished implements [journal.Journal.Unfinished]: the pending and
 // unknown records of every process sharing the table, oldest first, ties in
 // byte order of action id. With [WithHashedIDs] their ActionID is the
-// stored digest form. It fails, listing nothing, with [ErrMalformedRecord]
-// (a [journal.ErrCorruptRecord]) when one of those rows holds a record that
-// no Journal writes (the error names it: repair the row, or Forget the
-// action once reconciled), and with [journal.ErrClosed] after Close.
+// stored digest form. A row among them that holds a record no Journal
+// writes is left out, and the others are listed all the same, with an
+// error wrapping a [*journal.CorruptRecordsError] that names every such
+// row (each reason an [ErrMalformedRecord]: repair the row, or Forget the
+// action once reconciled). It fails with [journal.ErrClosed] after Close.
 func (j *Journal) Unfinished(ctx context.Context) ([]journal.Record, error) {
 	if err := j.usable(ctx, "unfinished"); err != nil {
 		return nil, err
 	}
-	out, err := bounded(ctx, func() ([]journal.Record, error) {
+	// A statement abandoned at ctx's end goes on alone (see bounded): what
+	// it finds is its own until it returns.
+	type listing struct {
+		recs []journal.Record
+		bad  journal.CorruptRecordsError
+	}
+	l, err := bounded(ctx, func() (*listing, error) {
 		rows, err := j.db.QueryContext(ctx, j.q.unfinished)
 		if err != nil {
 			return nil, err
 		}
 		defer rows.Close()
-		var out []journal.Record
+		l := &listing{}
 		for rows.Next() {
 			r, err := scanRecord(rows)
+			var m *malformedRow
+			if errors.As(err, &m) {
+				l.bad.IDs, l.bad.Errs = append(l.bad.IDs, m.id), append(l.bad.Errs, err)
+				continue // named by id: the others are still to be resumed
+			}
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, r)
+			l.recs = append(l.recs, r)
 		}
-		return out, rows.Err()
+		return l, rows.Err()
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, dbError(ctx, "unfinished", err)
+	case len(l.bad.IDs) > 0:
+		return l.recs, fmt.Errorf("sqljournal: unfinished: %w", &l.bad)
 	}
-	return out, nil
+	return l.recs, nil
 }
 
 // Forget implements [journal.Journal.Forget]: it deletes the action's

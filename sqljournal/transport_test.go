@@ -1,6 +1,7 @@
 package sqljournal_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -20,6 +22,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/idemretry/idemretry"
+	"github.com/idemretry/idemretry/internal/paytest"
 	"github.com/idemretry/idemretry/journal"
 )
 
@@ -27,23 +30,28 @@ import (
 // server: machines sharing one table charge once, a machine waits for
 // another's lease, and what a lost or failing lease does.
 
-// chargeServer is a loopback payment server with Stripe's idempotency
-// semantics: the first request under a key performs the charge and stores
-// its answer; a request under a key whose first request is still being
-// processed gets 409; a request under a finished key gets the stored answer
-// again, marked Idempotent-Replayed: true. Requests without a key are
-// refused.
+// chargeServer is the shared payment server (internal/paytest: Stripe's
+// idempotency semantics and a ledger) on loopback: the first request under
+// a key performs the charge and stores its answer; a request under a key
+// whose first request is still being processed gets 409; a request under
+// a finished key with the same method, path and body gets the stored
+// answer again, marked Idempotent-Replayed: true (with another, 422).
+// Requests without a key are refused (400). A charge answers 200
+// {"charge":"ch_N","key":"..."}.
 type chargeServer struct {
 	*httptest.Server
+	pay *paytest.Server
 	// before, if set, may answer a keyed request itself (and return true)
 	// before the idempotency layer sees it.
 	before func(w http.ResponseWriter, r *http.Request) bool
 	// process, if set, runs while the charge numbered n (from 1, over all
-	// keys), r's, is in progress: after it is committed, before it is
-	// stored and answered. It may block, to play a slow charge.
+	// keys, in the order begun), r's, is in progress: after it is
+	// committed, before it is stored and answered. It may block, to play a
+	// slow charge.
 	process func(n int, r *http.Request)
-	// answered, if set, is told the status of each request the server
-	// answers itself, as it decides it (a charge's 200 before the charge).
+	// answered, if set, is told the status of each request the
+	// idempotency layer answers, as it decides it (a charge's 200 before
+	// the charge).
 	answered func(r *http.Request, status int)
 	// dropAnswers plays a lost response: every charge is committed and
 	// stored, and then its connection is cut without an answer.
@@ -51,10 +59,8 @@ type chargeServer struct {
 	t           *testing.T
 
 	mu      sync.Mutex
-	charges int
-	sent    map[string][]string // body -> every key it arrived under, in order
-	stored  map[string]string   // key -> stored answer
-	busy    map[string]bool     // key -> first request in progress
+	charges int             // charges begun
+	busy    map[string]bool // key (as sent) -> its charge in progress
 }
 
 func newChargeServer(t *testing.T) *chargeServer {
@@ -67,63 +73,102 @@ func newChargeServer(t *testing.T) *chargeServer {
 // before it calls Start: a request from a child process is not ordered
 // after them by anything the race detector sees.
 func newUnstartedChargeServer(t *testing.T) *chargeServer {
-	s := &chargeServer{t: t, sent: map[string][]string{}, stored: map[string]string{}, busy: map[string]bool{}}
-	s.Server = httptest.NewUnstartedServer(s)
+	s := &chargeServer{t: t, busy: map[string]bool{}}
+	s.pay = paytest.New(
+		paytest.WithMethods(http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+			http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace),
+		paytest.WithStatus(http.StatusOK),
+		paytest.WithAnswerBody(chargeAnswer),
+		paytest.WithBefore(func(_ int, w http.ResponseWriter, r *http.Request) bool {
+			if r.Header.Get(paytest.KeyHeader) == "" || s.before == nil {
+				return false
+			}
+			sw := statusOf(r)
+			sw.told = true // what the hook answers is not the idempotency layer's
+			if s.before(w, r) {
+				return true
+			}
+			sw.told = false
+			return false
+		}),
+		paytest.WithProcessing(func(_ int, r *http.Request) {
+			key := r.Header.Get(paytest.KeyHeader)
+			s.mu.Lock()
+			s.charges++
+			n := s.charges
+			s.busy[key] = true
+			s.mu.Unlock()
+			s.answer(r, http.StatusOK)
+			statusOf(r).told = true
+			if s.process != nil {
+				s.process(n, r)
+			}
+			s.mu.Lock()
+			delete(s.busy, key)
+			s.mu.Unlock()
+		}),
+		paytest.WithAfterCharge(func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+			if !s.dropAnswers {
+				return false
+			}
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				s.t.Errorf("hijack: %v", err)
+				return true
+			}
+			conn.Close()
+			return true
+		}))
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		r = r.WithContext(context.WithValue(r.Context(), statusWriterKey{}, sw))
+		sw.tell = func(status int) { s.answer(r, status) }
+		s.pay.ServeHTTP(sw, r)
+	}))
 	t.Cleanup(s.Close)
 	return s
 }
 
-func (s *chargeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
-	b, _ := io.ReadAll(r.Body)
-	body := string(b)
-	if key == "" {
-		s.answer(r, http.StatusBadRequest)
-		http.Error(w, "Idempotency-Key required", http.StatusBadRequest)
-		return
-	}
-	if s.before != nil && s.before(w, r) {
-		return
-	}
-	s.mu.Lock()
-	s.sent[body] = append(s.sent[body], key)
-	if answer, ok := s.stored[key]; ok {
-		s.mu.Unlock()
-		s.answer(r, http.StatusOK)
-		w.Header().Set("Idempotent-Replayed", "true")
-		io.WriteString(w, answer)
-		return
-	}
-	if s.busy[key] {
-		s.mu.Unlock()
-		s.answer(r, http.StatusConflict)
-		http.Error(w, "a request with this key is in progress", http.StatusConflict)
-		return
-	}
-	s.busy[key] = true
-	s.charges++
-	n := s.charges
-	s.mu.Unlock()
-	s.answer(r, http.StatusOK)
+// chargeAnswer is the body of charge c's answer.
+func chargeAnswer(c paytest.Charge) []byte {
+	return fmt.Appendf(nil, `{"charge":%q,"key":%q}`, c.ID, c.Header.Get(paytest.KeyHeader))
+}
 
-	if s.process != nil {
-		s.process(n, r)
+// statusWriter tells the chargeServer's answered hook the status of an
+// answer the idempotency layer writes, unless it was told already.
+type statusWriter struct {
+	http.ResponseWriter
+	told bool
+	tell func(status int)
+}
+
+type statusWriterKey struct{}
+
+func statusOf(r *http.Request) *statusWriter {
+	return r.Context().Value(statusWriterKey{}).(*statusWriter)
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.told {
+		w.told = true
+		w.tell(code)
 	}
-	answer := fmt.Sprintf(`{"charge":"ch_%d","key":%q}`, n, key)
-	s.mu.Lock()
-	s.stored[key] = answer
-	delete(s.busy, key)
-	s.mu.Unlock()
-	if s.dropAnswers {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			s.t.Errorf("hijack: %v", err)
-			return
-		}
-		conn.Close()
-		return
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.told {
+		w.WriteHeader(http.StatusOK)
 	}
-	io.WriteString(w, answer)
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
 func (s *chargeServer) answer(r *http.Request, status int) {
@@ -132,18 +177,39 @@ func (s *chargeServer) answer(r *http.Request, status int) {
 	}
 }
 
-// chargeCount returns how many charges the server performed.
+// chargeCount returns how many charges the server began.
 func (s *chargeServer) chargeCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.charges
 }
 
-// keysOf returns the keys body arrived under, in order.
+// keysOf returns the keys body arrived under, in order (but for the
+// requests a before hook answered).
 func (s *chargeServer) keysOf(body string) []string {
+	var keys []string
+	for _, r := range s.pay.Requests() {
+		if key := r.Header.Get(paytest.KeyHeader); key != "" && string(r.Body) == body && r.Outcome != paytest.Answered {
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// claimed reports whether a charge under key began (in progress or done).
+func (s *chargeServer) claimed(key string) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.sent[body]...)
+	busy := s.busy[key]
+	s.mu.Unlock()
+	return busy || len(s.pay.ChargesUnder(key)) > 0
+}
+
+// storedAnswer returns the answer stored under key, if one is.
+func (s *chargeServer) storedAnswer(key string) (string, bool) {
+	if cs := s.pay.ChargesUnder(key); len(cs) > 0 {
+		return string(chargeAnswer(cs[len(cs)-1])), true
+	}
+	return "", false
 }
 
 // transportOn returns a Transport over j, with its own HTTP connections,

@@ -2,7 +2,7 @@
 // Stripe's idempotency semantics and a ledger of what it charged, usable
 // over httptest (real loopback HTTP) or called in memory.
 //
-// A POST or PATCH with an Idempotency-Key (bare, as Stripe sends it, or
+// A POST or PATCH (WithMethods) with an Idempotency-Key (bare, as Stripe sends it, or
 // quoted, as the IETF draft does) is charged once: its answer is stored
 // and replayed, with Idempotent-Replayed: true, to every later request with
 // the same key. While the first request of a key is being processed, another
@@ -20,15 +20,17 @@
 // value of its IntentHeader if it has one, else its body: a test names the
 // thing the user meant to do once, and counts the charges of it.
 //
-// A charge's answer is 201 (WithStatus) with a JSON body:
+// A charge's answer is 201 (WithStatus) with a JSON body (WithAnswerBody
+// sets another):
 //
 //	{"charge":"ch_1","intent":"order-7","key":"8e03978e-..."}
 //
 // Hooks let a test shape the answers: WithBefore answers a request itself
 // before the idempotency layer (a 503, a scripted reply); WithProcessing is
 // called while a key is in flight, before its charge is stored (block there
-// for a slow charge: requests of the key meanwhile get 409); WithAfterCharge
-// is called after the charge is stored and before its answer is written
+// for a slow charge: requests of the key meanwhile get 409); WithFailure
+// may then fail the charge (a 503: nothing stored, the key released);
+// WithAfterCharge is called after the charge is stored and before its answer is written
 // (HijackAndClose there loses the answer on the way back).
 package paytest
 
@@ -39,6 +41,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -74,6 +77,9 @@ const (
 	Answered
 	// NotAllowed: a method the server does not charge: 405.
 	NotAllowed
+	// Failed: a WithFailure hook failed the charge: nothing was charged
+	// or stored, and the key was released.
+	Failed
 )
 
 // String returns the outcome's name.
@@ -93,6 +99,8 @@ func (o Outcome) String() string {
 		return "answered"
 	case NotAllowed:
 		return "not-allowed"
+	case Failed:
+		return "failed"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -143,6 +151,17 @@ func WithKeyWindow(d time.Duration) Option { return func(s *Server) { s.window =
 // WithStatus sets the status of a charge's answer (default 201).
 func WithStatus(code int) Option { return func(s *Server) { s.status = code } }
 
+// WithMethods sets the methods the server charges (default POST and
+// PATCH); a request of another method is refused with 405.
+func WithMethods(methods ...string) Option {
+	return func(s *Server) { s.methods = append([]string(nil), methods...) }
+}
+
+// WithAnswerBody sets the body of a charge's answer: f is called once per
+// charge, under the server's lock, and what it returns is stored and
+// replayed. By default it is the charge's Answer as JSON.
+func WithAnswerBody(f func(c Charge) []byte) Option { return func(s *Server) { s.answerBody = f } }
+
 // WithKeylessCharges makes the server charge a keyed method that carries no
 // key, every time, as a server without idempotency would (by default it is
 // refused with 400).
@@ -162,6 +181,15 @@ func WithProcessing(f func(n int, r *http.Request)) Option {
 	return func(s *Server) { s.processing = f }
 }
 
+// WithFailure calls f after WithProcessing's hook, while the key is still
+// in flight; if f returns a status, the charge fails with it: nothing is
+// charged or stored, the key is released (its next request is a new one:
+// Stripe stores no answer for a request that failed before it began
+// executing) and the request is answered status.
+func WithFailure(f func(n int, r *http.Request) (status int, failed bool)) Option {
+	return func(s *Server) { s.failure = f }
+}
+
 // WithAfterCharge calls f after a charge is stored and before its answer is
 // written; if f returns true it has answered (or cut the connection, see
 // HijackAndClose) instead. The charge stands either way.
@@ -176,8 +204,11 @@ type Server struct {
 	window      time.Duration
 	status      int
 	keyless     bool
+	methods     []string
+	answerBody  func(c Charge) []byte
 	before      func(n int, w http.ResponseWriter, r *http.Request) bool
 	processing  func(n int, r *http.Request)
+	failure     func(n int, r *http.Request) (int, bool)
 	afterCharge func(n int, w http.ResponseWriter, r *http.Request) bool
 
 	mu       sync.Mutex
@@ -198,7 +229,8 @@ type stored struct {
 
 // New returns a Server.
 func New(opts ...Option) *Server {
-	s := &Server{now: time.Now, window: DefaultKeyWindow, status: http.StatusCreated, keys: make(map[string]*stored)}
+	s := &Server{now: time.Now, window: DefaultKeyWindow, status: http.StatusCreated, keys: make(map[string]*stored),
+		methods: []string{http.MethodPost, http.MethodPatch}}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
@@ -230,9 +262,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.settle(n, Answered, 0, "")
 		return
 	}
-	if r.Method != http.MethodPost && r.Method != http.MethodPatch {
+	if !slices.Contains(s.methods, r.Method) {
 		s.settle(n, NotAllowed, http.StatusMethodNotAllowed, "")
-		writeJSON(w, http.StatusMethodNotAllowed, `{"error":{"type":"invalid_request_error","message":"only POST and PATCH are charged"}}`, nil)
+		writeJSON(w, http.StatusMethodNotAllowed, `{"error":{"type":"invalid_request_error","message":"this method is not charged"}}`, nil)
 		return
 	}
 	fp := sha256.Sum256(append([]byte(r.Method+"\x00"+r.URL.Path+"\x00"), body...))
@@ -284,10 +316,28 @@ func (s *Server) charge(n int, w http.ResponseWriter, r *http.Request, key, inte
 	if s.processing != nil {
 		s.processing(n, r)
 	}
+	if s.failure != nil {
+		if status, failed := s.failure(n, r); failed {
+			s.mu.Lock()
+			if st != nil && s.keys[key] == st {
+				delete(s.keys, key)
+			}
+			s.requests[n-1].Outcome, s.requests[n-1].Status = Failed, status
+			s.mu.Unlock()
+			writeJSON(w, status, `{"error":{"type":"api_error","message":"the charge failed; nothing was charged"}}`, nil)
+			return
+		}
+	}
 	s.mu.Lock()
-	id := fmt.Sprintf("ch_%d", len(s.charges)+1)
-	answer, _ := json.Marshal(Answer{Charge: id, Intent: intent, Key: key})
-	s.charges = append(s.charges, Charge{ID: id, Key: key, Intent: intent, Body: body, Header: r.Header.Clone(), At: s.now()})
+	c := Charge{ID: fmt.Sprintf("ch_%d", len(s.charges)+1), Key: key, Intent: intent, Body: body, Header: r.Header.Clone(), At: s.now()}
+	id := c.ID
+	var answer []byte
+	if s.answerBody != nil {
+		answer = s.answerBody(c)
+	} else {
+		answer, _ = json.Marshal(Answer{Charge: id, Intent: intent, Key: key})
+	}
+	s.charges = append(s.charges, c)
 	if st != nil {
 		st.done, st.status, st.body, st.charge = true, s.status, answer, id
 	}

@@ -58,6 +58,43 @@ func TestServerChargesOnceAndReplays(t *testing.T) {
 	require.Equal(t, paytest.Charged, reqs[0].Outcome)
 	require.Equal(t, paytest.Replayed, reqs[1].Outcome)
 	require.Equal(t, "ch_1", reqs[1].Charge)
+
+	t.Run("WithMethods", func(t *testing.T) {
+		for _, tc := range []struct {
+			opts []paytest.Option
+			want paytest.Outcome
+		}{{nil, paytest.NotAllowed}, {[]paytest.Option{paytest.WithMethods(http.MethodPut)}, paytest.Charged}} {
+			s := paytest.New(tc.opts...)
+			srv := httptest.NewServer(s)
+			req, err := http.NewRequest(http.MethodPut, srv.URL+"/v1/payments", strings.NewReader("x"))
+			require.NoError(t, err)
+			req.Header.Set(paytest.KeyHeader, "k1")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			srv.Close()
+			require.Equal(t, tc.want, s.Requests()[0].Outcome)
+			if tc.want == paytest.NotAllowed {
+				require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+				require.Empty(t, s.Charges())
+			} else {
+				require.Len(t, s.ChargesUnder("k1"), 1)
+			}
+		}
+	})
+
+	t.Run("WithAnswerBody", func(t *testing.T) {
+		s := paytest.New(paytest.WithAnswerBody(func(c paytest.Charge) []byte { return []byte(c.ID + " " + c.Key) }))
+		srv := httptest.NewServer(s)
+		defer srv.Close()
+		_, body1, _ := pay(t, srv.URL, "k1", "", `{"amount":100}`)
+		_, body2, replay2 := pay(t, srv.URL, "k1", "", `{"amount":100}`)
+		_, body3, _ := pay(t, srv.URL, "k2", "", `{"amount":100}`)
+		require.Equal(t, "ch_1 k1", body1)
+		require.Equal(t, body1, body2, "the stored answer, replayed")
+		require.True(t, replay2)
+		require.Equal(t, "ch_2 k2", body3)
+	})
 }
 
 func TestServerRefusesAnotherBodyUnderAKey(t *testing.T) {
@@ -99,6 +136,41 @@ func TestServerAnswers409WhileTheKeyIsInFlight(t *testing.T) {
 	require.Equal(t, http.StatusCreated, st)
 	require.True(t, replay)
 	require.Len(t, s.Charges(), 1)
+
+	t.Run("WithFailure", func(t *testing.T) {
+		arrived, release := make(chan struct{}), make(chan struct{})
+		s := paytest.New(paytest.WithProcessing(func(n int, r *http.Request) {
+			if n == 1 {
+				close(arrived)
+				<-release
+			}
+		}), paytest.WithFailure(func(n int, r *http.Request) (int, bool) {
+			return http.StatusServiceUnavailable, n == 1
+		}))
+		srv := httptest.NewServer(s)
+		defer srv.Close()
+
+		first := make(chan int)
+		go func() {
+			st, _, _ := pay(t, srv.URL, "k1", "", "x")
+			first <- st
+		}()
+		<-arrived
+		st, _, _ := pay(t, srv.URL, "k1", "", "x")
+		require.Equal(t, http.StatusConflict, st, "the failing charge holds its key while it runs")
+		close(release)
+		require.Equal(t, http.StatusServiceUnavailable, <-first)
+		require.Empty(t, s.Charges())
+		st, _, replay := pay(t, srv.URL, "k1", "", "x")
+		require.Equal(t, http.StatusCreated, st, "the key was released: a new charge")
+		require.False(t, replay)
+		require.Len(t, s.ChargesUnder("k1"), 1)
+		outcomes := []paytest.Outcome{}
+		for _, r := range s.Requests() {
+			outcomes = append(outcomes, r.Outcome)
+		}
+		require.Equal(t, []paytest.Outcome{paytest.Failed, paytest.InFlight, paytest.Charged}, outcomes)
+	})
 }
 
 func TestServerForgetsKeysAfterItsWindow(t *testing.T) {

@@ -140,6 +140,7 @@ var cases = []struct {
 	{"RefusesInvalidRecords", refusesInvalidRecords},
 	{"CreatedAtBounds", createdAtBounds},
 	{"NeverReturnsCorrupt", neverReturnsCorrupt},
+	{"UnfinishedListsBesideCorrupt", unfinishedListsBesideCorrupt},
 }
 
 var ctx = context.Background()
@@ -723,10 +724,10 @@ func createdAtBounds(t *testing.T, s *suite, j journal.Journal) {
 // neverReturnsCorrupt (with Corrupt): a stored record that
 // journal.CheckRecord refuses is never returned. Reserve and Get of its
 // action fail with journal.ErrCorruptRecord (Reserve creates nothing in its
-// place: the action may have been sent under its key), Unfinished fails so
-// too or leaves it out (only if its state is none of the unfinished ones),
-// and Forget removes it: the action's next Reserve creates a new record.
-// Each record is put in a journal of its own.
+// place: the action may have been sent under its key), Unfinished names it
+// in a *journal.CorruptRecordsError or leaves it out (only if its state is
+// none of the unfinished ones), and Forget removes it: the action's next
+// Reserve creates a new record. Each record is put in a journal of its own.
 func neverReturnsCorrupt(t *testing.T, s *suite, _ journal.Journal) {
 	if s.corrupt == nil {
 		t.Skip("no Corrupt option: the suite cannot put a record in the journal's storage")
@@ -760,6 +761,7 @@ func neverReturnsCorrupt(t *testing.T, s *suite, _ journal.Journal) {
 			}
 			if err != nil {
 				assert.ErrorIs(t, err, journal.ErrCorruptRecord, "Unfinished with a stored record with %s", c.name)
+				s.namesCorrupt(t, err, []string{id}, c.name)
 			}
 			for _, r := range un {
 				assert.NoError(t, journal.CheckRecord(r), "Unfinished returned a record CheckRecord refuses")
@@ -768,5 +770,99 @@ func neverReturnsCorrupt(t *testing.T, s *suite, _ journal.Journal) {
 			got, created := reserve(t, j, rec(id, now()), journal.ReuseAny)
 			assert.True(t, created, "after Forget: %+v", got)
 		})
+	}
+}
+
+// namesCorrupt checks that err, from Unfinished, wraps a
+// *journal.CorruptRecordsError naming exactly ids (as Unfinished reports
+// them), each with a reason wrapping journal.ErrCorruptRecord, and
+// nothing else: no other sentinel of package journal.
+func (s *suite) namesCorrupt(t *testing.T, err error, ids []string, what string) {
+	t.Helper()
+	var ce *journal.CorruptRecordsError
+	if !errors.As(err, &ce) {
+		t.Errorf("Unfinished with %s: %v, want a *journal.CorruptRecordsError naming the corrupt records", what, err)
+		return
+	}
+	want := make([]string, len(ids))
+	for i, id := range ids {
+		want[i] = s.id(id)
+	}
+	assert.ElementsMatch(t, want, ce.IDs, "Unfinished with %s: the corrupt records named", what)
+	for i := range ce.IDs {
+		assert.ErrorIs(t, ce.Reason(i), journal.ErrCorruptRecord, "Unfinished with %s: the reason of %s", what, ce.IDs[i])
+	}
+	for _, other := range []error{journal.ErrClosed, journal.ErrUnavailable, journal.ErrNotFound, journal.ErrInvalidRecord, journal.ErrIncompatible} {
+		assert.NotErrorIs(t, err, other, "Unfinished with %s: the list is complete but for the corrupt records", what)
+	}
+}
+
+// unfinishedListsBesideCorrupt (with Corrupt): corrupt unfinished records
+// beside intact ones do not hide them. Unfinished returns the intact ones,
+// oldest first, with an error wrapping a *journal.CorruptRecordsError that
+// names every corrupt one (not only the first) as Forget accepts it; once
+// each is forgotten by that id, Unfinished lists the intact ones with no
+// error, and a Reserve of a forgotten action creates a new record.
+func unfinishedListsBesideCorrupt(t *testing.T, s *suite, j journal.Journal) {
+	if s.corrupt == nil {
+		t.Skip("no Corrupt option: the suite cannot put a record in the journal's storage")
+	}
+	t0 := now().Add(-time.Minute)
+	var intact []journal.Record
+	var corrupt []journal.Record
+	for i, id := range []string{"intact-1", "corrupt-key", "intact-2", "corrupt-attempts", "intact-3", "corrupt-unknown"} {
+		r := rec(id, t0.Add(time.Duration(i)*time.Second))
+		reserve(t, j, r, journal.ReuseAny)
+		if id == "intact-2" || id == "corrupt-unknown" {
+			r.State = journal.StateUnknown
+			require.NoError(t, j.Update(ctx, r))
+		}
+		switch id {
+		case "corrupt-attempts":
+			r.Attempts = -1
+		case "corrupt-key":
+			r.Key = ""
+		case "corrupt-unknown":
+			r.Key = "a b"
+		default:
+			intact = append(intact, r)
+			continue
+		}
+		corrupt = append(corrupt, r)
+	}
+	ids := make([]string, len(corrupt))
+	for i, bad := range corrupt {
+		ids[i] = bad.ActionID
+		j2, err := s.corrupt(t, j, bad)
+		if err != nil {
+			assert.ErrorIs(t, err, journal.ErrCorruptRecord, "reopening refused the storage holding %+v", bad)
+			return // the journal refuses its storage whole: it has nothing to list
+		}
+		j = j2
+	}
+	defer func() { j.Close() }()
+
+	un, err := j.Unfinished(ctx)
+	require.Error(t, err, "Unfinished beside %d corrupt records", len(corrupt))
+	assert.ErrorIs(t, err, journal.ErrCorruptRecord)
+	s.namesCorrupt(t, err, ids, "corrupt records beside intact ones")
+	require.Len(t, un, len(intact), "Unfinished beside corrupt records: %+v", un)
+	for i := range intact {
+		want := intact[i]
+		want.ActionID = s.id(want.ActionID)
+		s.same(t, want, un[i], "listed beside corrupt records")
+	}
+
+	var ce *journal.CorruptRecordsError
+	require.ErrorAs(t, err, &ce)
+	for _, id := range ce.IDs {
+		require.NoError(t, j.Forget(ctx, id), "Forget of %s, as Unfinished named it", id)
+	}
+	un, err = j.Unfinished(ctx)
+	require.NoError(t, err, "Unfinished once the corrupt records were forgotten")
+	assert.Len(t, un, len(intact))
+	for _, bad := range corrupt {
+		got, created := reserve(t, j, rec(bad.ActionID, now()), journal.ReuseAny)
+		assert.True(t, created, "after Forget: %+v", got)
 	}
 }
