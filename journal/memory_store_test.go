@@ -304,13 +304,13 @@ func shrinksAfterExpiry(t *testing.T, mask uint64) {
 	}
 }
 
-// Review of the paged Memory: a model run long enough, over enough ids, for
+// The paged Memory (from a review of it): a model run long enough, over enough ids, for
 // both compactions (text at half unused, entries at the sweep when three
 // quarters are unused) to run many times, with ids of the longest length,
 // colliding hashes, and the records handed out earlier checked at the end
 // against copies taken when they were returned (a Record aliasing chunk
 // memory that a compaction reuses would have changed).
-func TestReviewMemoryModelThroughCompactions(t *testing.T) {
+func TestMemoryModelThroughCompactions(t *testing.T) {
 	for _, mask := range []uint64{0, 7, 1<<64 - 1} {
 		t.Run(fmt.Sprintf("mask=%#x", mask), func(t *testing.T) {
 			ctx := context.Background()
@@ -468,7 +468,7 @@ func TestReviewMemoryModelThroughCompactions(t *testing.T) {
 // Concurrent callers on few ids, while the clock moves and records expire
 // and are compacted away: run under -race. Each goroutine owns its ids, so
 // it can check what it reads back.
-func TestReviewMemoryConcurrentWithSweeps(t *testing.T) {
+func TestMemoryConcurrentWithSweeps(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
 	j := NewMemory(WithClock(clk.Now), WithKeyWindow(time.Minute), WithGrace(0))
@@ -527,7 +527,7 @@ func TestReviewMemoryConcurrentWithSweeps(t *testing.T) {
 // A done record reserved again after its retention: ReusePending and
 // ReuseAny both get a new record; before it, ReuseAny keeps it. Update of
 // the expired (swept) record by its old key is ErrNotFound.
-func TestReviewMemoryRetentionBoundary(t *testing.T) {
+func TestMemoryRetentionBoundary(t *testing.T) {
 	ctx := context.Background()
 	clk := &stepClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
 	j := NewMemory(WithClock(clk.Now), WithKeyWindow(40*time.Minute), WithGrace(20*time.Minute)) // a retention of 1 h
