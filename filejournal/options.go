@@ -181,8 +181,9 @@ func WithHashedIDs() Option {
 // and refuses to make them anew, until each is forgotten. That refusal
 // lives in memory only, and names an action as its damaged bytes read: an
 // action whose id was damaged too is named in the damaged form, and its
-// own id is not refused; after Close nothing is, and a new request of a
-// lost action gets a new key, though its old one may have been charged.
+// own id is not refused; after Close (or once the process ends) nothing
+// is, and a new request of a lost action gets a new key, though its old
+// one may have been charged.
 // So use it only after deciding the loss is acceptable (for example after
 // reconciling with the server the actions Recovery names); a damaged file
 // header cannot be salvaged.
