@@ -188,10 +188,14 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
 	out := make([]ResumeResult, len(ce.IDs))
 	for i, id := range ce.IDs {
-		err := wrapf(ce.Reason(i), "resume")
-		if !strings.Contains(err.Error(), id) {
-			err = wrapf(ce.Reason(i), "resume: action %q", id)
+		reason := ce.Reason(i)
+		// The package prefix once: a journal's reason may carry its
+		// sentinel's inside ("...: idemretry: malformed record ...").
+		why := strings.ReplaceAll(reason.Error(), "idemretry: ", "")
+		if !strings.Contains(why, id) {
+			why = fmt.Sprintf("action %q: %s", id, why)
 		}
+		var err error = &prefixed{msg: "resume", err: reasonSaid{why, reason}}
 		out[i] = ResumeResult{
 			Record:  journal.Record{ActionID: id},
 			Outcome: Outcome{Kind: Refused, Action: id, MaybeProcessed: true, Reason: err},
@@ -200,6 +204,15 @@ func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
 	}
 	return out
 }
+
+// reasonSaid is err, said as msg.
+type reasonSaid struct {
+	msg string
+	err error
+}
+
+func (e reasonSaid) Error() string { return e.msg }
+func (e reasonSaid) Unwrap() error { return e.err }
 
 func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) (res ResumeResult) {
 	res.Record = rec

@@ -637,6 +637,8 @@ func TestResumeNamesARowWhoseStateWasDamaged(t *testing.T) {
 			bad, ok := byID["pay:bad"]
 			if !ok || !errors.Is(bad.Err, sqljournal.ErrMalformedRecord) || bad.Sent {
 				t.Errorf("pay:bad: %+v (listed %v), want its own result, ErrMalformedRecord, nothing sent", bad, ok)
+			} else if msg := bad.Err.Error(); strings.Count(msg, "idemretry: ") != 1 {
+				t.Errorf("pay:bad: %q, want the idemretry: prefix once", msg)
 			}
 			p := post(context.Background(), transportOn(t, jb), srv.URL, "pay:bad", `{"order":"bad"}`)
 			if !errors.Is(p.err, sqljournal.ErrMalformedRecord) {
