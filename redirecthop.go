@@ -32,8 +32,8 @@ func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool
 	}
 	recs, err := t.journal.Unfinished(ctx)
 	var ce *journal.CorruptRecordsError
-	if err != nil && !errors.As(err, &ce) {
-		return false, err
+	if err != nil && (!errors.As(err, &ce) || ce == nil) {
+		return false, err // a typed nil CorruptRecordsError names no record
 	}
 	for _, r := range recs {
 		if !t.isHopOf(r.ActionID, prefix) {

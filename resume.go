@@ -117,8 +117,8 @@ type ResumeResult struct {
 // journal.ErrCorruptRecord and says what is wrong; its Outcome is Refused
 // and MaybeProcessed (an attempt of it may have been sent). Nothing of it
 // is rebuilt, sent or forgotten: reconcile it with the server (and repair
-// the record, or Forget it). A CorruptRecordsError that names no record,
-// or gives more Errs than IDs, left out records it does not name: Resume
+// the record, or Forget it). A CorruptRecordsError that names no record
+// (a nil one too), or gives more Errs than IDs, left out records it does not name: Resume
 // handles the listed ones as above and returns that error too. A journal
 // that fails Unfinished with any other error (or with ErrCorruptRecord
 // alone) makes Resume return no result and that error.
@@ -135,7 +135,7 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 			return nil, wrapf(err, "resume: list unfinished actions")
 		}
 		damaged = damagedResults(ce)
-		if len(ce.IDs) == 0 || len(ce.Errs) > len(ce.IDs) {
+		if ce == nil || len(ce.IDs) == 0 || len(ce.Errs) > len(ce.IDs) {
 			// A journal's error that names none, or gives more reasons
 			// than ids: some records left out have no result to carry
 			// them, so the caller is told with Resume's error.
@@ -186,6 +186,9 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 // Refused, maybe processed (an attempt of it may have been sent), with
 // what is wrong with it as Err; nothing is rebuilt, sent or forgotten.
 func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
+	if ce == nil { // a journal's typed nil names no record
+		return nil
+	}
 	out := make([]ResumeResult, len(ce.IDs))
 	for i, id := range ce.IDs {
 		reason := ce.Reason(i)

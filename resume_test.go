@@ -1266,19 +1266,29 @@ func TestResumeSaysWhatAnUnnamingCorruptRecordsErrorLeftOut(t *testing.T) {
 		"no IDs":             {Errs: []error{lost}},
 		"nothing filled":     {},
 		"more Errs than IDs": {IDs: []string{"pay:named"}, Errs: []error{lost, lost}},
+		"a nil pointer":      nil, // a journal's typed nil: var bad *CorruptRecordsError; return out, bad
 	} {
 		t.Run(name, func(t *testing.T) {
 			srv := newPayServer(t)
 			srv.commitThenDrop[1] = true
 			mem := journal.NewMemory()
 			leftPending(t, mem, post(t, idemretry.WithAction(context.Background(), "pay:good"), srv.URL, `{"order":"good"}`))
-			tr := transportOver(t, unnamingListJournal{mem, fmt.Errorf("thirdparty: unfinished: %w", ce)})
+			var listErr error = ce
+			if ce != nil {
+				listErr = fmt.Errorf("thirdparty: unfinished: %w", ce)
+			}
+			tr := transportOver(t, unnamingListJournal{mem, listErr})
 			res, err := tr.Resume(context.Background(), &appResumer{url: srv.URL, orders: map[string]string{"pay:good": `{"order":"good"}`}}, 0)
 			require.Error(t, err, "the records left out unnamed")
 			assert.ErrorIs(t, err, journal.ErrCorruptRecord)
 			var got *journal.CorruptRecordsError
 			assert.ErrorAs(t, err, &got)
-			require.Len(t, res, 1+len(ce.IDs), "the listed record resumed, each named one reported")
+			require.NotEmpty(t, err.Error())
+			named := 0
+			if ce != nil {
+				named = len(ce.IDs)
+			}
+			require.Len(t, res, 1+named, "the listed record resumed, each named one reported")
 			assert.Equal(t, "pay:good", res[0].Record.ActionID)
 			assert.NoError(t, res[0].Err)
 			assert.True(t, res[0].Sent)
