@@ -1283,7 +1283,7 @@ func TestResumeSaysWhatAnUnnamingCorruptRecordsErrorLeftOut(t *testing.T) {
 			assert.ErrorIs(t, err, journal.ErrCorruptRecord)
 			var got *journal.CorruptRecordsError
 			assert.ErrorAs(t, err, &got)
-			require.NotEmpty(t, err.Error())
+			assert.NotContains(t, err.Error(), "0 unfinished records", "the message of records left out unnamed")
 			named := 0
 			if ce != nil {
 				named = len(ce.IDs)

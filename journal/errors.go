@@ -56,8 +56,12 @@ const maxNamed = 3
 // Error names the corrupt records (the first few, and how many more) and
 // what is wrong with each.
 func (e *CorruptRecordsError) Error() string {
-	if e == nil { // a journal's typed nil: it names nothing
-		return ErrCorruptRecord.Error() + ": unfinished records left out, unnamed"
+	if e == nil || len(e.IDs) == 0 { // a journal's typed nil, or one that names nothing
+		msg := ErrCorruptRecord.Error() + ": unfinished records left out, unnamed"
+		if e != nil && len(e.Errs) > 0 && e.Errs[0] != nil {
+			msg += ": " + strings.ReplaceAll(e.Errs[0].Error(), "idemretry: ", "")
+		}
+		return msg
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v: %d unfinished record", ErrCorruptRecord, len(e.IDs))
