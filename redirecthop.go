@@ -7,6 +7,7 @@ package idemretry
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -30,20 +31,12 @@ func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool
 		return true, nil
 	}
 	recs, err := t.journal.Unfinished(ctx)
-	if err != nil {
-		return false, err
+	var ce *journal.CorruptRecordsError
+	if err != nil && (!errors.As(err, &ce) || ce == nil) {
+		return false, err // a typed nil CorruptRecordsError names no record
 	}
 	for _, r := range recs {
-		id := r.ActionID
-		if journal.IsDigest(id) {
-			// A journal that hashes ids: a hop this Transport sent is
-			// known by its digest.
-			var ok bool
-			if id, ok = t.hops.id(id); !ok {
-				continue
-			}
-		}
-		if !strings.HasPrefix(id, prefix) {
+		if !t.isHopOf(r.ActionID, prefix) {
 			continue
 		}
 		if u, ok := t.unlanded.get(r.ActionID); ok && u.rec.Key == r.Key && u.rec.State == journal.StateDone {
@@ -53,7 +46,35 @@ func (t *Transport) hopUnfinished(ctx context.Context, rec journal.Record) (bool
 		}
 		return true, nil
 	}
+	if ce != nil {
+		// The corrupt records the journal names beside the list: one of
+		// the hop is unfinished as far as anyone can tell (a repeat is a
+		// tap of it, and the hop's reservation refuses the damaged
+		// record); another action's does not hold this one up. Records
+		// left out unnamed might be the hop's: the journal's error stands.
+		for _, id := range ce.IDs {
+			if t.isHopOf(id, prefix) {
+				return true, nil
+			}
+		}
+		if len(ce.IDs) == 0 || len(ce.Errs) > len(ce.IDs) {
+			return false, err
+		}
+	}
 	return false, nil
+}
+
+// isHopOf reports whether id, as Unfinished lists it, is the id of a hop
+// whose id starts with prefix. A journal that hashes ids lists a hop by its
+// digest: only a hop this Transport sent is known by it (hopIDs).
+func (t *Transport) isHopOf(id, prefix string) bool {
+	if journal.IsDigest(id) {
+		var ok bool
+		if id, ok = t.hops.id(id); !ok {
+			return false
+		}
+	}
+	return strings.HasPrefix(id, prefix)
 }
 
 // hopIDs are the ids of the live 307/308 hops of unnamed payments that

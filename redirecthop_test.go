@@ -625,3 +625,64 @@ func TestRedirectHopOfALargeNamedActionKeepsItsKeyAcrossRestart(t *testing.T) {
 	}
 	assert.NotZero(t, n, "the hop went out again under another key")
 }
+
+// corruptHopJournal is a Memory whose Unfinished names every record of a
+// 307/308 hop, and "pay:other", corrupt (a *journal.CorruptRecordsError
+// beside the list): a journal with damaged records, some of them hops'.
+type corruptHopJournal struct{ *journal.Memory }
+
+func (j corruptHopJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
+	recs, err := j.Memory.Unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ce := &journal.CorruptRecordsError{IDs: []string{"pay:other"}}
+	var intact []journal.Record
+	for _, r := range recs {
+		if strings.Contains(r.ActionID, " redirect:") {
+			ce.IDs = append(ce.IDs, r.ActionID)
+			continue
+		}
+		intact = append(intact, r)
+	}
+	return intact, fmt.Errorf("damaged: %w", ce)
+}
+
+// Where a corrupt record meets an unnamed payment answered 307: one of
+// another action does not hold it up (a repeat after its hop finished is a
+// new payment), and one of its own hop, whose outcome the journal cannot
+// tell, keeps a repeat a tap of it (under the parent's key and the hop's:
+// the server replays, nothing is charged again), never a new payment.
+// Before, hopUnfinished failed on the CorruptRecordsError as on any error:
+// every such repeat failed with journal.ErrCorruptRecord while any record
+// of the journal was damaged.
+func TestRedirectHopRepeatBesideACorruptRecord(t *testing.T) {
+	t.Parallel()
+	t.Run("another action's", func(t *testing.T) {
+		srv := redirectingPayServer(t, http.StatusTemporaryRedirect, 0)
+		client := &http.Client{Transport: transportOver(t, corruptHopJournal{journal.NewMemory()})}
+		for i := range 2 {
+			resp, err := client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":5}`))
+			require.NoError(t, err, "payment %d", i+1)
+			readAll(t, resp)
+		}
+		assert.Equal(t, 2, srv.chargeCount(), "a deliberate repeat after the first finished was not charged")
+	})
+	t.Run("its hop's", func(t *testing.T) {
+		srv := redirectingPayServer(t, http.StatusPermanentRedirect, 0)
+		srv.commitThenDrop = map[int]bool{2: true} // the hop's first attempt: charged, answer lost
+		// No keep-alive: net/http would resend the hop on a reused connection.
+		tr, err := idemretry.NewTransport(&http.Transport{DisableKeepAlives: true},
+			idemretry.WithJournal(corruptHopJournal{journal.NewMemory()}), idemretry.WithMaxRetries(0))
+		require.NoError(t, err)
+		defer tr.Close()
+		client := &http.Client{Transport: tr}
+		_, err = client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":9}`))
+		require.Error(t, err, "the hop's answer was lost")
+		resp, err := client.Do(post(t, context.Background(), srv.URL+"/redir", `{"amount":9}`))
+		require.NoError(t, err, "the tap")
+		readAll(t, resp)
+		assert.True(t, idemretry.IsReplay(resp), "the tap was not answered with the charge's replay")
+		assert.Equal(t, 1, srv.chargeCount(), "a repeat of a payment whose hop's record is damaged charged again: keys %v", keysOf(srv.seen()))
+	})
+}

@@ -117,21 +117,30 @@ type ResumeResult struct {
 // journal.ErrCorruptRecord and says what is wrong; its Outcome is Refused
 // and MaybeProcessed (an attempt of it may have been sent). Nothing of it
 // is rebuilt, sent or forgotten: reconcile it with the server (and repair
-// the record, or Forget it). A journal that fails Unfinished with any
-// other error (or with ErrCorruptRecord alone) makes Resume return no
-// result and that error.
+// the record, or Forget it). A CorruptRecordsError that names no record
+// (a nil one too), or gives more Errs than IDs, left out records it does not name: Resume
+// handles the listed ones as above and returns that error too. A journal
+// that fails Unfinished with any other error (or with ErrCorruptRecord
+// alone) makes Resume return no result and that error.
 func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]ResumeResult, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: nil Resumer", ErrInvalidOption)
 	}
 	recs, err := t.journal.Unfinished(ctx)
 	var damaged []ResumeResult
+	var unnamed error // records left out that ce does not name
 	if err != nil {
 		var ce *journal.CorruptRecordsError
 		if !errors.As(err, &ce) {
 			return nil, wrapf(err, "resume: list unfinished actions")
 		}
 		damaged = damagedResults(ce)
+		if ce == nil || len(ce.IDs) == 0 || len(ce.Errs) > len(ce.IDs) {
+			// A journal's error that names none, or gives more reasons
+			// than ids: some records left out have no result to carry
+			// them, so the caller is told with Resume's error.
+			unnamed = wrapf(err, "resume: list unfinished actions: records left out unnamed")
+		}
 	}
 	if concurrency <= 0 {
 		concurrency = DefaultResumeConcurrency
@@ -147,14 +156,14 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 		if ctx.Err() != nil { // a free slot must not win over an ended ctx
 			wg.Wait()
 			rethrow(panicked.Load())
-			return append(out[:i], damaged...), ctx.Err()
+			return append(out[:i], damaged...), orJoin(ctx.Err(), unnamed)
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			wg.Wait()
 			rethrow(panicked.Load())
-			return append(out[:i], damaged...), ctx.Err()
+			return append(out[:i], damaged...), orJoin(ctx.Err(), unnamed)
 		}
 		wg.Add(1)
 		go func() {
@@ -170,19 +179,26 @@ func (t *Transport) Resume(ctx context.Context, r Resumer, concurrency int) ([]R
 	}
 	wg.Wait()
 	rethrow(panicked.Load())
-	return append(out, damaged...), ctx.Err()
+	return append(out, damaged...), orJoin(ctx.Err(), unnamed)
 }
 
 // damagedResults are the results of the corrupt records ce names: each
 // Refused, maybe processed (an attempt of it may have been sent), with
 // what is wrong with it as Err; nothing is rebuilt, sent or forgotten.
 func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
+	if ce == nil { // a journal's typed nil names no record
+		return nil
+	}
 	out := make([]ResumeResult, len(ce.IDs))
 	for i, id := range ce.IDs {
-		err := wrapf(ce.Reason(i), "resume")
-		if !strings.Contains(err.Error(), id) {
-			err = wrapf(ce.Reason(i), "resume: action %q", id)
+		reason := ce.Reason(i)
+		// The package prefix once: a journal's reason may carry its
+		// sentinel's inside ("...: idemretry: malformed record ...").
+		why := strings.ReplaceAll(reason.Error(), "idemretry: ", "")
+		if !strings.Contains(why, id) {
+			why = fmt.Sprintf("action %q: %s", id, why)
 		}
+		var err error = &prefixed{msg: "resume", err: reasonSaid{why, reason}}
 		out[i] = ResumeResult{
 			Record:  journal.Record{ActionID: id},
 			Outcome: Outcome{Kind: Refused, Action: id, MaybeProcessed: true, Reason: err},
@@ -191,6 +207,15 @@ func damagedResults(ce *journal.CorruptRecordsError) []ResumeResult {
 	}
 	return out
 }
+
+// reasonSaid is err, said as msg.
+type reasonSaid struct {
+	msg string
+	err error
+}
+
+func (e reasonSaid) Error() string { return e.msg }
+func (e reasonSaid) Unwrap() error { return e.err }
 
 func (t *Transport) resumeOne(ctx context.Context, r Resumer, rec journal.Record) (res ResumeResult) {
 	res.Record = rec
@@ -323,6 +348,17 @@ func (t *Transport) nameForResume(ctx context.Context, req *http.Request, rec jo
 	}
 	stop := context.AfterFunc(ctx, cancel)
 	return req.WithContext(rctx), m, func() { stop(); cancel() }
+}
+
+// orJoin is a, or b if a is nil, or both joined if neither is.
+func orJoin(a, b error) error {
+	switch {
+	case b == nil:
+		return a
+	case a == nil:
+		return b
+	}
+	return errors.Join(a, b)
 }
 
 // rethrow panics with *p, if p is not nil.

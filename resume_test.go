@@ -1236,3 +1236,65 @@ func TestResumeStopsWhereTheJournalFailsOnACorruptRecord(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, un, 1, "the pending payment is kept for the next Resume")
 }
+
+// unnamingListJournal is a Memory whose Unfinished lists its records and
+// returns err beside them: a third-party journal's CorruptRecordsError
+// that does not name (all) the records it left out.
+type unnamingListJournal struct {
+	*journal.Memory
+	err error
+}
+
+func (j unnamingListJournal) Unfinished(ctx context.Context) ([]journal.Record, error) {
+	recs, err := j.Memory.Unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return recs, j.err
+}
+
+// A journal's CorruptRecordsError that says records were left out without
+// naming them all (no IDs, or more Errs than IDs, as a third-party journal
+// may fill it) cannot be given a result per record: Resume resumes the
+// records listed and returns the error, so the caller learns that some of
+// the unfinished actions were not listed. Before, Resume returned a nil
+// error and a result for the listed records only: the unnamed ones, which
+// may have been charged, were dropped without a word.
+func TestResumeSaysWhatAnUnnamingCorruptRecordsErrorLeftOut(t *testing.T) {
+	lost := fmt.Errorf("thirdparty: row 17: %w", journal.ErrCorruptRecord)
+	for name, ce := range map[string]*journal.CorruptRecordsError{
+		"no IDs":             {Errs: []error{lost}},
+		"nothing filled":     {},
+		"more Errs than IDs": {IDs: []string{"pay:named"}, Errs: []error{lost, lost}},
+		"a nil pointer":      nil, // a journal's typed nil: var bad *CorruptRecordsError; return out, bad
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			srv.commitThenDrop[1] = true
+			mem := journal.NewMemory()
+			leftPending(t, mem, post(t, idemretry.WithAction(context.Background(), "pay:good"), srv.URL, `{"order":"good"}`))
+			var listErr error = ce
+			if ce != nil {
+				listErr = fmt.Errorf("thirdparty: unfinished: %w", ce)
+			}
+			tr := transportOver(t, unnamingListJournal{mem, listErr})
+			res, err := tr.Resume(context.Background(), &appResumer{url: srv.URL, orders: map[string]string{"pay:good": `{"order":"good"}`}}, 0)
+			require.Error(t, err, "the records left out unnamed")
+			assert.ErrorIs(t, err, journal.ErrCorruptRecord)
+			var got *journal.CorruptRecordsError
+			assert.ErrorAs(t, err, &got)
+			assert.NotContains(t, err.Error(), "0 unfinished records", "the message of records left out unnamed")
+			named := 0
+			if ce != nil {
+				named = len(ce.IDs)
+			}
+			require.Len(t, res, 1+named, "the listed record resumed, each named one reported")
+			assert.Equal(t, "pay:good", res[0].Record.ActionID)
+			assert.NoError(t, res[0].Err)
+			assert.True(t, res[0].Sent)
+			for _, r := range res[1:] {
+				assert.ErrorIs(t, r.Err, journal.ErrCorruptRecord)
+			}
+		})
+	}
+}

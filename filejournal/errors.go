@@ -78,11 +78,41 @@ type CorruptionError struct {
 }
 
 func (e *CorruptionError) Error() string {
+	var msg string
 	if e.FirstLostSeq == 0 {
-		return fmt.Sprintf("idemretry: journal corrupt: %s at offset %d: %s", e.Path, e.Offset, e.Reason)
+		msg = fmt.Sprintf("idemretry: journal corrupt: %s at offset %d: %s", e.Path, e.Offset, e.Reason)
+	} else {
+		msg = fmt.Sprintf("idemretry: journal corrupt: %s at offset %d (%d bytes, frames %d-%d): %s",
+			e.Path, e.Offset, e.Length, e.FirstLostSeq, e.LastLostSeq, e.Reason)
 	}
-	return fmt.Sprintf("idemretry: journal corrupt: %s at offset %d (%d bytes, frames %d-%d): %s",
-		e.Path, e.Offset, e.Length, e.FirstLostSeq, e.LastLostSeq, e.Reason)
+	return msg + namedActions(e.Actions)
+}
+
+// maxNamedActions is how many of its Actions a CorruptionError's message
+// names; it counts the others.
+const maxNamedActions = 3
+
+// namedActions says actions for a message ("", or "; actions "a", "b" and
+// 2 more"), each quoted: a damaged id may hold any byte.
+func namedActions(actions []string) string {
+	if len(actions) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("; action")
+	if len(actions) > 1 {
+		b.WriteByte('s')
+	}
+	for i, a := range actions[:min(len(actions), maxNamedActions)] {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %q", a)
+	}
+	if n := len(actions) - maxNamedActions; n > 0 {
+		fmt.Fprintf(&b, " and %d more", n)
+	}
+	return b.String()
 }
 
 // Is reports whether target is ErrCorrupt or journal.ErrCorruptRecord: a

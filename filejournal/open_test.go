@@ -247,6 +247,7 @@ func TestSalvageNamesTheLostAction(t *testing.T) {
 			var ce *CorruptionError
 			require.ErrorAs(t, err, &ce)
 			assert.Equal(t, []string{lost}, ce.Actions, "the actions of the damaged frame")
+			assert.Contains(t, err.Error(), fmt.Sprintf("%q", lost), "the message names them (a mobile app has only the message)")
 
 			o.salvage = true
 			s, rep := mustOpen(t, dir, o)

@@ -178,9 +178,15 @@ func WithHashedIDs() Option {
 // (journal.corrupt.*), and the journal is rewritten without them. Until
 // the Journal is closed, its Unfinished names those actions beside the
 // records it lists (so idemretry's Transport.Resume gives each a result),
-// and refuses to make them anew, until each is forgotten. Use it only after deciding the loss is acceptable
-// (for example after reconciling with the server); a damaged file header
-// cannot be salvaged.
+// and refuses to make them anew, until each is forgotten. That refusal
+// lives in memory only, and names an action as its damaged bytes read: an
+// action whose id was damaged too is named in the damaged form, and its
+// own id is not refused; after Close (or once the process ends) nothing
+// is, and a new request of a lost action gets a new key, though its old
+// one may have been charged.
+// So use it only after deciding the loss is acceptable (for example after
+// reconciling with the server the actions Recovery names); a damaged file
+// header cannot be salvaged.
 func WithSalvage() Option {
 	return func(c *config) { c.salvage = true }
 }

@@ -678,7 +678,8 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 // holds was checked as Open read it: one that journal.CheckRecord refuses,
 // or any damage to acknowledged data, fails Open with ErrCorrupt. After a
 // salvage (WithSalvage), each action whose record a damaged frame held
-// (CorruptionError.Actions) and that no intact frame holds under the same
+// (CorruptionError.Actions, each id as its bytes read: a damaged id names
+// no action a request can have) and that no intact frame holds under the same
 // key (lost, or perhaps an older record of it) is left out of the list
 // and named, beside it, in a *journal.CorruptRecordsError; Reserve and
 // Get of it fail with journal.ErrCorruptRecord (it may have been sent

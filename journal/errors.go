@@ -56,6 +56,13 @@ const maxNamed = 3
 // Error names the corrupt records (the first few, and how many more) and
 // what is wrong with each.
 func (e *CorruptRecordsError) Error() string {
+	if e == nil || len(e.IDs) == 0 { // a journal's typed nil, or one that names nothing
+		msg := ErrCorruptRecord.Error() + ": unfinished records left out, unnamed"
+		if e != nil && len(e.Errs) > 0 && e.Errs[0] != nil {
+			msg += ": " + strings.ReplaceAll(e.Errs[0].Error(), "idemretry: ", "")
+		}
+		return msg
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v: %d unfinished record", ErrCorruptRecord, len(e.IDs))
 	if len(e.IDs) != 1 {
@@ -81,12 +88,22 @@ func (e *CorruptRecordsError) Error() string {
 func (e *CorruptRecordsError) Is(target error) bool { return target == ErrCorruptRecord }
 
 // Unwrap returns Errs.
-func (e *CorruptRecordsError) Unwrap() []error { return e.Errs }
+func (e *CorruptRecordsError) Unwrap() []error {
+	if e == nil {
+		return nil
+	}
+	return e.Errs
+}
 
 // Reason returns what is wrong with the record of IDs[i]: Errs[i] if the
 // journal gave one that wraps ErrCorruptRecord, else an error wrapping
-// ErrCorruptRecord that names the action.
+// ErrCorruptRecord that names the action (ErrCorruptRecord itself for an i
+// out of range). Its methods take a nil *CorruptRecordsError, which names
+// no record.
 func (e *CorruptRecordsError) Reason(i int) error {
+	if e == nil || i < 0 || i >= len(e.IDs) {
+		return ErrCorruptRecord
+	}
 	if i < len(e.Errs) && errors.Is(e.Errs[i], ErrCorruptRecord) {
 		return e.Errs[i]
 	}

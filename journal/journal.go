@@ -66,7 +66,9 @@ type Journal interface {
 	// listed record can be resumed, updated or forgotten as returned.
 	//
 	// A corrupt record (one CheckStored refuses) is never listed. When
-	// some of the unfinished records in its storage are corrupt,
+	// some of the unfinished records in its storage are corrupt (a
+	// record of a state no journal writes counts as unfinished: it may
+	// have been pending),
 	// Unfinished returns the intact ones with an error wrapping a
 	// *CorruptRecordsError that names every one left out (it goes on
 	// past the first), and nothing else: that error says the list is

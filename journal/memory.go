@@ -386,7 +386,9 @@ func (j *Memory) Unfinished(ctx context.Context) ([]Record, error) {
 	var out []Record
 	var bad []Record
 	for i := 0; i < j.n; i++ {
-		if e, _ := j.at(uint32(i)); e.used && (e.state == StatePending || e.state == StateUnknown) {
+		// Every record not done: one of a state no Journal writes
+		// (CheckStored refuses it) may have been pending, and is named.
+		if e, _ := j.at(uint32(i)); e.used && e.state != StateDone {
 			r := j.record(i, "")
 			if CheckStored(r) != nil {
 				bad = append(bad, r)

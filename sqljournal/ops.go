@@ -76,7 +76,8 @@ func (j *Journal) Get(ctx context.Context, actionID string) (journal.Record, boo
 // Unfinished implements [journal.Journal.Unfinished]: the pending and
 // unknown records of every process sharing the table, oldest first, ties in
 // byte order of action id. With [WithHashedIDs] their ActionID is the
-// stored digest form. A row among them that holds a record no Journal
+// stored digest form. A row among them, or one of a state no Journal
+// writes (neither done nor unfinished), that holds a record no Journal
 // writes is left out, and the others are listed all the same, with an
 // error wrapping a [*journal.CorruptRecordsError] that names every such
 // row (each reason an [ErrMalformedRecord]: repair the row, or Forget the

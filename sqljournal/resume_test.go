@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -589,5 +590,63 @@ func TestResumeResendsTheIntactActionsBesideADamagedRow(t *testing.T) {
 	}
 	if un, err := j.Unfinished(context.Background()); err != nil || len(un) != 0 {
 		t.Errorf("Unfinished after Forget: %d records, %v; want none, no error", len(un), err)
+	}
+}
+
+// A pending row whose state was damaged (UPDATE state = 7, or 0: no state
+// a Journal writes), as machine A lists the table while machine B, on a
+// pool of its own, takes a tap of the same payment: A's Unfinished names
+// the row in a *journal.CorruptRecordsError beside the intact one, so
+// Resume gives it a result of its own (nothing sent), and B's Reserve is
+// refused (ErrMalformedRecord): no new key for a payment that was charged.
+// Before, Unfinished read only the rows in state 1 or 3: the damaged row
+// was left out with no error, and Resume said nothing of it.
+func TestResumeNamesARowWhoseStateWasDamaged(t *testing.T) {
+	for _, state := range []int{0, 7} {
+		t.Run(fmt.Sprintf("state=%d", state), func(t *testing.T) {
+			dbA, dbB := testDB(t), testDB(t)
+			ja, table := openJournal(t, dbA)
+			jb := openOn(t, dbB, table)
+			srv := newUnstartedChargeServer(t)
+			srv.dropAnswers = true
+			srv.Start()
+			tr := transportOn(t, ja, idemretry.WithMaxRetries(0))
+			for _, o := range []string{"good", "bad"} {
+				if p := post(context.Background(), tr, srv.URL, "pay:"+o, `{"order":"`+o+`"}`); p.err == nil {
+					t.Fatalf("%s: the answer was not lost: %+v", o, p)
+				}
+			}
+			if _, err := dbA.Exec(`UPDATE "`+table+`" SET state = $2 WHERE action_id = $1`, "pay:bad", state); err != nil {
+				t.Fatal(err)
+			}
+
+			res, err := transportOn(t, ja).Resume(context.Background(), orderResumer{srv.URL}, 0)
+			for _, r := range res {
+				t.Logf("%s: sent %v, status %d, %v", r.Record.ActionID, r.Sent, r.Status, r.Err)
+			}
+			if err != nil {
+				t.Fatalf("Resume: %v", err)
+			}
+			byID := map[string]idemretry.ResumeResult{}
+			for _, r := range res {
+				byID[r.Record.ActionID] = r
+			}
+			if r := byID["pay:good"]; r.Err != nil || !r.Outcome.Replayed {
+				t.Errorf("pay:good: %+v, want resent and replayed", r)
+			}
+			bad, ok := byID["pay:bad"]
+			if !ok || !errors.Is(bad.Err, sqljournal.ErrMalformedRecord) || bad.Sent {
+				t.Errorf("pay:bad: %+v (listed %v), want its own result, ErrMalformedRecord, nothing sent", bad, ok)
+			} else if msg := bad.Err.Error(); strings.Count(msg, "idemretry: ") != 1 {
+				t.Errorf("pay:bad: %q, want the idemretry: prefix once", msg)
+			}
+			p := post(context.Background(), transportOn(t, jb), srv.URL, "pay:bad", `{"order":"bad"}`)
+			if !errors.Is(p.err, sqljournal.ErrMalformedRecord) {
+				t.Errorf("machine B's tap of pay:bad: %+v, want ErrMalformedRecord", p)
+			}
+			if keys := srv.keysOf(`{"order":"bad"}`); len(keys) != 1 {
+				t.Errorf("the damaged payment was sent under %d keys, want its first one only", len(keys))
+			}
+		})
 	}
 }

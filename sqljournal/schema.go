@@ -49,8 +49,9 @@ func createSchema(ctx context.Context, db *sql.DB, t table, mode string) (err er
 	` + leaseDDL + `,
 	` + keyFormDDL + `
 )`,
-		// Unfinished reads pending and unknown records oldest first; Expire
-		// reads done ones by age. Partial indexes keep both off the rest.
+		// Expire reads done records by age, off the rest. Unfinished reads
+		// every row not done, states no Journal writes too (queries.go),
+		// which the unfinished index (states 1 and 3) does not serve.
 		`CREATE INDEX IF NOT EXISTS ` + t.index("_unfinished_idx") + ` ON ` + t.quoted +
 			` (created_at) WHERE state IN (` + statePending + `, ` + stateUnknown + `)`,
 		`CREATE INDEX IF NOT EXISTS ` + t.index("_done_idx") + ` ON ` + t.quoted +
