@@ -204,14 +204,6 @@ func (s *chargeServer) claimed(key string) bool {
 	return busy || len(s.pay.ChargesUnder(key)) > 0
 }
 
-// storedAnswer returns the answer stored under key, if one is.
-func (s *chargeServer) storedAnswer(key string) (string, bool) {
-	if cs := s.pay.ChargesUnder(key); len(cs) > 0 {
-		return string(chargeAnswer(cs[len(cs)-1])), true
-	}
-	return "", false
-}
-
 // transportOn returns a Transport over j, with its own HTTP connections,
 // retrying quickly unless opts say otherwise.
 func transportOn(t *testing.T, j journal.Journal, opts ...idemretry.Option) *idemretry.Transport {
