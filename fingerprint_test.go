@@ -1619,3 +1619,70 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// A GetBody whose copies differ from the one the fingerprint read (a
+// buffer written to after the request was made, a file rewritten) must
+// not put other bytes on the wire under the action's key: the attempt
+// that would send them is refused with ErrFingerprintMismatch, and the
+// server never gets a complete body other than the fingerprinted one.
+func TestGetBodyGivingOtherBytesIsNeverSentUnderTheKey(t *testing.T) {
+	for _, name := range []string{"first attempt", "retry"} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			if name == "retry" {
+				srv.script = scriptFirst(status(http.StatusServiceUnavailable))
+			}
+			tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(0)))
+			const payload = `{"amount":100}`
+			calls := 0
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(payload))
+			require.NoError(t, err)
+			flip := 1 // the GetBody call from which the bytes change
+			if name == "retry" {
+				flip = 2
+			}
+			req.GetBody = func() (io.ReadCloser, error) {
+				calls++
+				if calls > flip {
+					return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+				}
+				return io.NopCloser(strings.NewReader(payload)), nil
+			}
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			for _, r := range srv.pay.Requests() {
+				require.Equalf(t, payload, string(r.Body), "request %d went out with other bytes than the fingerprint's", r.N)
+			}
+			require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
+		})
+	}
+}
+
+// A GetBody that fails when an attempt asks for its copy (the fingerprint
+// read one) sends nothing and says so: a typed error, not an outcome the
+// caller must guess at.
+func TestGetBodyFailingOnTheFirstAttemptSendsNothing(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":100}`))
+	require.NoError(t, err)
+	tracked := &closeTracker{Reader: req.Body}
+	req.Body = tracked
+	calls := 0
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		if calls > 1 {
+			return nil, errors.New("file gone")
+		}
+		return io.NopCloser(strings.NewReader(`{"amount":100}`)), nil
+	}
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	require.Zero(t, len(srv.pay.Requests()), "nothing reached the server")
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	require.False(t, ae.MaybeProcessed, "nothing was sent: %v", err)
+	require.True(t, tracked.isClosed(), "the caller's Body is closed")
+}
