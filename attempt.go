@@ -433,6 +433,9 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	var spare []string
 	out.Header, spare = cloneHeader(req.Header, drop, vals)
 	out.Body, out.GetBody = r, b.getBody
+	if c, ok := r.(*checkedBody); ok {
+		out.GetBody = c.copies // the base's own resends are checked too
+	}
 	if key != "" {
 		spare[0] = key
 		out.Header[t.cfg.header] = spare

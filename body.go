@@ -159,10 +159,32 @@ func (b *body) next() (io.ReadCloser, error) {
 	if err != nil || r == nil || !b.checked {
 		return r, err
 	}
-	c := &checkedBody{r: r, sum: b.sum} // an attempt's own: the base's writer of the last may still read its own
-	c.h.SetSeed(bodySeed)
+	c := newChecked(r, b.getBody, b.sum, nil) // an attempt's own: the base's writer of the last may still read its own
 	b.last = c
 	return c, nil
+}
+
+// newChecked returns r checked against sum, telling changed (its own flag
+// if nil) if it gives other bytes; get gives the attempt's further copies.
+func newChecked(r io.ReadCloser, get func() (io.ReadCloser, error), sum uint64, changed *atomic.Bool) *checkedBody {
+	c := &checkedBody{r: r, get: get, sum: sum}
+	if changed == nil {
+		changed = &c.own
+	}
+	c.changed = changed
+	c.h.SetSeed(bodySeed)
+	return c
+}
+
+// copies is an attempt's GetBody, for the base's own resends (net/http
+// resends a request with an Idempotency-Key by itself when a reused
+// connection dies): each copy is checked as the attempt's is.
+func (c *checkedBody) copies() (io.ReadCloser, error) {
+	r, err := c.get()
+	if err != nil || r == nil {
+		return r, err
+	}
+	return newChecked(r, c.get, c.sum, c.changed), nil
 }
 
 // changed reports whether the last attempt's copy gave other bytes than
@@ -198,11 +220,14 @@ var errBodyChanged = errors.New("idemretry: GetBody gave other bytes than the fi
 // receives a whole body other than the fingerprinted one under the key.
 type checkedBody struct {
 	r   io.ReadCloser
-	sum uint64 // body.sum
+	get func() (io.ReadCloser, error) // the caller's GetBody
+	sum uint64                        // body.sum
 	h   maphash.Hash
-	// changed: the copy gave other bytes. Set by the base's writer,
-	// which may outlive its RoundTrip.
-	changed atomic.Bool
+	// changed: a copy of the attempt gave other bytes. Set by the base's
+	// writer, which may outlive its RoundTrip; shared by the attempt's
+	// copies (copies), own's unless given.
+	changed *atomic.Bool
+	own     atomic.Bool
 	held    [1]byte
 	has     bool
 	err     error

@@ -1686,3 +1686,40 @@ func TestGetBodyFailingOnTheFirstAttemptSendsNothing(t *testing.T) {
 	require.False(t, ae.MaybeProcessed, "nothing was sent: %v", err)
 	require.True(t, tracked.isClosed(), "the caller's Body is closed")
 }
+
+// net/http resends a request with an Idempotency-Key by itself, through
+// the request's GetBody, when a reused connection dies before the answer
+// (the request is replayable to it). That resend's copy is checked too:
+// the attempt's GetBody is the checked one, not the caller's.
+func TestGetBodyGivingOtherBytesIsNeverSentByNetHTTPsOwnResend(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 2 { // the POST, on the warm-up's connection
+			hijackAndClose(w)
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	roundTrip(t, tr, httptestGet(t, srv.URL+"/warm-up"))
+	const payload = `{"amount":100}`
+	calls := 0
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(payload))
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		if calls > 2 { // the fingerprint's, the attempt's, then net/http's own
+			return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+		}
+		return io.NopCloser(strings.NewReader(payload)), nil
+	}
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	for _, r := range srv.pay.Requests() {
+		if r.Method == http.MethodPost {
+			require.Equalf(t, payload, string(r.Body), "request %d went out with other bytes than the fingerprint's (GetBody called %d times)", r.N, calls)
+		}
+	}
+}
