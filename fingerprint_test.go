@@ -1723,3 +1723,87 @@ func TestGetBodyGivingOtherBytesIsNeverSentByNetHTTPsOwnResend(t *testing.T) {
 		}
 	}
 }
+
+// closeCounter counts its Closes.
+type closeCounter struct {
+	io.Reader
+	n atomic.Int32
+}
+
+func (c *closeCounter) Close() error { c.n.Add(1); return nil }
+
+// The caller's Body, unsent once the fingerprint read a GetBody copy, is
+// closed exactly once whichever way RoundTrip ends: answered, a copy
+// with other bytes, a copy that fails, a copy that stalls past the
+// deadline, a joiner that takes the leader's answer.
+func TestGetBodyCallersBodyClosedOnceOnEveryPath(t *testing.T) {
+	const payload = `{"amount":100}`
+	good := func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	for _, c := range []struct {
+		name    string
+		getBody func(calls int) (io.ReadCloser, error)
+		timeout time.Duration
+	}{
+		{"answered", func(int) (io.ReadCloser, error) { return good() }, 0},
+		{"other bytes", func(calls int) (io.ReadCloser, error) {
+			if calls > 1 {
+				return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+			}
+			return good()
+		}, 0},
+		{"copy fails", func(calls int) (io.ReadCloser, error) {
+			if calls > 1 {
+				return nil, errors.New("file gone")
+			}
+			return good()
+		}, 0},
+		{"copy stalls", func(int) (io.ReadCloser, error) {
+			pr, _ := io.Pipe() // never written: closed when the deadline ends the read
+			return pr, nil
+		}, 50 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+			ctx := context.Background()
+			if c.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, c.timeout)
+				defer cancel()
+			}
+			req := post(t, ctx, srv.URL, payload)
+			body := &closeCounter{Reader: req.Body}
+			req.Body = body
+			var calls atomic.Int32
+			req.GetBody = func() (io.ReadCloser, error) { return c.getBody(int(calls.Add(1))) }
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				readAll(t, resp)
+			}
+			assert.Equal(t, int32(1), body.n.Load(), "the caller's Body closed once (RoundTrip: %v)", err)
+		})
+	}
+	t.Run("joiner", func(t *testing.T) {
+		srv := newPayServer(t)
+		arrived, release := holdRequest(t, srv, 1)
+		tr, _, _ := newTestTransport(t)
+		var bodies []*closeCounter
+		send := func() <-chan paid {
+			req := post(t, context.Background(), srv.URL, payload)
+			b := &closeCounter{Reader: req.Body}
+			bodies = append(bodies, b)
+			req.Body, req.GetBody = b, good
+			return payAsync(tr, req)
+		}
+		first := send()
+		<-arrived
+		second := send()
+		awaitJoiners(t, tr, 1)
+		release()
+		require.NoError(t, (<-first).err)
+		require.NoError(t, (<-second).err)
+		for i, b := range bodies {
+			assert.Equalf(t, int32(1), b.n.Load(), "caller %d's Body closed once", i+1)
+		}
+	})
+}
