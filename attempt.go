@@ -52,6 +52,12 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		if !sent {
 			return r.end(journal.StatePending, nil, nil, err)
 		}
+		if b.changed() {
+			// The attempt's GetBody copy was not the fingerprint's bytes
+			// (body.go: its last byte was held back): no attempt sends it.
+			r.discard(resp)
+			return r.end(journal.StatePending, nil, ErrFingerprintMismatch, errBodyChanged)
+		}
 		// The answer is judged on its own; the caller's context is checked
 		// after, so that a final answer arriving as it ends is still final.
 		// Judging may peek at an error body (KeyReuseRejected): a body that
@@ -427,6 +433,9 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	var spare []string
 	out.Header, spare = cloneHeader(req.Header, drop, vals)
 	out.Body, out.GetBody = r, b.getBody
+	if c, ok := r.(*checkedBody); ok {
+		out.GetBody = c.copies // the base's own resends are checked too
+	}
 	if key != "" {
 		spare[0] = key
 		out.Header[t.cfg.header] = spare

@@ -3,9 +3,13 @@ package idemretry
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net/http"
+	"sync"
+	"sync/atomic"
 )
 
 // body gives every attempt a full, fresh copy of the request body.
@@ -14,6 +18,16 @@ type body struct {
 	unsent  io.Closer                     // the caller's Body when a GetBody copy goes out in its place (see hashInto)
 	getBody func() (io.ReadCloser, error) // fresh copies; nil when there is no body
 	buf     []byte                        // the body, when newBody read it into memory
+	ctx     context.Context               // the caller's, which ends a GetBody copy's read for the fingerprint; nil without GetBody
+	// sum is a hash of the GetBody copy the fingerprint read, when it
+	// read one (hashInto): every attempt's copy is checked against it
+	// (checkedBody). checked says sum is set. The hash guards against a
+	// copy that changed by accident (a buffer written to, a file
+	// rewritten), not against the caller's own GetBody: maphash, seeded
+	// per process, 64 bits.
+	sum     uint64
+	checked bool
+	last    *checkedBody // the last attempt's copy, if checked
 }
 
 // newBody prepares req's body for several attempts. A body with GetBody is
@@ -26,7 +40,7 @@ func newBody(req *http.Request, limit int64) (body, error) {
 		return body{}, nil
 	}
 	if req.GetBody != nil {
-		return body{orig: req.Body, getBody: req.GetBody}, nil
+		return body{orig: req.Body, getBody: req.GetBody, ctx: req.Context()}, nil
 	}
 	defer req.Body.Close()
 	// The read ends with the caller's context: a body that stalls (a pipe
@@ -84,8 +98,27 @@ func (b *body) hashInto(w io.Writer) error {
 	if r == nil {
 		return nil // GetBody gave no reader: no bytes
 	}
-	_, err = io.Copy(w, r)
-	r.Close()
+	// The read ends with the caller's context, as newBody's does: a copy
+	// that stalls is closed when it ends.
+	stop := func() bool { return true }
+	if b.ctx != nil && b.ctx.Done() != nil {
+		stop = context.AfterFunc(b.ctx, func() { r.Close() })
+	}
+	tee := teePool.Get().(*teeHash)
+	tee.w = w
+	tee.h.SetSeed(bodySeed) // and reset
+	_, err = io.Copy(tee, r)
+	sum := tee.h.Sum64()
+	tee.w = nil
+	teePool.Put(tee)
+	if stop() { // else the AfterFunc closed it
+		r.Close()
+	} else if err != nil {
+		err = fmt.Errorf("%w (%w)", b.ctx.Err(), err)
+	}
+	if err == nil {
+		b.sum, b.checked = sum, true
+	}
 	// A GetBody copy may share its reader with the caller's Body
 	// (openai-go's and anthropic-sdk-go's GetBody for a *bytes.Reader body
 	// seeks that one reader back to 0 and returns it): read for the hash,
@@ -122,8 +155,199 @@ func (b *body) next() (io.ReadCloser, error) {
 	if b.getBody == nil {
 		return http.NoBody, nil
 	}
-	return b.getBody()
+	r, err := b.getBody()
+	if err != nil || r == nil || !b.checked {
+		return r, err
+	}
+	c := newChecked(r, b.getBody, b.sum, nil) // an attempt's own: the base's writer of the last may still read its own
+	b.last = c
+	return c, nil
 }
+
+// newChecked returns r checked against sum, telling changed (its own flag
+// if nil) if it gives other bytes; get gives the attempt's further copies.
+func newChecked(r io.ReadCloser, get func() (io.ReadCloser, error), sum uint64, changed *atomic.Bool) *checkedBody {
+	c := &checkedBody{r: r, get: get, sum: sum}
+	if changed == nil {
+		changed = &c.own
+	}
+	c.changed = changed
+	c.h.SetSeed(bodySeed)
+	return c
+}
+
+// copies is an attempt's GetBody, for the base's own resends (net/http
+// resends a request with an Idempotency-Key by itself when a reused
+// connection dies): each copy is checked as the attempt's is.
+func (c *checkedBody) copies() (io.ReadCloser, error) {
+	r, err := c.get()
+	if err != nil || r == nil {
+		return r, err
+	}
+	return newChecked(r, c.get, c.sum, c.changed), nil
+}
+
+// changed reports whether the last attempt's copy gave other bytes than
+// the fingerprint's (checkedBody).
+func (b *body) changed() bool { return b.last != nil && b.last.changed.Load() }
+
+// bodySeed seeds the hashes that check a body's copies (body.sum).
+var bodySeed = maphash.MakeSeed()
+
+// teePool holds hashInto's writers: one per body would move the body,
+// and the request's state with it, to the heap.
+var teePool = sync.Pool{New: func() any { return new(teeHash) }}
+
+// teeHash writes to w and to h.
+type teeHash struct {
+	w io.Writer
+	h maphash.Hash
+}
+
+func (t *teeHash) Write(p []byte) (int, error) {
+	t.h.Write(p)
+	return t.w.Write(p)
+}
+
+// errBodyChanged is an attempt's body read error when its GetBody copy
+// gave other bytes than the one the fingerprint read.
+var errBodyChanged = errors.New("idemretry: GetBody gave other bytes than the fingerprint's")
+
+// checkedBody is an attempt's GetBody copy, checked against the bytes the
+// fingerprint read (body.sum). It holds back the last byte read until the
+// copy's end: there, a copy with other bytes fails the read
+// (errBodyChanged) and its last byte is never sent, so the server never
+// receives a whole body other than the fingerprinted one under the key.
+type checkedBody struct {
+	r   io.ReadCloser
+	get func() (io.ReadCloser, error) // the caller's GetBody
+	sum uint64                        // body.sum
+	h   maphash.Hash
+	// changed: a copy of the attempt gave other bytes. Set by the base's
+	// writer, which may outlive its RoundTrip; shared by the attempt's
+	// copies (copies), own's unless given.
+	changed *atomic.Bool
+	own     atomic.Bool
+	held    [1]byte
+	has     bool
+	err     error
+	out     heldWriter // WriteTo's
+}
+
+func (c *checkedBody) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(p) == 1 {
+		var two [2]byte
+		n, err := c.Read(two[:]) // at most one byte: the other is held
+		copy(p, two[:n])
+		return n, err
+	}
+	for {
+		off := 0
+		if c.has {
+			p[0], off = c.held[0], 1
+		}
+		n, err := c.r.Read(p[off:])
+		c.h.Write(p[off : off+n])
+		n += off
+		switch {
+		case err == io.EOF:
+			if c.h.Sum64() != c.sum {
+				c.changed.Store(true)
+				c.err = errBodyChanged
+				return 0, c.err
+			}
+			c.has, c.err = false, io.EOF
+			return n, io.EOF
+		case err != nil:
+			c.err = err
+			return 0, err
+		case n > 0:
+			c.held[0], c.has = p[n-1], true
+			if n > 1 {
+				return n - 1, nil
+			}
+		}
+	}
+}
+
+// WriteTo writes the copy to w through the copy's own WriteTo, if it has
+// one (an in-memory reader: no buffer), holding its last byte back as
+// Read does.
+func (c *checkedBody) WriteTo(w io.Writer) (int64, error) {
+	wt, ok := c.r.(io.WriterTo)
+	if !ok || c.has || c.err != nil {
+		return io.Copy(w, readOnly{c})
+	}
+	c.out = heldWriter{c: c, w: w}
+	_, err := wt.WriteTo(&c.out)
+	n := c.out.n
+	switch {
+	case err == nil && c.out.err != nil:
+		err = c.out.err
+	case err == nil && c.h.Sum64() != c.sum:
+		c.changed.Store(true)
+		err = errBodyChanged
+	case err == nil && c.has:
+		var k int
+		k, err = w.Write(c.held[:])
+		n += int64(k)
+		c.has = false
+	}
+	c.err = err
+	if err == nil {
+		c.err = io.EOF
+	}
+	return n, err
+}
+
+// readOnly hides checkedBody's WriteTo from io.Copy.
+type readOnly struct{ c *checkedBody }
+
+func (r readOnly) Read(p []byte) (int, error) { return r.c.Read(p) }
+
+// heldWriter writes all but the last byte written to it on to w, and
+// hashes every byte, for checkedBody.WriteTo.
+type heldWriter struct {
+	c   *checkedBody
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (h *heldWriter) Write(p []byte) (int, error) {
+	if h.err != nil {
+		return 0, h.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c := h.c
+	c.h.Write(p)
+	if c.has {
+		k, err := h.w.Write(c.held[:])
+		h.n += int64(k)
+		if err != nil {
+			h.err = err
+			return 0, err
+		}
+	}
+	k, err := h.w.Write(p[:len(p)-1])
+	h.n += int64(k)
+	if err != nil {
+		h.err = err
+		return 0, err
+	}
+	c.held[0], c.has = p[len(p)-1], true
+	return len(p), nil
+}
+
+func (c *checkedBody) Close() error { return c.r.Close() }
 
 // close closes the caller's Body if no attempt took it: a RoundTripper must
 // close the request body even when it sends nothing.

@@ -313,3 +313,52 @@ func TestRequestCancelAsTheAnswerComesIsNotRetried(t *testing.T) {
 	require.Equal(t, rounds, len(srv.seen()), "one request per action: none after its caller's Cancel closed")
 	require.Zero(t, tr.Stats().Retries, "no retry after the caller cancelled")
 }
+
+// A GetBody copy that stalls as the fingerprint reads it (a pipe whose
+// writer never writes) ends with the caller, as a stalled Body does
+// (TestStalledRequestBodyEndsWithTheCaller): before, RoundTrip waited for
+// it past the caller's deadline and Request.Cancel.
+func TestStalledGetBodyCopyEndsWithTheCaller(t *testing.T) {
+	for _, how := range []string{"deadline", "Request.Cancel"} {
+		t.Run(how, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, j, _ := newTestTransport(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if how == "deadline" {
+				ctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":100}`))
+			require.NoError(t, err)
+			var pws []*io.PipeWriter
+			var mu sync.Mutex
+			t.Cleanup(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, pw := range pws {
+					pw.Close()
+				}
+			})
+			req.GetBody = func() (io.ReadCloser, error) {
+				pr, pw := io.Pipe()
+				mu.Lock()
+				pws = append(pws, pw)
+				mu.Unlock()
+				return pr, nil
+			}
+			if how == "Request.Cancel" {
+				ch := make(chan struct{})
+				req.Cancel = ch //lint:ignore SA1019 what is tested
+				time.AfterFunc(100*time.Millisecond, func() { close(ch) })
+			}
+			r := awaitResult(t, goRoundTrip(tr, req), how)
+			require.Error(t, r.err)
+			require.Truef(t, errors.Is(r.err, context.DeadlineExceeded) || errors.Is(r.err, context.Canceled), "%v: want the caller's end", r.err)
+			require.Zero(t, len(srv.pay.Requests()), "nothing was sent")
+			recs, err := j.Unfinished(context.Background())
+			require.NoError(t, err)
+			require.Empty(t, recs, "nothing was reserved")
+		})
+	}
+}

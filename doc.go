@@ -100,12 +100,15 @@
 // payment that finds a flight resending a done one (a tap's or Resume's)
 // past the duplicate window is a new payment, sent once the flight lands;
 // so is one that asks as another principal (another Authorization, Cookie,
-// API key, Stripe-Account or OpenAI-Organization header than the first
-// caller's: two tenants' identical requests, or a token refreshed between
-// two taps): it is never handed the answer to another's request, and is
-// sent, once the flight lands, under the action's key with its own
-// credentials (a server that does not scope keys by principal answers it
-// with its stored answer: give each tenant its own Transport or actions).
+// Stripe-Account or OpenAI-Organization header than the first caller's, or
+// another header named *-Token, *-Key or *-Secret: two tenants' identical
+// requests, or a token refreshed between two taps): the Transport never
+// hands it the answer to another's request, and sends it, once the flight
+// lands, under the action's key with its own credentials. A server that
+// does not scope keys by principal answers it with the first's stored
+// answer, and makes no payment of its own for it; so does one within
+// [WithDuplicateWindow] of the first's, in flight or not: give each
+// tenant its own Transport or actions.
 //
 // # Resume after a crash
 //

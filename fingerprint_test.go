@@ -1619,3 +1619,191 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// A GetBody whose copies differ from the one the fingerprint read (a
+// buffer written to after the request was made, a file rewritten) must
+// not put other bytes on the wire under the action's key: the attempt
+// that would send them is refused with ErrFingerprintMismatch, and the
+// server never gets a complete body other than the fingerprinted one.
+func TestGetBodyGivingOtherBytesIsNeverSentUnderTheKey(t *testing.T) {
+	for _, name := range []string{"first attempt", "retry"} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			if name == "retry" {
+				srv.script = scriptFirst(status(http.StatusServiceUnavailable))
+			}
+			tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(0)))
+			const payload = `{"amount":100}`
+			calls := 0
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(payload))
+			require.NoError(t, err)
+			flip := 1 // the GetBody call from which the bytes change
+			if name == "retry" {
+				flip = 2
+			}
+			req.GetBody = func() (io.ReadCloser, error) {
+				calls++
+				if calls > flip {
+					return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+				}
+				return io.NopCloser(strings.NewReader(payload)), nil
+			}
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			for _, r := range srv.pay.Requests() {
+				require.Equalf(t, payload, string(r.Body), "request %d went out with other bytes than the fingerprint's", r.N)
+			}
+			require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
+		})
+	}
+}
+
+// A GetBody that fails when an attempt asks for its copy (the fingerprint
+// read one) sends nothing and says so: a typed error, not an outcome the
+// caller must guess at.
+func TestGetBodyFailingOnTheFirstAttemptSendsNothing(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t)
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":100}`))
+	require.NoError(t, err)
+	tracked := &closeTracker{Reader: req.Body}
+	req.Body = tracked
+	calls := 0
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		if calls > 1 {
+			return nil, errors.New("file gone")
+		}
+		return io.NopCloser(strings.NewReader(`{"amount":100}`)), nil
+	}
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	require.Zero(t, len(srv.pay.Requests()), "nothing reached the server")
+	var ae *idemretry.ActionError
+	require.ErrorAs(t, err, &ae)
+	require.False(t, ae.MaybeProcessed, "nothing was sent: %v", err)
+	require.True(t, tracked.isClosed(), "the caller's Body is closed")
+}
+
+// net/http resends a request with an Idempotency-Key by itself, through
+// the request's GetBody, when a reused connection dies before the answer
+// (the request is replayable to it). That resend's copy is checked too:
+// the attempt's GetBody is the checked one, not the caller's.
+func TestGetBodyGivingOtherBytesIsNeverSentByNetHTTPsOwnResend(t *testing.T) {
+	srv := newPayServer(t)
+	srv.script = func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n == 2 { // the POST, on the warm-up's connection
+			hijackAndClose(w)
+			return true
+		}
+		return false
+	}
+	tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+	roundTrip(t, tr, httptestGet(t, srv.URL+"/warm-up"))
+	const payload = `{"amount":100}`
+	calls := 0
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(payload))
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		if calls > 2 { // the fingerprint's, the attempt's, then net/http's own
+			return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+		}
+		return io.NopCloser(strings.NewReader(payload)), nil
+	}
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	for _, r := range srv.pay.Requests() {
+		if r.Method == http.MethodPost {
+			require.Equalf(t, payload, string(r.Body), "request %d went out with other bytes than the fingerprint's (GetBody called %d times)", r.N, calls)
+		}
+	}
+}
+
+// closeCounter counts its Closes.
+type closeCounter struct {
+	io.Reader
+	n atomic.Int32
+}
+
+func (c *closeCounter) Close() error { c.n.Add(1); return nil }
+
+// The caller's Body, unsent once the fingerprint read a GetBody copy, is
+// closed exactly once whichever way RoundTrip ends: answered, a copy
+// with other bytes, a copy that fails, a copy that stalls past the
+// deadline, a joiner that takes the leader's answer.
+func TestGetBodyCallersBodyClosedOnceOnEveryPath(t *testing.T) {
+	const payload = `{"amount":100}`
+	good := func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	for _, c := range []struct {
+		name    string
+		getBody func(calls int) (io.ReadCloser, error)
+		timeout time.Duration
+	}{
+		{"answered", func(int) (io.ReadCloser, error) { return good() }, 0},
+		{"other bytes", func(calls int) (io.ReadCloser, error) {
+			if calls > 1 {
+				return io.NopCloser(strings.NewReader(`{"amount":999}`)), nil
+			}
+			return good()
+		}, 0},
+		{"copy fails", func(calls int) (io.ReadCloser, error) {
+			if calls > 1 {
+				return nil, errors.New("file gone")
+			}
+			return good()
+		}, 0},
+		{"copy stalls", func(int) (io.ReadCloser, error) {
+			pr, _ := io.Pipe() // never written: closed when the deadline ends the read
+			return pr, nil
+		}, 50 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newPayServer(t)
+			tr, _, _ := newTestTransport(t, idemretry.WithMaxRetries(0))
+			ctx := context.Background()
+			if c.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, c.timeout)
+				defer cancel()
+			}
+			req := post(t, ctx, srv.URL, payload)
+			body := &closeCounter{Reader: req.Body}
+			req.Body = body
+			var calls atomic.Int32
+			req.GetBody = func() (io.ReadCloser, error) { return c.getBody(int(calls.Add(1))) }
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				readAll(t, resp)
+			}
+			assert.Equal(t, int32(1), body.n.Load(), "the caller's Body closed once (RoundTrip: %v)", err)
+		})
+	}
+	t.Run("joiner", func(t *testing.T) {
+		srv := newPayServer(t)
+		arrived, release := holdRequest(t, srv, 1)
+		tr, _, _ := newTestTransport(t)
+		var bodies []*closeCounter
+		send := func() <-chan paid {
+			req := post(t, context.Background(), srv.URL, payload)
+			b := &closeCounter{Reader: req.Body}
+			bodies = append(bodies, b)
+			req.Body, req.GetBody = b, good
+			return payAsync(tr, req)
+		}
+		first := send()
+		<-arrived
+		second := send()
+		awaitJoiners(t, tr, 1)
+		release()
+		require.NoError(t, (<-first).err)
+		require.NoError(t, (<-second).err)
+		for i, b := range bodies {
+			assert.Equalf(t, int32(1), b.n.Load(), "caller %d's Body closed once", i+1)
+		}
+	})
+}

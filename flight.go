@@ -382,35 +382,64 @@ func (f *failReader) Read([]byte) (int, error) { return 0, f.err }
 // SDKs tested (anthropic-sdk-go's X-Api-Key, Azure OpenAI's Api-Key), and
 // the account and organisation those SDKs act for (stripe-go's
 // Stripe-Account and Stripe-Context, openai-go's OpenAI-Organization and
-// OpenAI-Project).
+// OpenAI-Project). A header named *-Token, *-Key or *-Secret says so too
+// (askerSuffixes): Shopify's X-Shopify-Access-Token, GitLab's
+// Private-Token, Google's X-Goog-Api-Key, Azure API Management's
+// Ocp-Apim-Subscription-Key (not a key header: isAsker). One that is not
+// a credential (a CSRF token) costs at most a request of its own, under
+// the action's key (lifecycle.go's carryOn).
 var askerHeaders = [...]string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
 	"Stripe-Account", "Stripe-Context", "Openai-Organization", "Openai-Project"}
+
+// askerSuffixes end the names of the other credential headers (see
+// askerHeaders).
+var askerSuffixes = [...]string{"-Token", "-Key", "-Secret"}
 
 // askerSeed keys askerOf's hash: unknown outside this process, so that no
 // request can be made to ask as another's principal by its hash.
 var askerSeed = maphash.MakeSeed()
 
-// askerOf returns a hash of h's askerHeaders (any spelling, in any order),
-// 0 for none. Two requests of one action whose hashes differ ask as two
+// isAsker reports whether the header k (any spelling) says who asks. The
+// Transport's key header (keyHeader), and any *Idempotency-Key, say which
+// action, not who asks: an SDK's own key differs per call.
+func isAsker(k, keyHeader string) bool {
+	for _, a := range askerHeaders {
+		if len(k) == len(a) && strings.EqualFold(k, a) {
+			return true
+		}
+	}
+	const idem = "Idempotency-Key"
+	if strings.EqualFold(k, keyHeader) || len(k) >= len(idem) && strings.EqualFold(k[len(k)-len(idem):], idem) {
+		return false
+	}
+	for _, sfx := range askerSuffixes {
+		if len(k) > len(sfx) && strings.EqualFold(k[len(k)-len(sfx):], sfx) {
+			return true
+		}
+	}
+	return false
+}
+
+// askerOf returns a hash of h's askerHeaders (any spelling, in any order;
+// keyHeader is the Transport's: see isAsker), 0 for none. Two requests of one action whose hashes differ ask as two
 // principals (two tenants' API keys, two connected accounts): neither may
 // be given the answer to the other's request, however alike their method,
 // URL and body.
-func askerOf(h http.Header) uint32 {
+func askerOf(h http.Header, keyHeader string) uint32 {
 	var sum uint64
 	for k, vv := range h {
-		name := ""
-		for _, a := range askerHeaders {
-			if len(k) == len(a) && strings.EqualFold(k, a) {
-				name = a
-				break
-			}
-		}
-		if name == "" {
+		if !isAsker(k, keyHeader) {
 			continue
 		}
 		var d maphash.Hash
 		d.SetSeed(askerSeed)
-		d.WriteString(name)
+		for i := 0; i < len(k); i++ { // the name, case-folded: any spelling
+			c := k[i]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			d.WriteByte(c)
+		}
 		for _, v := range vv {
 			d.WriteByte(0)
 			d.WriteString(v)

@@ -366,14 +366,26 @@ func TestFlightJoinerThatLeftIsNotCopiedFor(t *testing.T) {
 // its own credentials, and the server judges it (this one replays); with
 // the same Authorization it is a double tap, and takes the copy. (Issue 29:
 // another tenant's request was handed the leader's answer, sending nothing.)
+//
+// A credential header outside the SDKs' names (Shopify's
+// X-Shopify-Access-Token, GitLab's Private-Token, Google's X-Goog-Api-Key)
+// says who asks as well: a header named *-Token, *-Key or *-Secret does.
+// (Before, two tenants' identical requests with their own
+// X-Shopify-Access-Token were one request, the second handed the first's
+// answer.)
 func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 	for _, c := range []struct {
 		name      string
+		header    string
 		auth      string
 		wantAuths []string
 	}{
-		{"same Authorization", "Bearer tenant-a", []string{"Bearer tenant-a"}},
-		{"another Authorization", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+		{"same Authorization", "Authorization", "Bearer tenant-a", []string{"Bearer tenant-a"}},
+		{"another Authorization", "Authorization", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+		{"another X-Shopify-Access-Token", "X-Shopify-Access-Token", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+		{"another Private-Token", "private-token", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+		{"another X-Goog-Api-Key", "X-Goog-Api-Key", "Bearer tenant-b", []string{"Bearer tenant-a", "Bearer tenant-b"}},
+		{"same X-Goog-Api-Key", "X-Goog-Api-Key", "Bearer tenant-a", []string{"Bearer tenant-a"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv := newPayServer(t)
@@ -381,7 +393,7 @@ func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 			tr, _, _ := newTestTransport(t)
 			send := func(auth string) <-chan paid {
 				req := post(t, context.Background(), srv.URL, `{"amount":100}`)
-				req.Header.Set("Authorization", auth)
+				req.Header[c.header] = []string{auth} // as spelled
 				return payAsync(tr, req)
 			}
 			first := send("Bearer tenant-a")
@@ -395,7 +407,7 @@ func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 			}
 			var auths []string
 			for _, r := range srv.seen() {
-				auths = append(auths, r.Header.Get("Authorization"))
+				auths = append(auths, r.Header.Get(c.header))
 			}
 			assert.Equal(t, c.wantAuths, auths)
 			keys := keysOf(srv.seen())
@@ -403,4 +415,65 @@ func TestFlightNotSharedWithAnotherAsker(t *testing.T) {
 			assert.Equal(t, 1, srv.chargeCount())
 		})
 	}
+}
+
+// What another principal's identical unnamed payment gets where no flight
+// is in the air to refuse it: within WithDuplicateWindow of the first, it
+// is sent under the first's key with its own credentials, and a server
+// that does not scope keys by principal (paytest's) replays the first's
+// answer to it, charging nothing for it. doc.go ("One flight per action")
+// says so; the test keeps the sentence true.
+func TestOtherAskerWithinTheDuplicateWindowIsSentUnderTheFirstsKey(t *testing.T) {
+	srv := newPayServer(t)
+	tr, _, _ := newTestTransport(t, idemretry.WithDuplicateWindow(time.Hour))
+	pay := func(auth string) paid {
+		req := post(t, context.Background(), srv.URL, `{"amount":100}`)
+		req.Header.Set("Authorization", auth)
+		return <-payAsync(tr, req)
+	}
+	a, b := pay("Bearer tenant-a"), pay("Bearer tenant-b")
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	reqs := srv.seen()
+	require.Len(t, reqs, 2, "each principal's request is sent")
+	assert.Equal(t, "Bearer tenant-b", reqs[1].Header.Get("Authorization"))
+	assert.Equal(t, reqs[0].Key, reqs[1].Key, "under the first's key")
+	assert.True(t, b.replay, "the server's replay of the first's answer")
+	assert.Equal(t, a.body, b.body)
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
+// A leader that asks as one principal and whose caller ends while a
+// caller of another principal waits hands the action over: the waiting
+// caller carries it on under the action's key with its own credentials,
+// and is never given an error or an answer of the leader's.
+func TestFlightHandedOverToAnotherAskerCarriesTheActionOn(t *testing.T) {
+	srv := newPayServer(t)
+	atServer, release := holdRequest(t, srv, 1)
+	tr, _, _ := newTestTransport(t, idemretry.WithBackOff(constant(0)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	send := func(ctx context.Context, auth string) <-chan paid {
+		req := post(t, ctx, srv.URL, `{"amount":100}`)
+		req.Header.Set("Authorization", auth)
+		return payAsync(tr, req)
+	}
+	leader := send(ctx, "Bearer tenant-a")
+	<-atServer
+	joiner := send(context.Background(), "Bearer tenant-b")
+	awaitJoiners(t, tr, 1)
+	cancel()
+	<-leader
+	release()
+	p := <-joiner
+	require.NoError(t, p.err)
+	assert.Equal(t, http.StatusCreated, p.status)
+	reqs := srv.seen()
+	require.GreaterOrEqual(t, len(reqs), 2)
+	last := reqs[len(reqs)-1]
+	assert.Equal(t, "Bearer tenant-b", last.Header.Get("Authorization"), "sent with its own credentials")
+	for _, r := range reqs {
+		assert.Equal(t, reqs[0].Key, r.Key, "one key for the action")
+	}
+	assert.Equal(t, 1, srv.chargeCount())
 }

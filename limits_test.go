@@ -291,6 +291,7 @@ type fuzzServer struct {
 }
 
 type fuzzRun struct {
+	mu      *sync.Mutex // the server's: a request cut mid-body may still be read after RoundTrip returned
 	seen    []seen
 	lens    []int
 	arrived chan struct{}
@@ -305,7 +306,7 @@ func (s *fuzzServer) newRun(hold bool) (string, *fuzzRun) {
 	defer s.mu.Unlock()
 	s.next++
 	id := fmt.Sprint(s.next)
-	r := &fuzzRun{arrived: make(chan struct{}), release: make(chan struct{})}
+	r := &fuzzRun{mu: &s.mu, arrived: make(chan struct{}), release: make(chan struct{})}
 	if !hold {
 		close(r.release)
 	}
@@ -314,6 +315,8 @@ func (s *fuzzServer) newRun(hold bool) (string, *fuzzRun) {
 }
 
 func (r *fuzzRun) requests() ([]seen, []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return append([]seen(nil), r.seen...), append([]int(nil), r.lens...)
 }
 

@@ -117,7 +117,7 @@ func (t *Transport) samePayload(p payload, who *identity, fp journal.Fingerprint
 // identify names req's action.
 func (t *Transport) identify(req *http.Request, b *body) (identity, error) {
 	who, err := t.identifyAction(req, b)
-	who.asker = askerOf(req.Header)
+	who.asker = askerOf(req.Header, t.cfg.header)
 	return who, err
 }
 

@@ -235,7 +235,8 @@ func callOf(ctx context.Context) *call {
 // probeCtx is a call's context: the Transport reads its Done channel first
 // once it has chosen to lead or to join a flight, which the tap gate waits
 // for (see network). Before that only newBody asks for Done, for a body
-// without GetBody, around its read of the body into memory, directly and
+// without GetBody, around its read of the body into memory, and
+// body.hashInto, around the fingerprint's read of a GetBody copy, directly and
 // through context.AfterFunc, whose goroutine may ask at any time later:
 // those calls are not the flight's choice, and are told apart by who makes
 // them (bodyPhase).
@@ -267,7 +268,7 @@ func bodyPhase() bool {
 	for {
 		f, more := frames.Next()
 		switch {
-		case strings.HasSuffix(f.Function, "idemretry.newBody"):
+		case strings.HasSuffix(f.Function, "idemretry.newBody"), strings.HasSuffix(f.Function, "idemretry.(*body).hashInto"):
 			return true
 		case strings.HasPrefix(f.Function, "github.com/idemretry/idemretry."):
 			transport = true
