@@ -495,6 +495,13 @@ func (r *runner) check() {
 					// it is in flight joins it (README guarantee 2).
 					continue
 				}
+				if m, ok := minted[ch.Key]; ok && m.call != nil && m.call.intent.kind == unnamed && r.mintedAfterDone(m, doneAt) {
+					// The same, seen as the Transport sees it: the tap's
+					// reservation found its action recorded done (before
+					// the model learnt its intent had finished) and so
+					// minted a new payment, which c joined in flight.
+					continue
+				}
 				if i.kind == unnamed && i.finishedSeq != 0 && c.joinSeq.Load() > i.finishedSeq {
 					// A tap that came to its flight after another call
 					// had finished its intent: an identical request while
@@ -1001,23 +1008,50 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 		// Transport derives first (roundTripCancel), so its choice of a
 		// flight is not seen (its mark is RoundTrip's start). Its own
 		// Reserve finding the first key's record after the done tells
-		// that it led a flight of its own after the first one landed.
-		j = r.foundAfter(next.call, prev.key)
+		// that it led a flight of its own after the first one landed;
+		// so does its Reserve finding a later key of the action, one
+		// created after that done (a new payment in between).
+		j = r.foundAfter(next.call, prev.key, d)
 	}
 	return ok && j != 0 && j > d
 }
 
 // foundAfter returns the seq of c's first Reserve that returned key's
-// record, or 0.
-func (r *runner) foundAfter(c *call, key string) int64 {
+// record, or the record of a key another call created after seq done, or
+// 0.
+func (r *runner) foundAfter(c *call, key string, done int64) int64 {
 	r.rec.mu.Lock()
 	defer r.rec.mu.Unlock()
+	created := map[string]int64{} // each key's first creation by another call
 	for _, rv := range r.rec.reserves {
-		if rv.call == c && rv.err == nil && rv.key == key {
+		if rv.err == nil && rv.created && rv.call != c {
+			if _, ok := created[rv.key]; !ok {
+				created[rv.key] = rv.seq
+			}
+		}
+		if rv.call == c && rv.err == nil && (rv.key == key || done != 0 && created[rv.key] > done) {
 			return rv.seq
 		}
 	}
 	return 0
+}
+
+// mintedAfterDone reports whether the call that minted m's key did so
+// after its Reserve had found another key's record of the action, recorded
+// done by then: for an unnamed action, a new payment (README, "one after
+// the first finished is a new action").
+func (r *runner) mintedAfterDone(m reserveEvent, doneAt map[string]int64) bool {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	for _, rv := range r.rec.reserves {
+		if rv.call != m.call || rv.err != nil || rv.created || rv.key == m.key || rv.seq > m.seq {
+			continue
+		}
+		if d, ok := doneAt[rv.key]; ok && d < rv.seq {
+			return true
+		}
+	}
+	return false
 }
 
 // heldElsewhere reports whether key's done failed to reach the journal on
