@@ -271,7 +271,8 @@ func (r *runner) writeFailed(p *process, key string) bool {
 }
 
 // checkHeldOpen checks that the answers the app read to EOF and kept open
-// released their attempts, as net/http releases a connection at EOF.
+// released their attempts (their contexts ended), as net/http releases a
+// connection at EOF.
 func (r *runner) checkHeldOpen() {
 	if r.net.loop != nil {
 		return
@@ -288,9 +289,12 @@ func (r *runner) checkHeldOpen() {
 		b.mu.Lock()
 		eof := b.off >= len(b.data) && b.cut < 0
 		b.mu.Unlock()
-		if !eof || b.wasClosed() {
+		if !eof {
 			continue
 		}
+		// Closed or not: the Transport closes the base's body at EOF
+		// itself, and that is no release of the attempt; only its
+		// context's end is.
 		n++
 		if b.ctx.Err() == nil {
 			left++
