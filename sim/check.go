@@ -433,6 +433,11 @@ func (r *runner) check() {
 		}
 		cs := chargesOf[i.name]
 		if len(cs) > 1 {
+			// In the order their keys were minted, not the ledger's: a
+			// held charge is numbered when it completes, after a later
+			// key's.
+			cs = append([]paytest.Charge(nil), cs...)
+			sort.SliceStable(cs, func(a, b int) bool { return minted[cs[a].Key].seq < minted[cs[b].Key].seq })
 			explained := true
 			for k := 1; k < len(cs); k++ {
 				a, b := minted[cs[k-1].Key], minted[cs[k].Key]
