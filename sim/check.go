@@ -683,8 +683,21 @@ func (r *runner) check() {
 					after++
 				}
 			}
-			if after > 1 {
+			// One request may leave as the cancel comes (the Transport's
+			// last look before sending came first); none after a cancel
+			// made before an attempt's answer was returned.
+			in, later := c.cancelIn.Load(), 0
+			for _, ev := range evs {
+				if in != 0 && ev.attempt > int(in) {
+					later++
+				}
+			}
+			switch {
+			case after > 1:
 				r.violateTags("no-retry-after-cancel", tagIf(c.reqCancel != nil, "Request.Cancel"), "%s (%s) made %d requests after its caller cancelled it", c.name, cancelHow(c), after)
+			case later > 0:
+				r.violateTags("no-retry-after-cancel", tagIf(c.reqCancel != nil, "Request.Cancel"), "%s (%s) made %d requests after its caller cancelled it as attempt %d's answer came",
+					c.name, cancelHow(c), later, in)
 			}
 		}
 		for k := 1; k < len(evs); k++ {
