@@ -271,7 +271,8 @@ func (r *runner) writeFailed(p *process, key string) bool {
 }
 
 // checkHeldOpen checks that the answers the app read to EOF and kept open
-// released their attempts, as net/http releases a connection at EOF.
+// released their attempts (their contexts ended), as net/http releases a
+// connection at EOF.
 func (r *runner) checkHeldOpen() {
 	if r.net.loop != nil {
 		return
@@ -288,9 +289,12 @@ func (r *runner) checkHeldOpen() {
 		b.mu.Lock()
 		eof := b.off >= len(b.data) && b.cut < 0
 		b.mu.Unlock()
-		if !eof || b.wasClosed() {
+		if !eof {
 			continue
 		}
+		// Closed or not: the Transport closes the base's body at EOF
+		// itself, and that is no release of the attempt; only its
+		// context's end is.
 		n++
 		if b.ctx.Err() == nil {
 			left++
@@ -429,6 +433,11 @@ func (r *runner) check() {
 		}
 		cs := chargesOf[i.name]
 		if len(cs) > 1 {
+			// In the order their keys were minted, not the ledger's: a
+			// held charge is numbered when it completes, after a later
+			// key's.
+			cs = append([]paytest.Charge(nil), cs...)
+			sort.SliceStable(cs, func(a, b int) bool { return minted[cs[a].Key].seq < minted[cs[b].Key].seq })
 			explained := true
 			for k := 1; k < len(cs); k++ {
 				a, b := minted[cs[k-1].Key], minted[cs[k].Key]
@@ -493,6 +502,13 @@ func (r *runner) check() {
 					// Its key is a new payment of a tap that came after
 					// its intent had finished: an identical request while
 					// it is in flight joins it (README guarantee 2).
+					continue
+				}
+				if m, ok := minted[ch.Key]; ok && m.call != nil && m.call.intent.kind == unnamed && r.mintedAfterDone(m, doneAt) {
+					// The same, seen as the Transport sees it: the tap's
+					// reservation found its action recorded done (before
+					// the model learnt its intent had finished) and so
+					// minted a new payment, which c joined in flight.
 					continue
 				}
 				if i.kind == unnamed && i.finishedSeq != 0 && c.joinSeq.Load() > i.finishedSeq {
@@ -667,8 +683,21 @@ func (r *runner) check() {
 					after++
 				}
 			}
-			if after > 1 {
+			// One request may leave as the cancel comes (the Transport's
+			// last look before sending came first); none after a cancel
+			// made before an attempt's answer was returned.
+			in, later := c.cancelIn.Load(), 0
+			for _, ev := range evs {
+				if in != 0 && ev.attempt > int(in) {
+					later++
+				}
+			}
+			switch {
+			case after > 1:
 				r.violateTags("no-retry-after-cancel", tagIf(c.reqCancel != nil, "Request.Cancel"), "%s (%s) made %d requests after its caller cancelled it", c.name, cancelHow(c), after)
+			case later > 0:
+				r.violateTags("no-retry-after-cancel", tagIf(c.reqCancel != nil, "Request.Cancel"), "%s (%s) made %d requests after its caller cancelled it as attempt %d's answer came",
+					c.name, cancelHow(c), later, in)
 			}
 		}
 		for k := 1; k < len(evs); k++ {
@@ -1001,23 +1030,50 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 		// Transport derives first (roundTripCancel), so its choice of a
 		// flight is not seen (its mark is RoundTrip's start). Its own
 		// Reserve finding the first key's record after the done tells
-		// that it led a flight of its own after the first one landed.
-		j = r.foundAfter(next.call, prev.key)
+		// that it led a flight of its own after the first one landed;
+		// so does its Reserve finding a later key of the action, one
+		// created after that done (a new payment in between).
+		j = r.foundAfter(next.call, prev.key, d)
 	}
 	return ok && j != 0 && j > d
 }
 
 // foundAfter returns the seq of c's first Reserve that returned key's
-// record, or 0.
-func (r *runner) foundAfter(c *call, key string) int64 {
+// record, or the record of a key another call created after seq done, or
+// 0.
+func (r *runner) foundAfter(c *call, key string, done int64) int64 {
 	r.rec.mu.Lock()
 	defer r.rec.mu.Unlock()
+	created := map[string]int64{} // each key's first creation by another call
 	for _, rv := range r.rec.reserves {
-		if rv.call == c && rv.err == nil && rv.key == key {
+		if rv.err == nil && rv.created && rv.call != c {
+			if _, ok := created[rv.key]; !ok {
+				created[rv.key] = rv.seq
+			}
+		}
+		if rv.call == c && rv.err == nil && (rv.key == key || done != 0 && created[rv.key] > done) {
 			return rv.seq
 		}
 	}
 	return 0
+}
+
+// mintedAfterDone reports whether the call that minted m's key did so
+// after its Reserve had found another key's record of the action, recorded
+// done by then: for an unnamed action, a new payment (README, "one after
+// the first finished is a new action").
+func (r *runner) mintedAfterDone(m reserveEvent, doneAt map[string]int64) bool {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	for _, rv := range r.rec.reserves {
+		if rv.call != m.call || rv.err != nil || rv.created || rv.key == m.key || rv.seq > m.seq {
+			continue
+		}
+		if d, ok := doneAt[rv.key]; ok && d < rv.seq {
+			return true
+		}
+	}
+	return false
 }
 
 // heldElsewhere reports whether key's done failed to reach the journal on

@@ -156,9 +156,16 @@ func (f *faultJournal) logReserve(ctx context.Context, want, rec journal.Record,
 			// that stored the record and then failed), the first to find it.
 			f.r.mintOf.LoadOrStore(rec.Key, c)
 		}
-		// A record exists (or may: a Reserve cut short by its context
-		// may have stored it); a refused one (a full disk) stores none.
-		if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// A record of its own exists (or may: a Reserve cut short by its
+		// context may have stored it); a refused one (a full disk) stores
+		// none, and one found that another intent's call minted is not its
+		// own (a deliberate repeat that found the first payment's record,
+		// then refused as damaged, has no key yet).
+		own := created
+		if m, ok := f.r.mintOf.Load(rec.Key); err == nil && ok {
+			own = own || m.(*call).intent == c.intent
+		}
+		if own || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			f.r.mu.Lock()
 			if !c.intent.minted {
 				c.intent.minted, c.intent.mintedAt = true, f.r.clk.trueSince()

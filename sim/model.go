@@ -125,6 +125,10 @@ type call struct {
 	once    sync.Once
 
 	cancelSeq atomic.Int64 // when the caller cancelled it (0: never)
+	// cancelIn is the attempt whose base RoundTrip the cancel came in,
+	// done before its answer was returned (cancel-after), or 0: no request
+	// of the call may follow that attempt.
+	cancelIn  atomic.Int32
 	cancelAt  atomic.Int64 // and when, real time (Unix ns)
 	cancelFn  func()
 	reqCancel chan struct{} // Request.Cancel, if the call uses it

@@ -48,7 +48,7 @@ const (
 	fHintRetry              // a proxy answers 400 with X-Should-Retry: true (retried)
 	fHold                   // the server holds the charge (real time): its key is in flight, 409 meanwhile
 	fCancelBefore           // the caller cancels before the request leaves
-	fCancelAfter            // the caller cancels as the answer arrives
+	fCancelAfter            // the caller cancels as the answer arrives (the server's, or a proxy's 503: busy)
 	fUpgrade                // a proxy answers 101 Switching Protocols with a connection that stalls
 	fHugeRA                 // a proxy answers 503 with a Retry-After of about 292 years
 	nFaults
@@ -63,6 +63,9 @@ type fault struct {
 	kind faultKind
 	d    time.Duration // real: how long a stall, slow answer or hold lasts
 	ra   int           // seconds of Retry-After
+	// busy: a cancel-after's answer is a proxy's 503, which the Transport
+	// would retry were it not for the cancel.
+	busy bool
 }
 
 func (f fault) String() string {
@@ -71,6 +74,10 @@ func (f fault) String() string {
 		return fmt.Sprintf("%v(%v)", f.kind, f.d)
 	case f503RA, f429RA, fHugeRA:
 		return fmt.Sprintf("%v(%ds)", f.kind, f.ra)
+	case fCancelAfter:
+		if f.busy {
+			return "cancel-after(503)"
+		}
 	}
 	return f.kind.String()
 }
@@ -114,6 +121,8 @@ func (p *faultPlan) draw(callN, attempt int) fault {
 		f.ra = []int{1, 2, 5, 45}[r.IntN(4)] // 45 s is past DefaultMaxRetryAfter
 	case fHugeRA:
 		f.ra = hugeRA
+	case fCancelAfter:
+		f.busy = r.IntN(2) == 0
 	}
 	return f
 }
@@ -281,8 +290,9 @@ func (b *base) RoundTrip(req *http.Request) (*http.Response, error) {
 	} else {
 		resp, err = n.sendMemory(req, body, ev)
 	}
-	if err == nil && f.kind == fCancelAfter && c != nil {
+	if err == nil && f.kind == fCancelAfter && c != nil && c.cancelFn != nil {
 		r.cancelCall(c) // the answer is in hand as the caller gives up
+		c.cancelIn.CompareAndSwap(0, int32(ev.attempt))
 	}
 	if resp != nil {
 		r.rec.mu.Lock()
@@ -333,6 +343,10 @@ func proxyAnswer(f fault, key string) (status int, hdr http.Header, body string)
 	switch f.kind {
 	case f503:
 		return 503, hdr, body
+	case fCancelAfter:
+		if f.busy {
+			return 503, hdr, body
+		}
 	case f503RA, fHugeRA:
 		hdr.Set("Retry-After", strconv.Itoa(f.ra))
 		return 503, hdr, body
@@ -630,13 +644,17 @@ func (t *trackedResp) Close() error {
 }
 
 func encodeFault(f fault) string {
-	return fmt.Sprintf("%d %d %d", f.kind, f.d, f.ra)
+	busy := 0
+	if f.busy {
+		busy = 1
+	}
+	return fmt.Sprintf("%d %d %d %d", f.kind, f.d, f.ra, busy)
 }
 
 func decodeFault(s string) fault {
-	var k, d, ra int64
-	fmt.Sscanf(s, "%d %d %d", &k, &d, &ra)
-	return fault{kind: faultKind(k), d: time.Duration(d), ra: int(ra)}
+	var k, d, ra, busy int64
+	fmt.Sscanf(s, "%d %d %d %d", &k, &d, &ra, &busy)
+	return fault{kind: faultKind(k), d: time.Duration(d), ra: int(ra), busy: busy == 1}
 }
 
 // serveLoopback is the server side of the loopback network: a proxy's

@@ -350,9 +350,18 @@ func (r *runner) newIntent(k intentKind, body int, of *intent) *intent {
 // wait moves the clock between this judgement and the Transport's.
 func (r *runner) resolveUnnamed(body int) (*intent, bool) {
 	r.mu.Lock()
+	limit := r.procs[r.target].opts.keyWindow + 12*time.Hour
 	for _, i := range r.intents {
 		if i.kind == unnamed && i.body == body && !i.finished {
+			stale := i.minted && r.clk.trueSince()-i.mintedAt >= limit
 			r.mu.Unlock()
+			if stale {
+				// As pickAgain: its record may have expired, and then it
+				// is a new key's, or not: an app does not pay again a
+				// payment it left unfinished two days ago.
+				r.skipped++
+				return &intent{}, true
+			}
 			if !r.stillItsOwn(i) {
 				r.skipped++
 				return &intent{}, true // the duplicate window makes it another's tap
