@@ -1019,7 +1019,7 @@ func (r *runner) secondKeyRight(i *intent, prev, next reserveEvent, doneAt map[s
 		return false
 	}
 	d, ok := doneAt[prev.key]
-	if ok && r.doneElsewhere(prev.key, next.call.proc) {
+	if ok && r.doneElsewhere(prev.key, next.call.proc, next.seq) {
 		// Done by another machine: nothing of it was in the air in this
 		// Transport, and the journal said done when this one reserved.
 		return true
@@ -1097,12 +1097,20 @@ func (r *runner) heldElsewhere(key string, c *call) bool {
 }
 
 // doneElsewhere reports whether key's done was written by a process other
-// than p (another machine on the same table).
-func (r *runner) doneElsewhere(key string, p *process) bool {
+// than p: another machine on the same table, or an earlier process of p's
+// machine (crashed or closed), whose done landed before seq, p's Reserve
+// that minted the next key. Nothing of it was in the air in p's Transport,
+// and the journal said done when p reserved: an unnamed request then is a
+// new payment (package doc, "Actions and keys"), as it would be after any
+// restart that follows a recorded done the app never saw.
+func (r *runner) doneElsewhere(key string, p *process, seq int64) bool {
 	r.rec.mu.Lock()
 	defer r.rec.mu.Unlock()
 	for _, w := range r.rec.writes {
-		if !w.sync && w.rec.Key == key && w.rec.State == journal.StateDone && w.proc.machine != p.machine {
+		if w.sync || w.rec.Key != key || w.rec.State != journal.StateDone || w.proc == p {
+			continue
+		}
+		if w.proc.machine != p.machine || w.err == nil && w.seq < seq {
 			return true
 		}
 	}
