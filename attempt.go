@@ -50,11 +50,18 @@ func (t *Transport) attempts(req *http.Request, b *body, a *action, s settings, 
 		}
 		resp, sent, err := r.send(req, b)
 		if !sent {
+			if errors.Is(err, errBodyChanged) {
+				// The attempt's GetBody copy, in memory, was not the
+				// fingerprint's bytes (body.next): it was not sent.
+				return r.end(journal.StatePending, nil, ErrFingerprintMismatch, errBodyChanged)
+			}
 			return r.end(journal.StatePending, nil, nil, err)
 		}
-		if b.changed() {
-			// The attempt's GetBody copy was not the fingerprint's bytes
-			// (body.go: its last byte was held back): no attempt sends it.
+		if b.changed() || errors.Is(err, errBodyChanged) {
+			// The attempt's GetBody copy, or net/http's own resend's, was
+			// not the fingerprint's bytes (body.go: a streamed copy's last
+			// byte was held back, an in-memory one was not sent): no
+			// attempt sends it.
 			r.discard(resp)
 			return r.end(journal.StatePending, nil, ErrFingerprintMismatch, errBodyChanged)
 		}
@@ -418,7 +425,7 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	if err := t.keyless(req, key); err != nil { // keyjournal.go
 		return nil, err
 	}
-	r, err := b.next()
+	r, get, err := b.next()
 	if err != nil {
 		return nil, fmt.Errorf("idemretry: rewind request body: %w", err)
 	}
@@ -432,10 +439,7 @@ func (t *Transport) newAttempt(req *http.Request, b *body, key string, vals []st
 	}
 	var spare []string
 	out.Header, spare = cloneHeader(req.Header, drop, vals)
-	out.Body, out.GetBody = r, b.getBody
-	if c, ok := r.(*checkedBody); ok {
-		out.GetBody = c.copies // the base's own resends are checked too
-	}
+	out.Body, out.GetBody = r, get // the base's own resends are checked too
 	if key != "" {
 		spare[0] = key
 		out.Header[t.cfg.header] = spare

@@ -8,6 +8,8 @@ import (
 	"hash/maphash"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -21,13 +23,14 @@ type body struct {
 	ctx     context.Context               // the caller's, which ends a GetBody copy's read for the fingerprint; nil without GetBody
 	// sum is a hash of the GetBody copy the fingerprint read, when it
 	// read one (hashInto): every attempt's copy is checked against it
-	// (checkedBody). checked says sum is set. The hash guards against a
+	// (next). checked says sum is set. The hash guards against a
 	// copy that changed by accident (a buffer written to, a file
 	// rewritten), not against the caller's own GetBody: maphash, seeded
 	// per process, 64 bits.
 	sum     uint64
 	checked bool
-	last    *checkedBody // the last attempt's copy, if checked
+	last    *checkedBody                  // the last attempt's copy, if checked and streamed
+	resend  func() (io.ReadCloser, error) // checkedCopies of getBody and sum, once an attempt needs it
 }
 
 // newBody prepares req's body for several attempts. A body with GetBody is
@@ -143,26 +146,119 @@ func (b *body) size(req *http.Request) int64 {
 	return -1
 }
 
-// next returns the body for the next attempt: the caller's own on the first
-// (unless the fingerprint read a GetBody copy: see hashInto), a fresh copy
-// after.
-func (b *body) next() (io.ReadCloser, error) {
+// next returns the body for the next attempt and the GetBody net/http's
+// own resends of it take: the caller's own on the first (unless the
+// fingerprint read a GetBody copy: see hashInto), a fresh copy after. A
+// copy is checked against the fingerprint's bytes once it read one: an
+// in-memory copy (inMemory) in place before it is sent, and sent as it is,
+// so that net/http writes it with the headers in one write; any other as
+// it streams (checkedBody). An in-memory copy with other bytes is closed
+// and refused (errBodyChanged).
+func (b *body) next() (io.ReadCloser, func() (io.ReadCloser, error), error) {
 	if b.orig != nil {
 		r := b.orig
 		b.orig = nil
-		return r, nil
+		return r, b.getBody, nil
 	}
 	if b.getBody == nil {
-		return http.NoBody, nil
+		return http.NoBody, nil, nil
 	}
 	r, err := b.getBody()
 	if err != nil || r == nil || !b.checked {
-		return r, err
+		return r, b.getBody, err
+	}
+	b.last = nil
+	if sum, ok := inMemorySum(r); ok {
+		if sum != b.sum {
+			r.Close()
+			return nil, nil, errBodyChanged
+		}
+		if b.resend == nil {
+			b.resend = checkedCopies(b.getBody, b.sum)
+		}
+		return r, b.resend, nil
 	}
 	c := newChecked(r, b.getBody, b.sum, nil) // an attempt's own: the base's writer of the last may still read its own
 	b.last = c
-	return c, nil
+	return c, c.copies, nil
 }
+
+// checkedCopies returns a GetBody for net/http's own resends of an attempt
+// whose copy was in memory: each copy of get is checked against sum as
+// next checks an attempt's. A streamed copy with other bytes tells it by
+// its read error alone (errBodyChanged).
+func checkedCopies(get func() (io.ReadCloser, error), sum uint64) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		r, err := get()
+		if err != nil || r == nil {
+			return r, err
+		}
+		if s, ok := inMemorySum(r); ok {
+			if s != sum {
+				r.Close()
+				return nil, errBodyChanged
+			}
+			return r, nil
+		}
+		return newChecked(r, get, sum, nil), nil
+	}
+}
+
+// inMemory unwraps r to the reader net/http knows to be in memory (see
+// its isKnownInMemoryReader): a *bytes.Reader, *bytes.Buffer or
+// *strings.Reader, under io.NopCloser or not. ok is false for any other.
+func inMemory(r io.Reader) (_ io.Reader, ok bool) {
+	switch r.(type) {
+	case *bytes.Reader, *bytes.Buffer, *strings.Reader:
+		return r, true
+	}
+	switch reflect.TypeOf(r) {
+	case nopCloserType, nopCloserWriterToType:
+		inner, _ := reflect.ValueOf(r).Field(0).Interface().(io.Reader)
+		switch inner.(type) {
+		case *bytes.Reader, *bytes.Buffer, *strings.Reader:
+			return inner, true
+		}
+	}
+	return nil, false
+}
+
+var (
+	nopCloserType         = reflect.TypeOf(io.NopCloser(nil))
+	nopCloserWriterToType = reflect.TypeOf(io.NopCloser(strings.NewReader("")))
+)
+
+// inMemorySum returns the hash (as body.sum) of the bytes an in-memory
+// reader (inMemory) has left to give, read in place: the reader is left
+// as it was. ok is false for any other reader.
+func inMemorySum(r io.Reader) (sum uint64, ok bool) {
+	m, ok := inMemory(r)
+	if !ok {
+		return 0, false
+	}
+	if buf, isBuf := m.(*bytes.Buffer); isBuf {
+		return maphash.Bytes(bodySeed, buf.Bytes()), true
+	}
+	h := hashPool.Get().(*maphash.Hash)
+	h.SetSeed(bodySeed) // and reset
+	switch v := m.(type) {
+	case *bytes.Reader:
+		at, _ := v.Seek(0, io.SeekCurrent) // a bytes.Reader's Seek fails only on a bad whence or a negative offset
+		_, _ = v.WriteTo(h)                // a maphash.Hash never fails a write
+		_, _ = v.Seek(at, io.SeekStart)
+	case *strings.Reader:
+		at, _ := v.Seek(0, io.SeekCurrent)
+		_, _ = v.WriteTo(h)
+		_, _ = v.Seek(at, io.SeekStart)
+	}
+	sum = h.Sum64()
+	hashPool.Put(h)
+	return sum, true
+}
+
+// hashPool holds inMemorySum's hashes: a local one, written through an
+// interface, would be an allocation per check.
+var hashPool = sync.Pool{New: func() any { return new(maphash.Hash) }}
 
 // newChecked returns r checked against sum, telling changed (its own flag
 // if nil) if it gives other bytes; get gives the attempt's further copies.
@@ -187,8 +283,9 @@ func (c *checkedBody) copies() (io.ReadCloser, error) {
 	return newChecked(r, c.get, c.sum, c.changed), nil
 }
 
-// changed reports whether the last attempt's copy gave other bytes than
-// the fingerprint's (checkedBody).
+// changed reports whether the last attempt's streamed copy gave other
+// bytes than the fingerprint's (checkedBody). An in-memory copy's are
+// told by errBodyChanged (next, checkedCopies).
 func (b *body) changed() bool { return b.last != nil && b.last.changed.Load() }
 
 // bodySeed seeds the hashes that check a body's copies (body.sum).
@@ -209,11 +306,13 @@ func (t *teeHash) Write(p []byte) (int, error) {
 	return t.w.Write(p)
 }
 
-// errBodyChanged is an attempt's body read error when its GetBody copy
-// gave other bytes than the one the fingerprint read.
+// errBodyChanged is an attempt's error when its GetBody copy gave other
+// bytes than the one the fingerprint read: a streamed copy's read error
+// (checkedBody), an in-memory copy's refusal (next, checkedCopies).
 var errBodyChanged = errors.New("idemretry: GetBody gave other bytes than the fingerprint's")
 
-// checkedBody is an attempt's GetBody copy, checked against the bytes the
+// checkedBody is an attempt's GetBody copy that is not in memory (an
+// in-memory one is checked in place: next), checked against the bytes the
 // fingerprint read (body.sum). It holds back the last byte read until the
 // copy's end: there, a copy with other bytes fails the read
 // (errBodyChanged) and its last byte is never sent, so the server never

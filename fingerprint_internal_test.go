@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -445,7 +446,7 @@ func TestFingerprintInPlaceIsTheCopysFingerprint(t *testing.T) {
 				if fp != wantFP {
 					t.Errorf("%s size %d skip %d: fingerprint in place %x, through a copy %x", name, size, skip, fp, wantFP)
 				}
-				first, err := b.next()
+				first, _, err := b.next()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -618,3 +619,34 @@ func TestKeyedPooledScratchKeepsNothing(t *testing.T) {
 type failing struct{}
 
 func (failing) Read([]byte) (int, error) { return 0, errors.New("hs1: the body's reader failed") }
+
+// An in-memory copy's check reads its unread bytes in place: its sum is
+// the hash of those bytes, as a streamed copy's check computes it, and the
+// reader is left where it was, for net/http to send.
+func TestInMemorySumLeavesTheReaderAsItWas(t *testing.T) {
+	t.Parallel()
+	const payload = `{"amount":100}`
+	want := maphash.String(bodySeed, payload[3:])
+	for name, r := range map[string]io.Reader{
+		"bytes.Reader":              bytes.NewReader([]byte(payload)),
+		"strings.Reader":            strings.NewReader(payload),
+		"bytes.Buffer":              bytes.NewBufferString(payload),
+		"NopCloser(strings.Reader)": io.NopCloser(strings.NewReader(payload)),
+	} {
+		var skip [3]byte
+		if _, err := io.ReadFull(r, skip[:]); err != nil {
+			t.Fatal(err)
+		}
+		sum, ok := inMemorySum(r)
+		if !ok || sum != want {
+			t.Errorf("%s: inMemorySum = %x, %v; want %x, true", name, sum, ok, want)
+		}
+		rest, _ := io.ReadAll(r)
+		if string(rest) != payload[3:] {
+			t.Errorf("%s: after the check it gives %q, want %q", name, rest, payload[3:])
+		}
+	}
+	if _, ok := inMemorySum(struct{ io.Reader }{strings.NewReader(payload)}); ok {
+		t.Error("a reader net/http does not know to be in memory was checked in place")
+	}
+}

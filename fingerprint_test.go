@@ -17,6 +17,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -1722,6 +1723,8 @@ func TestGetBodyGivingOtherBytesIsNeverSentByNetHTTPsOwnResend(t *testing.T) {
 			require.Equalf(t, payload, string(r.Body), "request %d went out with other bytes than the fingerprint's (GetBody called %d times)", r.N, calls)
 		}
 	}
+	require.Equal(t, 3, calls, "GetBody calls: the fingerprint's, the attempt's, net/http's own resend's")
+	require.ErrorIs(t, err, idemretry.ErrFingerprintMismatch)
 }
 
 // closeCounter counts its Closes.
@@ -1806,4 +1809,59 @@ func TestGetBodyCallersBodyClosedOnceOnEveryPath(t *testing.T) {
 			assert.Equalf(t, int32(1), b.n.Load(), "caller %d's Body closed once", i+1)
 		}
 	})
+}
+
+// writeCounter is a net.Conn that counts its Write calls.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// A keyed POST whose GetBody copy is in memory (http.NewRequest's, of a
+// *strings.Reader, *bytes.Reader or *bytes.Buffer) is checked against the
+// fingerprint's bytes in place and handed to net/http as it is: net/http
+// writes the headers and such a body in one write, where a reader it does
+// not know to be in memory gets its headers flushed first (two writes).
+// Before: every checked copy was streamed through a wrapper (two writes).
+func TestInMemoryBodyIsWrittenInOneWrite(t *testing.T) {
+	const payload = `{"amount":100}`
+	for name, body := range map[string]func() io.Reader{
+		"strings.Reader": func() io.Reader { return strings.NewReader(payload) },
+		"bytes.Reader":   func() io.Reader { return bytes.NewReader([]byte(payload)) },
+		"bytes.Buffer":   func() io.Reader { return bytes.NewBufferString(payload) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newPayServer(t)
+			var writes atomic.Int32
+			var d net.Dialer
+			base := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return writeCounter{Conn: c, writes: &writes}, nil
+			}}
+			tr, err := idemretry.NewTransport(base, idemretry.WithJournal(journal.NewMemory()))
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				require.NoError(t, tr.Close())
+				base.CloseIdleConnections()
+				checkNoPackageGoroutines(t)
+			})
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", body())
+			require.NoError(t, err)
+			require.NotNil(t, req.GetBody)
+			roundTrip(t, tr, req)
+			reqs := srv.pay.Requests()
+			require.Len(t, reqs, 1)
+			require.Equal(t, payload, string(reqs[0].Body))
+			require.NotEmpty(t, reqs[0].Header.Get("Idempotency-Key"), "the POST was sent under a key")
+			require.Equal(t, int32(1), writes.Load(), "writes of the request to its connection")
+		})
+	}
 }
