@@ -33,10 +33,20 @@ type knownBug struct {
 // knownBugs are the violations of today's code that are being fixed
 // elsewhere, each by the check it breaks and the cause the check names.
 var knownBugs = []knownBug{
-	// None: issue 26's items and the simulator's findings since are fixed,
-	// each with a regression test in the root (docs/simulation.md lists
-	// them). An entry names a bug being fixed elsewhere, e.g.
-	// {"26.5", "no-retry-after-cancel", "Request.Cancel"}.
+	// Found on 2026-12-02 in 60 s runs of today's main, after the merges of
+	// the credentials rule for flights (flight.go, lifecycle.go) and the
+	// checked GetBody copies (body.go); not triaged yet (the next issue's).
+	// open-1: joiners woken to carry on a flight re-reserve one after
+	// another, and an unnamed triple tap was charged 3 times under 3 keys
+	// (seed 1796185515861680192; tagged woken-joiner).
+	{"open-1", "", "woken-joiner"},
+	// open-2: a joiner got ErrResponseNotShared when the leader's context
+	// cut the shared read of a 409 ("reading the body: context canceled",
+	// 201 ms after it began; seed 1796185362152000142).
+	{"open-2", "shared-answer", "leader-context"},
+	// open-3: an unnamed intent charged twice where a record was read back
+	// damaged (seed 1796185362151998653).
+	{"open-3", "charged-once", "damaged-record"},
 }
 
 func (k knownBug) matches(v violation) bool {
