@@ -62,7 +62,7 @@ func (k faultKind) String() string { return faultNames[k] }
 type fault struct {
 	kind faultKind
 	d    time.Duration // real: how long a stall, slow answer or hold lasts
-	ra   int           // seconds of Retry-After
+	ra   int64         // seconds of Retry-After (int64: hugeRA does not fit a 32-bit int)
 	// busy: a cancel-after's answer is a proxy's 503, which the Transport
 	// would retry were it not for the cancel.
 	busy bool
@@ -118,7 +118,7 @@ func (p *faultPlan) draw(callN, attempt int) fault {
 	case fHold:
 		f.d = []time.Duration{1 * time.Millisecond, 10 * time.Millisecond, 60 * time.Millisecond}[r.IntN(3)]
 	case f503RA, f429RA:
-		f.ra = []int{1, 2, 5, 45}[r.IntN(4)] // 45 s is past DefaultMaxRetryAfter
+		f.ra = []int64{1, 2, 5, 45}[r.IntN(4)] // 45 s is past DefaultMaxRetryAfter
 	case fHugeRA:
 		f.ra = hugeRA
 	case fCancelAfter:
@@ -348,12 +348,12 @@ func proxyAnswer(f fault, key string) (status int, hdr http.Header, body string)
 			return 503, hdr, body
 		}
 	case f503RA, fHugeRA:
-		hdr.Set("Retry-After", strconv.Itoa(f.ra))
+		hdr.Set("Retry-After", strconv.FormatInt(f.ra, 10))
 		return 503, hdr, body
 	case f429:
 		return 429, hdr, body
 	case f429RA:
-		hdr.Set("Retry-After", strconv.Itoa(f.ra))
+		hdr.Set("Retry-After", strconv.FormatInt(f.ra, 10))
 		return 429, hdr, body
 	case fHintFinal:
 		hdr.Set("Stripe-Should-Retry", "false")
@@ -654,7 +654,7 @@ func encodeFault(f fault) string {
 func decodeFault(s string) fault {
 	var k, d, ra, busy int64
 	fmt.Sscanf(s, "%d %d %d %d", &k, &d, &ra, &busy)
-	return fault{kind: faultKind(k), d: time.Duration(d), ra: int(ra), busy: busy == 1}
+	return fault{kind: faultKind(k), d: time.Duration(d), ra: ra, busy: busy == 1}
 }
 
 // serveLoopback is the server side of the loopback network: a proxy's

@@ -724,50 +724,7 @@ func (rs *resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Reque
 	rs.mu.Lock()
 	rs.bodies = append(rs.bodies, body)
 	rs.mu.Unlock()
-	if rs.pause != nil && i.kind == unnamed && rs.p.opts.dupWindow == 0 && rand.IntN(2) == 0 && r.firstRepeatDuring(i) {
-		rs.repeatDuring(c, i)
-	}
 	return req, nil
-}
-
-// repeatDuring starts a deliberate repeat of i, a finished unnamed payment
-// (a tap finished it while this Rebuild was paused) whose resend c Resume
-// is about to send, and holds c's request at the network until the repeat
-// has chosen its flight (the tap gate): the repeat meets Resume's flight
-// of a done action in the air, as in issue 26 item 1, and must be charged
-// as a payment of its own, never handed that flight's replay.
-func (rs *resumer) repeatDuring(c *call, i *intent) {
-	r := rs.r
-	rep := r.newIntent(unnamed, i.body, i)
-	if rep == nil || rep.name == "" {
-		return
-	}
-	rc := r.newCall(rep, rs.p, callPay)
-	c.group = &tapGroup{calls: []*call{rc}}
-	r.rec.logf("resume: %s repeats %s while %s resends it", rc.name, i.name, c.name)
-	r.async.Add(1)
-	rs.p.calls.Add(1)
-	go func() {
-		defer r.async.Done()
-		defer rs.p.calls.Done()
-		r.doCall(rc, op{kind: opRepeat, callers: 1})
-	}()
-}
-
-// firstRepeatDuring reports whether i is finished (the app has learnt its
-// final answer) and no repeat of it was made during a resend before: one
-// repeat per intent, so that two deliberate repeats joined to two resends
-// of i (two Resumes) are not taken for one double tap (each goes again when
-// its own resend lands, and the second, arriving after the first was
-// charged, is a payment of its own to the Transport).
-func (r *runner) firstRepeatDuring(i *intent) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !i.finished || i.repeatedDuring {
-		return false
-	}
-	i.repeatedDuring = true
-	return true
 }
 
 func (rs *resumer) Resolve(ctx context.Context, rec journal.Record) (bool, error) {
