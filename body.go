@@ -241,12 +241,12 @@ func inMemorySum(r io.Reader) (sum uint64, ok bool) {
 	}
 	h := hashPool.Get().(*maphash.Hash)
 	h.SetSeed(bodySeed) // and reset
-	switch v := m.(type) {
-	case *bytes.Reader:
-		at, _ := v.Seek(0, io.SeekCurrent) // a bytes.Reader's Seek fails only on a bad whence or a negative offset
-		_, _ = v.WriteTo(h)                // a maphash.Hash never fails a write
-		_, _ = v.Seek(at, io.SeekStart)
-	case *strings.Reader:
+	// A *bytes.Reader or a *strings.Reader: their Seek fails only on a bad
+	// whence or a negative offset, and a maphash.Hash never fails a write.
+	if v, ok := m.(interface {
+		io.Seeker
+		io.WriterTo
+	}); ok {
 		at, _ := v.Seek(0, io.SeekCurrent)
 		_, _ = v.WriteTo(h)
 		_, _ = v.Seek(at, io.SeekStart)
