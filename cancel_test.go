@@ -146,7 +146,7 @@ func TestRequestCancelEndsAJoinersWait(t *testing.T) {
 	<-arrived
 	req, cancel := postCancel(t, context.Background(), srv.URL, body)
 	joiner := goRoundTrip(tr, req)
-	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flight).wait") },
+	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flights).wait") },
 		liveness, 5*time.Millisecond, "the double tap joins the flight")
 	cancel()
 	r := awaitResult(t, joiner, "a joiner")
@@ -171,7 +171,7 @@ func TestRequestCancelOfALeaderHandsItsFlightOn(t *testing.T) {
 	leader := goRoundTrip(tr, req)
 	<-arrived
 	joiner := goRoundTrip(tr, post(t, context.Background(), srv.URL, body))
-	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flight).wait") },
+	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flights).wait") },
 		liveness, 5*time.Millisecond, "the double tap joins the flight")
 	cancel()
 	l := awaitResult(t, leader, "the leader")

@@ -43,7 +43,8 @@ type flight struct {
 	joiners int32
 	// asker is askerOf the leader's request: a joiner takes the flight's
 	// result only if its own request asks as the same principal (see
-	// askerOf). Set when the flight starts, never changed.
+	// askerOf). Set when the flight starts, and by whoever leads it on
+	// (handOff). Guarded by flights.mu until the flight lands.
 	asker uint32
 	key   string // once reserved, for joiners' errors
 	// resolving: Resume holds the flight while the app resolves the
@@ -64,14 +65,17 @@ type flight struct {
 	hopTap bool
 	// again: the leader stopped before its joiners had the result, for a
 	// reason of its own (handsOver): they go again, one of them leading;
-	// bound: as requests of act, under its key. (The flags sit together,
-	// so that a flight stays within 888 bytes: with the heap's 8-byte
-	// header, the 896-byte size class.)
-	again, bound bool
-	doneAt       int64
-	body         []byte // the response's body, read for the joiners
-	resp         *http.Response
-	err          error
+	// bound: as requests of act, under its key. leaderless: the leader
+	// stopped so before it reserved anything, and handed the flight itself
+	// on (handOff): the next caller to claim it leads it, the others stay
+	// joined (guarded by flights.mu). (The flags sit together, so that a
+	// flight stays within 888 bytes: with the heap's 8-byte header, the
+	// 896-byte size class.)
+	again, bound, leaderless bool
+	doneAt                   int64
+	body                     []byte // the response's body, read for the joiners
+	resp                     *http.Response
+	err                      error
 }
 
 // flights are the actions in the air in one Transport.
@@ -103,6 +107,13 @@ func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32) (f *fli
 				f.done = make(chan struct{})
 			}
 			return f, false, true
+		}
+		if f.leaderless {
+			// Handed on by a leader that reserved nothing (handOff):
+			// the caller leads it, for the joiners waiting in it, and
+			// its answer is to the caller's principal (asker).
+			f.leaderless, f.asker = false, asker
+			return f, true, false
 		}
 		f.joiners++
 		if f.done == nil {
@@ -164,12 +175,45 @@ func (fs *flights) inAir(prefix string) bool {
 // to land): if f is still in the air, its leader makes no copy of the
 // answer for that caller (see land), and so neither holds nor reads its
 // own answer for one.
+//
+// The last joiner to leave a flight handed on with nobody leading it
+// (handOff) lands it: nobody is left to lead it, and a later request of
+// the action starts anew.
 func (fs *flights) leave(f *flight) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if fs.m[f.id] == f && f.joiners > 0 {
-		f.joiners--
+	if fs.m[f.id] != f || f.joiners == 0 {
+		return
 	}
+	f.joiners--
+	if f.leaderless && f.joiners == 0 {
+		fs.remove(f)
+		f.leaderless, f.again = false, true
+		close(f.done)
+	}
+}
+
+// handOff hands flight f, whose leader stopped for a reason of its own
+// before it reserved anything (no record found, no key, nothing sent), or
+// which Resume held and let go (unhold), on to the callers that joined
+// it, and reports whether it did: f stays in
+// the air, and the first of them to claim it (wait) leads it, the others
+// stay joined to it. Its joiners are one tap, whoever leads it now: were
+// they woken to go again each on its own instead, one that boarded only
+// after another had finished would find that one's payment done, and, an
+// unnamed request, make a second payment of the one tap. With nobody
+// joined, f is not handed off: its leader lands it.
+func (fs *flights) handOff(f *flight) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m[f.id] != f || f.joiners == 0 {
+		return false
+	}
+	woken := f.done
+	f.done = make(chan struct{})
+	f.leaderless, f.resolving = true, false
+	close(woken)
+	return true
 }
 
 func (fs *flights) setKey(f *flight, key string) {
@@ -240,13 +284,18 @@ func (fs *flights) keyOf(f *flight) string {
 func (fs *flights) land(f *flight) int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	fs.remove(f)
+	return int(f.joiners)
+}
+
+// remove takes f out of the map, if it is there. fs.mu is held.
+func (fs *flights) remove(f *flight) {
 	if fs.m[f.id] == f {
 		delete(fs.m, f.id)
 		if f.digest == f.id {
 			fs.digests--
 		}
 	}
-	return int(f.joiners)
 }
 
 // fail ends the flight with err for its joiners. The flight has landed.
@@ -322,11 +371,50 @@ func (f *flight) result() (*http.Response, error) {
 	return r, nil
 }
 
-// wait waits for the flight's result, or for ctx. A result that has
-// landed when ctx ends is taken: the answer is in hand. A ctx with a
-// deadline and no Done channel ends the wait at its deadline: nothing
-// else would.
-func (f *flight) wait(ctx context.Context) error {
+// wait waits, for a caller joined to f, until f lands (lead false), or
+// until its leader hands it on with nobody leading it (handOff) and the
+// caller claims it: then the caller leads it (lead true), no longer
+// counts as a joiner, and its request's principal (asker) is the flight's. A caller whose ctx has ended claims nothing: it gets
+// ctx's error, as when ctx ends before f lands, and leaves f (leave).
+func (fs *flights) wait(ctx context.Context, f *flight, asker uint32) (lead bool, err error) {
+	for {
+		fs.mu.Lock()
+		done := f.done
+		if f.leaderless && !callerEnded(ctx) {
+			f.leaderless, f.asker = false, asker
+			f.joiners--
+			fs.mu.Unlock()
+			return true, nil
+		}
+		fs.mu.Unlock()
+		if err := waitFor(ctx, done); err != nil {
+			return false, err
+		}
+		fs.mu.Lock()
+		handedOn := f.done != done
+		fs.mu.Unlock()
+		if !handedOn {
+			return false, nil
+		}
+	}
+}
+
+// landing returns the channel that is closed when f lands, or when its
+// leader hands it on (handOff), for a caller that waits for it without
+// joining it.
+func (fs *flights) landing(f *flight) <-chan struct{} {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f.done == nil {
+		f.done = make(chan struct{})
+	}
+	return f.done
+}
+
+// waitFor waits for done to be closed, or for ctx. A done closed when ctx
+// ends is taken: the answer is in hand. A ctx with a deadline and no Done
+// channel ends the wait at its deadline: nothing else would.
+func waitFor(ctx context.Context, done <-chan struct{}) error {
 	var expired <-chan time.Time
 	if ctx.Done() == nil {
 		if dl, ok := ctx.Deadline(); ok {
@@ -336,13 +424,13 @@ func (f *flight) wait(ctx context.Context) error {
 		}
 	}
 	select {
-	case <-f.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 	case <-expired:
 	}
 	select {
-	case <-f.done:
+	case <-done:
 		return nil
 	default:
 		return callerErr(ctx)

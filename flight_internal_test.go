@@ -16,11 +16,14 @@ func TestFlightWaitPrefersTheLandedResult(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	f := &flight{done: make(chan struct{})}
+	var fs flights
+	f, _, _ := fs.join("pay:1", journal.Fingerprint{1}, 0)
+	fs.join("pay:1", journal.Fingerprint{1}, 0)
+	fs.land(f)
 	f.release()
 	wrong := 0
 	for range 200 {
-		if err := f.wait(ctx); err != nil {
+		if _, err := fs.wait(ctx, f, 0); err != nil {
 			wrong++
 		}
 	}

@@ -273,6 +273,78 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 	assert.Equal(t, 1, srv.chargeCount())
 }
 
+// firstReserveStalls is a memory journal whose first Reserve after arm
+// stalls until its context ends (entered says it has begun); the others
+// pass.
+type firstReserveStalls struct {
+	*journal.Memory
+	armed   atomic.Bool
+	entered chan struct{}
+}
+
+func (s *firstReserveStalls) arm() { s.armed.Store(true) }
+
+func (s *firstReserveStalls) Reserve(ctx context.Context, rec journal.Record, m journal.ReserveMode) (journal.Record, bool, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		s.entered <- struct{}{}
+		<-ctx.Done()
+		return journal.Record{}, false, ctx.Err()
+	}
+	return s.Memory.Reserve(ctx, rec, m)
+}
+
+// The callers that joined a flight whose leader stopped before it reserved
+// anything are one tap with it: they lead the flight on one at a time, and
+// the action is paid once, under one key, whichever of them leads and
+// however late the others wake. Each round's body was paid once before
+// (done, so the tap is a new payment), as in the history the simulator
+// found: there, woken to go again each on its own, a joiner that boarded
+// after another had finished found that payment done and made a second.
+func TestFlightHandedOnBeforeReserveIsOneTap(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := &firstReserveStalls{Memory: journal.NewMemory(), entered: make(chan struct{})}
+	tr := transportOver(t, j)
+	const rounds, joiners = 20, 4
+	for round := range rounds {
+		body := fmt.Sprintf(`{"amount":10,"round":%d}`, round)
+		roundTrip(t, tr, post(t, context.Background(), srv.URL, body)) // paid before: done
+		before := srv.chargeCount()
+
+		j.arm()
+		lctx, cancel := context.WithCancel(context.Background())
+		lerr := make(chan error, 1)
+		go func() {
+			_, err := tr.RoundTrip(post(t, lctx, srv.URL, body))
+			lerr <- err
+		}()
+		<-j.entered
+		answers := make(chan string, joiners)
+		for range joiners {
+			go func() {
+				resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
+				if err != nil {
+					answers <- err.Error()
+					return
+				}
+				answers <- fmt.Sprint(resp.StatusCode, " ", readAll(t, resp))
+			}()
+		}
+		require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) == joiners }, 5*time.Second, time.Millisecond)
+		cancel()
+		require.ErrorIs(t, <-lerr, context.Canceled)
+		var got []string
+		for range joiners {
+			got = append(got, <-answers)
+		}
+		require.Equal(t, before+1, srv.chargeCount(), "round %d: one tap charged %d times: %q", round, srv.chargeCount()-before, got)
+		for _, a := range got {
+			require.Equal(t, got[0], a, "round %d: the taps were told different things", round)
+		}
+		require.True(t, strings.HasPrefix(got[0], "201 "), "round %d: %s", round, got[0])
+	}
+}
+
 // unlanded outcome, journal recovers only after Forget; other actions unaffected.
 func TestFlightUnlandedForgetOtherAction(t *testing.T) {
 	t.Parallel()

@@ -541,7 +541,7 @@ func FuzzTransportLimits(f *testing.F) {
 				go func() { outs <- call(false) }()
 			}
 			deadline := time.Now().Add(liveness)
-			for strings.Count(goroutineStacks(), "(*flight).wait") < joiners && len(outs) < joiners && len(leaderDone) == 0 {
+			for strings.Count(goroutineStacks(), "(*flights).wait") < joiners && len(outs) < joiners && len(leaderDone) == 0 {
 				if time.Now().After(deadline) {
 					t.Fatalf("%d callers did not join the flight", joiners)
 				}

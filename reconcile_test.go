@@ -90,7 +90,7 @@ func TestReconcileExpireDoesNotResolveAnActionInFlight(t *testing.T) {
 	// Resume either joins the flight in the air or (wrongly) resolves the
 	// action at once; give it time to do either.
 	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && !strings.Contains(goroutineStacks(), "(*flight).wait") {
+	for time.Now().Before(deadline) && !strings.Contains(goroutineStacks(), "(*flights).wait") {
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -862,7 +862,7 @@ func TestReconcileResolvingRefusalOnAStaleListing(t *testing.T) {
 	tapped := sendAsync(here, post(t, idemretry.WithAction(ctx, "pay:A"), srv.URL, body))
 	// The tap waits for the read (a journal call), then, the record being
 	// K2's, carries the action on itself.
-	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flight).wait") },
+	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flights).wait") },
 		5*time.Second, 5*time.Millisecond, "the tap joins the flight Resume holds")
 	close(gj.gateRead)
 	tapErr := <-tapped

@@ -835,7 +835,7 @@ func TestResumeStalledBodyWithJoiner(t *testing.T) {
 		defer close(liveDone)
 		_ = sendErr(second, post(t, idemretry.WithAction(liveCtx, "pay:A"), srv.URL, `{"order":"A"}`))
 	}()
-	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flight).wait") },
+	require.Eventually(t, func() bool { return strings.Contains(goroutineStacks(), "(*flights).wait") },
 		5*time.Second, 5*time.Millisecond, "the live request joins Resume's flight")
 	close(release) // the 201's headers and a first chunk, then the body stalls
 

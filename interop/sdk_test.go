@@ -282,7 +282,7 @@ func TestSQSIdenticalCallsAtOnceEachSent(t *testing.T) {
 // idemretry flight it joined.
 func flightJoined() bool {
 	buf := make([]byte, 1<<20)
-	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "idemretry.(*flight).wait")
+	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "idemretry.(*flights).wait")
 }
 
 func onOff(b bool) string {
