@@ -37,7 +37,10 @@ const (
 	// DefaultKeyHeader is the header that carries the key.
 	DefaultKeyHeader = "Idempotency-Key"
 	// DefaultMaxDrainTime is how long a discarded response body may take to
-	// drain; one that stalls longer is cut, and its connection dropped.
+	// drain; one that stalls longer is cut, and its connection dropped. It
+	// also bounds the reads that judge an answer (the RetryPolicy's, and
+	// KeyReuseRejected's of a 400, 409 or 422): a body that stalls longer
+	// while judged is cut, for the caller and a flight's joiners alike.
 	DefaultMaxDrainTime = 200 * time.Millisecond
 	// DefaultJournalTimeout is the longest any journal call on the request
 	// path may take (WithJournalTimeout); the caller's context bounds it

@@ -1182,6 +1182,13 @@ func (r *runner) checkBound(c *call, byCall map[*call][]*netEvent) {
 	}
 }
 
+// judgedStatus reports whether the Transport reads the start of an answer
+// of status to judge it, whatever the RetryPolicy (attempt.go's
+// mayReadBody).
+func judgedStatus(status int) bool {
+	return status == http.StatusBadRequest || status == http.StatusConflict || status == http.StatusUnprocessableEntity
+}
+
 // checkShared holds a caller that got ErrResponseNotShared to
 // Transport.RoundTrip's rule: only a body over the sharing limit, or one
 // still arriving after DefaultMaxShareTime, is not shared.
@@ -1199,8 +1206,12 @@ func (r *runner) checkShared(c *call, net []*netEvent) {
 			continue
 		}
 		// A body cut on the wire is not shareable; one that stalls for
-		// less than DefaultMaxShareTime (every stall here) arrives whole.
-		if ev.fault.kind == fReset || ev.fault.kind == fUpgrade || int64(len(paytestBody(ev))) > limit || limit < 1024 {
+		// less than DefaultMaxShareTime (every stall here) arrives whole,
+		// but for a 400, 409 or 422, whose body the RetryPolicy is given
+		// to judge for at most DefaultMaxDrainTime (attempt.go's
+		// classify): one that stalls that long is cut there.
+		if ev.fault.kind == fReset || ev.fault.kind == fUpgrade || int64(len(paytestBody(ev))) > limit || limit < 1024 ||
+			ev.fault.kind == fStall && ev.fault.d >= idemretry.DefaultMaxDrainTime && judgedStatus(ev.status) {
 			return
 		}
 	}
