@@ -98,7 +98,9 @@
 // carries it on under the same key, and the server replays. A caller takes a
 // flight's answer only if it would itself reserve that action: an unnamed
 // payment that finds a flight resending a done one (a tap's or Resume's)
-// past the duplicate window is a new payment, sent once the flight lands;
+// past the duplicate window is a new payment, sent once the flight lands
+// (and the callers that so go again, with those that arrive meanwhile,
+// are one tap: one payment);
 // so is one that asks as another principal (another Authorization, Cookie,
 // Stripe-Account or OpenAI-Organization header than the first caller's, or
 // another header named *-Token, *-Key or *-Secret: two tenants' identical

@@ -65,17 +65,23 @@ type flight struct {
 	hopTap bool
 	// again: the leader stopped before its joiners had the result, for a
 	// reason of its own (handsOver): they go again, one of them leading;
-	// bound: as requests of act, under its key. leaderless: the leader
-	// stopped so before it reserved anything, and handed the flight itself
-	// on (handOff): the next caller to claim it leads it, the others stay
-	// joined (guarded by flights.mu). (The flags sit together, so that a
-	// flight stays within 888 bytes: with the heap's 8-byte header, the
-	// 896-byte size class.)
+	// bound: as requests of act, under its key. leaderless: nobody leads
+	// the flight yet: its leader stopped so before it reserved anything,
+	// and handed the flight itself on (handOff), or it went on from a
+	// landed one (land); the next caller to claim it leads it, the others
+	// stay joined (guarded by flights.mu). (The flags sit together: a
+	// flight is 912 bytes, in the heap's 1024-byte size class.)
 	again, bound, leaderless bool
-	doneAt                   int64
-	body                     []byte // the response's body, read for the joiners
-	resp                     *http.Response
-	err                      error
+	// undecided: of the callers joined to the flight when it landed, how
+	// many have not said yet what they do (decide, heir); next: the
+	// flight those of them that go again went on in (heir). Guarded by
+	// flights.mu.
+	undecided int32
+	next      *flight
+	doneAt    int64
+	body      []byte // the response's body, read for the joiners
+	resp      *http.Response
+	err       error
 }
 
 // flights are the actions in the air in one Transport.
@@ -182,7 +188,14 @@ func (fs *flights) inAir(prefix string) bool {
 func (fs *flights) leave(f *flight) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if fs.m[f.id] != f || f.joiners == 0 {
+	if fs.m[f.id] == f {
+		fs.unjoin(f)
+	}
+}
+
+// unjoin takes one caller's join of f, in the air, back. fs.mu is held.
+func (fs *flights) unjoin(f *flight) {
+	if f.joiners == 0 {
 		return
 	}
 	f.joiners--
@@ -191,6 +204,59 @@ func (fs *flights) leave(f *flight) {
 		f.leaderless, f.again = false, true
 		close(f.done)
 	}
+}
+
+// decide says that a caller joined to f goes no further with it, nor with
+// the flight its other joiners went on in (heir): it took f's result,
+// carries f's action on by itself, or stopped waiting (then, f still in
+// the air, it leaves it, as leave does). A caller counted in the flights
+// that went on from f, as one that would join them (heir), is counted out
+// of them again.
+func (fs *flights) decide(f *flight) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m[f.id] == f {
+		fs.unjoin(f)
+		return
+	}
+	fs.countOut(f)
+}
+
+// countOut takes one undecided joiner of f, landed, out of f's count and
+// out of the flights that went on from it. fs.mu is held.
+func (fs *flights) countOut(f *flight) {
+	for ; f != nil; f = f.next {
+		if fs.m[f.id] == f {
+			fs.unjoin(f) // in the air: counted as one of its joiners
+			return
+		}
+		if f.undecided == 0 {
+			return
+		}
+		f.undecided--
+	}
+}
+
+// heir returns the flight in which a caller joined to f, landed, goes
+// again (landed's goAgain: f's action is not its own), and whether it
+// leads it: the flight that went on from f (land), in which the caller
+// was counted as joined. The first of f's joiners to go again, or a
+// request that arrived since f landed, leads it; the others are joined to
+// it, however late they wake, and take its result, instead of finding its
+// payment done and making another.
+func (fs *flights) heir(f *flight, asker uint32) (g *flight, lead bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f.undecided > 0 {
+		f.undecided--
+	}
+	g = f.next
+	if fs.m[g.id] == g && g.leaderless {
+		g.leaderless, g.asker = false, asker
+		g.joiners--
+		return g, true
+	}
+	return g, false
 }
 
 // handOff hands flight f, whose leader stopped for a reason of its own
@@ -285,6 +351,21 @@ func (fs *flights) land(f *flight) int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	fs.remove(f)
+	if f.joiners > 0 && fs.m[f.id] == nil {
+		// Its joiners that go again (heir), and requests that arrive
+		// while they wake, are one tap: they go on in one flight, which
+		// is in the air from now, counting each joiner as joined until it
+		// decides (decide, heir), so that none finds another's payment
+		// done. Nobody leads it until one of them, or a new request,
+		// claims it; nobody going on in it, it lands (unjoin).
+		g := &flight{fp: f.fp, id: f.id, digest: f.digest, joiners: f.joiners, leaderless: true, done: make(chan struct{})}
+		if g.digest == g.id {
+			fs.digests++
+		}
+		fs.m[f.id] = g
+		f.next = g
+	}
+	f.undecided = f.joiners
 	return int(f.joiners)
 }
 

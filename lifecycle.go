@@ -55,7 +55,10 @@ package idemretry
 // flight's action is one it would itself have reserved when it arrived
 // (landed; hopOnArrival for a done 307/308): else (an unnamed payment made
 // after the flight's action was done, past the duplicate window and its
-// hop) it goes again, as a request of its own.
+// hop) it goes again. The joiners that go again, and the requests that
+// arrive while they wake, are one tap: they go on in one flight, which is
+// in the air from the landing on (land, heir), so that none that wakes late
+// finds another's payment of the tap done and makes a second.
 //
 // Resume leads an outcome-unknown action's flight without sending
 // (holdFlight) while it resolves it: a request that joins is refused
@@ -84,8 +87,8 @@ import (
 // takes its result or goes again (see landed).
 func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*http.Response, error) {
 	ctx := req.Context()
+	f, lead, err := t.board(payload{req, b}, &who)
 	for {
-		f, lead, err := t.board(payload{req, b}, &who)
 		if err != nil {
 			return nil, err
 		}
@@ -96,7 +99,7 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		hopLive, judged := t.hopOnArrival(ctx, f, &who)
 		lead, err = t.flights.wait(ctx, f, who.asker)
 		if err != nil {
-			t.flights.leave(f) // flight.go: no copy is made for it
+			t.flights.decide(f) // flight.go: no copy is made for it
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
 		if lead {
@@ -121,10 +124,19 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		}
 		switch v {
 		case takeResult:
+			t.flights.decide(f)
 			return f.result()
 		case carryOn:
+			t.flights.decide(f)
 			bound := f.act.rec
 			who.bound = &bound
+			f, lead, err = t.board(payload{req, b}, &who)
+		default: // goAgain: with the others of f's joiners that do, one tap
+			if f.next == nil {
+				f, lead, err = t.board(payload{req, b}, &who)
+				break
+			}
+			f, lead = t.flights.heir(f, who.asker)
 		}
 	}
 }
@@ -516,7 +528,7 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 		// Either way it lands first; its answer is not Resume's, so its
 		// leader makes no copy of it for Resume.
 		if !mismatch {
-			t.flights.leave(f)
+			t.flights.decide(f) // f may have landed since it joined
 		}
 		if err := waitFor(ctx, t.flights.landing(f)); err != nil {
 			return nil, &ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true, Err: err}

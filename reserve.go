@@ -19,8 +19,8 @@ type action struct {
 	// fresh: this RoundTrip minted the key, at createdAt (the clock's
 	// reading, with its monotonic part on the system clock). Otherwise an
 	// earlier RoundTrip, perhaps in a process that died, may have sent it.
-	// (The flags and attempts sit together: a flight, which holds an
-	// action, stays within 888 bytes.)
+	// (The flags and attempts sit together, to keep a flight, which
+	// holds an action, small.)
 	fresh bool
 	// byFingerprint: the action is named by its request's fingerprint.
 	byFingerprint bool

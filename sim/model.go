@@ -77,6 +77,9 @@ type intent struct {
 
 	// Guarded by the runner's mu.
 	finished bool // a final answer was learnt (or Resolve found it charged)
+	// repeatedDuring: a deliberate repeat of it was made while Resume
+	// resent it (resumer.repeatDuring).
+	repeatedDuring bool
 	// finishedSeq is when it was learnt: a call of the intent that chose
 	// its flight after that was a tap that came after the first finished.
 	finishedSeq int64

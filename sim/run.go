@@ -48,7 +48,7 @@ type process struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	opts    topts
-	calls   sync.WaitGroup
+	calls   group
 }
 
 type runner struct {
@@ -86,7 +86,7 @@ type runner struct {
 	withinWindow bool
 	damagedID    sync.Map // action ids it damaged
 
-	async sync.WaitGroup
+	async group
 	viol  []violation
 }
 
@@ -337,6 +337,26 @@ func (r *runner) newIntent(k intentKind, body int, of *intent) *intent {
 	case keyed:
 		i.key = fmt.Sprintf("app-%016x-%d", r.h.seed, i.n)
 	}
+	r.intents = append(r.intents, i)
+	return i
+}
+
+// newRepeatIntent returns a new unnamed intent, a deliberate repeat of i
+// (finished, on a process without a duplicate window), or nil while
+// another unnamed intent with i's body is unfinished (the repeat would be
+// a tap of it: resolveUnnamed's first case). Unlike newIntent it waits for
+// nothing: it is called from a Rebuild, inside a Resume that awaitAll
+// would wait for.
+func (r *runner) newRepeatIntent(of *intent) *intent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.intents {
+		if j.kind == unnamed && j.body == of.body && !j.finished {
+			return nil
+		}
+	}
+	i := &intent{n: len(r.intents) + 1, kind: unnamed, body: of.body, repeatOf: of, forgottenKeys: map[string]bool{}, sdk: of.sdk}
+	i.name = fmt.Sprintf("i%d", i.n)
 	r.intents = append(r.intents, i)
 	return i
 }
@@ -724,7 +744,50 @@ func (rs *resumer) Rebuild(ctx context.Context, rec journal.Record) (*http.Reque
 	rs.mu.Lock()
 	rs.bodies = append(rs.bodies, body)
 	rs.mu.Unlock()
+	if rs.pause != nil && i.kind == unnamed && rs.p.opts.dupWindow == 0 && rand.IntN(2) == 0 && r.firstRepeatDuring(i) {
+		rs.repeatDuring(c, i)
+	}
 	return req, nil
+}
+
+// repeatDuring starts a deliberate repeat of i, a finished unnamed payment
+// (a tap finished it while this Rebuild was paused) whose resend c Resume
+// is about to send, and holds c's request at the network until the repeat
+// has chosen its flight (the tap gate): the repeat meets Resume's flight
+// of a done action in the air, as in issue 26 item 1, and must be charged
+// as a payment of its own, never handed that flight's replay.
+func (rs *resumer) repeatDuring(c *call, i *intent) {
+	r := rs.r
+	rep := r.newRepeatIntent(i)
+	if rep == nil {
+		return
+	}
+	rc := r.newCall(rep, rs.p, callPay)
+	c.group = &tapGroup{calls: []*call{rc}}
+	r.rec.logf("resume: %s repeats %s while %s resends it", rc.name, i.name, c.name)
+	r.async.Add(1)
+	rs.p.calls.Add(1)
+	go func() {
+		defer r.async.Done()
+		defer rs.p.calls.Done()
+		r.doCall(rc, op{kind: opRepeat, callers: 1})
+	}()
+}
+
+// firstRepeatDuring reports whether i is finished (the app has learnt its
+// final answer) and no repeat of it was made during a resend before: one
+// repeat per intent, so that two deliberate repeats joined to two resends
+// of i (two Resumes) are not taken for one double tap (each goes again when
+// its own resend lands, and the second, arriving after the first was
+// charged, is a payment of its own to the Transport).
+func (r *runner) firstRepeatDuring(i *intent) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !i.finished || i.repeatedDuring {
+		return false
+	}
+	i.repeatedDuring = true
+	return true
 }
 
 func (rs *resumer) Resolve(ctx context.Context, rec journal.Record) (bool, error) {
@@ -885,16 +948,51 @@ func (r *runner) restart(p *process) error {
 	return r.startProcess(p.machine)
 }
 
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
+// A group counts calls in the air, as a sync.WaitGroup does, with a wait
+// that may time out: a WaitGroup's Wait cannot, and one left waiting on a
+// goroutine of its own panics ("WaitGroup is reused before previous Wait
+// has returned") when a call starts just as the count reaches zero.
+type group struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n reaches zero
+}
+
+func (g *group) Add(d int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		g.zero = make(chan struct{})
+	}
+	g.n += d
+	if g.n == 0 {
+		close(g.zero)
+	}
+}
+
+func (g *group) Done() { g.Add(-1) }
+
+// idle returns a channel closed once no call is in the air.
+func (g *group) idle() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		return closedChan
+	}
+	return g.zero
+}
+
+func (g *group) Wait() { <-g.idle() }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// waitTimeout waits until g has no call in the air, for d at most, and
+// reports whether it has none.
+func waitTimeout(g *group, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-done:
+	case <-g.idle():
 		return true
 	case <-t.C:
 		return false
