@@ -43,8 +43,8 @@ type flight struct {
 	joiners int32
 	// asker is askerOf the leader's request: a joiner takes the flight's
 	// result only if its own request asks as the same principal (see
-	// askerOf). Set when the flight starts, and by whoever leads it on
-	// (handOff). Guarded by flights.mu until the flight lands.
+	// askerOf). Set by whoever leads it (join, wait, heir). Guarded by
+	// flights.mu until the flight lands.
 	asker uint32
 	key   string // once reserved, for joiners' errors
 	// resolving: Resume holds the flight while the app resolves the
@@ -66,10 +66,9 @@ type flight struct {
 	// again: the leader stopped before its joiners had the result, for a
 	// reason of its own (handsOver): they go again, one of them leading;
 	// bound: as requests of act, under its key. leaderless: nobody leads
-	// the flight yet: its leader stopped so before it reserved anything,
-	// and handed the flight itself on (handOff), or it went on from a
-	// landed one (land); the next caller to claim it leads it, the others
-	// stay joined (guarded by flights.mu). (The flags sit together: a
+	// the flight yet: it went on from a landed one (land); the next caller
+	// to claim it leads it, the others stay joined (guarded by
+	// flights.mu). (The flags sit together: a
 	// flight is 912 bytes, in the heap's 1024-byte size class.)
 	again, bound, leaderless bool
 	// undecided: of the callers joined to the flight when it landed, how
@@ -115,9 +114,9 @@ func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32) (f *fli
 			return f, false, true
 		}
 		if f.leaderless {
-			// Handed on by a leader that reserved nothing (handOff):
-			// the caller leads it, for the joiners waiting in it, and
-			// its answer is to the caller's principal (asker).
+			// Gone on from a landed flight, and nobody leads it yet
+			// (land): the caller leads it, for the joiners counted in
+			// it, and its answer is to the caller's principal (asker).
 			f.leaderless, f.asker = false, asker
 			return f, true, false
 		}
@@ -182,9 +181,9 @@ func (fs *flights) inAir(prefix string) bool {
 // answer for that caller (see land), and so neither holds nor reads its
 // own answer for one.
 //
-// The last joiner to leave a flight handed on with nobody leading it
-// (handOff) lands it: nobody is left to lead it, and a later request of
-// the action starts anew.
+// The last joiner to leave a flight that nobody leads yet (one that went
+// on from a landed flight: land) lands it: nobody is left to lead it, and a
+// later request of the action starts anew.
 func (fs *flights) leave(f *flight) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -257,29 +256,6 @@ func (fs *flights) heir(f *flight, asker uint32) (g *flight, lead bool) {
 		return g, true
 	}
 	return g, false
-}
-
-// handOff hands flight f, whose leader stopped for a reason of its own
-// before it reserved anything (no record found, no key, nothing sent), or
-// which Resume held and let go (unhold), on to the callers that joined
-// it, and reports whether it did: f stays in
-// the air, and the first of them to claim it (wait) leads it, the others
-// stay joined to it. Its joiners are one tap, whoever leads it now: were
-// they woken to go again each on its own instead, one that boarded only
-// after another had finished would find that one's payment done, and, an
-// unnamed request, make a second payment of the one tap. With nobody
-// joined, f is not handed off: its leader lands it.
-func (fs *flights) handOff(f *flight) bool {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if fs.m[f.id] != f || f.joiners == 0 {
-		return false
-	}
-	woken := f.done
-	f.done = make(chan struct{})
-	f.leaderless, f.resolving = true, false
-	close(woken)
-	return true
 }
 
 func (fs *flights) setKey(f *flight, key string) {
@@ -452,37 +428,26 @@ func (f *flight) result() (*http.Response, error) {
 	return r, nil
 }
 
-// wait waits, for a caller joined to f, until f lands (lead false), or
-// until its leader hands it on with nobody leading it (handOff) and the
-// caller claims it: then the caller leads it (lead true), no longer
-// counts as a joiner, and its request's principal (asker) is the flight's. A caller whose ctx has ended claims nothing: it gets
+// wait waits, for a caller joined to f, until f lands (lead false), or,
+// f nobody's yet (it went on from a landed flight: land), until the caller
+// claims it: then the caller leads it (lead true), no longer counts as a
+// joiner, and its request's principal (asker) is the flight's. A caller whose ctx has ended claims nothing: it gets
 // ctx's error, as when ctx ends before f lands, and leaves f (leave).
 func (fs *flights) wait(ctx context.Context, f *flight, asker uint32) (lead bool, err error) {
-	for {
-		fs.mu.Lock()
-		done := f.done
-		if f.leaderless && !callerEnded(ctx) {
-			f.leaderless, f.asker = false, asker
-			f.joiners--
-			fs.mu.Unlock()
-			return true, nil
-		}
+	fs.mu.Lock()
+	if f.leaderless && fs.m[f.id] == f && !callerEnded(ctx) {
+		f.leaderless, f.asker = false, asker
+		f.joiners--
 		fs.mu.Unlock()
-		if err := waitFor(ctx, done); err != nil {
-			return false, err
-		}
-		fs.mu.Lock()
-		handedOn := f.done != done
-		fs.mu.Unlock()
-		if !handedOn {
-			return false, nil
-		}
+		return true, nil
 	}
+	done := f.done
+	fs.mu.Unlock()
+	return false, waitFor(ctx, done)
 }
 
-// landing returns the channel that is closed when f lands, or when its
-// leader hands it on (handOff), for a caller that waits for it without
-// joining it.
+// landing returns the channel that is closed when f lands, for a caller
+// that waits for it without joining it.
 func (fs *flights) landing(f *flight) <-chan struct{} {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()

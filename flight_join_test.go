@@ -2,6 +2,7 @@ package idemretry_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -430,4 +431,68 @@ func TestFlightLeaderWaitingForALeaseKeepsItsActionsKey(t *testing.T) {
 		assert.NotEqual(t, second.Key, s.Key, "request %d: the tap of the first payment went out under the second one's key", i+3)
 	}
 	assert.Equal(t, 2, srv.chargeCount())
+}
+
+// Resume resends an unnamed pending action whose record is now another
+// key's, done (the first key reconciled and forgotten, the body paid
+// since), and two taps of that body join Resume's flight while its Reserve
+// is slow. Resume's reservation finds the done record and is refused
+// (ErrNotResumable); the taps, a new payment, are one tap: paid once.
+// Found in the review of the hand-on of a flight whose leader stopped
+// before reserving (the claimer judged by its predecessor's record).
+func TestFlightTapsOfAResendRefusedAsNotResumableArePaidOnce(t *testing.T) {
+	t.Parallel()
+	const body = `{"amount":10,"order":"U"}`
+	srv := newPayServer(t)
+	j := newStallingReserve(true)
+	srv.script = func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 {
+			hijackAndClose(w)
+			return true
+		}
+		return false
+	}
+	leftPending(t, j, post(t, context.Background(), srv.URL, body))
+	srv.mu.Lock()
+	srv.script = nil
+	srv.mu.Unlock()
+	recs, err := j.Unfinished(context.Background())
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	tr := transportOver(t, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	g := &gatedResumer{url: srv.URL, body: body, rebuilding: make(chan journal.Record, 1), gate: make(chan struct{})}
+	done := resumeAsync(ctx, tr, g, 1)
+	<-g.rebuilding
+	require.NoError(t, j.Forget(ctx, recs[0].ActionID)) // reconciled elsewhere
+	roundTrip(t, tr, post(t, ctx, srv.URL, body))       // and paid again since
+	before := srv.chargeCount()
+	j.arm()
+	close(g.gate)
+	<-j.entered // Resume's request leads the flight, in its Reserve
+	const taps = 2
+	answers := make(chan string, taps)
+	for range taps {
+		go func() {
+			resp, err := tr.RoundTrip(post(t, ctx, srv.URL, body))
+			if err != nil {
+				answers <- err.Error()
+				return
+			}
+			answers <- fmt.Sprint(resp.StatusCode, " ", readAll(t, resp))
+		}()
+	}
+	require.Eventually(t, func() bool { return idemretry.FlightJoiners(tr) == taps }, 5*time.Second, time.Millisecond)
+	close(j.gate)
+	res := (<-done).res
+	require.Len(t, res, 1)
+	require.ErrorIs(t, res[0].Err, idemretry.ErrNotResumable)
+	var got []string
+	for range taps {
+		got = append(got, <-answers)
+	}
+	require.Equal(t, before+1, srv.chargeCount(), "one double tap charged %d times: %q", srv.chargeCount()-before, got)
+	require.Equal(t, got[0], got[1], "the taps were told different things")
 }

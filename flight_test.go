@@ -273,22 +273,34 @@ func TestFlightLeaderCancelledInReserveHandsOver(t *testing.T) {
 	assert.Equal(t, 1, srv.chargeCount())
 }
 
-// firstReserveStalls is a memory journal whose first Reserve after arm
-// stalls until its context ends (entered says it has begun); the others
-// pass.
-type firstReserveStalls struct {
+// stallingReserve is a memory journal whose first Reserve after arm
+// stalls (entered says it has begun) until gate closes, then goes through,
+// or, gate nil, until its context ends; the others pass.
+type stallingReserve struct {
 	*journal.Memory
 	armed   atomic.Bool
 	entered chan struct{}
+	gate    chan struct{}
 }
 
-func (s *firstReserveStalls) arm() { s.armed.Store(true) }
+func newStallingReserve(gated bool) *stallingReserve {
+	s := &stallingReserve{Memory: journal.NewMemory(), entered: make(chan struct{})}
+	if gated {
+		s.gate = make(chan struct{})
+	}
+	return s
+}
 
-func (s *firstReserveStalls) Reserve(ctx context.Context, rec journal.Record, m journal.ReserveMode) (journal.Record, bool, error) {
+func (s *stallingReserve) arm() { s.armed.Store(true) }
+
+func (s *stallingReserve) Reserve(ctx context.Context, rec journal.Record, m journal.ReserveMode) (journal.Record, bool, error) {
 	if s.armed.CompareAndSwap(true, false) {
 		s.entered <- struct{}{}
-		<-ctx.Done()
-		return journal.Record{}, false, ctx.Err()
+		if s.gate == nil {
+			<-ctx.Done()
+			return journal.Record{}, false, ctx.Err()
+		}
+		<-s.gate
 	}
 	return s.Memory.Reserve(ctx, rec, m)
 }
@@ -300,10 +312,10 @@ func (s *firstReserveStalls) Reserve(ctx context.Context, rec journal.Record, m 
 // (done, so the tap is a new payment), as in the history the simulator
 // found: there, woken to go again each on its own, a joiner that boarded
 // after another had finished found that payment done and made a second.
-func TestFlightHandedOnBeforeReserveIsOneTap(t *testing.T) {
+func TestFlightJoinersOfALeaderStoppedInReserveAreOneTap(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)
-	j := &firstReserveStalls{Memory: journal.NewMemory(), entered: make(chan struct{})}
+	j := newStallingReserve(false)
 	tr := transportOver(t, j)
 	const rounds, joiners = 20, 4
 	for round := range rounds {

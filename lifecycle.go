@@ -45,9 +45,6 @@ package idemretry
 //	leading -> shared       its joiners take a copy of its answer (or its error)
 //	leading -> handed over  it stopped for its own context before its joiners had
 //	                        the answer: they go again, bound to its action (carryOn)
-//	leading -> handed on    it so stopped before it reserved anything: the flight
-//	                        stays in the air, and one of its joiners leads it on
-//	                        (handOff), the others still joined: one tap
 //	leading -> not shared   the body is over WithMaxSharedResponse, failed to read,
 //	                        or is a 101's upgraded connection: ErrResponseNotShared
 //
@@ -62,8 +59,8 @@ package idemretry
 //
 // Resume leads an outcome-unknown action's flight without sending
 // (holdFlight) while it resolves it: a request that joins is refused
-// with ErrOutcomeUnknown once the record is confirmed unknown; if it is
-// not, the flight is handed on to its joiners (unhold).
+// with ErrOutcomeUnknown once the record is confirmed unknown, and goes
+// again if it is not (unhold).
 //
 // The decisions are functions of what was found and when, so that each
 // has a table (lifecycle_test.go, reserve_test.go): repeatOf and repeats
@@ -103,8 +100,8 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
 		}
 		if lead {
-			// Handed on by a leader that reserved nothing: the request
-			// leads it, for the taps that joined it with it.
+			// f went on from a landed flight, and nobody led it: the
+			// request leads it, for the others of its tap (land, heir).
 			return t.lead(req, b, who, f, s)
 		}
 		if !judged {
@@ -188,12 +185,6 @@ func (t *Transport) lead(req *http.Request, b *body, who identity, f *flight, s 
 		f.acting = true
 		t.flights.setKey(f, a.rec.Key)
 		resp, pending, err = t.attempts(req, b, a, s, &f.trace)
-	}
-	if f.act.rec.Key == "" && handsOver(leaderEnded(req), &who, resp, err, pending) && t.flights.handOff(f) {
-		// Stopped before it reserved anything: its joiners, one tap with
-		// it, lead the flight on, one of them at a time (handOff).
-		landed = true
-		return resp, err
 	}
 	n := t.flights.land(f)
 	landed = true
@@ -538,12 +529,9 @@ func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*fli
 
 // unhold ends Resume's hold of flight f, held to resolve listed: whoever
 // joined is refused, if the action was confirmed outcome-unknown
-// (confirmed); else the flight is handed on to them (handOff), one tap,
-// as a request's leader that reserved nothing hands it on.
+// (confirmed); else they go on, one tap, in the flight that goes on from
+// it (land, heir).
 func (t *Transport) unhold(f *flight, listed journal.Record, confirmed bool) {
-	if !confirmed && t.flights.handOff(f) {
-		return
-	}
 	t.flights.land(f)
 	if confirmed {
 		f.fail(&ActionError{Action: listed.ActionID, Key: listed.Key, Attempts: listed.Attempts, MaybeProcessed: true,

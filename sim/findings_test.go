@@ -23,7 +23,8 @@ var findings = []finding{
 	// the leader's context ended in a slow Reserve, its joiners were woken
 	// to go again each on its own, and one that boarded after another had
 	// finished found that one's payment done and made a second (8 of 10
-	// runs before flights.handOff).
+	// runs before the flight that goes on from a landed one: flights.land
+	// and heir).
 	{"woken-joiners-are-one-tap", 1796185515861680192, "13,24,27,29"},
 	// An unnamed payment made again while Resume resent the first, done:
 	// it joined the resend's flight, went again when it landed, and before
