@@ -175,24 +175,12 @@ func (fs *flights) inAir(prefix string) bool {
 	return false
 }
 
-// leave takes back the join of a caller that stopped waiting for f (its
-// context ended) or never meant to take its answer (Resume waiting for it
-// to land): if f is still in the air, its leader makes no copy of the
-// answer for that caller (see land), and so neither holds nor reads its
-// own answer for one.
-//
-// The last joiner to leave a flight that nobody leads yet (one that went
-// on from a landed flight: land) lands it: nobody is left to lead it, and a
-// later request of the action starts anew.
-func (fs *flights) leave(f *flight) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if fs.m[f.id] == f {
-		fs.unjoin(f)
-	}
-}
-
-// unjoin takes one caller's join of f, in the air, back. fs.mu is held.
+// unjoin takes one caller's join of f, in the air, back: f's leader makes
+// no copy of the answer for it (see land), and so neither holds nor reads
+// its own answer for one. The last joiner to go from a flight that nobody
+// leads yet (one that went on from a landed flight: land) lands it: nobody
+// is left to lead it, and a later request of the action starts anew.
+// fs.mu is held.
 func (fs *flights) unjoin(f *flight) {
 	if f.joiners == 0 {
 		return
@@ -207,10 +195,10 @@ func (fs *flights) unjoin(f *flight) {
 
 // decide says that a caller joined to f goes no further with it, nor with
 // the flight its other joiners went on in (heir): it took f's result,
-// carries f's action on by itself, or stopped waiting (then, f still in
-// the air, it leaves it, as leave does). A caller counted in the flights
-// that went on from f, as one that would join them (heir), is counted out
-// of them again.
+// carries f's action on by itself, stopped waiting (its context ended), or
+// never meant to take its answer (Resume waiting for it to land). f still
+// in the air, its join is taken back (unjoin); f landed, it is counted out
+// of the flights that went on from f, as one that would join them (heir).
 func (fs *flights) decide(f *flight) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -432,7 +420,7 @@ func (f *flight) result() (*http.Response, error) {
 // f nobody's yet (it went on from a landed flight: land), until the caller
 // claims it: then the caller leads it (lead true), no longer counts as a
 // joiner, and its request's principal (asker) is the flight's. A caller whose ctx has ended claims nothing: it gets
-// ctx's error, as when ctx ends before f lands, and leaves f (leave).
+// ctx's error, as when ctx ends before f lands, and goes (decide).
 func (fs *flights) wait(ctx context.Context, f *flight, asker uint32) (lead bool, err error) {
 	fs.mu.Lock()
 	if f.leaderless && fs.m[f.id] == f && !callerEnded(ctx) {
