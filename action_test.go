@@ -412,6 +412,31 @@ func TestDuplicateWindow(t *testing.T) {
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
+// The duplicate window is judged when the tap arrives, not when its
+// reservation runs: a tap 20 s after the first payment, under a 30 s
+// window, whose Reserve is slow while the clock moves on to 40 s (a slow
+// journal, a clock set forward), is the first payment's tap: its replay,
+// no second charge. The simulator found it with a clock set forward
+// during a slow Reserve.
+func TestDuplicateWindowIsJudgedWhenTheTapArrives(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := newStallingReserve(true)
+	tr, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	const body = `{"amount":31}`
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, body))
+	clk.Advance(20 * time.Second)
+	j.arm()
+	tap := payAsync(tr, post(t, context.Background(), srv.URL, body))
+	<-j.entered
+	clk.Advance(20 * time.Second) // 40 s after the first payment
+	close(j.gate)
+	p := <-tap
+	require.NoError(t, p.err)
+	assert.True(t, p.replay, "a tap within the window, reserved after it, was made a new payment")
+	assert.Equal(t, 1, srv.chargeCount())
+}
+
 // WithAction ids that are empty or look like derived ids are refused.
 func TestInvalidActionIDs(t *testing.T) {
 	srv := newPayServer(t)

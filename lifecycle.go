@@ -84,6 +84,9 @@ import (
 // takes its result or goes again (see landed).
 func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*http.Response, error) {
 	ctx := req.Context()
+	if who.byFingerprint && who.exact() == "" {
+		who.arrived = t.earlierNow()
+	}
 	f, lead, err := t.board(payload{req, b}, &who)
 	for {
 		if err != nil {
@@ -92,7 +95,10 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		if lead {
 			return t.lead(req, b, who, f, s)
 		}
-		arrived := t.earlierNow()
+		arrived := who.arrived
+		if arrived.IsZero() {
+			arrived = t.earlierNow()
+		}
 		hopLive, judged := t.hopOnArrival(ctx, f, &who)
 		lead, err = t.flights.wait(ctx, f, who.asker)
 		if err != nil {
@@ -271,12 +277,17 @@ func (t *Transport) reserveRepeat(ctx context.Context, who *identity, p payload,
 // action rec records (found by reserving who's id): always, for a named
 // action (a caller key, a WithAction id: one id is one action for its
 // whole key window) and for a request bound to rec's action; for an
-// unnamed one, unless rec is done past the duplicate window (repeats) and
+// unnamed one, unless rec is done past the duplicate window (repeats, at
+// the request's arrival: identity.arrived) and
 // was not answered with a 307/308 whose hop is still unfinished (then the
 // action is not finished, and the request is a tap of it, which goes out
 // under its key and joins its hop: viaHop).
 func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Record) (same, viaHop bool, err error) {
-	if !who.byFingerprint || who.exact() != "" || repeats(rec, t.earlierNow(), t.cfg.duplicateWindow) {
+	arrived := who.arrived
+	if arrived.IsZero() {
+		arrived = t.earlierNow()
+	}
+	if !who.byFingerprint || who.exact() != "" || repeats(rec, arrived, t.cfg.duplicateWindow) {
 		return true, false, nil
 	}
 	same, err = t.hopUnfinished(ctx, rec)

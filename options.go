@@ -328,10 +328,11 @@ func WithRequireAction() Option { return func(c *config) { c.requireAction = tru
 //
 // The window is off (0) by default: it also turns a deliberate identical
 // payment within d into a replay of the first. Prefer naming actions
-// ([WithAction]). d must be shorter than the key window. It is judged by
-// the earlier of the clock and the journal's time ([journal.Timekeeper];
-// sqljournal keeps the database's). A double tap must not pass for a new
-// payment because one clock runs ahead of the other.
+// ([WithAction]). d must be shorter than the key window. It is judged when
+// the request arrives (RoundTrip is called), by the earlier of the clock
+// and the journal's time ([journal.Timekeeper]; sqljournal keeps the
+// database's): a double tap must not pass for a new payment because one
+// clock runs ahead of the other, or because the journal was slow.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
 
 // WithJournalTimeout bounds every journal call on the request path

@@ -78,6 +78,12 @@ type identity struct {
 	// asker is askerOf the request's header: it takes a flight's result
 	// only if the flight's leader asked as the same principal.
 	asker uint32
+	// arrived is when an unnamed request arrived (earlierNow, as fly
+	// began): the duplicate window is judged at that time, the tap's, not
+	// at its reservation's, which a slow journal, a retry of the journal
+	// call or a clock set forward meanwhile would put later (repeatOf,
+	// landed). Zero for a named request.
+	arrived time.Time
 	// uncheckable: a resumed action whose record's keyed fingerprint
 	// cannot be checked here (resumedIdentity): never sent, and refused
 	// as uncheckable until its key window ends, then recorded

@@ -33,6 +33,11 @@ var findings = []finding{
 	// a second (about 1 run in 10 before the flight that goes on from a
 	// landed one, flights.land and heir).
 	{"joiners-that-go-again-are-one-tap", 1796193128802255514, "12,14,15,16,17,19,20,21,22,24,25"},
+	// A tap within the duplicate window whose Reserve was slow while the
+	// clock was set forward past the window: judged at its reservation, it
+	// was made a second payment (10 of 10 runs before the window was
+	// judged at the tap's arrival, identity.arrived).
+	{"duplicate-window-at-arrival", 1796194081436358101, "7,14,16,18,21"},
 }
 
 // runs is how often each finding's history runs.
