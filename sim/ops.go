@@ -307,6 +307,16 @@ func generate(seed uint64, g genConfig) *history {
 	if r.IntN(4) == 0 {
 		h.opts.maxRetries = maxRetriesValues[r.IntN(len(maxRetriesValues))]
 	}
+	// Options at the first start drawn from a stream of their own, so that
+	// a seed draws the same operations and faults as before they were.
+	or := rand.New(rand.NewPCG(seed^0x9e3779b97f4a7c15, seed))
+	if or.IntN(8) == 0 {
+		// A short key window and a settle time of "no limit": an action
+		// outcome-unknown within the history that Resume must never hand
+		// to Resolve (the sum saturates).
+		h.opts.keyWindow = keyWindowValues[2]
+		h.opts.settle = settleValues[3]
+	}
 	var weights [nOps]int
 	base := [nOps]int{opPay: 30, opAgain: 20, opRepeat: 12, opResume: 8, opRelease: 4, opAwait: 6, opCrash: 4, opRestart: 3,
 		opAdvance: 8, opJump: 3, opOptions: 4, opJournalFault: 4, opMachine: 0}
