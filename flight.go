@@ -25,9 +25,9 @@ import (
 type flight struct {
 	fp journal.Fingerprint
 	// done is closed when the result below is set. It is made (under
-	// flights.mu) only when a caller joins: a flight nobody joins, the
-	// common case, needs none. Once the flight has landed it no longer
-	// changes.
+	// flights.mu) only when a caller joins, or for a flight that goes on
+	// from a landed one (land): a flight nobody joins, the common case,
+	// needs none. Once the flight has landed it no longer changes.
 	done chan struct{}
 	// act is the action the leader reserved, and trace its first
 	// attempt's trace, kept here to need no allocation of their own.
@@ -100,7 +100,7 @@ type flights struct {
 
 // join returns the flight of action id, or starts one that the caller leads.
 // A request whose fingerprint differs from the flight's cannot join it.
-func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32) (f *flight, lead bool, mismatch bool) {
+func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32, claim bool) (f *flight, lead bool, mismatch bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if f = fs.find(id); f != nil {
@@ -113,7 +113,7 @@ func (fs *flights) join(id string, fp journal.Fingerprint, asker uint32) (f *fli
 			}
 			return f, false, true
 		}
-		if f.leaderless {
+		if f.leaderless && claim {
 			// Gone on from a landed flight, and nobody leads it yet
 			// (land): the caller leads it, for the joiners counted in
 			// it, and its answer is to the caller's principal (asker).
@@ -167,9 +167,9 @@ func (fs *flights) find(id string) *flight {
 func (fs *flights) inAir(prefix string) bool {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	for id := range fs.m {
-		if strings.HasPrefix(id, prefix) {
-			return true
+	for id, f := range fs.m {
+		if strings.HasPrefix(id, prefix) && !f.leaderless {
+			return true // a flight nobody leads yet sends nothing
 		}
 	}
 	return false
@@ -212,7 +212,7 @@ func (fs *flights) decide(f *flight) {
 // countOut takes one undecided joiner of f, landed, out of f's count and
 // out of the flights that went on from it. fs.mu is held.
 func (fs *flights) countOut(f *flight) {
-	for ; f != nil; f = f.next {
+	for {
 		if fs.m[f.id] == f {
 			fs.unjoin(f) // in the air: counted as one of its joiners
 			return
@@ -221,24 +221,36 @@ func (fs *flights) countOut(f *flight) {
 			return
 		}
 		f.undecided--
+		next := f.next
+		if f.undecided == 0 {
+			f.next = nil // every joiner has decided: nothing later is kept alive through f
+		}
+		f = next
+		if f == nil {
+			return
+		}
 	}
 }
 
 // heir returns the flight in which a caller joined to f, landed, goes
 // again (landed's goAgain: f's action is not its own), and whether it
 // leads it: the flight that went on from f (land), in which the caller
-// was counted as joined. The first of f's joiners to go again, or a
-// request that arrived since f landed, leads it; the others are joined to
-// it, however late they wake, and take its result, instead of finding its
-// payment done and making another.
-func (fs *flights) heir(f *flight, asker uint32) (g *flight, lead bool) {
+// was counted as joined; or nil, when none did (the caller boards again).
+// The first of f's joiners to go again, or a request that arrived since f
+// landed, leads it; the others are joined to it, however late they wake,
+// and take its result, instead of finding its payment done and making
+// another. A caller whose context has ended claims nothing: it stays
+// joined, and its wait ends at once.
+func (fs *flights) heir(ctx context.Context, f *flight, asker uint32) (g *flight, lead bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if f.undecided > 0 {
-		f.undecided--
-	}
 	g = f.next
-	if fs.m[g.id] == g && g.leaderless {
+	if f.undecided > 0 {
+		if f.undecided--; f.undecided == 0 {
+			f.next = nil
+		}
+	}
+	if g != nil && fs.m[g.id] == g && g.leaderless && !callerEnded(ctx) {
 		g.leaderless, g.asker = false, asker
 		g.joiners--
 		return g, true
@@ -416,22 +428,13 @@ func (f *flight) result() (*http.Response, error) {
 	return r, nil
 }
 
-// wait waits, for a caller joined to f, until f lands (lead false), or,
-// f nobody's yet (it went on from a landed flight: land), until the caller
-// claims it: then the caller leads it (lead true), no longer counts as a
-// joiner, and its request's principal (asker) is the flight's. A caller whose ctx has ended claims nothing: it gets
-// ctx's error, as when ctx ends before f lands, and goes (decide).
-func (fs *flights) wait(ctx context.Context, f *flight, asker uint32) (lead bool, err error) {
+// wait waits, for a caller joined to f, until f lands, or for ctx (see
+// waitFor).
+func (fs *flights) wait(ctx context.Context, f *flight) error {
 	fs.mu.Lock()
-	if f.leaderless && fs.m[f.id] == f && !callerEnded(ctx) {
-		f.leaderless, f.asker = false, asker
-		f.joiners--
-		fs.mu.Unlock()
-		return true, nil
-	}
 	done := f.done
 	fs.mu.Unlock()
-	return false, waitFor(ctx, done)
+	return waitFor(ctx, done)
 }
 
 // landing returns the channel that is closed when f lands, for a caller

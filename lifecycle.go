@@ -100,15 +100,9 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			arrived = t.earlierNow()
 		}
 		hopLive, judged := t.hopOnArrival(ctx, f, &who)
-		lead, err = t.flights.wait(ctx, f, who.asker)
-		if err != nil {
+		if err = t.flights.wait(ctx, f); err != nil {
 			t.flights.decide(f) // flight.go: no copy is made for it
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
-		}
-		if lead {
-			// f went on from a landed flight, and nobody led it: the
-			// request leads it, for the others of its tap (land, heir).
-			return t.lead(req, b, who, f, s)
 		}
 		if !judged {
 			hopLive = f.hopTap // f reserved after the request arrived
@@ -135,11 +129,18 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			who.bound = &bound
 			f, lead, err = t.board(payload{req, b}, &who)
 		default: // goAgain: with the others of f's joiners that do, one tap
-			if f.next == nil {
+			g, gl := t.flights.heir(ctx, f, who.asker)
+			switch {
+			case g == nil:
 				f, lead, err = t.board(payload{req, b}, &who)
-				break
+			case !gl && t.flights.reconciling(g):
+				// Resume holds it while the app resolves the action:
+				// refused at once, as board refuses.
+				t.flights.decide(g)
+				return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(g), MaybeProcessed: true, Reason: ErrOutcomeUnknown}
+			default:
+				f, lead = g, gl
 			}
-			f, lead = t.flights.heir(f, who.asker)
 		}
 	}
 }
@@ -152,7 +153,7 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 // nothing of it is sent).
 func (t *Transport) board(p payload, who *identity) (f *flight, lead bool, err error) {
 	for {
-		f, lead, mismatch := t.flights.join(who.id, who.fp, who.asker)
+		f, lead, mismatch := t.flights.join(who.id, who.fp, who.asker, true)
 		switch {
 		case mismatch:
 			fp, same, err := t.samePayload(p, who, f.fp)
@@ -165,6 +166,7 @@ func (t *Transport) board(p payload, who *identity) (f *flight, lead bool, err e
 			who.fp = fp
 			continue
 		case !lead && t.flights.reconciling(f):
+			t.flights.decide(f) // counted as joined: counted out
 			return nil, false, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Reason: ErrOutcomeUnknown}
 		}
 		return f, lead, nil
@@ -516,7 +518,9 @@ func landed(who *identity, f *flight, arrived time.Time, hopLive bool, duplicate
 // waiting for a flight of it in the air to land first.
 func (t *Transport) holdFlight(ctx context.Context, listed journal.Record) (*flight, error) {
 	for {
-		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint, 0)
+		// A flight nobody leads yet (land) is its joiners' to lead: Resume
+		// waits for it to land, as for one in the air.
+		f, lead, mismatch := t.flights.join(listed.ActionID, listed.Fingerprint, 0, false)
 		switch {
 		case lead:
 			return f, nil
