@@ -181,7 +181,11 @@
 //     context ends is returned and recorded done. If the journal cannot
 //     record an outcome in time, the Transport keeps it in memory and writes
 //     it before the action is reserved again (refusing that request, with
-//     nothing sent, while it cannot) and at Close. MaybeProcessed is decided
+//     nothing sent, while it cannot) and at Close; meanwhile another
+//     Transport on the same journal (another machine of a fleet) finds the
+//     action pending, and sends an identical unnamed request under its
+//     key, as a tap of it: the server answers with its replay, and makes
+//     no payment of its own for it. MaybeProcessed is decided
 //     from what was written on the wire, including net/http's own silent
 //     resend on a broken keep-alive connection.
 //  7. Hygiene. The caller's request is never modified. Every discarded

@@ -536,7 +536,7 @@ func (r *runner) check() {
 			if c.resumeKey != "" && len(chargesUnder[c.resumeKey]) > 0 {
 				continue // its key was charged, by a request that reused it (see lostDone)
 			}
-			if i.kind == unnamed && (r.lostDone(i, c.startSeq) || r.lateFlightOverlaps(c, minted)) {
+			if i.kind == unnamed && (r.lostDone(i, c.startSeq) || r.lateFlightOverlaps(c, minted) || r.doneHeldElsewhere(i, c)) {
 				continue
 			}
 			tags := callTags(c)
@@ -964,6 +964,44 @@ func (r *runner) lostDone(i *intent, seq int64) bool {
 		return true
 	})
 	return lost
+}
+
+// doneHeldElsewhere reports whether c, a call of unnamed intent i, may
+// have been answered under the key of another unnamed intent with i's body
+// whose done another machine's process could not write (a failed Update
+// before c started, none landed since): the shared journal still says that
+// action is pending, so the Transport here sends c as a tap of it, under
+// its key, and the server replays (README, "Guarantees": what the journal
+// does not record, another machine cannot know).
+func (r *runner) doneHeldElsewhere(i *intent, c *call) bool {
+	held := false
+	r.mintOf.Range(func(k, v any) bool {
+		m := v.(*call)
+		if m.intent == i || m.intent.kind != unnamed || m.intent.body != i.body {
+			return true
+		}
+		key := k.(string)
+		r.rec.mu.Lock()
+		failed, landed := false, false
+		for _, w := range r.rec.writes {
+			if w.seq >= c.startSeq || w.rec.Key != key || w.rec.State != journal.StateDone || w.proc == nil {
+				continue
+			}
+			switch {
+			case w.err == nil:
+				landed = true
+			case w.proc.machine != c.proc.machine:
+				failed = true
+			}
+		}
+		r.rec.mu.Unlock()
+		if failed && !landed {
+			held = true
+			return false
+		}
+		return true
+	})
+	return held
 }
 
 // doneLost reports whether the done of key may have been lost with its
