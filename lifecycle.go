@@ -95,17 +95,10 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 		if lead {
 			return t.lead(req, b, who, f, s)
 		}
-		arrived := who.arrived
-		if arrived.IsZero() {
-			arrived = t.earlierNow()
-		}
-		hopLive, judged := t.hopOnArrival(ctx, f, &who)
-		if err = t.flights.wait(ctx, f); err != nil {
-			t.flights.decide(f) // flight.go: no copy is made for it
+		var arrived time.Time
+		var hopLive bool
+		if arrived, hopLive, err = t.await(ctx, f, &who); err != nil {
 			return nil, &ActionError{Action: who.id, Key: t.flights.keyOf(f), MaybeProcessed: true, Err: err}
-		}
-		if !judged {
-			hopLive = f.hopTap // f reserved after the request arrived
 		}
 		v := landed(&who, f, arrived, hopLive, t.cfg.duplicateWindow)
 		if v == takeResult && f.asker != who.asker {
@@ -143,6 +136,33 @@ func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*
 			}
 		}
 	}
+}
+
+// await waits, for who's request, joined to flight f, until f lands, and
+// returns when the request arrived and whether f's action, a done 307/308,
+// had its hop unfinished then (hopOnArrival). A request whose ctx ends
+// first gets its error; it, or a panic on the way (in the app's Clock, in
+// the journal), counts the request out of f (decide), so that no flight
+// counts a caller that went.
+func (t *Transport) await(ctx context.Context, f *flight, who *identity) (arrived time.Time, hopLive bool, err error) {
+	landed := false
+	defer func() {
+		if !landed {
+			t.flights.decide(f) // flight.go: no copy is made for it
+		}
+	}()
+	if arrived = who.arrived; arrived.IsZero() {
+		arrived = t.earlierNow()
+	}
+	hopLive, judged := t.hopOnArrival(ctx, f, who)
+	if err = t.flights.wait(ctx, f); err != nil {
+		return arrived, false, err
+	}
+	landed = true
+	if !judged {
+		hopLive = f.hopTap // f reserved after the request arrived
+	}
+	return arrived, hopLive, nil
 }
 
 // board finds who's flight: the one in the air, which it joins, or a new
