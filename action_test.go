@@ -437,6 +437,70 @@ func TestDuplicateWindowIsJudgedWhenTheTapArrives(t *testing.T) {
 	assert.Equal(t, 1, srv.chargeCount())
 }
 
+// An unnamed request that arrived at 60 s (the first payment, at 0, is
+// past the 30 s window: it is a new payment) and reserves only later finds
+// a payment another machine made at 360 s, five minutes after it arrived:
+// it is not a tap of that one, made after it. Found in the review of the
+// window judged at arrival (repeats had no lower bound).
+func TestDuplicateWindowDoesNotReachAPaymentMadeAfterTheRequest(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := newStallingReserve(true)
+	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	b := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
+	const body = `{"amount":32}`
+	roundTrip(t, a, post(t, context.Background(), srv.URL, body)) // O at 0
+	clk.Advance(60 * time.Second)
+	j.arm()
+	r1 := payAsync(a, post(t, context.Background(), srv.URL, body)) // arrives at 60: a new payment
+	<-j.entered
+	clk.Advance(5 * time.Minute)
+	q := roundTrip(t, b, post(t, context.Background(), srv.URL, body)) // Q at 360, on machine B: a new payment
+	require.False(t, idemretry.IsReplay(q))
+	close(j.gate)
+	p := <-r1
+	require.NoError(t, p.err)
+	assert.False(t, p.replay, "a request that arrived 5 min before payment Q was given Q's answer")
+	assert.Equal(t, 3, srv.chargeCount(), "three intents (0 s, 60 s, 360 s), each outside the others' 30 s window")
+}
+
+// R1 arrives at 35 s (O, at 0, past the 30 s window: a
+// new payment) and joins the flight of L (arrived at 25 s: a tap of O),
+// whose replay is slow; meanwhile machine B makes payment Q at 200 s. At
+// 500 s L lands; R1 goes again, leads the successor, finds Q and, judging
+// by its arrival (35 s < 200 s + 30 s) alone, it took Q's answer; Q was
+// made after it arrived, so it is a payment of its own. Found in the
+// review of the window judged at arrival.
+func TestDuplicateWindowOfAJoinerGoneAgainDoesNotReachALaterPayment(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := newStallingReserve(true)
+	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	b := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
+	const body = `{"amount":33}`
+	roundTrip(t, a, post(t, context.Background(), srv.URL, body)) // O at 0, request 1
+	in, release := holdRequest(t, srv, 2)
+	clk.Advance(25 * time.Second)
+	l := payAsync(a, post(t, context.Background(), srv.URL, body)) // L: a tap of O, request 2, held
+	<-in
+	clk.Advance(10 * time.Second)
+	r1 := payAsync(a, post(t, context.Background(), srv.URL, body)) // R1 at 35 s: a new payment
+	awaitJoiners(t, a, 1)
+	clk.Advance(165 * time.Second)
+	q := roundTrip(t, b, post(t, context.Background(), srv.URL, body)) // Q at 200 s on B
+	require.False(t, idemretry.IsReplay(q))
+	clk.Advance(300 * time.Second)
+	release()
+	pl := <-l
+	require.NoError(t, pl.err)
+	require.True(t, pl.replay)
+	p := <-r1
+	require.NoError(t, p.err)
+	t.Logf("R1: replay=%v body=%s; charges=%d", p.replay, p.body, srv.chargeCount())
+	assert.False(t, p.replay, "R1 (arrived 35 s) was given the answer to Q, paid 165 s after it arrived")
+	assert.Equal(t, 3, srv.chargeCount())
+}
+
 // WithAction ids that are empty or look like derived ids are refused.
 func TestInvalidActionIDs(t *testing.T) {
 	srv := newPayServer(t)

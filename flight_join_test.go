@@ -496,3 +496,42 @@ func TestFlightTapsOfAResendRefusedAsNotResumableArePaidOnce(t *testing.T) {
 	require.Equal(t, before+1, srv.chargeCount(), "one double tap charged %d times: %q", srv.chargeCount()-before, got)
 	require.Equal(t, got[0], got[1], "the taps were told different things")
 }
+
+// A joiner that carries its flight's action K on leads the successor,
+// and its reservation finds K replaced (by machine B) with payment P: its
+// boundTo refuses it, but reserve noted P as what the flight found
+// (noteFound before boundTo), and N, a fresh tap of P that joined the
+// flight, took the carrier's error, which names K: the refusal is the
+// carrier's own, and N goes again. Found in review.
+func TestFlightFreshJoinerIsNotGivenACarriersRefusal(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	j := newStallingReserve(true)
+	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	b := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
+	const body = `{"amount":34}`
+	in, release := holdRequest(t, srv, 1)
+	ctxL, cancelL := context.WithCancel(context.Background())
+	l := payAsync(a, post(t, ctxL, srv.URL, body)) // L reserves K, request 1 held
+	<-in
+	x := payAsync(a, post(t, context.Background(), srv.URL, body))
+	awaitJoiners(t, a, 1)
+	j.arm()
+	cancelL()
+	require.Error(t, (<-l).err)
+	<-j.entered // X, carrying K on, leads the successor: its reservation stalls
+	release()
+	k := roundTrip(t, b, post(t, context.Background(), srv.URL, body)) // K done, on B
+	t.Logf("B's first: replay=%v", idemretry.IsReplay(k))
+	clk.Advance(60 * time.Second)
+	pp := roundTrip(t, b, post(t, context.Background(), srv.URL, body)) // P at 60 s, a new payment
+	require.False(t, idemretry.IsReplay(pp))
+	clk.Advance(10 * time.Second)
+	n := payAsync(a, post(t, context.Background(), srv.URL, body)) // N at 70 s: a tap of P
+	awaitJoiners(t, a, 1)
+	close(j.gate)
+	px, pn := <-x, <-n
+	t.Logf("X: err=%v", px.err)
+	t.Logf("N: err=%v replay=%v body=%s; charges=%d", pn.err, pn.replay, pn.body, srv.chargeCount())
+	assert.NoError(t, pn.err, "N, a tap of P, was given the refusal of the request carrying K on")
+}

@@ -255,11 +255,11 @@ func (t *Transport) reserve(ctx context.Context, who identity, p payload, window
 	if who.syncDone && !who.byFingerprint && who.resumed == nil {
 		t.hops.add(who.id) // a live 307/308 hop of an unnamed payment (redirecthop.go)
 	}
+	if err := t.boundTo(ctx, &who, rec, created); err != nil {
+		return nil, err // found nothing that is the flight's: its joiners go again (handsOver)
+	}
 	if who.flight != nil {
 		t.flights.noteFound(who.flight, rec, hopTap) // whom the flight may take in (landed)
-	}
-	if err := t.boundTo(ctx, &who, rec, created); err != nil {
-		return nil, err
 	}
 	if created && who.exact() == "" {
 		// A key minted just now: its age is measured from its creation
@@ -348,9 +348,13 @@ func (t *Transport) hopOnArrival(ctx context.Context, f *flight, who *identity) 
 // repeats reports whether an unnamed request made at now repeats the
 // action rec records, rather than starting a new one: while rec is not
 // done, and within the duplicate window (WithDuplicateWindow, none by
-// default) of its creation.
+// default) of its creation. An action created after the request was made
+// (beyond maxClockSkew, the clocks of a fleet disagreeing a little) is
+// not one it repeats, however it is found later: another payment, made
+// while the request waited.
 func repeats(rec journal.Record, now time.Time, duplicateWindow time.Duration) bool {
-	return rec.State != journal.StateDone || (duplicateWindow > 0 && now.Before(rec.CreatedAt.Add(duplicateWindow)))
+	return rec.State != journal.StateDone || (duplicateWindow > 0 && now.Before(rec.CreatedAt.Add(duplicateWindow)) &&
+		!rec.CreatedAt.After(now.Add(maxClockSkew)))
 }
 
 // exact returns the key of the one action who is bound to (Resume's listed
@@ -454,10 +458,12 @@ func (t *Transport) hand(req *http.Request, f *flight, who *identity, n int, res
 // handsOver reports whether a flight's leader stopped with its action
 // unfinished for a reason its joiners do not share: its caller ended it
 // (ended: see leaderEnded), or its deadline cut the retries short; or,
-// leading for Resume, its listed key is not the action's any more. Its
-// joiners then go again.
+// leading for Resume or carrying a flight's action on, its one action is
+// not the journal's any more (boundTo). Its joiners then go again.
 func handsOver(ended bool, who *identity, resp *http.Response, err error, pending bool) bool {
-	if who.resumed != nil && errors.Is(err, ErrNotResumable) {
+	if who.resumed != nil && errors.Is(err, ErrNotResumable) || who.bound != nil && errors.Is(err, ErrResponseNotShared) {
+		// Its one action is not the journal's any more (boundTo): its
+		// refusal is its own, not its joiners', who may not be bound.
 		return true
 	}
 	if !pending && resp != nil {

@@ -332,7 +332,9 @@ func WithRequireAction() Option { return func(c *config) { c.requireAction = tru
 // the request arrives (RoundTrip is called), by the earlier of the clock
 // and the journal's time ([journal.Timekeeper]; sqljournal keeps the
 // database's): a double tap must not pass for a new payment because one
-// clock runs ahead of the other, or because the journal was slow.
+// clock runs ahead of the other, or because the journal was slow. A
+// payment made after the request arrived (by more than the minute a
+// fleet's clocks may disagree) is never one it repeats.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
 
 // WithJournalTimeout bounds every journal call on the request path
