@@ -412,6 +412,40 @@ func TestDuplicateWindow(t *testing.T) {
 	assert.ErrorIs(t, err, idemretry.ErrInvalidOption)
 }
 
+// A tap within the duplicate window after the wall clock was set back
+// (by NTP, by the user) is never a second payment: without a journal that
+// keeps time, a payment that looks made after the tap arrived may be a
+// clock set back since, and the window's safe side is the tap (here, set
+// back 5 minutes, its key looks made in the clock's future: refused). The simulator found the
+// rule that a payment made after the request is not repeated breaking it
+// (a clock set back 5 minutes, a double charge).
+func TestDuplicateWindowTapAfterTheClockWasSetBack(t *testing.T) {
+	t.Parallel()
+	srv := newPayServer(t)
+	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
+	const body = `{"amount":36}`
+	roundTrip(t, tr, post(t, context.Background(), srv.URL, body))
+	clk.Advance(-5 * time.Minute)
+	resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, body))
+	if err == nil {
+		readAll(t, resp)
+		assert.True(t, idemretry.IsReplay(resp), "a tap after the clock was set back was made a new payment")
+	} else {
+		// Its key looks made in the clock's future: nothing is sent.
+		assert.ErrorIs(t, err, idemretry.ErrClockSkew)
+	}
+	assert.Equal(t, 1, srv.chargeCount(), "a tap after the clock was set back was charged again")
+}
+
+// keptTime is a journal that keeps a time that never goes back
+// (journal.Timekeeper), read off clk.
+type keptTime struct {
+	*stallingReserve
+	clk *fakeClock
+}
+
+func (k *keptTime) Now() time.Time { return k.clk.Now() }
+
 // The duplicate window is judged when the tap arrives, not when its
 // reservation runs: a tap 20 s after the first payment, under a 30 s
 // window, whose Reserve is slow while the clock moves on to 40 s (a slow
@@ -445,8 +479,9 @@ func TestDuplicateWindowIsJudgedWhenTheTapArrives(t *testing.T) {
 func TestDuplicateWindowDoesNotReachAPaymentMadeAfterTheRequest(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)
-	j := newStallingReserve(true)
-	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	clk := newFakeClock()
+	j := &keptTime{newStallingReserve(true), clk} // a journal that keeps time, as the file journal and sqljournal do
+	a := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
 	b := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
 	const body = `{"amount":32}`
 	roundTrip(t, a, post(t, context.Background(), srv.URL, body)) // O at 0
@@ -474,8 +509,9 @@ func TestDuplicateWindowDoesNotReachAPaymentMadeAfterTheRequest(t *testing.T) {
 func TestDuplicateWindowOfAJoinerGoneAgainDoesNotReachALaterPayment(t *testing.T) {
 	t.Parallel()
 	srv := newPayServer(t)
-	j := newStallingReserve(true)
-	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
+	clk := newFakeClock()
+	j := &keptTime{newStallingReserve(true), clk} // a journal that keeps time, as the file journal and sqljournal do
+	a := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
 	b := transportOver(t, j, idemretry.WithClock(clk), idemretry.WithDuplicateWindow(30*time.Second))
 	const body = `{"amount":33}`
 	roundTrip(t, a, post(t, context.Background(), srv.URL, body)) // O at 0, request 1

@@ -85,7 +85,13 @@ import (
 func (t *Transport) fly(req *http.Request, b *body, who identity, s settings) (*http.Response, error) {
 	ctx := req.Context()
 	if who.byFingerprint && who.exact() == "" {
-		who.arrived = t.earlierNow()
+		who.arrived = t.cfg.clock.Now()
+		if kept, ok := t.journalNow(); ok {
+			who.arrivedKept = kept
+			if kept.Before(who.arrived) {
+				who.arrived = kept // earlierNow
+			}
+		}
 	}
 	f, lead, err := t.board(payload{req, b}, &who)
 	for {
@@ -309,7 +315,7 @@ func (t *Transport) repeatOf(ctx context.Context, who *identity, rec journal.Rec
 	if arrived.IsZero() {
 		arrived = t.earlierNow()
 	}
-	if !who.byFingerprint || who.exact() != "" || repeats(rec, arrived, t.cfg.duplicateWindow) {
+	if !who.byFingerprint || who.exact() != "" || who.repeatsOnArrival(rec, arrived, t.cfg.duplicateWindow) {
 		return true, false, nil
 	}
 	same, err = t.hopUnfinished(ctx, rec)
@@ -348,13 +354,25 @@ func (t *Transport) hopOnArrival(ctx context.Context, f *flight, who *identity) 
 // repeats reports whether an unnamed request made at now repeats the
 // action rec records, rather than starting a new one: while rec is not
 // done, and within the duplicate window (WithDuplicateWindow, none by
-// default) of its creation. An action created after the request was made
-// (beyond maxClockSkew, the clocks of a fleet disagreeing a little) is
-// not one it repeats, however it is found later: another payment, made
-// while the request waited.
+// default) of its creation.
 func repeats(rec journal.Record, now time.Time, duplicateWindow time.Duration) bool {
-	return rec.State != journal.StateDone || (duplicateWindow > 0 && now.Before(rec.CreatedAt.Add(duplicateWindow)) &&
-		!rec.CreatedAt.After(now.Add(maxClockSkew)))
+	return rec.State != journal.StateDone || (duplicateWindow > 0 && now.Before(rec.CreatedAt.Add(duplicateWindow)))
+}
+
+// repeatsOnArrival is repeats for who's unnamed request, which arrived at
+// arrived: and a done action made after the request arrived is not one it
+// repeats, however it is found later (another payment, made while the
+// request waited), when the journal keeps a time that never goes back
+// (journal.Timekeeper; its reading at the arrival, identity.arrivedKept)
+// to tell so by, beyond maxClockSkew (a fleet's clocks disagree a
+// little). Without one, the wall clock cannot tell an action made later
+// from a clock set back since: the request is taken for a tap, the safe
+// side of the window.
+func (who *identity) repeatsOnArrival(rec journal.Record, arrived time.Time, duplicateWindow time.Duration) bool {
+	if !repeats(rec, arrived, duplicateWindow) {
+		return false
+	}
+	return rec.State != journal.StateDone || who.arrivedKept.IsZero() || !rec.CreatedAt.After(who.arrivedKept.Add(maxClockSkew))
 }
 
 // exact returns the key of the one action who is bound to (Resume's listed
@@ -530,7 +548,7 @@ func landed(who *identity, f *flight, arrived time.Time, hopLive bool, duplicate
 	switch k := who.exact(); {
 	case k != "" && k != found.Key:
 		return goAgain // another action under the id: its own reservation refuses it
-	case k == "" && who.byFingerprint && !repeats(found, arrived, duplicateWindow) && !hopLive:
+	case k == "" && who.byFingerprint && !who.repeatsOnArrival(found, arrived, duplicateWindow) && !hopLive:
 		return goAgain // an unnamed payment made after f's action was done
 	case f.again && f.bound:
 		return carryOn

@@ -334,7 +334,10 @@ func WithRequireAction() Option { return func(c *config) { c.requireAction = tru
 // database's): a double tap must not pass for a new payment because one
 // clock runs ahead of the other, or because the journal was slow. A
 // payment made after the request arrived (by more than the minute a
-// fleet's clocks may disagree) is never one it repeats.
+// fleet's clocks may disagree) is not one it repeats, when the journal
+// keeps a time that never goes back to tell so by (file journal,
+// sqljournal); without one, the wall clock cannot tell a later payment
+// from a clock set back, and the request is taken for a tap.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.duplicateWindow = d } }
 
 // WithJournalTimeout bounds every journal call on the request path

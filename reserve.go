@@ -82,8 +82,9 @@ type identity struct {
 	// began): the duplicate window is judged at that time, the tap's, not
 	// at its reservation's, which a slow journal, a retry of the journal
 	// call or a clock set forward meanwhile would put later (repeatOf,
-	// landed). Zero for a named request.
-	arrived time.Time
+	// landed). Zero for a named request. arrivedKept is the journal's
+	// time then (journal.Timekeeper), or zero (repeatsOnArrival).
+	arrived, arrivedKept time.Time
 	// uncheckable: a resumed action whose record's keyed fingerprint
 	// cannot be checked here (resumedIdentity): never sent, and refused
 	// as uncheckable until its key window ends, then recorded
