@@ -420,7 +420,7 @@ func TestDuplicateWindow(t *testing.T) {
 // rule that a payment made after the request is not repeated breaking it
 // (a clock set back 5 minutes, a double charge).
 func TestDuplicateWindowTapAfterTheClockWasSetBack(t *testing.T) {
-	t.Parallel()
+	// Not parallel: newTestTransport checks for goroutines left behind.
 	srv := newPayServer(t)
 	tr, _, clk := newTestTransport(t, idemretry.WithDuplicateWindow(30*time.Second))
 	const body = `{"amount":36}`
@@ -453,7 +453,7 @@ func (k *keptTime) Now() time.Time { return k.clk.Now() }
 // no second charge. The simulator found it with a clock set forward
 // during a slow Reserve.
 func TestDuplicateWindowIsJudgedWhenTheTapArrives(t *testing.T) {
-	t.Parallel()
+	// Not parallel: newTestTransport checks for goroutines left behind.
 	srv := newPayServer(t)
 	j := newStallingReserve(true)
 	tr, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))

@@ -504,7 +504,7 @@ func TestFlightTapsOfAResendRefusedAsNotResumableArePaidOnce(t *testing.T) {
 // flight, took the carrier's error, which names K: the refusal is the
 // carrier's own, and N goes again. Found in review.
 func TestFlightFreshJoinerIsNotGivenACarriersRefusal(t *testing.T) {
-	t.Parallel()
+	// Not parallel: newTestTransport checks for goroutines left behind.
 	srv := newPayServer(t)
 	j := newStallingReserve(true)
 	a, clk := newTestTransportOver(t, j, idemretry.WithDuplicateWindow(30*time.Second))
